@@ -1,0 +1,1 @@
+"""The learner: a training worker that streams compressed fragments of its progress to the syncer."""

@@ -1,0 +1,1 @@
+"""The syncer: merges learners' outer gradients per fragment and publishes the global model."""

@@ -1,0 +1,201 @@
+"""Compression of outer gradients and global-fragment changes (a leaf: torch + zstandard only).
+
+A 1-D fp32 tensor is quantized blockwise (one absmax scale per `block` values) to int4 (default),
+int8, bf16 or left as fp32 ("none"); the codes are packed (two int4 per byte) and the packed bytes
+zstd-compressed. The blob is self-describing:
+
+    header  = MAGIC(2) | format version(u8) | mode(u8) | numel(u64) | block(u32) | raw_len(u64)
+    payload = zstd( scales fp32[nblocks] | packed codes )          (int4 / int8)
+            = zstd( bf16[numel] )  |  zstd( fp32[numel] )            (bf16 / none)
+
+Dequantization is one IEEE multiply per value (`code * scale`), and callers add it to their copy
+with a separate fp32 add: the same bytes give bit-identical values on any CPU or GPU, which is
+what keeps every learner's global fragments identical to the syncer's.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from dataclasses import dataclass
+
+import torch
+import zstandard
+
+MAGIC = b"DQ"
+FORMAT = 1
+MODES = ("none", "bf16", "int8", "int4")
+_HEADER = struct.Struct("<2sBBQIQ")
+_QMAX = {"int8": 127, "int4": 7}
+MAX_NUMEL = 1 << 34  # a sanity bound: no fragment is 64 GiB of fp32
+
+
+class CodecError(ValueError):
+    """A blob is malformed, truncated, of the wrong size, or holds non-finite values."""
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """Codes and scales of one tensor, before packing; `dequantize` inverts it exactly."""
+
+    mode: str
+    numel: int
+    block: int
+    codes: torch.Tensor    # int8 codes (int4/int8), bf16 or fp32 values
+    scales: torch.Tensor   # fp32, one per block (empty for bf16/none)
+
+
+_local = threading.local()
+
+
+def _zstd() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
+    """Per-thread compressor pair (zstandard objects must not be shared across threads)."""
+    pair = getattr(_local, "pair", None)
+    if pair is None:
+        pair = (zstandard.ZstdCompressor(level=1, write_content_size=True), zstandard.ZstdDecompressor())
+        _local.pair = pair
+    return pair
+
+
+def quantize(x: torch.Tensor, mode: str = "int4", block: int = 128) -> Quantized:
+    """Blockwise absmax quantization of a 1-D fp32 tensor (any device; result on CPU)."""
+    if mode not in MODES:
+        raise CodecError(f"unknown compression mode {mode!r}; use one of {', '.join(MODES)}")
+    x = x.detach().reshape(-1).to("cpu", torch.float32)
+    n = x.numel()
+    empty = torch.empty(0, dtype=torch.float32)
+    if mode == "none":
+        return Quantized(mode, n, block, x.contiguous(), empty)
+    if mode == "bf16":
+        return Quantized(mode, n, block, x.to(torch.bfloat16), empty)
+    qmax = _QMAX[mode]
+    pad = (-n) % block
+    xb = torch.nn.functional.pad(x, (0, pad)).view(-1, block)
+    absmax = xb.abs().amax(dim=1)
+    scales = absmax / qmax
+    inv = torch.where(absmax > 0, qmax / absmax, torch.zeros_like(absmax))
+    codes = torch.round(xb * inv[:, None]).clamp_(-qmax, qmax).to(torch.int8)
+    return Quantized(mode, n, block, codes.view(-1), scales)
+
+
+def dequantize(q: Quantized) -> torch.Tensor:
+    """fp32 values of `q`: `code * scale` (one multiply per value), no fused ops."""
+    if q.mode == "none":
+        return q.codes.clone()
+    if q.mode == "bf16":
+        return q.codes.to(torch.float32)
+    values = q.codes.view(-1, q.block).to(torch.float32) * q.scales[:, None]
+    return values.view(-1)[: q.numel]
+
+
+def roundtrip(x: torch.Tensor, mode: str = "int4", block: int = 128) -> torch.Tensor:
+    """What a receiver reconstructs from `encode(x)`: the syncer publishes exactly this."""
+    return dequantize(quantize(x, mode, block))
+
+
+def _pack(q: Quantized) -> bytes:
+    if q.mode == "none":
+        return q.codes.numpy().tobytes()
+    if q.mode == "bf16":
+        return q.codes.view(torch.int16).numpy().tobytes()
+    if q.mode == "int8":
+        codes = q.codes.numpy().tobytes()
+    else:  # int4: codes in [-7, 7] stored as 1..15, two per byte (low nibble first)
+        u = (q.codes + 8).to(torch.uint8)
+        codes = (u[0::2] | (u[1::2] << 4)).numpy().tobytes()
+    return q.scales.numpy().tobytes() + codes
+
+
+def raw_length(mode: str, numel: int, block: int) -> int:
+    """Exact uncompressed payload size for these parameters (the decoder insists on it)."""
+    if mode == "none":
+        return 4 * numel
+    if mode == "bf16":
+        return 2 * numel
+    nblocks = -(-numel // block)
+    codes = nblocks * block if mode == "int8" else nblocks * block // 2
+    return 4 * nblocks + codes
+
+
+def encode_quantized(q: Quantized) -> bytes:
+    """Pack and compress an already quantized tensor."""
+    raw = _pack(q)
+    header = _HEADER.pack(MAGIC, FORMAT, MODES.index(q.mode), q.numel, q.block, len(raw))
+    return header + _zstd()[0].compress(raw)
+
+
+def encode(x: torch.Tensor, mode: str = "int4", block: int = 128) -> bytes:
+    """Quantize, pack and zstd-compress a 1-D fp32 tensor into one self-describing blob."""
+    return encode_quantized(quantize(x, mode, block))
+
+
+def _header(blob: bytes, expect_numel: int | None) -> tuple[str, int, int, int]:
+    if len(blob) < _HEADER.size:
+        raise CodecError(f"blob of {len(blob)} bytes is shorter than its {_HEADER.size}-byte header")
+    magic, fmt, mode_i, numel, block, raw_len = _HEADER.unpack_from(blob)
+    if magic != MAGIC or fmt != FORMAT:
+        raise CodecError(f"not a codec blob (magic {magic!r}, format {fmt})")
+    if mode_i >= len(MODES):
+        raise CodecError(f"unknown compression mode index {mode_i}")
+    mode = MODES[mode_i]
+    if numel > MAX_NUMEL or (expect_numel is not None and numel != expect_numel):
+        raise CodecError(f"blob holds {numel} values, expected {expect_numel}")
+    if mode in _QMAX and (block < 2 or block % 2 or block > 1 << 20):
+        raise CodecError(f"invalid block size {block}")
+    if raw_len != raw_length(mode, numel, block):
+        raise CodecError(f"payload length {raw_len} does not match {mode} x {numel} values")
+    return mode, numel, block, raw_len
+
+
+def decode_quantized(blob: bytes, expect_numel: int | None = None) -> Quantized:
+    """Inverse of `encode_quantized`; raises CodecError on anything malformed or non-finite."""
+    mode, numel, block, raw_len = _header(blob, expect_numel)
+    try:
+        raw = _zstd()[1].decompress(memoryview(blob)[_HEADER.size :], max_output_size=raw_len)
+    except zstandard.ZstdError as exc:
+        raise CodecError(f"corrupt compressed payload: {exc}") from exc
+    if len(raw) != raw_len:
+        raise CodecError(f"payload decompressed to {len(raw)} bytes, header says {raw_len}")
+    buf = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    empty = torch.empty(0, dtype=torch.float32)
+    if mode == "none":
+        q = Quantized(mode, numel, block, buf.view(torch.float32), empty)
+    elif mode == "bf16":
+        q = Quantized(mode, numel, block, buf.view(torch.bfloat16), empty)
+    else:
+        nblocks = -(-numel // block)
+        scales = buf[: 4 * nblocks].view(torch.float32)
+        q = Quantized(mode, numel, block, _unpack(buf[4 * nblocks :], mode), scales)
+    _check_finite(q)
+    return q
+
+
+def _unpack(packed: torch.Tensor, mode: str) -> torch.Tensor:
+    if mode == "int8":
+        return packed.view(torch.int8)
+    out = torch.empty(packed.numel() * 2, dtype=torch.uint8)
+    out[0::2] = packed & 15
+    out[1::2] = packed >> 4
+    codes = out.view(torch.int8) - 8
+    if bool((codes < -7).any()):
+        raise CodecError("int4 code out of range (nibble 0)")
+    return codes
+
+
+def _check_finite(q: Quantized) -> None:
+    if q.mode in _QMAX:
+        if not bool(torch.isfinite(q.scales).all()) or bool((q.scales < 0).any()):
+            raise CodecError("non-finite or negative quantization scale (NaN/Inf in the source)")
+    elif not bool(torch.isfinite(q.codes).all()):
+        raise CodecError("NaN or Inf values")
+
+
+def decode(blob: bytes, expect_numel: int | None = None) -> torch.Tensor:
+    """fp32 values of a blob (CPU); raises CodecError on anything malformed or non-finite."""
+    return dequantize(decode_quantized(blob, expect_numel))
+
+
+def blob_info(blob: bytes) -> tuple[str, int]:
+    """(mode, numel) of a blob without decompressing it."""
+    mode, numel, _block, _raw = _header(blob, None)
+    return mode, numel

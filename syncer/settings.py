@@ -1,0 +1,197 @@
+"""Run settings shared by the syncer, the learners and the operator (a leaf: stdlib only).
+
+`RunSettings` is the `[run]` table of an inventory and the `run` section of a resolved
+configuration. `from_mapping` turns a plain dict into any frozen settings dataclass, rejecting
+unknown keys (with a "did you mean") and wrong types; callers add the file name to the error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, TypeVar
+
+T = TypeVar("T")
+
+COMPRESSIONS = ("int4", "int8", "bf16", "none")
+MERGES = ("rda", "mean")
+
+
+class SettingsError(ValueError):
+    """A settings value is wrong: `key` names it, `fix` says what to do."""
+
+    def __init__(self, key: str | None, problem: str, fix: str | None = None) -> None:
+        self.key = key
+        self.problem = problem
+        self.fix = fix
+        where = f"[{key}] " if key else ""
+        super().__init__(f"{where}{problem}" + (f" ({fix})" if fix else ""))
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the learners train and how the syncer merges; every field has a safe default."""
+
+    name: str = "dldctl"
+    model: str = "gpt-small"          # gpt-tiny | gpt-small | gpt-medium | gpt2-124m | pkg.mod:factory
+    data: str = "builtin"             # builtin | path to a text file/dir | path to a uint16 .bin
+    seed: int = 0
+    steps: int = 0                    # inner steps per learner; 0 = until `dldctl down`
+    duration: float = 0.0             # seconds; 0 = until `dldctl down`
+    # inner optimizer (AdamW)
+    seq_len: int = 128
+    batch_size: int = 16              # default per learner; a host may override it
+    lr: float = 3e-3
+    warmup: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 50
+    eval_batches: int = 4
+    # Decoupled DiLoCo
+    H: int = 64                       # inner steps between two syncs of one fragment
+    fragments: int = 4                # P; one fragment leaves every H/P steps
+    tau: int = 2                      # overlap: a reply may be applied up to tau steps late
+    quorum: int = 1                   # K: minimum distinct learners to close a round
+    grace_gamma: float = 0.5          # safety factor of the adaptive grace window
+    compression: str = "int4"         # int4 | int8 | bf16 | none
+    block: int = 128                  # values per absmax quantization block
+    merge: str = "rda"                # rda | mean
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    alpha: float = 0.0                # 0 = overwrite the local fragment with the global one
+    robust_clip: float = 0.0          # >0: clip each contribution's norm to this x median
+    # operations
+    checkpoint_every: int = 20        # merges between syncer checkpoints
+    keep_checkpoints: int = 3
+    heartbeat_s: float = 0.5
+    liveness_s: float = 3.0           # a learner silent this long is not live
+    state_chunk_mb: float = 4.0
+    max_queue: int = 256              # pushes queued at the syncer before the oldest is dropped
+    restart_delay_s: float = 2.0
+    restart_backoff_max_s: float = 60.0
+    insecure: bool = False            # no CURVE: only for debugging on a trusted network
+
+    def validate(self) -> None:
+        """Cross-field and range rules that need no knowledge of the fleet or the model."""
+        _check(self.H >= 1, "H", f"must be >= 1, got {self.H}")
+        _check(self.fragments >= 1, "fragments", f"must be >= 1, got {self.fragments}")
+        _check(
+            self.H % self.fragments == 0,
+            "H",
+            f"H={self.H} must be a multiple of fragments={self.fragments}",
+            f"so one fragment leaves every H/fragments steps, e.g. H = {self.fragments * max(1, round(self.H / self.fragments))}",
+        )
+        _check(self.tau >= 0, "tau", f"must be >= 0, got {self.tau}")
+        _check(self.quorum >= 1, "quorum", f"must be >= 1, got {self.quorum}")
+        _check(0.0 <= self.grace_gamma < 1.0, "grace_gamma", f"must be in [0, 1), got {self.grace_gamma}")
+        _one_of(self.compression, COMPRESSIONS, "compression")
+        _one_of(self.merge, MERGES, "merge")
+        _check(self.block >= 8 and self.block % 2 == 0, "block", f"must be an even number >= 8, got {self.block}")
+        _check(self.outer_lr > 0, "outer_lr", f"must be > 0, got {self.outer_lr}")
+        _check(0.0 <= self.outer_momentum < 1.0, "outer_momentum", f"must be in [0, 1), got {self.outer_momentum}")
+        _check(0.0 <= self.alpha < 1.0, "alpha", f"must be in [0, 1), got {self.alpha}")
+        _check(self.robust_clip >= 0, "robust_clip", f"must be >= 0 (0 = off), got {self.robust_clip}")
+        for key in ("seq_len", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "max_queue"):
+            _check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        for key in ("lr", "heartbeat_s", "liveness_s", "state_chunk_mb"):
+            _check(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
+        _check(self.liveness_s > self.heartbeat_s, "liveness_s", "must be longer than heartbeat_s")
+        _check(self.steps >= 0 and self.duration >= 0, "steps", "steps and duration must be >= 0 (0 = unlimited)")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+def _check(ok: bool, key: str, problem: str, fix: str | None = None) -> None:
+    if not ok:
+        raise SettingsError(key, problem, fix)
+
+
+def _one_of(value: str, allowed: tuple[str, ...], key: str) -> None:
+    _check(value in allowed, key, f"{value!r} is not one of {', '.join(allowed)}", f"set {key} = {allowed[0]!r}")
+
+
+def suggest(name: str, candidates: list[str]) -> str | None:
+    """The closest known name to a misspelled one, if any is close."""
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    if not close:
+        lowered = {c.lower(): c for c in candidates}
+        return lowered.get(name.lower())
+    return close[0]
+
+
+def _type_ok(value: Any, hint: Any) -> tuple[bool, Any]:
+    """Whether `value` fits the annotation `hint`; ints are accepted (and widened) for floats."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for arm in typing.get_args(hint):
+            ok, coerced = _type_ok(value, arm)
+            if ok:
+                return True, coerced
+        return False, value
+    if hint is type(None):
+        return value is None, value
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True, float(value)
+        return False, value
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            return False, value
+        (arm, *_rest) = typing.get_args(hint) or (Any,)
+        items = [_type_ok(v, arm) for v in value]
+        return all(ok for ok, _ in items), tuple(v for _, v in items)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict), dict(value) if isinstance(value, dict) else value
+    if hint is Any:
+        return True, value
+    return isinstance(value, hint), value
+
+
+def _type_name(hint: Any) -> str:
+    if hint in (int, float, str, bool):
+        return hint.__name__
+    return str(hint).replace("typing.", "")
+
+
+def from_mapping(cls: type[T], data: Mapping[str, Any], table: str = "") -> T:
+    """Build the frozen dataclass `cls` from `data`, strictly: unknown keys and wrong types fail."""
+    if not isinstance(data, Mapping):
+        raise SettingsError(table or None, f"must be a table, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    prefix = f"{table}." if table else ""
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in known:
+            close = suggest(key, known)
+            fix = f"did you mean {close!r}?" if close else f"known keys: {', '.join(known)}"
+            raise SettingsError(f"{prefix}{key}", "unknown key", fix)
+        ok, coerced = _type_ok(value, hints[key])
+        if not ok:
+            raise SettingsError(
+                f"{prefix}{key}",
+                f"must be {_type_name(hints[key])}, got {type(value).__name__} {value!r}",
+            )
+        values[key] = coerced
+    missing = [f.name for f in fields(cls) if f.name not in values and _required(f)]  # type: ignore[arg-type]
+    if missing:
+        raise SettingsError(f"{prefix}{missing[0]}", "is required", f"add {missing[0]} = ... to [{table or 'the table'}]")
+    return cls(**values)
+
+
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
+
+
+def settings_from_dict(data: Mapping[str, Any]) -> RunSettings:
+    """A validated RunSettings from a resolved configuration's `run` section."""
+    settings = from_mapping(RunSettings, data, "run")
+    settings.validate()
+    return settings
