@@ -117,6 +117,19 @@ def clip_factors(norms: Sequence[float], history: Sequence[float], multiple: flo
     return [1.0 if n <= limit or n == 0 else limit / n for n in norms]
 
 
+def fleet_fraction(round_tokens: float, period_tokens: float) -> float:
+    """Share of one sync period's fleet-wide tokens that a round merges (capped at 1).
+
+    Synchronous DiLoCo takes one outer step per sync period with every learner in it. With a
+    quorum below M, a fragment sees about M/contributors rounds per period; scaling each
+    round's outer gradient by this share keeps the outer step per period (momentum included)
+    what it is in the synchronous case instead of M times larger, which diverges.
+    """
+    if period_tokens <= 0:
+        return 1.0
+    return max(0.0, min(1.0, round_tokens / period_tokens))
+
+
 def ema(previous: float | None, value: float, beta: float = 0.9) -> float:
     """Exponential moving average; the first value seeds it."""
     return value if previous is None else beta * previous + (1 - beta) * value

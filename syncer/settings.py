@@ -63,6 +63,8 @@ class RunSettings:
     outer_momentum: float = 0.9
     alpha: float = 0.0                # 0 = overwrite the local fragment with the global one
     robust_clip: float = 0.0          # >0: clip each contribution's norm to this x median
+    fleet_scale: bool = True          # scale each round by its share of the fleet's period tokens
+    overlap: bool = True              # False: a learner waits for each merge (synchronous DiLoCo)
     # operations
     checkpoint_every: int = 20        # merges between syncer checkpoints
     keep_checkpoints: int = 3

@@ -1,0 +1,329 @@
+"""The learner's link to the syncer: one background thread that owns the ZeroMQ DEALER socket.
+
+The training thread never waits on the network: it hands outer gradients to `push()` (newest
+wins per fragment while the syncer is away), reads replica changes with `take_updates()`, and
+publishes its progress with `set_stats()`. This thread joins (hello, init upload if first, state
+fetch in chunks), sends pushes and heartbeats, applies update blobs to the replica, and follows
+the Paranoid Pirate pattern: heartbeats both ways, a liveness deadline on the syncer, socket
+re-creation with capped backoff, LINGER 0.
+"""
+
+from __future__ import annotations
+
+import os
+import socket as pysocket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import zmq
+
+from learner.config import LearnerConfig
+from learner.replica import Replica
+from syncer import codec, keys
+from syncer.protocol import Message, ProtocolError, check_raw_fragment, decode, encode
+
+FETCH_WINDOW = 4
+
+
+@dataclass
+class PushItem:
+    """An outer gradient waiting to leave (CPU fp32), with its counters."""
+
+    fragment: int
+    delta: torch.Tensor
+    base_version: int
+    c_steps: int
+    c_tokens: int
+    c_time: float
+    step_time: float
+
+
+class SyncerClient(threading.Thread):
+    """Background syncer client; all public methods are safe to call from the training thread."""
+
+    def __init__(self, cfg: LearnerConfig, manifest: list, sizes: list[int],
+                 init_values: Callable[[], list[torch.Tensor]], incarnation: str) -> None:
+        super().__init__(name=f"syncer-client-{cfg.spec.id}", daemon=True)
+        self.cfg, self.s = cfg, cfg.settings
+        self.manifest, self.init_values = manifest, init_values
+        self.incarnation = incarnation
+        self.replica = Replica(sizes)
+        self.lock = threading.Lock()
+        self.ready = threading.Event()
+        self.fatal: str | None = None
+        self.bytes_sent = self.bytes_received = 0
+        self.counters: dict[str, int] = {"pushes_sent": 0, "updates": 0, "refetches": 0, "reconnects": 0, "bad_messages": 0}
+        self._pending: dict[int, PushItem] = {}
+        self._updated: set[int] = set()
+        self._forced: set[int] = set()
+        self._stats: dict[str, Any] = {"step": 0, "tokens": 0, "state": "joining"}
+        self._partitioned = False
+        self._stop = threading.Event()
+        self._flush = threading.Event()
+        self._sock: zmq.Socket | None = None
+        self._ctx = zmq.Context()
+        self._welcomed = False
+        self._hello_at = 0.0
+        self._heard_at = 0.0
+        self._beat_at = 0.0
+        self._backoff = 0.1
+        self._init_queue: list[tuple[int, int]] = []
+        self._chunk = 1 << 20
+
+    # -- training-thread API -----------------------------------------------------------------
+    def push(self, item: PushItem) -> None:
+        """Queue an outer gradient; replaces an unsent one of the same fragment (newest wins)."""
+        with self.lock:
+            self._pending[item.fragment] = item
+
+    def take_updates(self) -> tuple[set[int], set[int]]:
+        """(fragments whose global value changed, fragments the syncer wants overwritten)."""
+        with self.lock:
+            updated, forced = self._updated, self._forced
+            self._updated, self._forced = set(), set()
+        return updated, forced
+
+    def latest(self, p: int) -> tuple[int, torch.Tensor]:
+        """(version, a private copy) of the global fragment p."""
+        with self.lock:
+            value = self.replica.latest[p]
+            assert value is not None, "fragment not fetched yet"
+            return self.replica.versions[p], value.clone()
+
+    def versions(self) -> list[int]:
+        with self.lock:
+            return list(self.replica.versions)
+
+    def set_stats(self, **stats: Any) -> None:
+        with self.lock:
+            self._stats.update(stats)
+
+    def set_partitioned(self, cut: bool) -> None:
+        """Chaos: cut every byte to and from the syncer (the socket is closed) or restore."""
+        self._partitioned = cut
+
+    def pending(self) -> int:
+        with self.lock:
+            return len(self._pending)
+
+    def stop(self, flush_s: float = 2.0) -> None:
+        """Send what is pending (up to flush_s), say bye, close."""
+        self._flush.set()
+        deadline = time.monotonic() + flush_s
+        while self.pending() and time.monotonic() < deadline and self.is_alive() and self._welcomed:
+            time.sleep(0.02)
+        self._stop.set()
+        self.join(timeout=flush_s + 2.0)
+
+    # -- the thread --------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            while not self._stop.is_set() and self.fatal is None:
+                self._cycle()
+            if self._sock is not None and self._welcomed and not self._partitioned:
+                self._send(Message("bye", {"reason": "learner stopping"}))
+        finally:
+            self._close_socket()
+            self._ctx.term()
+
+    def _cycle(self) -> None:
+        if self._partitioned:
+            self._close_socket()
+            self._set_link("partitioned")
+            time.sleep(0.05)
+            return
+        now = time.monotonic()
+        if self._sock is None:
+            self._open_socket(now)
+        if self._sock.poll(20, zmq.POLLIN):
+            self._receive_all()
+        now = time.monotonic()
+        if not self._welcomed:
+            if now - self._hello_at > min(2.0, self._backoff):
+                self._backoff = min(self._backoff * 2, 2.0)
+                self._hello(now)
+        else:
+            self._work(now)
+        if now - self._heard_at > 3 * self.s.liveness_s and now - self._hello_at > self.s.liveness_s:
+            self.counters["reconnects"] += 1  # Paranoid Pirate: silence means a fresh socket
+            self._close_socket()
+
+    def _work(self, now: float) -> None:
+        self._send_init_chunks()
+        for p, offset in self.replica.requests(now, self._chunk, FETCH_WINDOW):
+            self._send(Message("state_req", {"fragment": p, "offset": offset}))
+        if self.ready.is_set():
+            self._send_pushes()
+        if now - self._beat_at >= self.s.heartbeat_s:
+            self._beat_at = now
+            self._send(Message("heartbeat", self._heartbeat_meta()))
+
+    def _heartbeat_meta(self) -> dict[str, Any]:
+        with self.lock:
+            meta = dict(self._stats)
+        meta.update(bytes_sent=self.bytes_sent, bytes_received=self.bytes_received,
+                    pending_pushes=len(self._pending), link="up")
+        return meta
+
+    def _set_link(self, state: str) -> None:
+        with self.lock:
+            self._stats["link"] = state
+
+    # -- socket ------------------------------------------------------------------------------
+    def _open_socket(self, now: float) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)        # no queueing to a syncer that is not there
+        sock.setsockopt(zmq.SNDHWM, 64)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        sock.setsockopt(zmq.SNDTIMEO, 5000)
+        if self.cfg.secret_key is not None:
+            sock.curve_publickey, sock.curve_secretkey = keys.load_pair(self.cfg.secret_key)
+            sock.curve_serverkey = keys.load_public(self.cfg.syncer_key)
+        sock.connect(self.cfg.syncer_address)
+        self._sock = sock
+        self._welcomed = False
+        self._hello_at = self._heard_at = now
+        self._backoff = 0.1
+
+    def _close_socket(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+            self._welcomed = False
+
+    def _send(self, msg: Message, block: bool = False) -> bool:
+        frames = encode(msg)
+        try:
+            self._sock.send_multipart(frames, flags=0 if block else zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        self.bytes_sent += sum(len(f) for f in frames)
+        return True
+
+    def _hello(self, now: float) -> None:
+        self._hello_at = now
+        self._send(Message("hello", {
+            "learner": self.cfg.spec.id, "incarnation": self.incarnation, "run": self.cfg.run_id,
+            "pid": os.getpid(), "host": pysocket.gethostname(), "device": self.cfg.spec.device,
+            "batch_size": self.cfg.batch_size, "codecs": list(codec.MODES), "manifest": self.manifest,
+            "fragments": self.replica.count}))
+
+    # -- incoming ----------------------------------------------------------------------------
+    def _receive_all(self) -> None:
+        while True:
+            try:
+                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.bytes_received += sum(len(f) for f in frames)
+            self._heard_at = time.monotonic()
+            try:
+                self._dispatch(decode(frames))
+            except (ProtocolError, codec.CodecError) as exc:
+                self.counters["bad_messages"] += 1
+                print(f"learner: dropped a bad message from the syncer: {exc}", flush=True)
+
+    def _dispatch(self, msg: Message) -> None:
+        handler = {"welcome": self._on_welcome, "ack": self._on_ack, "state": self._on_state,
+                   "update": self._on_update, "resync": self._on_resync, "error": self._on_error}.get(msg.kind)
+        if handler is None:
+            raise ProtocolError("unexpected_kind", f"syncer sent {msg.kind!r}")
+        handler(msg)
+
+    def _on_welcome(self, msg: Message) -> None:
+        self._welcomed = True
+        self._backoff = 0.1
+        self._chunk = max(1024, int(msg["chunk_numel"]))
+        self._set_link("up")
+        self._sync_epoch(msg["epoch"], msg["initialized"], msg["versions"])
+        if msg["init_owner"] and not msg["initialized"]:
+            self._init_queue = [(p, off) for p in range(self.replica.count)
+                                for off in range(0, self.replica.sizes[p], self._chunk)]
+
+    def _on_ack(self, msg: Message) -> None:
+        self._sync_epoch(msg["epoch"], msg["initialized"], msg["versions"])
+
+    def _sync_epoch(self, epoch: int, initialized: bool, versions: list) -> None:
+        """A new syncer epoch (it restarted) means our replica may be ahead or behind: refetch."""
+        with self.lock:
+            if not initialized:
+                return
+            if epoch != self.replica.epoch:
+                self.replica.epoch = epoch
+                self.replica.refetch_all()
+                self.counters["refetches"] += self.replica.count
+                return
+            for p in self.replica.behind([int(v) for v in versions]):
+                self.replica.refetch(p)
+                self.counters["refetches"] += 1
+
+    def _on_state(self, msg: Message) -> None:
+        if msg["epoch"] != self.replica.epoch:
+            return
+        values = check_raw_fragment(msg, self.replica.sizes)
+        with self.lock:
+            if self.replica.on_state(msg["fragment"], msg["version"], msg["offset"], values):
+                self._updated.add(msg["fragment"])
+                if self.replica.complete():
+                    self.ready.set()
+
+    def _on_update(self, msg: Message) -> None:
+        p = msg["fragment"]
+        if msg["epoch"] != self.replica.epoch or not 0 <= p < self.replica.count or len(msg.payloads) != 1:
+            return
+        with self.lock:
+            result = self.replica.on_update(p, msg["from_version"], msg["version"], msg.payloads[0])
+            if result == "applied":
+                self._updated.add(p)
+                self.counters["updates"] += 1
+            elif result == "gap":
+                self.counters["refetches"] += 1
+
+    def _on_resync(self, msg: Message) -> None:
+        p = msg["fragment"]
+        with self.lock:
+            targets = range(self.replica.count) if p < 0 else [p] if p < self.replica.count else []
+            for q in targets:
+                self._forced.add(q)
+                self.replica.refetch(q)
+        print(f"learner: syncer asked for a resync of fragment {p}: {msg['reason']}", flush=True)
+
+    def _on_error(self, msg: Message) -> None:
+        if msg["fatal"]:
+            self.fatal = str(msg["reason"])
+        elif "hello" in str(msg["reason"]):
+            self._welcomed = False
+            self._hello_at = 0.0  # the syncer restarted and does not know us: hello at once
+
+    # -- outgoing ----------------------------------------------------------------------------
+    def _send_init_chunks(self) -> None:
+        if not self._init_queue:
+            return
+        values = self.init_values()
+        while self._init_queue:
+            p, off = self._init_queue[0]
+            chunk = values[p][off : off + self._chunk].contiguous()
+            meta = {"fragment": p, "offset": off, "numel": chunk.numel(), "total": self.replica.sizes[p]}
+            if not self._send(Message("init", meta, [chunk.numpy().tobytes()]), block=True):
+                return  # syncer gone mid-upload: the next welcome decides who uploads
+            self._init_queue.pop(0)
+
+    def _send_pushes(self) -> None:
+        with self.lock:
+            items = sorted(self._pending.values(), key=lambda i: i.fragment)
+        for item in items:
+            blob = codec.encode(item.delta, self.s.compression, self.s.block)
+            meta = {"fragment": item.fragment, "base_version": item.base_version, "seq": self.counters["pushes_sent"],
+                    "epoch": self.replica.epoch or 0, "c_steps": item.c_steps, "c_tokens": item.c_tokens,
+                    "c_time": item.c_time, "step_time": item.step_time}
+            if not self._send(Message("push", meta, [blob])):
+                return  # not connected: keep it (newest wins)
+            with self.lock:
+                if self._pending.get(item.fragment) is item:
+                    del self._pending[item.fragment]
+            self.counters["pushes_sent"] += 1

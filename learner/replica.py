@@ -1,0 +1,114 @@
+"""The learner's replica of the global fragments, bit-identical to the syncer's (pure, no I/O).
+
+It is filled by chunked state transfers (full fp32 fragments) and then kept current by update
+blobs: `latest[p] = latest[p] + decode(blob)` as two separate fp32 operations, exactly what the
+syncer computed. An update that does not start from our version (we missed one) or a new syncer
+epoch turns into a re-fetch of the full fragment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from syncer import codec
+
+
+@dataclass
+class Fetch:
+    """A full-fragment transfer in progress."""
+
+    version: int | None = None
+    buffer: torch.Tensor | None = None
+    received: int = 0
+    next_offset: int = 0
+    in_flight: dict[int, float] = field(default_factory=dict)  # offset -> requested at
+
+
+class Replica:
+    """Latest global value and version of every fragment; what still has to be fetched."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = list(sizes)
+        self.latest: list[torch.Tensor | None] = [None] * len(sizes)
+        self.versions: list[int] = [-1] * len(sizes)
+        self.epoch: int | None = None
+        self.fetches: dict[int, Fetch] = {}
+
+    @property
+    def count(self) -> int:
+        return len(self.sizes)
+
+    def complete(self) -> bool:
+        return all(t is not None for t in self.latest)
+
+    def refetch(self, p: int) -> None:
+        """Schedule a full transfer of fragment p (restarting one in progress)."""
+        self.fetches[p] = Fetch()
+
+    def refetch_all(self) -> None:
+        for p in range(self.count):
+            self.refetch(p)
+
+    def requests(self, now: float, chunk: int, window: int, timeout: float = 10.0) -> list[tuple[int, int]]:
+        """(fragment, offset) state requests to send now, at most `window` in flight overall."""
+        out: list[tuple[int, int]] = []
+        in_flight = 0
+        for p in sorted(self.fetches):
+            f = self.fetches[p]
+            for offset, at in list(f.in_flight.items()):
+                if now - at > timeout:  # lost (syncer restarted, message dropped): ask again
+                    out.append((p, offset))
+                    f.in_flight[offset] = now
+            in_flight += len(f.in_flight)
+        for p in sorted(self.fetches):
+            f = self.fetches[p]
+            while in_flight < window and f.next_offset < self.sizes[p]:
+                out.append((p, f.next_offset))
+                f.in_flight[f.next_offset] = now
+                f.next_offset += chunk
+                in_flight += 1
+        return out
+
+    def on_state(self, p: int, version: int, offset: int, values: np.ndarray) -> bool:
+        """Store one chunk; True when fragment p is complete (then latest/version are set)."""
+        f = self.fetches.get(p)
+        if f is None or offset not in f.in_flight:
+            return False  # a chunk we no longer want (refetch restarted it)
+        if f.version is None:
+            f.version = version
+            f.buffer = torch.empty(self.sizes[p], dtype=torch.float32)
+        elif version != f.version:  # a merge landed mid-transfer: start this fragment again
+            self.fetches[p] = Fetch()
+            return False
+        del f.in_flight[offset]
+        f.buffer[offset : offset + values.size] = torch.from_numpy(values.copy())
+        f.received += values.size
+        if f.received < self.sizes[p]:
+            return False
+        self.latest[p], self.versions[p] = f.buffer, f.version
+        del self.fetches[p]
+        return True
+
+    def on_update(self, p: int, from_version: int, version: int, blob: bytes) -> str:
+        """Apply an update blob: 'applied', 'stale' (already have it), 'gap' (refetch scheduled)."""
+        if self.latest[p] is None or p in self.fetches:
+            return "stale"
+        if version <= self.versions[p]:
+            return "stale"
+        if from_version != self.versions[p]:
+            self.refetch(p)
+            return "gap"
+        change = codec.decode(blob, expect_numel=self.sizes[p])
+        self.latest[p] = self.latest[p] + change  # a separate fp32 add, as the syncer did
+        self.versions[p] = version
+        return "applied"
+
+    def behind(self, versions: list[int]) -> list[int]:
+        """Fragments where the syncer reports a newer version than ours and no fetch is running."""
+        if len(versions) != self.count:
+            return []
+        return [p for p in range(self.count)
+                if versions[p] > self.versions[p] and p not in self.fetches and self.latest[p] is not None]

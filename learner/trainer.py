@@ -1,0 +1,283 @@
+"""The learner's inner loop: AdamW on its own shard, never waiting for the network.
+
+Reads straight through, nanoGPT style:
+    join    build the workload, cut it into fragments, fetch the global state (or upload the
+            initial one if this is the run's first learner), start from it
+    step    forward, backward, clip, AdamW; count tokens and time per fragment; (throttle)
+    sync    apply global fragments that arrived in reply to our pushes (overwrite or mix);
+            hand the outer gradient of each fragment that is due to the sender thread
+    report  eval loss every eval_every steps; progress to the syncer with every heartbeat
+Chaos hooks: `control.json` in the work dir can slow this learner or cut its link to the syncer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from learner.client import PushItem, SyncerClient
+from learner.config import LearnerConfig
+from learner.outer import OuterState
+from learner.workload import Workload, WorkloadContext, build_workload
+from syncer import fragments
+from syncer.merge import ema
+
+
+class Trainer:
+    """One learner process (or rank 0 of an island)."""
+
+    def __init__(self, cfg: LearnerConfig, incarnation: str, island: Any = None) -> None:
+        self.cfg, self.s = cfg, cfg.settings
+        self.incarnation = incarnation
+        self.island = island
+        self.stop = threading.Event()
+        self.device = resolve_device(cfg.spec.device, island)
+        self.step = self.tokens = 0
+        self.loss_ema: float | None = None
+        self.eval_loss: float | None = None
+        self.step_time: float | None = None
+        self.tokens_per_s = 0.0
+        self.blocked_s = self.busy_s = 0.0
+        self._control_mtime = 0.0
+        self._control: dict[str, float] = {}
+        self.wl: Workload | None = None
+
+    # -- join --------------------------------------------------------------------------------
+    def build(self) -> None:
+        torch.set_num_threads(max(1, self.cfg.spec.threads))
+        ctx = WorkloadContext(settings=self.s.to_dict(), learner_index=self.cfg.spec.shard,
+                              shards=self.cfg.spec.shards, batch_size=self.cfg.batch_size,
+                              device=self.device, seed=self.s.seed)
+        self.wl = build_workload(ctx)
+        self.params = {n: p.data for n, p in self.wl.model.named_parameters()}
+        self.manifest = [fragments.TensorSpec(n, tuple(t.shape), "embedding" if n in self.wl.embedding_names else "dense")
+                         for n, t in self.params.items()]
+        self.plan = fragments.plan(self.manifest, self.s.fragments)
+
+    def join(self, client: SyncerClient) -> OuterState | None:
+        """Wait (never forever unnoticed) for the global state; None if told to stop first."""
+        client.set_stats(state="joining")
+        last_note = time.monotonic()
+        while not client.ready.wait(0.2):
+            if self.stop.is_set() or client.fatal or not client.is_alive():
+                return None
+            if time.monotonic() - last_note > 10:
+                last_note = time.monotonic()
+                log(f"still joining: waiting for the syncer at {self.cfg.syncer_address}")
+        values = [client.latest(p) for p in range(self.plan.count)]
+        values = [(v, t.to(self.device)) for v, t in values]
+        client.take_updates()
+        return OuterState.start(self.plan, self.s.H, self.s.alpha, values, self.params)
+
+    def initial_fragments(self) -> list[torch.Tensor]:
+        return [self.plan.gather(p, self.params).detach().to("cpu") for p in range(self.plan.count)]
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self) -> int:
+        """Train until the step/duration budget or SIGTERM; returns the exit code."""
+        self.build()
+        client = SyncerClient(self.cfg, fragments.manifest_to_json(self.manifest), self.plan.sizes(),
+                              self.initial_fragments, self.incarnation)
+        client.start()
+        log(f"{self.cfg.spec.id}: {sum(t.numel() for t in self.params.values())} parameters on {self.device}, "
+            f"{self.plan.count} fragments, joining {self.cfg.syncer_address}")
+        outer = self.join(client)
+        if outer is None:
+            return self._finish(client, None)
+        log(f"{self.cfg.spec.id}: joined at versions {client.versions()}")
+        opt = torch.optim.AdamW(self.wl.model.parameters(), lr=self.s.lr, weight_decay=self.s.weight_decay)
+        started = time.monotonic()
+        while not self._budget_spent(started) and client.fatal is None:
+            self._train_step(opt, outer)
+            t0 = time.perf_counter()
+            self._sync(client, outer, opt)
+            self.blocked_s += time.perf_counter() - t0
+            self._report(client)
+        return self._finish(client, outer)
+
+    def _budget_spent(self, started: float) -> bool:
+        if self.stop.is_set():
+            return True
+        if self.s.steps and self.step >= self.s.steps:
+            return True
+        return bool(self.s.duration) and time.monotonic() - started >= self.s.duration
+
+    def _lr(self) -> float:
+        return self.s.lr * min(1.0, (self.step + 1) / max(1, self.s.warmup))
+
+    def _train_step(self, opt: torch.optim.Optimizer, outer: OuterState) -> None:
+        t0 = time.perf_counter()
+        for group in opt.param_groups:
+            group["lr"] = self._lr()
+        batch = self.wl.next_batch()
+        loss = self.wl.loss(self.wl.model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.island is not None:
+            self.island.all_reduce_grads(self.wl.model)
+        if self.s.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.wl.model.parameters(), self.s.grad_clip)
+        opt.step()
+        value = float(loss.detach())
+        compute = time.perf_counter() - t0
+        factor = self.cfg.spec.throttle * self._slow_factor()
+        if factor > 1.0:
+            self.stop.wait((factor - 1.0) * compute)  # an artificially slower host
+        dt = time.perf_counter() - t0
+        ntok = self.wl.tokens(batch) * (self.island.world if self.island else 1)
+        self.step += 1
+        self.tokens += ntok
+        self.busy_s += dt
+        outer.count_step(ntok, dt)
+        self.step_time = ema(self.step_time, dt)
+        self.tokens_per_s = ntok / self.step_time if self.step_time else 0.0
+        self.loss_ema = value if self.loss_ema is None or not math.isfinite(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * value
+        if not math.isfinite(value):
+            self._diverged = True
+
+    # -- sync --------------------------------------------------------------------------------
+    def _sync(self, client: SyncerClient, outer: OuterState, opt: torch.optim.Optimizer) -> None:
+        if getattr(self, "_diverged", False):
+            self._recover(client, outer, opt)
+        updated, forced = client.take_updates()
+        for p in sorted(updated | forced):
+            if outer.awaiting[p] or p in forced:
+                version, value = client.latest(p)
+                outer.apply(p, version, value.to(self.device), self.params)
+        for p in outer.due(self.step):
+            self._push(client, outer, p)
+            if not self.s.overlap:
+                self._wait_for_merge(client, outer, p)
+
+    def _push(self, client: SyncerClient, outer: OuterState, p: int) -> None:
+        c = outer.counters[p]
+        if c.steps == 0:
+            return
+        delta = outer.outer_gradient(p, self.params)
+        client.push(PushItem(p, delta, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0))
+        outer.awaiting[p] = True
+
+    def _wait_for_merge(self, client: SyncerClient, outer: OuterState, p: int) -> None:
+        """Synchronous DiLoCo (overlap = false): block until the merge of p comes back."""
+        while outer.awaiting[p] and not self.stop.is_set() and client.fatal is None:
+            updated, forced = client.take_updates()
+            for q in sorted(updated | forced):
+                if outer.awaiting[q] or q in forced:
+                    version, value = client.latest(q)
+                    outer.apply(q, version, value.to(self.device), self.params)
+            if outer.awaiting[p]:
+                time.sleep(0.002)
+                self._report(client)
+
+    def _recover(self, client: SyncerClient, outer: OuterState, opt: torch.optim.Optimizer) -> None:
+        """A NaN/Inf loss: throw local progress away, restart from the global model."""
+        log(f"{self.cfg.spec.id}: non-finite loss at step {self.step}; reloading the global model")
+        for p in range(self.plan.count):
+            version, value = client.latest(p)
+            outer.apply(p, version, value.to(self.device), self.params)
+        opt.state.clear()
+        self.loss_ema = None
+        self._diverged = False
+
+    # -- reporting ---------------------------------------------------------------------------
+    def _report(self, client: SyncerClient) -> None:
+        self._read_control(client)
+        if self.step % self.s.eval_every == 0 and self.step > 0:
+            self.eval_loss = self.evaluate()
+            log(f"{self.cfg.spec.id}: step {self.step} loss {self.loss_ema:.4f} eval {self.eval_loss:.4f} "
+                f"{self.tokens_per_s:.0f} tok/s versions {client.versions()}")
+        total = self.busy_s + self.blocked_s
+        client.set_stats(step=self.step, tokens=self.tokens, state=self._state(),
+                         tokens_per_s=self.tokens_per_s, step_time=self.step_time or 0.0,
+                         blocked_frac=self.blocked_s / total if total else 0.0,
+                         loss=self.loss_ema if self.loss_ema is not None and math.isfinite(self.loss_ema) else None,
+                         eval_loss=self.eval_loss)
+
+    def _state(self) -> str:
+        if self._slow_factor() > 1.0:
+            return "slow"
+        return "running"
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over the fixed held-out batches (the same on every learner)."""
+        model = self.wl.model
+        was_training = model.training
+        model.eval()
+        losses = [float(self.wl.loss(model, b)) for b in self.wl.eval_batches]
+        model.train(was_training)
+        return sum(losses) / max(1, len(losses))
+
+    def _read_control(self, client: SyncerClient) -> None:
+        """Chaos hooks from `control.json` (re-read only when its mtime changes)."""
+        path = self.cfg.workdir / "control.json"
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            mtime = 0.0
+        if mtime != self._control_mtime:
+            self._control_mtime = mtime
+            self._control = _read_json(path)
+        cut = time.time() < float(self._control.get("partition_until", 0))
+        client.set_partitioned(cut)
+
+    def _slow_factor(self) -> float:
+        if time.time() < float(self._control.get("slow_until", 0)):
+            return max(1.0, float(self._control.get("slow_factor", 1.0)))
+        return 1.0
+
+    def _finish(self, client: SyncerClient, outer: OuterState | None) -> int:
+        """Send the due fragments, say bye, stop the sender."""
+        if outer is not None and client.fatal is None:
+            for p in range(self.plan.count):
+                self._push(client, outer, p)
+        client.stop(flush_s=3.0)
+        if client.fatal:
+            log(f"{self.cfg.spec.id}: the syncer refused this learner: {client.fatal}")
+            return 2
+        log(f"{self.cfg.spec.id}: stopped after {self.step} steps, {self.tokens} tokens")
+        return 0
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def resolve_device(name: str, island: Any = None) -> torch.device:
+    """'cpu', 'cuda' or 'cuda:N' (an island rank uses its local rank's GPU); clear error if absent."""
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {name!r} requested but torch.cuda.is_available() is False on this host")
+        if name == "cuda" and island is not None:
+            name = f"cuda:{island.local_rank}"
+        device = torch.device(name)
+        torch.cuda.set_device(device)
+        return device
+    if name != "cpu":
+        raise RuntimeError(f"unknown device {name!r}; use cpu, cuda or cuda:N")
+    return torch.device("cpu")
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+def install_signal_handlers(trainer: Trainer) -> None:
+    """SIGTERM/SIGINT: finish the step, send due fragments, exit cleanly."""
+    def handler(signum: int, _frame: Any) -> None:
+        trainer.stop.set()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")

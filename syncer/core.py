@@ -1,0 +1,351 @@
+"""The syncer's state machine: global model, rounds per fragment, learners; no sockets, no files.
+
+`SyncerCore.handle(learner, message, now, out)` and `SyncerCore.tick(now, out)` are the whole
+interface: what must be sent, logged as an event or recorded as a metric is put into the
+`Outbox`, and the ZeroMQ server (syncer/server.py) carries it out. Wall-clock `now` is passed in;
+merge durations are measured with an injected monotonic clock.
+
+Publishing (ALGORITHM.md, Compression): the new global fragment is defined as
+    old + dequantize(quantize(new - old + residual)),   residual' = (new - old + residual) - that
+so the syncer holds exactly what every learner reconstructs from the update blob.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from syncer import codec, fragments, merge
+from syncer.fleet import Fleet
+from syncer.protocol import Message, ProtocolError, check_fragment_index, check_raw_fragment
+from syncer.rounds import Contribution, GraceFn, Round
+from syncer.settings import RunSettings
+
+
+@dataclass
+class Outbox:
+    """What a handler wants done: messages to send, events and metrics to record."""
+
+    sends: list[tuple[list[str], Message]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    def send(self, learner: str, msg: Message) -> None:
+        self.sends.append(([learner], msg))
+
+    def broadcast(self, learners: list[str], msg: Message) -> None:
+        if learners:
+            self.sends.append((sorted(learners), msg))
+
+    def event(self, now: float, kind: str, target: str, detail: str = "") -> None:
+        self.events.append({"t": now, "kind": kind, "target": target, "detail": detail})
+
+
+@dataclass
+class GlobalModel:
+    """The global parameters, one flat fp32 vector per fragment, and the outer-optimizer state."""
+
+    manifest: list[fragments.TensorSpec]
+    plan: fragments.FragmentPlan
+    theta: list[torch.Tensor]
+    versions: list[int]
+    momentum: list[torch.Tensor]
+    residual: list[torch.Tensor]
+
+    @classmethod
+    def fresh(cls, manifest: list[fragments.TensorSpec], plan: fragments.FragmentPlan,
+              theta: list[torch.Tensor]) -> "GlobalModel":
+        zeros = [torch.zeros_like(t) for t in theta]
+        return cls(manifest, plan, theta, [0] * plan.count, zeros, [torch.zeros_like(t) for t in theta])
+
+    @property
+    def numel(self) -> int:
+        return sum(t.numel() for t in self.theta)
+
+
+class SyncerCore:
+    """Rounds, merges and the global model for one run."""
+
+    def __init__(self, settings: RunSettings, run_id: str, declared: list[str], now: float,
+                 epoch: int = 1, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.s = settings
+        self.run_id = run_id
+        self.epoch = epoch
+        self.clock = clock
+        self.fleet = Fleet(declared, settings.liveness_s, now)
+        self.model: GlobalModel | None = None
+        self.rounds: dict[int, Round] = {}
+        self.outer_steps = 0
+        self.since_checkpoint = 0
+        self.checkpoint_outer_step = 0
+        self.t_sync: float | None = None
+        self.rejected: collections.Counter = collections.Counter()
+        self.counters: collections.Counter = collections.Counter()
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.started = now
+        self.recent_rounds: collections.deque = collections.deque(maxlen=20)
+        self._norm_history: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=32))
+        self._init_owner: str | None = None
+        self._init_manifest: list[fragments.TensorSpec] | None = None
+        self._init_buffers: list[torch.Tensor] = []
+        self._init_filled: list[int] = []
+        self._quorum_ok: bool | None = None
+
+    # -- dispatch ----------------------------------------------------------------------------
+    def handle(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
+        """Apply one decoded message from `learner` (already authenticated as that id)."""
+        handler = _HANDLERS.get(msg.kind)
+        if handler is None:
+            raise ProtocolError("unexpected_kind", f"a learner may not send {msg.kind!r}")
+        if msg.kind != "hello" and learner not in self.fleet.learners:
+            out.send(learner, Message("error", {"reason": "say hello first", "fatal": False}))
+            return
+        self.fleet.seen(learner, now)
+        handler(self, learner, msg, now, out)
+
+    def reject(self, reason: str, learner: str, detail: str, now: float, out: Outbox) -> None:
+        """Count a rejected message and record it as an event."""
+        self.rejected[reason] += 1
+        out.event(now, "reject", learner, f"{reason}: {detail}"[:300])
+
+    # -- membership --------------------------------------------------------------------------
+    def _hello(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
+        if msg["run"] != self.run_id:
+            self.reject("wrong_run", learner, f"run {msg['run']!r}", now, out)
+            out.send(learner, Message("error", {"reason": f"this syncer serves run {self.run_id}, not {msg['run']}", "fatal": True}))
+            return
+        try:
+            manifest = fragments.manifest_from_json(msg["manifest"])
+        except ValueError as exc:
+            raise ProtocolError("schema", f"hello: {exc}") from None
+        problem = self._manifest_problem(manifest, msg["fragments"])
+        if problem:
+            self.reject("manifest", learner, problem, now, out)
+            out.send(learner, Message("error", {"reason": problem, "fatal": True}))
+            return
+        info, fresh = self.fleet.hello(msg.meta, now)
+        out.event(now, "join" if info.joins == 1 and fresh else ("rejoin" if fresh else "reconnect"), learner,
+                  f"pid {info.pid} on {info.host} ({info.device})")
+        owner = self._claim_init(learner, manifest, now)
+        out.send(learner, Message("welcome", {
+            "epoch": self.epoch, "initialized": self.model is not None, "init_owner": owner,
+            "versions": self.versions(), "chunk_numel": self.chunk_numel()}))
+
+    def _manifest_problem(self, manifest: list[fragments.TensorSpec], count: int) -> str | None:
+        if count != self.s.fragments:
+            return f"learner cuts the model into {count} fragments, the run uses {self.s.fragments}"
+        reference = self.model.manifest if self.model else self._init_manifest
+        if reference is not None and manifest != reference:
+            return "learner's model has different parameter names/shapes than the run's global model"
+        if len(manifest) < count:
+            return f"model has {len(manifest)} parameter tensors, fewer than fragments={count}"
+        return None
+
+    def _claim_init(self, learner: str, manifest: list[fragments.TensorSpec], now: float) -> bool:
+        """The first learner to arrive (or the next, if the first went away) uploads the init."""
+        if self.model is not None:
+            return False
+        owner = self.fleet.learners.get(self._init_owner or "")
+        if owner is not None and owner.id != learner and owner.live(now, self.s.liveness_s):
+            return False
+        plan = fragments.plan(manifest, self.s.fragments)
+        self._init_owner, self._init_manifest = learner, manifest
+        self._init_buffers = [torch.zeros(n, dtype=torch.float32) for n in plan.sizes()]
+        self._init_filled = [0] * plan.count
+        return True
+
+    def _init(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
+        if self.model is not None or learner != self._init_owner or self._init_manifest is None:
+            self.reject("init_refused", learner, "not the init owner", now, out)
+            return
+        sizes = [b.numel() for b in self._init_buffers]
+        values = torch.from_numpy(check_raw_fragment(msg, sizes).copy())
+        p, offset = msg["fragment"], msg["offset"]
+        self._init_buffers[p][offset : offset + values.numel()] = values
+        self._init_filled[p] += values.numel()
+        if all(filled >= size for filled, size in zip(self._init_filled, sizes)):
+            plan = fragments.plan(self._init_manifest, self.s.fragments)
+            self.model = GlobalModel.fresh(self._init_manifest, plan, self._init_buffers)
+            self._init_buffers = []
+            out.event(now, "initialized", "syncer", f"{self.model.numel} parameters from {learner}, "
+                      f"{plan.count} fragments, imbalance {plan.imbalance():.3f}")
+            self._broadcast_ack(now, out)
+
+    def _bye(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
+        self.fleet.leave(learner)
+        out.event(now, "leave", learner, str(msg["reason"])[:200])
+
+    def _heartbeat(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
+        self.fleet.heartbeat(learner, msg.meta, now)
+        out.send(learner, self._ack())
+
+    def _ack(self) -> Message:
+        return Message("ack", {"epoch": self.epoch, "versions": self.versions(), "initialized": self.model is not None})
+
+    def _broadcast_ack(self, now: float, out: Outbox) -> None:
+        out.broadcast(list(self.fleet.connected(now)), self._ack())
+
+    # -- state transfer ----------------------------------------------------------------------
+    def chunk_numel(self) -> int:
+        return max(1024, int(self.s.state_chunk_mb * (1 << 20)) // 4)
+
+    def versions(self) -> list[int]:
+        return list(self.model.versions) if self.model else []
+
+    def _state_req(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
+        if self.model is None:
+            out.send(learner, Message("error", {"reason": "not initialized yet", "fatal": False}))
+            return
+        p = check_fragment_index(msg, self.model.plan.count)
+        total = self.model.theta[p].numel()
+        offset = msg["offset"]
+        if not 0 <= offset < total:
+            raise ProtocolError("shape", f"state_req: offset {offset} outside fragment {p}")
+        n = min(self.chunk_numel(), total - offset)
+        payload = self.model.theta[p][offset : offset + n].numpy().tobytes()
+        out.send(learner, Message("state", {"fragment": p, "version": self.model.versions[p], "offset": offset,
+                                            "numel": n, "total": total, "epoch": self.epoch}, [payload]))
+        self.counters["state_chunks"] += 1
+
+    # -- contributions -----------------------------------------------------------------------
+    def _push(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
+        if self.model is None:
+            self.rejected["not_initialized"] += 1
+            return
+        p = check_fragment_index(msg, self.model.plan.count)
+        if len(msg.payloads) != 1 or msg["c_steps"] < 1 or msg["c_tokens"] < 0 or msg["c_time"] < 0:
+            raise ProtocolError("schema", "push: needs one payload, c_steps >= 1, c_tokens >= 0, c_time >= 0")
+        try:
+            delta = codec.decode(msg.payloads[0], expect_numel=self.model.theta[p].numel())
+        except codec.CodecError as exc:
+            reason = "nan" if "NaN" in str(exc) or "non-finite" in str(exc) else "codec"
+            self.reject(reason, learner, f"fragment {p}: {exc}", now, out)
+            out.send(learner, Message("resync", {"fragment": p, "reason": f"push rejected: {exc}"[:200]}))
+            return
+        contribution = Contribution(
+            learner, delta, int(msg["c_steps"]), int(msg["c_tokens"]), float(msg["c_time"]),
+            float(msg["step_time"]), int(msg["base_version"]), now, len(msg.payloads[0]))
+        rnd = self.rounds.setdefault(p, Round(p))
+        rnd.add(contribution, self.s.quorum, GraceFn(self.s.grace_gamma, self.s.tau, self.t_sync or 0.0))
+        self.counters["pushes"] += 1
+        self.counters["push_raw_bytes"] += 4 * delta.numel()
+        self.counters["push_wire_bytes"] += len(msg.payloads[0])
+        self._bound_queue(now, out)
+
+    def _bound_queue(self, now: float, out: Outbox) -> None:
+        """Keep memory bounded: past max_queue pending contributions, drop the oldest."""
+        while sum(len(r.contributions) for r in self.rounds.values()) > self.s.max_queue:
+            rnd = min((r for r in self.rounds.values() if r.contributions), key=lambda r: r.oldest().arrived)
+            victim = rnd.oldest()
+            del rnd.contributions[victim.learner]
+            rnd.recount(self.s.quorum, now)
+            self.counters["dropped_pushes"] += 1
+            out.event(now, "drop", victim.learner, f"fragment {rnd.fragment}: queue over {self.s.max_queue}")
+
+    # -- rounds ------------------------------------------------------------------------------
+    def tick(self, now: float, out: Outbox) -> None:
+        """Advance time: accounting, quorum events, and close every round that is ready."""
+        self.fleet.tick(now)
+        live = self.fleet.live(now)
+        self._quorum_events(len(live), now, out)
+        if self.model is None:
+            return
+        for p in sorted(self.rounds):
+            rnd = self.rounds[p]
+            if rnd.contributions and rnd.ready(now, self.s.quorum, live):
+                self._close(rnd, now, out)
+                del self.rounds[p]
+
+    def _quorum_events(self, live: int, now: float, out: Outbox) -> None:
+        ok = live >= self.s.quorum
+        if self._quorum_ok is not None and ok != self._quorum_ok:
+            kind = "quorum_regained" if ok else "quorum_lost"
+            out.event(now, kind, "syncer", f"{live} live learners, minimum quorum {self.s.quorum}")
+        self._quorum_ok = ok
+
+    def _close(self, rnd: Round, now: float, out: Outbox) -> None:
+        """Merge, outer step, publish (bit-exact), broadcast, account."""
+        assert self.model is not None
+        t0 = self.clock()
+        p = rnd.fragment
+        contribs = sorted(rnd.contributions.values(), key=lambda c: c.learner)
+        deltas, weights = self._clipped(p, contribs)
+        merged = merge.merge(deltas, weights, self.model.plan.segments(p), self.s.merge)
+        scale = self._fleet_scale(contribs, now)
+        if scale < 1.0:
+            merged.mul_(scale)
+        m = self.model
+        new_theta, m.momentum[p] = merge.nesterov_step(m.theta[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum)
+        change = new_theta.sub_(m.theta[p]).add_(m.residual[p])
+        q = codec.quantize(change, self.s.compression, self.s.block)
+        applied = codec.dequantize(q)
+        m.theta[p] = m.theta[p] + applied
+        m.residual[p] = change - applied
+        m.versions[p] += 1
+        blob = codec.encode_quantized(q)
+        recipients = list(self.fleet.connected(now))
+        out.broadcast(recipients, Message("update", {
+            "fragment": p, "version": m.versions[p], "from_version": m.versions[p] - 1,
+            "epoch": self.epoch, "contributors": [c.learner for c in contribs]}, [blob]))
+        self._account(rnd, contribs, weights, now, out, blob_bytes=len(blob) * len(recipients), t0=t0)
+
+    def _fleet_scale(self, contribs: list[Contribution], now: float) -> float:
+        """This round's share of the live fleet's tokens per sync period (1.0 when disabled)."""
+        for c in contribs:
+            self.fleet.observe_rate(c.learner, c.c_tokens / c.c_steps)
+        if not self.s.fleet_scale:
+            return 1.0
+        members = self.fleet.live(now) | {c.learner for c in contribs}
+        period = sum(self.fleet.tokens_per_step(m) for m in members) * self.s.H
+        return merge.fleet_fraction(sum(c.c_tokens for c in contribs), period)
+
+    def _clipped(self, p: int, contribs: list[Contribution]) -> tuple[list[torch.Tensor], list[float]]:
+        deltas = [c.delta for c in contribs]
+        weights = [c.weight for c in contribs]
+        if self.s.robust_clip > 0:
+            norms = [float(torch.linalg.vector_norm(d)) for d in deltas]
+            factors = merge.clip_factors(norms, list(self._norm_history[p]), self.s.robust_clip)
+            deltas = [d * f if f < 1.0 else d for d, f in zip(deltas, factors)]
+            self.counters["clipped"] += sum(1 for f in factors if f < 1.0)
+            self._norm_history[p].extend(n * min(1.0, f) for n, f in zip(norms, factors))
+        return deltas, weights
+
+    def _account(self, rnd: Round, contribs: list[Contribution], weights: list[float], now: float,
+                 out: Outbox, blob_bytes: int, t0: float) -> None:
+        total_w = sum(weights) or 1.0
+        for c, w in zip(contribs, weights):
+            self.fleet.merged(c.learner, c.c_tokens, c.c_time, self.s.fragments, w / total_w)
+        self.outer_steps += 1
+        self.since_checkpoint += 1
+        dt = self.clock() - t0
+        self.t_sync = merge.ema(self.t_sync, dt, 0.8)
+        grace_used = max(0.0, now - rnd.quorum_at) if rnd.quorum_at is not None else 0.0
+        self.recent_rounds.append({"contributors": len(contribs), "grace_s": rnd.grace_s, "grace_used_s": grace_used})
+        out.metrics.append({
+            "t": now, "kind": "round", "fragment": rnd.fragment, "version": self.model.versions[rnd.fragment],
+            "contributors": [c.learner for c in contribs],
+            "weights": {c.learner: round(w / total_w, 4) for c, w in zip(contribs, weights)},
+            "tokens": sum(c.c_tokens for c in contribs),
+            "wait_quorum_s": (rnd.quorum_at or now) - (rnd.first_at or now),
+            "grace_s": rnd.grace_s, "grace_used_s": grace_used,
+            "bytes_in": sum(c.nbytes for c in contribs), "bytes_out": blob_bytes, "merge_s": dt,
+            "live": len(self.fleet.live(now)), "quorum": self.s.quorum,
+            "staleness": max(self.model.versions[rnd.fragment] - 1 - c.base_version for c in contribs)})
+
+    def checkpoint_due(self) -> bool:
+        return self.model is not None and self.since_checkpoint >= self.s.checkpoint_every
+
+
+_HANDLERS: dict[str, Callable[[SyncerCore, str, Message, float, Outbox], None]] = {
+    "hello": SyncerCore._hello,
+    "init": SyncerCore._init,
+    "state_req": SyncerCore._state_req,
+    "push": SyncerCore._push,
+    "heartbeat": SyncerCore._heartbeat,
+    "bye": SyncerCore._bye,
+}

@@ -1,0 +1,211 @@
+"""What the syncer knows of its learners: liveness, reported progress, goodput accounting.
+
+Pure (clock passed in). Goodput, as ALGORITHM.md defines it:
+    goodput = (learner compute time whose tokens were merged) / (provisioned learner time)
+A merged contribution for one fragment covers its learner's steps for 1/P of the model, so it
+adds c_time / P of merged compute time. Provisioned time grows with the declared fleet size.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class LearnerInfo:
+    """One learner as seen by the syncer (the latest incarnation wins)."""
+
+    id: str
+    incarnation: str = ""
+    host: str = ""
+    device: str = ""
+    pid: int | None = None
+    batch_size: int = 0
+    last_seen: float = 0.0
+    state: str = "joining"
+    step: int = 0
+    tokens: int = 0                 # tokens trained by this incarnation
+    tokens_base: int = 0            # tokens of earlier incarnations
+    tokens_per_s: float = 0.0
+    step_time: float = 0.0
+    blocked_frac: float = 0.0
+    loss: float | None = None
+    eval_loss: float | None = None
+    left: bool = False
+    joins: int = 0
+    merged_tokens: float = 0.0
+    step_tokens: float = 0.0        # tokens per inner step, as its contributions show
+    recent_weights: collections.deque = field(default_factory=lambda: collections.deque(maxlen=32))
+
+    @property
+    def total_tokens(self) -> int:
+        return self.tokens_base + self.tokens
+
+    def live(self, now: float, liveness_s: float) -> bool:
+        return not self.left and now - self.last_seen < liveness_s
+
+
+class Fleet:
+    """Registry of learners plus run-wide accounting."""
+
+    def __init__(self, declared: list[str], liveness_s: float, started: float) -> None:
+        self.learners: dict[str, LearnerInfo] = {}
+        self.declared = list(declared)
+        self.liveness_s = liveness_s
+        self.provisioned_s = 0.0
+        self.merged_s = 0.0
+        self.merged_tokens = 0.0
+        self.steps_total = 0
+        self._last_tick = started
+        self._window: collections.deque = collections.deque()  # (t, merged_s, provisioned_s)
+
+    # -- membership -------------------------------------------------------------------------
+    def hello(self, meta: dict[str, Any], now: float) -> tuple[LearnerInfo, bool]:
+        """Register a hello; returns (info, is_new_incarnation)."""
+        lid = meta["learner"]
+        info = self.learners.get(lid)
+        if info is None:
+            info = self.learners[lid] = LearnerInfo(id=lid)
+        fresh = info.incarnation != meta["incarnation"]
+        if fresh:
+            info.tokens_base += info.tokens
+            info.tokens, info.step, info.state = 0, 0, "joining"
+            info.incarnation = meta["incarnation"]
+            info.joins += 1
+        info.host, info.device = meta["host"], meta["device"]
+        info.pid, info.batch_size = meta["pid"], meta["batch_size"]
+        info.left, info.last_seen = False, now
+        return info, fresh
+
+    def heartbeat(self, lid: str, meta: dict[str, Any], now: float) -> None:
+        """Fold a heartbeat's progress report into the learner's record."""
+        info = self.learners[lid]
+        step = int(meta["step"])
+        self.steps_total += max(0, step - info.step)
+        info.step, info.tokens = step, int(meta["tokens"])
+        info.state = str(meta["state"])[:16]
+        for key in ("tokens_per_s", "step_time", "blocked_frac"):
+            value = meta.get(key)
+            if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+                setattr(info, key, float(value))
+        for key in ("loss", "eval_loss"):
+            value = meta.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                setattr(info, key, float(value))
+        info.last_seen = now
+
+    def seen(self, lid: str, now: float) -> None:
+        if lid in self.learners:
+            self.learners[lid].last_seen = now
+
+    def leave(self, lid: str) -> None:
+        if lid in self.learners:
+            self.learners[lid].left = True
+            self.learners[lid].state = "stopped"
+
+    def observe_rate(self, lid: str, tokens_per_step: float) -> None:
+        if lid in self.learners and tokens_per_step > 0:
+            self.learners[lid].step_tokens = tokens_per_step
+
+    def tokens_per_step(self, lid: str) -> float:
+        """Tokens per inner step of a learner (from its pushes; batch size as a first guess)."""
+        info = self.learners.get(lid)
+        if info is None:
+            return 0.0
+        return info.step_tokens or float(info.batch_size)
+
+    def live(self, now: float) -> set[str]:
+        """Learners heard from recently that are training (not joining, not left)."""
+        return {
+            lid for lid, info in self.learners.items()
+            if info.live(now, self.liveness_s) and info.state not in ("joining", "starting")
+        }
+
+    def connected(self, now: float) -> set[str]:
+        """Learners heard from recently, joining ones included (they receive updates too)."""
+        return {lid for lid, info in self.learners.items() if info.live(now, self.liveness_s)}
+
+    # -- accounting -------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Accrue provisioned time for the declared fleet."""
+        dt = max(0.0, now - self._last_tick)
+        self.provisioned_s += dt * len(self.declared)
+        self._last_tick = now
+        self._window.append((now, self.merged_s, self.provisioned_s))
+        while self._window and now - self._window[0][0] > 60.0:
+            self._window.popleft()
+
+    def merged(self, lid: str, tokens: int, c_time: float, fragments: int, weight_share: float) -> None:
+        """A contribution of `lid` made it into a merge."""
+        self.merged_s += c_time / fragments
+        self.merged_tokens += tokens / fragments
+        if lid in self.learners:
+            self.learners[lid].merged_tokens += tokens / fragments
+            self.learners[lid].recent_weights.append(weight_share)
+
+    def goodput(self) -> float:
+        return min(1.0, self.merged_s / self.provisioned_s) if self.provisioned_s > 0 else 0.0
+
+    def goodput_window(self) -> float:
+        if len(self._window) < 2:
+            return self.goodput()
+        (_, m0, p0), (_, m1, p1) = self._window[0], self._window[-1]
+        return min(1.0, (m1 - m0) / (p1 - p0)) if p1 > p0 else 0.0
+
+    def trained_tokens(self) -> int:
+        return sum(info.total_tokens for info in self.learners.values())
+
+    def tokens_per_s(self, now: float) -> float:
+        return sum(i.tokens_per_s for i in self.learners.values() if i.live(now, self.liveness_s))
+
+    def mean_loss(self, now: float, key: str) -> float | None:
+        values = [getattr(i, key) for i in self.learners.values() if getattr(i, key) is not None and i.live(now, self.liveness_s)]
+        return sum(values) / len(values) if values else None
+
+    def rows(self, now: float) -> list[dict[str, Any]]:
+        """Per-learner rows of the status snapshot (syncer's view)."""
+        speeds = [i.tokens_per_s for i in self.learners.values() if i.live(now, self.liveness_s) and i.tokens_per_s > 0]
+        median = statistics.median(speeds) if speeds else 0.0
+        out = []
+        for lid in sorted(self.learners, key=_learner_order):
+            info = self.learners[lid]
+            live = info.live(now, self.liveness_s)
+            weights = list(info.recent_weights)
+            out.append({
+                "id": lid, "host": info.host, "device": info.device, "pid": info.pid,
+                "state": info.state if live or info.left else "unreachable",
+                "step": info.step, "tokens": info.total_tokens, "tokens_per_s": info.tokens_per_s if live else 0.0,
+                "weight": sum(weights) / len(weights) if weights else 0.0,
+                "heartbeat_age_s": max(0.0, now - info.last_seen) if info.last_seen else None,
+                "blocked_frac": info.blocked_frac, "joins": info.joins,
+                "straggler": bool(live and median > 0 and info.tokens_per_s < 0.5 * median),
+                "loss": info.loss, "eval_loss": info.eval_loss,
+            })
+        return out
+
+    # -- persistence ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"provisioned_s": self.provisioned_s, "merged_s": self.merged_s,
+                "merged_tokens": self.merged_tokens, "steps_total": self.steps_total,
+                "declared": self.declared,
+                "tokens": {lid: i.total_tokens for lid, i in self.learners.items()}}
+
+    def load_state_dict(self, state: dict[str, Any], now: float, saved_at: float) -> None:
+        """Restore counters; the time the syncer was down still counts as provisioned."""
+        self.merged_s = float(state["merged_s"])
+        self.merged_tokens = float(state["merged_tokens"])
+        self.steps_total = int(state["steps_total"])
+        self.declared = list(state.get("declared", self.declared))
+        self.provisioned_s = float(state["provisioned_s"]) + max(0.0, now - saved_at) * len(self.declared)
+        for lid, tokens in state.get("tokens", {}).items():
+            self.learners[lid] = LearnerInfo(id=lid, tokens_base=int(tokens), state="unreachable")
+        self._last_tick = now
+
+
+def _learner_order(lid: str) -> tuple[str, int]:
+    head, _, tail = lid.rpartition("-")
+    return (head, int(tail)) if tail.isdigit() else (lid, 0)

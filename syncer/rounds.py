@@ -1,0 +1,93 @@
+"""One fragment's open round: contributions collected until quorum and grace say it may close.
+
+Pure bookkeeping (no I/O, clock passed in). A learner that contributes twice to one round has its
+outer gradients summed and its counters added up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from syncer import merge
+
+
+@dataclass
+class Contribution:
+    """One learner's (possibly summed) outer gradient for one fragment in one round."""
+
+    learner: str
+    delta: torch.Tensor
+    c_steps: int
+    c_tokens: int
+    c_time: float
+    step_time: float
+    base_version: int
+    arrived: float
+    nbytes: int
+
+    @property
+    def weight(self) -> float:
+        return merge.token_weight(self.c_tokens, self.c_steps)
+
+    def add(self, other: "Contribution") -> None:
+        """Sum a second contribution of the same learner into this one."""
+        self.delta.add_(other.delta)
+        self.c_steps += other.c_steps
+        self.c_tokens += other.c_tokens
+        self.c_time += other.c_time
+        self.step_time = other.step_time
+        self.base_version = min(self.base_version, other.base_version)
+        self.nbytes += other.nbytes
+
+
+@dataclass
+class Round:
+    """The open round of one fragment."""
+
+    fragment: int
+    contributions: dict[str, Contribution] = field(default_factory=dict)
+    first_at: float | None = None
+    quorum_at: float | None = None
+    grace_s: float = 0.0
+
+    def add(self, c: Contribution, quorum: int, grace_fn: "GraceFn") -> None:
+        """Add (or sum in) a contribution; start the grace window when quorum is first reached."""
+        if c.learner in self.contributions:
+            self.contributions[c.learner].add(c)
+        else:
+            self.contributions[c.learner] = c
+        if self.first_at is None:
+            self.first_at = c.arrived
+        if self.quorum_at is None and len(self.contributions) >= quorum:
+            self.quorum_at = c.arrived
+            t_step = sum(x.step_time for x in self.contributions.values()) / len(self.contributions)
+            self.grace_s = grace_fn(t_step, self.quorum_at - self.first_at)
+
+    def ready(self, now: float, quorum: int, live: set[str]) -> bool:
+        """Whether the round may close now (quorum + grace expired, or every live learner in)."""
+        all_in = bool(live) and live.issubset(self.contributions)
+        return merge.should_close(now, len(self.contributions), quorum, self.quorum_at, self.grace_s, all_in)
+
+    def recount(self, quorum: int, now: float) -> None:
+        """Re-evaluate the quorum time after contributions were dropped."""
+        if len(self.contributions) < quorum:
+            self.quorum_at = None
+        if not self.contributions:
+            self.first_at = None
+
+    def oldest(self) -> Contribution | None:
+        return min(self.contributions.values(), key=lambda c: c.arrived, default=None)
+
+
+class GraceFn:
+    """grace(t_step, t_quorum) with the syncer's settings and its current merge-time estimate."""
+
+    def __init__(self, gamma: float, tau: int, t_sync: float) -> None:
+        self.gamma = gamma
+        self.tau = tau
+        self.t_sync = t_sync
+
+    def __call__(self, t_step: float, t_quorum: float) -> float:
+        return merge.grace_window(self.gamma, self.tau, t_step, t_quorum, self.t_sync)

@@ -1,0 +1,373 @@
+"""The syncer process: a thin ZeroMQ shell around SyncerCore.
+
+Two ROUTER sockets, CURVE-authenticated unless the run is explicitly insecure:
+  learners  (ZAP domain "learners"): only the run's learner keys; the key names the learner
+  control   (ZAP domain "control"):  only the operator's key; status and control requests
+One loop: poll, decode (malformed input is dropped and counted), hand to the core, carry out its
+outbox with non-blocking sends (ROUTER_MANDATORY: a send that cannot go out is counted, never
+silently lost), close ready rounds, write metrics/events, checkpoint. LINGER 0 everywhere.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+
+from syncer import checkpoint, jsonl, keys
+from syncer.config import SyncerConfig
+from syncer.core import Outbox, SyncerCore
+from syncer.protocol import Message, ProtocolError, decode, encode
+from syncer.status import snapshot
+
+MAX_MESSAGE = 512 << 20      # bytes; larger messages are refused by libzmq before we see them
+SAMPLE_EVERY_S = 2.0
+CHECKPOINT_IDLE_S = 30.0     # also checkpoint this often if anything merged since the last one
+
+
+class Keyring:
+    """Allowed CURVE public keys -> party names; re-read from disk when an unknown key knocks."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.lock = threading.Lock()
+        self.names = keys.public_keys(directory)
+        self.denied: collections.Counter = collections.Counter()
+        self._reloaded = 0.0
+
+    def lookup(self, z85_key: bytes) -> str | None:
+        with self.lock:
+            name = self.names.get(z85_key)
+            if name is None and time.monotonic() - self._reloaded > 1.0:
+                self._reloaded = time.monotonic()  # `dldctl learner add` drops new keys here
+                self.names = keys.public_keys(self.directory)
+                name = self.names.get(z85_key)
+            return name
+
+    def deny(self, what: str) -> None:
+        with self.lock:
+            self.denied[what] += 1
+
+
+class _Provider:
+    """ZAP credentials callback for one domain."""
+
+    def __init__(self, keyring: Keyring, allow: Callable[[str], bool], label: str) -> None:
+        self.keyring, self.allow, self.label = keyring, allow, label
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        name = self.keyring.lookup(key)
+        ok = name is not None and self.allow(name)
+        if not ok:
+            self.keyring.deny(self.label)
+        return ok
+
+
+class _Authenticator(ThreadAuthenticator):
+    """Sets each connection's User-Id to the party name of its key."""
+
+    def __init__(self, context: zmq.Context, keyring: Keyring) -> None:
+        super().__init__(context)
+        self.keyring = keyring
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self.keyring.lookup(z85.encode(client_public_key)) or "unknown"
+
+
+class SyncerServer:
+    """Owns the sockets, the core, the logs and the checkpoints of one syncer process."""
+
+    def __init__(self, cfg: SyncerConfig, wall: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.wall = wall
+        self.ctx = zmq.Context()
+        self.auth: _Authenticator | None = None
+        self.keyring: Keyring | None = None
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics = jsonl.Writer(cfg.run_dir / "metrics.jsonl")
+        self.events_path = cfg.run_dir / "events.jsonl"
+        epoch = _next_epoch(cfg.run_dir / "syncer.epoch")
+        self.core = SyncerCore(cfg.settings, cfg.run_id, list(cfg.learners), wall(), epoch=epoch)
+        self.routes: dict[bytes, str] = {}     # routing id -> learner id (after hello)
+        self.peers: dict[str, bytes] = {}      # learner id -> newest routing id
+        self._last_sample = 0.0
+        self._last_ckpt = wall()
+        self._ckpt_retry_at = 0.0
+        self._quiet: dict[str, float] = {}
+        self.stopping = threading.Event()
+        self.learner_sock: zmq.Socket | None = None
+        self.control_sock: zmq.Socket | None = None
+
+    # -- set-up ------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Resume from the newest valid checkpoint, start authentication, bind both sockets."""
+        self._resume()
+        server_keys = None
+        if not self.cfg.settings.insecure:
+            assert self.cfg.keys_dir is not None
+            server_keys = keys.load_pair(self.cfg.keys_dir / "syncer.key_secret")
+            self.keyring = Keyring(self.cfg.keys_dir)
+            self.auth = _Authenticator(self.ctx, self.keyring)
+            self.auth.start()
+            self.auth.configure_curve_callback("learners", _Provider(self.keyring, lambda n: n.startswith("learner-"), "learners"))
+            self.auth.configure_curve_callback("control", _Provider(self.keyring, lambda n: n == "operator", "control"))
+        self.learner_sock = self._bind(self.cfg.bind, "learners", server_keys)
+        self.control_sock = self._bind(self.cfg.control_bind, "control", server_keys)
+        self.event("syncer_start", "syncer", f"epoch {self.core.epoch}, pid {os.getpid()}, "
+                   f"{'INSECURE (no CURVE)' if self.cfg.settings.insecure else 'CURVE'} on {self.cfg.bind}")
+
+    def _bind(self, address: str, domain: str, server_keys: tuple[bytes, bytes] | None) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.SNDHWM, 2000)
+        sock.setsockopt(zmq.RCVHWM, 2000)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
+        if server_keys is not None:
+            sock.zap_domain = domain.encode()
+            sock.curve_server = True
+            sock.curve_publickey, sock.curve_secretkey = server_keys
+        try:
+            sock.bind(address)
+        except zmq.ZMQError as exc:
+            sock.close()
+            raise OSError(f"cannot bind {address}: {exc}") from exc
+        return sock
+
+    def _resume(self) -> None:
+        state, problems = checkpoint.load_latest(self.cfg.checkpoint_dir)
+        for problem in problems:
+            self.event("checkpoint_corrupt", "syncer", f"skipped {problem}")
+        if state is None:
+            return
+        try:
+            checkpoint.restore(self.core, state, self.wall())
+        except (checkpoint.CheckpointError, KeyError, ValueError) as exc:
+            self.event("checkpoint_corrupt", "syncer", f"cannot resume: {exc}")
+            return
+        self.event("syncer_resume", "syncer", f"from outer step {self.core.outer_steps}, versions {self.core.versions()}")
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self) -> None:
+        """Serve until `stopping` is set; then a final checkpoint."""
+        poller = zmq.Poller()
+        poller.register(self.learner_sock, zmq.POLLIN)
+        poller.register(self.control_sock, zmq.POLLIN)
+        while not self.stopping.is_set():
+            ready = dict(poller.poll(timeout=20))
+            if self.learner_sock in ready:
+                self._drain(self.learner_sock, self._on_learner)
+            if self.control_sock in ready:
+                self._drain(self.control_sock, self._on_control)
+            self._tick()
+        self.save_checkpoint(final=True)
+
+    def _drain(self, sock: zmq.Socket, handler: Callable[[list], None], budget: int = 256) -> None:
+        for _ in range(budget):
+            try:
+                frames = sock.recv_multipart(copy=False, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            handler(frames)
+
+    def _tick(self) -> None:
+        now = self.wall()
+        out = Outbox()
+        self.core.tick(now, out)
+        self._flush(out)
+        if now - self._last_sample >= SAMPLE_EVERY_S:
+            self._last_sample = now
+            self.metrics.write(self._sample(now))
+        idle_due = now - self._last_ckpt > CHECKPOINT_IDLE_S and self.core.since_checkpoint > 0
+        if (self.core.checkpoint_due() or idle_due) and now >= self._ckpt_retry_at:
+            self.save_checkpoint()
+
+    # -- learners ----------------------------------------------------------------------------
+    def _on_learner(self, frames: list) -> None:
+        rid = frames[0].bytes
+        size = sum(len(f.bytes) for f in frames[1:])
+        self.core.bytes_up += size
+        now = self.wall()
+        try:
+            msg = decode(frames[1:])
+            learner = self._identify(rid, frames[1], msg)
+            if learner is None:
+                return
+            out = Outbox()
+            self.core.handle(learner, msg, now, out)
+            self._flush(out)
+        except ProtocolError as exc:
+            self.core.rejected[exc.reason] += 1
+            self._quiet_event(f"reject:{exc.reason}", "reject", self.routes.get(rid, "unknown"), str(exc))
+
+    def _identify(self, rid: bytes, frame: Any, msg: Message) -> str | None:
+        """Which learner sent this; None (after replying) if it must say hello first."""
+        user = frame.get("User-Id") if self.keyring is not None else None
+        if msg.kind == "hello":
+            claimed = str(msg["learner"])
+            if user is not None and user != claimed:
+                raise ProtocolError("impersonation", f"key of {user!r} claimed to be {claimed!r}")
+            old = self.peers.get(claimed)
+            if old is not None and old != rid:
+                self.routes.pop(old, None)
+            self.routes[rid], self.peers[claimed] = claimed, rid
+            return claimed
+        learner = self.routes.get(rid)
+        if learner is None or self.peers.get(learner) != rid:
+            self._send_to_rid(rid, Message("error", {"reason": "say hello first", "fatal": False}))
+            return None
+        return learner
+
+    def _flush(self, out: Outbox) -> None:
+        for recipients, msg in out.sends:
+            frames = encode(msg)
+            for learner in recipients:
+                rid = self.peers.get(learner)
+                if rid is None:
+                    self.core.counters["dropped_sends"] += 1
+                    continue
+                self._send_to_rid(rid, frames)
+        for record in out.events:
+            jsonl.append(self.events_path, record)
+        for record in out.metrics:
+            self.metrics.write(record)
+
+    def _send_to_rid(self, rid: bytes, payload: Message | list[bytes]) -> None:
+        frames = encode(payload) if isinstance(payload, Message) else payload
+        try:
+            self.learner_sock.send_multipart([rid, *frames], flags=zmq.NOBLOCK, copy=False)
+            self.core.bytes_down += sum(len(f) for f in frames)
+        except zmq.ZMQError as exc:  # EAGAIN (high-water mark) or EHOSTUNREACH (gone)
+            self.core.counters["dropped_sends"] += 1
+            self._quiet_event(f"drop:{exc.errno}", "send_dropped", self.routes.get(rid, "unknown"), str(exc))
+
+    # -- operator ----------------------------------------------------------------------------
+    def _on_control(self, frames: list) -> None:
+        rid = frames[0].bytes
+        try:
+            msg = decode(frames[1:])
+            reply = self._control(msg)
+        except ProtocolError as exc:
+            self.core.rejected[f"control_{exc.reason}"] += 1
+            reply = Message("control_rep", {"ok": False, "detail": str(exc)})
+        try:
+            self.control_sock.send_multipart([rid, *encode(reply)], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self.core.counters["dropped_sends"] += 1
+
+    def _control(self, msg: Message) -> Message:
+        now = self.wall()
+        if msg.kind == "status_req":
+            return Message("status", {"snapshot": self.status(now)})
+        if msg.kind != "control":
+            raise ProtocolError("unexpected_kind", f"control socket does not take {msg.kind!r}")
+        action = msg["action"]
+        if action == "ping":
+            return Message("control_rep", {"ok": True, "detail": f"pid {os.getpid()} epoch {self.core.epoch}"})
+        if action == "checkpoint":
+            path = self.save_checkpoint()
+            return Message("control_rep", {"ok": path is not None, "detail": str(path)})
+        if action == "fleet":
+            return self._set_fleet(msg.get("learners"), now)
+        if action == "shutdown":
+            path = self._export(msg.get("export"))
+            self.stopping.set()
+            return Message("control_rep", {"ok": True, "detail": str(path or "")})
+        raise ProtocolError("unknown_action", f"control action {action!r}")
+
+    def _set_fleet(self, learners: Any, now: float) -> Message:
+        if not isinstance(learners, list) or not all(isinstance(x, str) for x in learners):
+            raise ProtocolError("schema", "fleet: needs learners: [ids]")
+        self.core.fleet.tick(now)
+        self.core.fleet.declared = list(learners)
+        self.event("fleet", "syncer", f"declared fleet is now {len(learners)} learners")
+        return Message("control_rep", {"ok": True, "detail": f"{len(learners)} learners"})
+
+    def _export(self, name: Any) -> Path | None:
+        if self.core.model is None:
+            return None
+        target = self.cfg.run_dir / (name if isinstance(name, str) and "/" not in name and name else "final_model.pt")
+        checkpoint.export_model(self.core, target)
+        self.event("export", "syncer", f"final model written to {target}")
+        return target
+
+    def status(self, now: float) -> dict[str, Any]:
+        snap = snapshot(self.core, now)
+        snap["syncer"]["address"] = self.cfg.bind
+        snap["syncer"]["pid"] = os.getpid()
+        if self.keyring is not None:
+            with self.keyring.lock:
+                for what, count in self.keyring.denied.items():
+                    snap["syncer"]["rejected"][f"unauthenticated_{what}"] = count
+        return snap
+
+    # -- records -----------------------------------------------------------------------------
+    def event(self, kind: str, target: str, detail: str) -> None:
+        jsonl.append(self.events_path, {"t": self.wall(), "kind": kind, "target": target, "detail": detail})
+
+    def _quiet_event(self, key: str, kind: str, target: str, detail: str) -> None:
+        """An event at most once per 10 s per key (garbage must not flood the log)."""
+        now = self.wall()
+        if now - self._quiet.get(key, 0.0) >= 10.0:
+            self._quiet[key] = now
+            self.event(kind, target, detail[:300])
+
+    def _sample(self, now: float) -> dict[str, Any]:
+        snap = self.status(now)
+        return {
+            "t": now, "kind": "sample", "goodput": snap["goodput"], "goodput_window": snap["goodput_window"],
+            "tokens_trained": snap["tokens"]["trained"], "tokens_merged": snap["tokens"]["merged"],
+            "tokens_per_s": snap["tokens"]["per_s"], "bytes_up": snap["bytes"]["up"],
+            "bytes_down": snap["bytes"]["down"], "ddp_equivalent": snap["bytes"]["ddp_equivalent"],
+            "loss_train": snap["loss"]["train"], "loss_eval": snap["loss"]["eval"],
+            "quorum_live": snap["quorum"]["live"], "quorum_min": snap["quorum"]["min"],
+            "outer_steps": snap["syncer"]["outer_steps"],
+            "learners": {row["id"]: {k: row[k] for k in ("tokens_per_s", "step", "state", "loss", "tokens")}
+                         for row in snap["learners"]},
+        }
+
+    def save_checkpoint(self, final: bool = False) -> Path | None:
+        """Write a checkpoint; a failure is an event and a retry later, never a crash."""
+        if self.core.model is None:
+            return None
+        now = self.wall()
+        try:
+            path = checkpoint.save(self.cfg.checkpoint_dir, checkpoint.state_dict(self.core, now),
+                                   self.cfg.settings.keep_checkpoints)
+        except checkpoint.CheckpointError as exc:
+            self._ckpt_retry_at = now + 10.0
+            self.event("checkpoint_failed", "syncer", f"{exc}; training goes on, retrying in 10 s")
+            return None
+        self.core.since_checkpoint = 0
+        self.core.checkpoint_outer_step = self.core.outer_steps
+        self._last_ckpt = now
+        self.event("checkpoint", "syncer", f"outer step {self.core.outer_steps}{' (final)' if final else ''}: {path.name}")
+        return path
+
+    def close(self) -> None:
+        for sock in (self.learner_sock, self.control_sock):
+            if sock is not None:
+                sock.close(linger=0)
+        if self.auth is not None:
+            self.auth.stop()
+        self.metrics.close()
+        self.ctx.term()
+
+
+def _next_epoch(path: Path) -> int:
+    """Each start of the syncer is a new epoch (learners resync when it changes)."""
+    try:
+        epoch = int(path.read_text().strip()) + 1
+    except (OSError, ValueError):
+        epoch = 1
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(str(epoch))
+    os.replace(tmp, path)
+    return epoch

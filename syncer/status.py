@@ -1,0 +1,72 @@
+"""The syncer's half of `dldctl status --json`: a pure function of the core's state and `now`.
+
+The operator side (dldctl) adds what only it knows (pids from its state file, restarts counted
+by the supervisor, the events log) to build the full snapshot of ARCHITECTURE.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from syncer.core import SyncerCore
+
+
+def ddp_equivalent_bytes(steps: int, n_params: int, workers: int) -> int:
+    """Bytes a ring all-reduce of fp32 gradients would move for `steps` worker-steps.
+
+    Per worker and step a ring all-reduce sends 2 (N-1)/N x bytes(params) and receives as much;
+    counted both ways, like our own up + down.
+    """
+    if workers < 2 or n_params <= 0:
+        return 0
+    return int(steps * 2 * 2 * (workers - 1) / workers * 4 * n_params)
+
+
+def snapshot(core: SyncerCore, now: float) -> dict[str, Any]:
+    """Everything the syncer can say about the run right now (JSON-ready)."""
+    fleet = core.fleet
+    live = fleet.live(now)
+    rounds = list(core.recent_rounds)
+    last = rounds[-1] if rounds else {}
+    n_params = core.model.numel if core.model else 0
+    up, down = core.bytes_up, core.bytes_down
+    wire = up + down
+    return {
+        "run": core.run_id,
+        "uptime_s": now - core.started,
+        "now": now,
+        "insecure": core.s.insecure,
+        "syncer": {
+            "alive": True, "fragments": core.s.fragments, "outer_steps": core.outer_steps,
+            "checkpoint_outer_step": core.checkpoint_outer_step, "epoch": core.epoch,
+            "initialized": core.model is not None, "params": n_params,
+            "versions": core.versions(), "rejected": dict(core.rejected),
+            "dropped_sends": core.counters["dropped_sends"], "dropped_pushes": core.counters["dropped_pushes"],
+            "clipped": core.counters["clipped"], "t_sync_s": core.t_sync or 0.0,
+        },
+        "quorum": {
+            "min": core.s.quorum, "live": len(live), "total": len(fleet.declared),
+            "last_round_contributors": last.get("contributors", 0),
+            "recent_contributors": [r["contributors"] for r in rounds],
+            "grace_window_s": last.get("grace_s", 0.0), "grace_used_s": last.get("grace_used_s", 0.0),
+            "open_rounds": sum(1 for r in core.rounds.values() if r.contributions),
+            "below_quorum": len(live) < core.s.quorum,
+        },
+        "goodput": fleet.goodput(),
+        "goodput_window": fleet.goodput_window(),
+        "tokens": {"trained": fleet.trained_tokens(), "merged": int(fleet.merged_tokens),
+                   "per_s": fleet.tokens_per_s(now)},
+        "bytes": {"up": up, "down": down,
+                  "ddp_equivalent": ddp_equivalent_bytes(fleet.steps_total, n_params, len(fleet.declared)),
+                  "compression_ratio": _ratio(core)},
+        "loss": {"train": fleet.mean_loss(now, "loss"), "eval": fleet.mean_loss(now, "eval_loss")},
+        "learners": fleet.rows(now),
+        "wire_bytes": wire,
+    }
+
+
+def _ratio(core: SyncerCore) -> float:
+    """fp32 bytes represented by the pushes received, over their bytes on the wire."""
+    raw = core.counters["push_raw_bytes"]
+    sent = core.counters["push_wire_bytes"]
+    return raw / sent if sent else 0.0
