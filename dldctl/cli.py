@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from dldctl import cli_simulate
+from dldctl import cli_learner, cli_run, cli_simulate, cli_status
 from dldctl.errors import DldError
 
 app = typer.Typer(
@@ -22,6 +22,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+app.command()(cli_run.up)
+app.command()(cli_run.down)
+app.command()(cli_status.status)
+app.command()(cli_run.logs)
+app.command()(cli_run.check)
+app.command()(cli_status.report)
+app.add_typer(cli_learner.app, name="learner")
 app.add_typer(cli_simulate.app, name="simulate")
 
 

@@ -1,0 +1,36 @@
+"""CLI: `learner add` (scavenged capacity joins mid-run) and `learner remove` (graceful leave)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from dldctl import converge, rundir
+
+app = typer.Typer(help="Add or remove learners of a live run.", no_args_is_help=True)
+console = Console(highlight=False)
+RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
+
+
+@app.command("add")
+def add(
+    host: str = typer.Option(..., "--host", help="Name of an inventory host to run the new learners on."),
+    count: int = typer.Option(1, "--count", help="How many learners to add."),
+    run: Optional[str] = RunOpt,
+) -> None:
+    """Add learners mid-run; they join by fetching the current global state.
+
+    Example: dldctl learner add --host gpu-c --count 2
+    """
+    converge.add(rundir.resolve(run), host, count, console)
+
+
+@app.command("remove")
+def remove(learner: str = typer.Argument(..., help="learner-N"), run: Optional[str] = RunOpt) -> None:
+    """Take a learner out gracefully: it sends its due fragments, says bye, is not restarted.
+
+    Example: dldctl learner remove learner-3
+    """
+    converge.remove(rundir.resolve(run), learner, console)

@@ -1,0 +1,396 @@
+"""`dldctl simulate`: plan a fleet before buying it (goodput under failures, wide-area bandwidth).
+
+A thin shell over the pure core in `dldctl/sim/`: parse flags (durations like "30m", counts like
+"1.2M", sizes like "12B"), call the core, print a Rich table or JSON, draw the sweep plot. Every bad
+value becomes one UsageError line naming the flag. The model and its defaults: docs/simulate.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Sequence, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dldctl.errors import OperationError, UsageError
+from dldctl.sim import bandwidth as bw
+from dldctl.sim import goodput as gp
+from dldctl.sim.errors import ParamError
+from dldctl.sim.montecarlo import Summary, monte_carlo, sweep
+from dldctl.sim.units import (
+    format_count,
+    format_duration,
+    parse_count,
+    parse_count_list,
+    parse_duration,
+    parse_quantity,
+    parse_sweep,
+)
+
+app = typer.Typer(
+    help="Plan at fleet scale: goodput under failures, and the wide-area bandwidth training needs.",
+    no_args_is_help=True,
+)
+
+SCHEMA_GOODPUT = "dldctl.simulate.goodput/1"
+SCHEMA_BANDWIDTH = "dldctl.simulate.bandwidth/1"
+DEFAULT_LEARNERS = "8"
+DEFAULT_SWEEP_LEARNERS = "1,2,4,8,16"
+LABELS = {gp.DATA_PARALLEL: "data-parallel", gp.ELASTIC: "elastic data-parallel",
+          gp.DILOCO: "Decoupled DiLoCo"}
+
+# Core field -> the flag that sets it, so a ParamError from the core names what to change.
+FLEET_FLAGS = {"chips": "--chips", "learners": "--learners", "mtbi_s": "--mtbi-years",
+               "step_time_s": "--step-time", "step_jitter": "--step-jitter",
+               "recovery_s": "--recovery", "reconfig_s": "--reconfig", "restart_s": "--restart",
+               "checkpoint_every_s": "--checkpoint-every", "failure_domain": "--failure-domain",
+               "quorum": "--quorum", "horizon_s": "--hours"}
+LINK_FLAGS = {"params": "--params", "step_time_s": "--step-time", "H": "--H",
+              "fragments": "--fragments", "bits": "--bits", "tau": "--tau", "sites": "--sites",
+              "utilization": "--utilization", "dp_bits": "--dp-bits", "dp_overlap": "--dp-overlap"}
+
+T = TypeVar("T")
+
+
+def _parse(flag: str, text: str, parser: Callable[[str], T]) -> T:
+    """Run one parser; its ValueError becomes a usage error that names the flag."""
+    try:
+        return parser(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+# Core fields kept in other units than their flags: show the value as the user typed it.
+_AS_TYPED = {"mtbi_s": lambda s: s / gp.YEAR_S, "horizon_s": lambda s: s / 3600.0}
+
+
+def _build(factory: Callable[..., T], flags: dict[str, str], **values: object) -> T:
+    """Construct a core parameter set; its ParamError becomes a usage error naming the flag."""
+    try:
+        return factory(**values)
+    except ParamError as exc:
+        flag = flags.get(exc.field, exc.field)
+        shown = values.get(exc.field)
+        if exc.field in _AS_TYPED and isinstance(shown, float):
+            shown = _AS_TYPED[exc.field](shown)
+        raise UsageError(f"{flag} {exc.why} (got {shown:g})" if isinstance(shown, (int, float))
+                         else f"{flag} {exc.why} (got {shown!r})") from None
+
+
+def _stdout() -> Console:
+    """The console for results; wide when piped so tables are not squeezed to 80 columns."""
+    console = Console(highlight=False)
+    return console if console.is_terminal else Console(highlight=False, width=160)
+
+
+def _finite(obj: object) -> object:
+    """JSON has no infinity: a non-finite float (e.g. --mtbi-years inf) is written as null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _emit_json(payload: dict[str, object]) -> None:
+    """One JSON document on stdout, nothing else."""
+    typer.echo(json.dumps(_finite(payload), indent=2, allow_nan=False))
+
+
+def _about(seconds: float) -> str:
+    """A rough human duration: 13.1s, 26.3m, 3.1h, 2.5d."""
+    for div, unit in ((86400.0, "d"), (3600.0, "h"), (60.0, "m")):
+        if seconds >= div:
+            return f"{seconds / div:.1f}{unit}"
+    return f"{seconds:.1f}s"
+
+
+def _spread_cell(mean: float, p10: float, p90: float) -> str:
+    """"0.810  (0.807–0.813)": the mean, then the p10–p90 band dimmed."""
+    return f"{mean:.3f}  [dim]({p10:.3f}–{p90:.3f})[/]"
+
+
+def _row_label(s: Summary) -> str:
+    """A table row's name: the strategy, and the learner count for DiLoCo."""
+    return f"{LABELS[s.strategy]} M={s.learners}" if s.learners else LABELS[s.strategy]
+
+
+def _single_table(fleet: gp.FleetParams, results: Sequence[Summary], seeds: int) -> Table:
+    """One fleet: a row per strategy with goodput, uptime and failures."""
+    every = fleet.mtbi_s / fleet.chips
+    title = (f"{fleet.chips:,} chips, {fleet.learners} learners of ~{fleet.chips // fleet.learners:,}"
+             f" chips: the fleet loses a chip every {_about(every)} on average "
+             f"({format_duration(fleet.horizon_s)} simulated, {seeds} seeds; p10–p90 in brackets)")
+    table = Table(title=title, title_justify="left")
+    for name in ("strategy", "goodput", "system uptime", "failures/run"):
+        table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
+    for s in results:
+        table.add_row(_row_label(s), _spread_cell(s.goodput.mean, s.goodput.p10, s.goodput.p90),
+                      _spread_cell(s.uptime.mean, s.uptime.p10, s.uptime.p90),
+                      f"{s.failures.mean:,.0f}")
+    return table
+
+
+def _sweep_table(metric: str, results: Sequence[Summary], chips: Sequence[int], seeds: int) -> Table:
+    """Strategies and learner counts as rows, chip counts as columns, one metric in the cells."""
+    table = Table(title=f"{metric} (mean ± std over {seeds} seeds)", title_justify="left")
+    table.add_column("strategy", no_wrap=True)
+    for n in chips:
+        table.add_column(f"{format_count(n)} chips", justify="right", no_wrap=True)
+    rows: dict[str, dict[int, Summary]] = {}
+    for s in results:
+        rows.setdefault(_row_label(s), {})[s.chips] = s
+    for label, cells in rows.items():
+        spreads = [getattr(cells[n], metric.split()[-1]) for n in chips]
+        table.add_row(label, *[f"{x.mean:.3f} [dim]±{x.std:.3f}[/]" for x in spreads])
+    return table
+
+
+def _write_plot(path: Path, results: Sequence[Summary], chips: Sequence[int]) -> None:
+    """Goodput and uptime against chip count, one line per strategy row (PNG, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows: dict[str, list[Summary]] = {}
+    for s in results:
+        rows.setdefault(_row_label(s), []).append(s)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharex=True)
+    for ax, metric in zip(axes, ("goodput", "uptime")):
+        for label, cells in rows.items():
+            cells = sorted(cells, key=lambda s: s.chips)
+            means = [getattr(s, metric).mean for s in cells]
+            lo = [getattr(s, metric).p10 for s in cells]
+            hi = [getattr(s, metric).p90 for s in cells]
+            # Data-parallel lines dashed and on top: DiLoCo M=1 coincides with elastic.
+            dp = cells[0].learners is None
+            ax.plot([s.chips for s in cells], means, "--" if dp else "-", marker="o",
+                    label=label, zorder=3 if dp else 2, linewidth=2.2 if dp else 1.5)
+            ax.fill_between([s.chips for s in cells], lo, hi, alpha=0.15)
+        ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xticks(list(chips), [format_count(n) for n in chips])
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("chips")
+        ax.set_title("goodput" if metric == "goodput" else "system uptime")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise OperationError(f"could not write the plot to {path}: {exc.strerror or exc}",
+                             hint="choose a writable --plot path") from exc
+    finally:
+        plt.close(fig)
+
+
+def _sweep_lists(spec: str, learners: str | None) -> tuple[list[int], list[int]]:
+    """Chip and learner lists of a sweep, checked against each other."""
+    _, chips = _parse("--sweep", spec, parse_sweep)
+    counts = _parse("--learners", learners or DEFAULT_SWEEP_LEARNERS, parse_count_list)
+    if min(chips) < 1:
+        raise UsageError(f"--sweep chip counts must be >= 1 (got {min(chips)})")
+    if min(counts) < 1 or max(counts) > min(chips):
+        raise UsageError(f"--learners must be between 1 and the smallest swept chip count "
+                         f"{min(chips):,} (got {','.join(map(str, counts))})")
+    return chips, counts
+
+
+def _check_plot(plot: Path | None, sweeping: bool) -> None:
+    """Refuse --plot before simulating when it cannot be honoured."""
+    if plot is None:
+        return
+    if not sweeping:
+        raise UsageError("--plot draws a sweep: add --sweep chips=... or drop --plot")
+    parent = plot.expanduser().resolve().parent
+    if not parent.is_dir():
+        raise UsageError(f"--plot: directory {parent} does not exist (create it or pick another path)")
+
+
+@app.command()
+def goodput(
+    chips: str | None = typer.Option(None, "--chips", help="Chips in the fleet (N): 150000, 150k, 1.2M."),
+    learners: str | None = typer.Option(None, "--learners",
+                                 help="DiLoCo learners (M) of N/M chips; a list with --sweep. "
+                                      f"Default {DEFAULT_LEARNERS}, or {DEFAULT_SWEEP_LEARNERS} with --sweep."),
+    mtbi_years: float = typer.Option(1.0, "--mtbi-years", help="Mean time between interruptions per chip, years."),
+    step_time: str = typer.Option("6s", "--step-time", help="Time of one training step."),
+    step_jitter: float = typer.Option(0.0, "--step-jitter",
+                                      help="Coefficient of variation of one replica's step time (stragglers)."),
+    recovery: str = typer.Option("30m", "--recovery", help="Failure until the failed replica is back in service."),
+    reconfig: str = typer.Option("20s", "--reconfig", help="Pause of an elastic job (or learner) to shrink or grow."),
+    restart: str = typer.Option("10m", "--restart", help="Non-elastic job: restart from the last checkpoint."),
+    checkpoint_every: str = typer.Option("30m", "--checkpoint-every", help="Checkpoint interval of the non-elastic job."),
+    failure_domain: str = typer.Option("128", "--failure-domain",
+                                       help="Chips one failure takes out: its model-parallel replica."),
+    quorum: int = typer.Option(1, "--quorum", help="DiLoCo minimum quorum K: learners needed for global progress."),
+    hours: float = typer.Option(24.0, "--hours", help="Simulated wall time, hours."),
+    seeds: int = typer.Option(10, "--seeds", help="Monte Carlo runs (seeds SEED .. SEED+N-1)."),
+    seed: int = typer.Option(0, "--seed", help="First seed."),
+    sweep_spec: str | None = typer.Option(None, "--sweep", help="Sweep chip counts: chips=150000,300000,..."),
+    plot: Path | None = typer.Option(None, "--plot", help="With --sweep: write a PNG of goodput and uptime."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (schema in docs/simulate.md)."),
+) -> None:
+    """Goodput and uptime of data-parallel, elastic data-parallel and Decoupled DiLoCo at scale.
+
+    Example: dldctl simulate goodput --chips 1.2M --learners 8 --seeds 20
+
+    Example: dldctl simulate goodput --sweep chips=150000,300000,600000,1200000,2400000 --learners 1,2,4,8,16 --plot sweep.png
+    """
+    if seeds < 1:
+        raise UsageError(f"--seeds must be >= 1 (got {seeds})")
+    if sweep_spec is not None and chips is not None:
+        raise UsageError("--chips and --sweep chips=... both set the fleet size: keep one")
+    if sweep_spec is None and chips is None:
+        raise UsageError("--chips is required (e.g. --chips 1.2M), or sweep with --sweep chips=...")
+    _check_plot(plot, sweep_spec is not None)
+    base = dict(
+        mtbi_s=mtbi_years * gp.YEAR_S, step_time_s=_parse("--step-time", step_time, parse_duration),
+        step_jitter=step_jitter, recovery_s=_parse("--recovery", recovery, parse_duration),
+        reconfig_s=_parse("--reconfig", reconfig, parse_duration),
+        restart_s=_parse("--restart", restart, parse_duration),
+        checkpoint_every_s=_parse("--checkpoint-every", checkpoint_every, parse_duration),
+        failure_domain=_parse("--failure-domain", failure_domain, parse_count),
+        quorum=quorum, horizon_s=hours * 3600.0,
+    )
+    seed_list = list(range(seed, seed + seeds))
+    if sweep_spec is None:
+        _goodput_single(chips, learners, base, seed_list, as_json)
+    else:
+        _goodput_sweep(sweep_spec, learners, base, seed_list, plot, as_json)
+
+
+def _goodput_single(chips: str, learners: str | None, base: dict[str, Any],
+                    seeds: list[int], as_json: bool) -> None:
+    n = _parse("--chips", chips, parse_count)
+    m = _parse("--learners", learners or DEFAULT_LEARNERS, parse_count)
+    fleet = _build(gp.FleetParams, FLEET_FLAGS, chips=n, learners=m, **base)
+    results = monte_carlo(fleet, seeds)
+    if as_json:
+        _emit_json({"schema": SCHEMA_GOODPUT, "mode": "single",
+                    "params": {**asdict(fleet), "seeds": seeds},
+                    "results": [s.to_dict() for s in results]})
+        return
+    _stdout().print(_single_table(fleet, results, len(seeds)))
+
+
+def _goodput_sweep(spec: str, learners: str | None, base: dict[str, Any], seeds: list[int],
+                   plot: Path | None, as_json: bool) -> None:
+    chips, counts = _sweep_lists(spec, learners)
+    if base["quorum"] > min(counts):
+        raise UsageError(f"--quorum {base['quorum']} exceeds the smallest learner count {min(counts)}: "
+                         "lower --quorum or drop the small learner counts")
+    # Validate once at the largest fleet (which also bounds the failures per run).
+    fleet = _build(gp.FleetParams, FLEET_FLAGS, chips=max(chips), learners=max(counts), **base)
+    results = sweep(fleet, chips, counts, seeds)
+    if plot is not None:
+        _write_plot(plot, results, chips)
+    if as_json:
+        params = {**asdict(fleet), "chips": chips, "learners": counts, "seeds": seeds}
+        _emit_json({"schema": SCHEMA_GOODPUT, "mode": "sweep", "params": params,
+                    "plot": str(plot) if plot else None, "results": [s.to_dict() for s in results]})
+        return
+    out = _stdout()
+    out.print(_sweep_table("goodput", results, chips, len(seeds)))
+    out.print(_sweep_table("system uptime", results, chips, len(seeds)))
+    if plot is not None:
+        out.print(f"plot written to {plot}")
+
+
+def _link_table(report: bw.LinkReport) -> Table:
+    """Both strategies' transfer, average and needed link, and utilization on --link-gbps."""
+    p = report.params
+    u = p.utilization
+    title = (f"{format_count(p.params)} parameters, {format_duration(p.step_time_s)} per step, "
+             f"{p.sites} sites; each site's link, each way")
+    table = Table(title=title, title_justify="left")
+    columns = ["strategy", "per transfer", "every", "hidden by compute", "average",
+               f"needed for {u:.0%} busy"]
+    if report.link_gbps is not None:
+        columns.append(f"busy on {report.link_gbps:g} Gbit/s")
+    for name in columns:
+        table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
+    for t in (report.data_parallel, report.diloco):
+        need = t.required_gbps(u)
+        row = [LABELS[t.strategy], _bytes(t.bits / 8), format_duration(round(t.period_s, 3)),
+               format_duration(round(t.hidden_s, 3)), _gbps(t.average_gbps),
+               _gbps(need) if math.isfinite(need) else "unreachable"]
+        if report.link_gbps is not None:
+            row.append(f"{t.utilization_at(report.link_gbps):.1%}")
+        table.add_row(*row)
+    return table
+
+
+def _bytes(n: float) -> str:
+    """Decimal bytes: 133 MB, 1.59 GB."""
+    for div, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if n >= div:
+            return f"{n / div:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _gbps(x: float) -> str:
+    """A rate in Gbit/s, or Mbit/s below 0.1 Gbit/s."""
+    return f"{x:.3g} Gbit/s" if x >= 0.1 else f"{x * 1000:.3g} Mbit/s"
+
+
+@app.command()
+def bandwidth(
+    params: str | None = typer.Option(None, "--params", help="Model parameters: 1B, 12B, 100B, 7e9."),
+    step_time: str | None = typer.Option(None, "--step-time", help="Compute time of one step: 1.5, 2s, 800ms."),
+    H: int = typer.Option(64, "--H", help="Inner steps between two syncs of one fragment."),
+    fragments: int = typer.Option(4, "--fragments", help="Fragments (P); one leaves every H/P steps."),
+    bits: int = typer.Option(4, "--bits", help="DiLoCo outer-gradient precision: 4, 8, 16 or 32."),
+    tau: int = typer.Option(2, "--tau", help="Steps a learner trains on before it needs the reply."),
+    sites: int = typer.Option(4, "--sites", help="Data centres: data-parallel ring members, one DiLoCo learner each."),
+    utilization: float = typer.Option(0.95, "--utilization", help="Target share of time computing, 0..1."),
+    dp_bits: int = typer.Option(16, "--dp-bits", help="Data-parallel gradient precision: 8, 16 or 32."),
+    dp_overlap: float = typer.Option(2 / 3, "--dp-overlap",
+                                     help="Share of a step the all-reduce hides behind (the backward pass)."),
+    link_gbps: float | None = typer.Option(None, "--link-gbps", help="Also: utilization each reaches on this link."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (schema in docs/simulate.md)."),
+) -> None:
+    """Link bandwidth data-parallel needs versus Decoupled DiLoCo, and utilization on a given link.
+
+    Example: dldctl simulate bandwidth --params 12B --step-time 1s --H 64 --fragments 4 --bits 4 --link-gbps 10
+    """
+    if params is None or step_time is None:
+        raise UsageError("--params and --step-time are required (e.g. --params 12B --step-time 1s)")
+    values = dict(params=_parse("--params", params, parse_quantity),
+                  step_time_s=_parse("--step-time", step_time, parse_duration), H=H,
+                  fragments=fragments, bits=bits, tau=tau, sites=sites, utilization=utilization,
+                  dp_bits=dp_bits, dp_overlap=dp_overlap)
+    link = _build(bw.LinkParams, LINK_FLAGS, **values)
+    if link_gbps is not None and not link_gbps > 0:
+        raise UsageError(f"--link-gbps must be > 0 (got {link_gbps})")
+    report = bw.link_report(link, link_gbps)
+    if as_json:
+        _emit_json({"schema": SCHEMA_BANDWIDTH, **report.to_dict()})
+        return
+    out = _stdout()
+    out.print(_link_table(report))
+    out.print(_link_summary(report))
+
+
+def _link_summary(report: bw.LinkReport) -> str:
+    """The one-line conclusion under the bandwidth table."""
+    p = report.params
+    ingress = (f"the syncer takes in {_gbps(report.syncer_ingress_gbps)} on average "
+               f"from {p.sites} learners.")
+    if not math.isfinite(report.diloco.required_gbps(p.utilization)):
+        return (f"Decoupled DiLoCo cannot reach {p.utilization:.0%} busy with --tau 0: raise --tau "
+                f"or lower --utilization; {ingress}")
+    if not math.isfinite(report.reduction):
+        return (f"Data-parallel cannot reach {p.utilization:.0%} busy at any link speed "
+                f"(nothing overlaps); {ingress}")
+    return (f"Decoupled DiLoCo needs {report.reduction:,.0f}x less link than data-parallel at "
+            f"{p.utilization:.0%} busy; {ingress}")

@@ -1,0 +1,66 @@
+"""CLI: `status` (live view, `--once`, `--json`) and `report`."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.live import Live
+
+from dldctl import rundir, snapshot
+from dldctl.rundir import RunDir
+from dldctl.view import History, render_live, render_plain
+
+RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
+
+
+def live_view(run: RunDir, interval: float = 1.0) -> None:
+    """Full-screen view refreshed every `interval` s; Ctrl-C leaves the view, not the run."""
+    history = History()
+    console = Console()
+    try:
+        with Live(console=console, screen=True, auto_refresh=False, transient=True) as live:
+            while True:
+                snap = snapshot.collect(run)
+                history.add(snap)
+                live.update(render_live(snap, history, time.time()), refresh=True)
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        console.print(f"left the live view; run {run.name} keeps running (`dldctl down` stops it)")
+
+
+def status(
+    run: Optional[str] = RunOpt,
+    once: bool = typer.Option(False, "--once", help="Print one plain snapshot (no screen control)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one snapshot as JSON."),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes of the live view."),
+) -> None:
+    """Quorum, goodput, throughput, bandwidth, loss, learners and events of a run.
+
+    Example: dldctl status --once
+    """
+    target = rundir.resolve(run, live_only=False)
+    if json_out:
+        print(json.dumps(snapshot.collect(target)))
+        return
+    if once:
+        Console(highlight=False).print(render_plain(snapshot.collect(target), time.time()))
+        return
+    live_view(target, interval)
+
+
+def report(
+    run: Optional[str] = RunOpt,
+    out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: RUN/report)."),
+) -> None:
+    """PNG plots and a markdown summary of a run, live or finished.
+
+    Example: dldctl report --out /tmp/report
+    """
+    from dldctl.cli_report import report_command  # matplotlib takes a second to import
+
+    report_command(rundir.resolve(run, live_only=False).path, out)

@@ -1,0 +1,131 @@
+"""Changing a live run's fleet: `learner add`, `learner remove`, and `up` on a live run.
+
+Adding learners: new keys and config entries, the host prepared (idempotent), the syncer told
+the new declared fleet, the learners put in the state as "pending" (the supervisor starts them;
+they join by fetching the global state). Removing: marked stopped (never restarted), SIGTERM
+(the learner sends its due fragments and says bye), the syncer told.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from typing import Any
+
+from rich.console import Console
+
+from dldctl import inventory, plan, provision, reconcile, rundir, wheel
+from dldctl.errors import DldError, UsageError
+from dldctl.hosts import LocalHost, ProcRef
+from dldctl.inventory import Inventory
+from dldctl.rundir import RunDir
+from dldctl.syncerctl import SyncerControl
+
+
+def stored_inventory(run: RunDir) -> Inventory:
+    return inventory.parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
+
+
+def _save_inventory(run: RunDir, inv: Inventory) -> None:
+    (run.path / "inventory.json").write_text(json.dumps(inventory.to_dict(inv), indent=1))
+
+
+def _tell_syncer(run: RunDir, config: dict[str, Any]) -> None:
+    state = run.read_state()
+    ids = [n for n, p in state["procs"].items() if p["kind"] == "learner" and p["status"] != "stopped"]
+    try:
+        with SyncerControl.for_run(config, run.path) as ctl:
+            ctl.control("fleet", learners=sorted(ids))
+    except DldError as exc:
+        run.event("fleet_update_failed", "syncer", f"{exc.line()} (it reads the fleet from config.json on restart)")
+
+
+def add(run: RunDir, host_name: str, count: int, console: Console, wait_s: float = 120.0) -> list[str]:
+    """Add `count` learners on inventory host `host_name` to a live run; returns their ids."""
+    if count < 1:
+        raise UsageError(f"--count must be >= 1, got {count}")
+    if not run.live():
+        raise UsageError(f"run {run.name} is not live", hint="start it with `dldctl up`")
+    inv = stored_inventory(run)
+    spec = inv.host(host_name)
+    config = plan.load_config(run)
+    new_ids = plan.add_learners(run, config, spec, count)
+    host = provision.open_host(spec, inv.ssh)
+    try:
+        built, digest = wheel.build(rundir.home() / "wheels") if not spec.local else (None, "")
+        ids_here = [e["id"] for e in config["learners"] if e["host"] == spec.name]
+        runtime = provision.prepare(host, spec, run, config, built, digest, ids_here,
+                                    lambda h, s: console.print(f"{h}: {s}", highlight=False))
+    finally:
+        host.close()
+    _save_inventory(run, inventory.with_host_learners(inv, spec.name, spec.learners + count))
+    with run.update() as state:
+        state["hosts"].setdefault(spec.name, {"status": "ok"})["runtime"] = runtime.to_dict()
+        for lid in new_ids:
+            state["procs"][lid] = reconcile.new_proc("learner", spec.name)
+    for lid in new_ids:
+        run.event("learner_add", lid, f"scavenged capacity on {spec.name}")
+    _tell_syncer(run, config)
+    _wait(run, new_ids, wait_s, console)
+    return new_ids
+
+
+def _wait(run: RunDir, ids: list[str], timeout: float, console: Console) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = run.read_state()
+        waiting = [i for i in ids if state["procs"][i]["status"] != "running"]
+        if not waiting:
+            console.print(f"started {', '.join(ids)}; they join by fetching the global state")
+            return
+        time.sleep(0.3)
+    console.print(f"[yellow]not running yet after {timeout:.0f} s: {', '.join(waiting)}[/] (`dldctl logs` tells why)")
+
+
+def remove(run: RunDir, lid: str, console: Console) -> None:
+    """Gracefully take one learner out of a live run (it is not restarted)."""
+    with run.update() as state:
+        proc = state["procs"].get(lid)
+        if proc is None or proc["kind"] != "learner":
+            raise UsageError(f"no learner named {lid!r} in run {run.name}")
+        proc["status"] = "stopped"
+        ref = proc.get("proc")
+        host_name = proc["host"]
+    if ref:
+        inv = stored_inventory(run)
+        spec = next((h for h in inv.hosts if h.name == host_name), None)
+        host = LocalHost("local") if spec is None or spec.local else provision.open_host(spec, inv.ssh)
+        try:
+            host.signal(ProcRef(ref["pid"], ref["start_ticks"]), signal.SIGTERM, group=True)
+        finally:
+            host.close()
+    run.event("learner_remove", lid, "graceful leave: its due fragments are sent, then it exits")
+    _tell_syncer(run, plan.load_config(run))
+    console.print(f"{lid} is leaving (SIGTERM sent; it will not be restarted)")
+
+
+def converge(run: RunDir, inv: Inventory, console: Console) -> None:
+    """Bring a live run's fleet to the inventory's learner counts (settings cannot change live)."""
+    stored = stored_inventory(run)
+    if inventory.to_dict(stored)["run"] != inventory.to_dict(inv)["run"]:
+        console.print("[yellow]the [run] table differs from the live run's; settings cannot change on a live run "
+                      "(`dldctl down`, then `dldctl up` for a new run). Converging the fleet only.[/]")
+    state = run.read_state()
+    current: dict[str, list[str]] = {}
+    for lid, proc in state["procs"].items():
+        if proc["kind"] == "learner" and proc["status"] != "stopped":
+            current.setdefault(proc["host"], []).append(lid)
+    changed = False
+    for spec in inv.hosts:
+        have = sorted(current.get(spec.name, []), key=lambda x: int(x.rsplit("-", 1)[1]))
+        if spec.learners > len(have):
+            if spec.name not in {h.name for h in stored.hosts}:
+                raise UsageError(f"host {spec.name} is not part of run {run.name}",
+                                 hint="new hosts need a new run; or add it with the same name as a known host")
+            add(run, spec.name, spec.learners - len(have), console)
+            changed = True
+        for lid in have[spec.learners:]:
+            remove(run, lid, console)
+            changed = True
+    console.print(f"run {run.name} is live; " + ("converged to the inventory" if changed else "already matches the inventory"))

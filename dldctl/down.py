@@ -1,0 +1,163 @@
+"""`dldctl down`: stop everything on every host, final checkpoint, final model, a summary.
+
+Order matters: the supervisor first (so it restarts nothing), then the learners with SIGTERM
+(each sends its due fragments and says bye), then the syncer, asked to close its open rounds,
+export the final model and checkpoint before it exits. Anything still alive after its grace
+period is killed by process group. Processes are found in `procs.jsonl` (every process ever
+started), so `down` works even when state.json is corrupt. Afterwards nothing of the run runs.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+from rich.console import Console
+
+from dldctl.errors import DldError, OperationError, RunError
+from dldctl.hosts import Host, LocalHost, ProcRef
+from dldctl.inventory import parse
+from dldctl.plan import load_config
+from dldctl.provision import open_host
+from dldctl.rundir import RunDir
+from dldctl.syncerctl import SyncerControl
+
+LEARNER_GRACE_S = 20.0
+SYNCER_GRACE_S = 20.0
+
+
+class Fleet:
+    """Every process ever started for the run, grouped by host, with the host connections."""
+
+    def __init__(self, run: RunDir) -> None:
+        import json
+
+        self.run = run
+        self.inv = parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
+        self.hosts: dict[str, Host] = {}
+        latest: dict[str, dict[str, Any]] = {}
+        self.procs: list[dict[str, Any]] = run.started_procs()
+        for record in self.procs:
+            latest[record["target"]] = record
+        self.latest = latest
+
+    def host(self, name: str) -> Host:
+        if name not in self.hosts:
+            spec = next((h for h in self.inv.hosts if h.name == name), None)
+            self.hosts[name] = LocalHost(name) if spec is None or spec.local else open_host(spec, self.inv.ssh)
+        return self.hosts[name]
+
+    def refs(self, predicate: Any = None) -> list[tuple[dict[str, Any], ProcRef]]:
+        return [(r, ProcRef(r["pid"], r["start_ticks"])) for r in self.procs if predicate is None or predicate(r)]
+
+    def alive(self, predicate: Any = None) -> list[dict[str, Any]]:
+        """Records of processes still alive (one round trip per host; unreachable = unknown)."""
+        by_host: dict[str, list[tuple[dict[str, Any], ProcRef]]] = {}
+        for record, ref in self.refs(predicate):
+            by_host.setdefault(record["host"], []).append((record, ref))
+        out = []
+        for host, items in by_host.items():
+            try:
+                status = self.host(host).alive([ref for _, ref in items])
+            except DldError as exc:
+                self.run.event("host_unreachable", host, f"during down: {exc.line()}")
+                continue
+            out.extend(record for record, ref in items if status.get(ref.pid))
+        return out
+
+    def signal(self, records: list[dict[str, Any]], sig: int) -> None:
+        for record in records:
+            try:
+                self.host(record["host"]).signal(ProcRef(record["pid"], record["start_ticks"]), sig, group=True)
+            except DldError as exc:
+                self.run.event("signal_failed", record["target"], exc.line())
+
+    def stop(self, predicate: Any, grace: float) -> list[dict[str, Any]]:
+        """SIGCONT + SIGTERM, wait up to `grace`, then SIGKILL; returns what had to be killed."""
+        alive = self.alive(predicate)
+        self.signal(alive, signal.SIGCONT)  # a paused process cannot handle SIGTERM
+        self.signal(alive, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.3)
+            alive = self.alive(predicate)
+        self.signal(alive, signal.SIGKILL)
+        return alive
+
+    def close(self) -> None:
+        for host in self.hosts.values():
+            host.close()
+
+
+def _mark_stopping(run: RunDir) -> None:
+    try:
+        with run.update() as state:
+            state["status"] = "stopping"
+    except RunError as exc:
+        run.event("state_corrupt", "run", f"{exc.line()}; stopping every recorded process anyway")
+
+
+def _syncer_snapshot(run: RunDir, config: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        with SyncerControl.for_run(config, run.path) as ctl:
+            return ctl.status(timeout=3.0)
+    except DldError:
+        return None
+
+
+def _final_syncer(run: RunDir, config: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """Last snapshot, then close rounds, export and stop; ('', snapshot None) if it is down."""
+    try:
+        with SyncerControl.for_run(config, run.path) as ctl:
+            snap = ctl.status(timeout=3.0)
+            ctl.control("flush", timeout=10.0)
+            detail = ctl.control("shutdown", timeout=60.0, export="final_model.pt")
+            return snap, detail
+    except DldError as exc:
+        run.event("syncer_unreachable", "syncer", f"during down: {exc.line()}")
+        return None, ""
+
+
+def down(run: RunDir, console: Console) -> dict[str, Any]:
+    """Stop the whole run; returns a summary dict (also printed)."""
+    _mark_stopping(run)
+    fleet = Fleet(run)
+    try:
+        killed = fleet.stop(lambda r: r["target"] == "supervisor", 10.0)
+        config = load_config(run)
+        before = _syncer_snapshot(run, config)
+        console.print("stopping learners (they send their last fragments)...")
+        killed += fleet.stop(lambda r: r["target"].startswith("learner-"), LEARNER_GRACE_S)
+        snap, exported = _final_syncer(run, config)
+        killed += fleet.stop(lambda r: r["target"] == "syncer", SYNCER_GRACE_S)
+        left = fleet.alive()
+        if left:
+            names = ", ".join(f"{r['target']} (pid {r['pid']} on {r['host']})" for r in left)
+            raise OperationError(f"still running after down: {names}", hint="check those hosts by hand")
+    finally:
+        fleet.close()
+    try:
+        with run.update() as state:
+            state["status"] = "down"
+            for proc in state.get("procs", {}).values():
+                proc["status"], proc["proc"] = "stopped", None
+    except RunError:
+        pass
+    run.event("down", "run", f"stopped; forced to kill {len(killed)} processes")
+    if snap and before:
+        snap["loss"] = before["loss"]  # learners report losses while they run
+    return summary(run, snap or before, exported, killed)
+
+
+def summary(run: RunDir, snap: dict[str, Any] | None, exported: str, killed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The numbers a user wants after a run."""
+    out: dict[str, Any] = {"run": run.name, "dir": str(run.path), "final_model": exported or None,
+                           "killed": [r["target"] for r in killed]}
+    if snap:
+        out.update(outer_steps=snap["syncer"]["outer_steps"], goodput=snap["goodput"],
+                   tokens_trained=snap["tokens"]["trained"], tokens_merged=snap["tokens"]["merged"],
+                   loss_train=snap["loss"]["train"], loss_eval=snap["loss"]["eval"],
+                   bytes_up=snap["bytes"]["up"], bytes_down=snap["bytes"]["down"],
+                   ddp_equivalent=snap["bytes"]["ddp_equivalent"], uptime_s=snap.get("uptime_s"))
+    return out

@@ -1,0 +1,257 @@
+"""Inventory files: what to run where, as typed, frozen dataclasses (one per TOML table).
+
+    [run]      RunSettings (syncer/settings.py): model, data, H, fragments, quorum, ...
+    [ssh]      SSHSpec: how to reach remote hosts
+    [syncer]   SyncerSpec: where the syncer runs and listens
+    [[hosts]]  HostSpec: one entry per machine (address "local" = this machine, no SSH)
+
+Unknown keys and wrong types are rejected with the file, the key, a "did you mean" and the fix;
+cross-field rules are checked before anything starts. The built-in default (`dldctl up` with no
+argument) is an Inventory built from the same dataclasses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from dldctl.errors import ConfigError
+from syncer.settings import RunSettings, SettingsError, from_mapping, suggest
+
+TABLES = ("run", "ssh", "syncer", "hosts")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+@dataclass(frozen=True)
+class SSHSpec:
+    """[ssh]: defaults for every remote host (a host entry may override user/port)."""
+
+    user: str = ""                      # "" = from ~/.ssh/config or the local user
+    identity_file: str = ""             # "" = the SSH agent / ~/.ssh/config
+    port: int = 22
+    known_hosts: str = "~/.ssh/known_hosts"
+    host_key_policy: str = "strict"     # strict | accept-new
+    proxy_jump: str = ""                # "user@jumphost:port"
+    connect_timeout: float = 10.0
+    use_ssh_config: bool = True
+
+
+@dataclass(frozen=True)
+class SyncerSpec:
+    """[syncer]: where the syncer runs and which ports it binds (0 = pick a free one)."""
+
+    host: str = "local"                 # "local" or the name of a [[hosts]] entry
+    port: int = 0
+    control_port: int = 0
+    bind: str = ""                      # "" = 127.0.0.1 if every learner is local, else 0.0.0.0
+    advertise: str = ""                 # address learners dial; "" = worked out per run
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """[[hosts]]: one machine and the learners it runs."""
+
+    name: str
+    address: str                        # "local", an IP, a DNS name or an ~/.ssh/config alias
+    learners: int = 1
+    device: str = "cpu"                 # cpu | cuda | cuda:N
+    nproc: int = 1                      # ranks per learner (torchrun island)
+    threads: int = 1                    # torch threads per rank
+    batch_size: int = 0                 # 0 = [run] batch_size
+    throttle: float = 1.0               # >1 = artificially slower (demos and tests)
+    python: str = "python3"             # interpreter on the host (with torch, unless setup = "venv")
+    setup: str = "auto"                 # auto: use `python`, add our wheel | venv: fresh venv with torch
+    torch: str = "torch"                # what `setup = "venv"` installs
+    workdir: str = "~/.dldctl"          # remote base directory
+    user: str = ""                      # overrides [ssh] user
+    port: int = 0                       # overrides [ssh] port (0 = [ssh] port)
+    env: dict = field(default_factory=dict)
+
+    @property
+    def local(self) -> bool:
+        return self.address == "local"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """A whole inventory; `path` is where it came from (or "<built-in default>")."""
+
+    run: RunSettings
+    ssh: SSHSpec
+    syncer: SyncerSpec
+    hosts: tuple[HostSpec, ...]
+    path: str = "<built-in default>"
+
+    @property
+    def total_learners(self) -> int:
+        return sum(h.learners for h in self.hosts)
+
+    def host(self, name: str) -> HostSpec:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        close = suggest(name, [h.name for h in self.hosts])
+        raise ConfigError(self.path, "hosts", f"no host named {name!r}",
+                          f"did you mean {close!r}?" if close else f"hosts are: {', '.join(h.name for h in self.hosts)}")
+
+    def learner_hosts(self) -> list[tuple[str, HostSpec]]:
+        """(learner id, host) in inventory order: learner-0, learner-1, ..."""
+        out = []
+        for h in self.hosts:
+            for _ in range(h.learners):
+                out.append((f"learner-{len(out)}", h))
+        return out
+
+
+def default_inventory() -> Inventory:
+    """The built-in default: a syncer and four learners of different speeds on this machine."""
+    run = RunSettings(name="default", model="gpt-small", H=32, fragments=4, seq_len=128, batch_size=16,
+                      eval_every=50)
+    hosts = (
+        HostSpec(name="local-fast", address="local", learners=2, batch_size=16),
+        HostSpec(name="local-mid", address="local", learners=1, batch_size=12, throttle=1.5),
+        HostSpec(name="local-slow", address="local", learners=1, batch_size=8, throttle=3.0),
+    )
+    inv = Inventory(run=run, ssh=SSHSpec(), syncer=SyncerSpec(), hosts=hosts)
+    validate(inv)
+    return inv
+
+
+def load(path: str | os.PathLike[str]) -> Inventory:
+    """Read, type-check and validate an inventory file."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(str(p), None, "no such file", "check the path, or run `dldctl up` with no argument for the built-in default") from None
+    except OSError as exc:
+        raise ConfigError(str(p), None, f"cannot read ({exc.strerror})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(p), None, f"not valid TOML: {exc}", "fix the syntax at that line") from exc
+    inv = parse(data, str(p))
+    validate(inv)
+    return inv
+
+
+def parse(data: dict[str, Any], path: str) -> Inventory:
+    """Typed dataclasses from a TOML document (no cross-field checks)."""
+    for key in data:
+        if key not in TABLES:
+            close = suggest(key, list(TABLES))
+            raise ConfigError(path, key, "unknown table", f"did you mean [{close}]?" if close else f"tables are {', '.join(TABLES)}")
+    try:
+        run = from_mapping(RunSettings, data.get("run", {}), "run")
+        ssh = from_mapping(SSHSpec, data.get("ssh", {}), "ssh")
+        syncer = from_mapping(SyncerSpec, data.get("syncer", {}), "syncer")
+        raw_hosts = data.get("hosts", [])
+        if not isinstance(raw_hosts, list):
+            raise SettingsError("hosts", "must be an array of tables", "write each host as [[hosts]]")
+        hosts = tuple(_host(entry, i) for i, entry in enumerate(raw_hosts))
+    except SettingsError as exc:
+        raise ConfigError(path, exc.key, exc.problem, exc.fix) from None
+    return Inventory(run=run, ssh=ssh, syncer=syncer, hosts=hosts, path=path)
+
+
+def _host(entry: Any, index: int) -> HostSpec:
+    if isinstance(entry, dict):
+        for required in ("name", "address"):
+            if required not in entry:
+                label = entry.get("name", f"#{index + 1}")
+                raise SettingsError(f"hosts.{required}", f"host {label} has no {required}",
+                                    f"add {required} = \"...\" to that [[hosts]] entry" + (' ("local" for this machine)' if required == "address" else ""))
+    return from_mapping(HostSpec, entry, "hosts")
+
+
+def validate(inv: Inventory) -> None:
+    """Cross-field rules, checked before anything starts."""
+    path = inv.path
+    try:
+        inv.run.validate()
+    except SettingsError as exc:
+        raise ConfigError(path, f"run.{exc.key}", exc.problem, exc.fix) from None
+    if not inv.hosts:
+        raise ConfigError(path, "hosts", "no hosts", 'add at least one [[hosts]] entry (address = "local" for this machine)')
+    _validate_hosts(inv)
+    total = inv.total_learners
+    if total < 1:
+        raise ConfigError(path, "hosts.learners", "the fleet has no learners", "set learners >= 1 on some host")
+    if inv.run.quorum > total:
+        raise ConfigError(path, "run.quorum", f"quorum {inv.run.quorum} is larger than the fleet ({total} learners)",
+                          f"set quorum <= {total}")
+    _validate_model(inv)
+    _validate_ssh(inv)
+    if inv.syncer.host != "local":
+        inv.host(inv.syncer.host)
+
+
+def _validate_hosts(inv: Inventory) -> None:
+    seen: set[str] = set()
+    for h in inv.hosts:
+        key = f"hosts.{h.name}"
+        if not _NAME.match(h.name):
+            raise ConfigError(inv.path, "hosts.name", f"host name {h.name!r} is not a simple name", "use letters, digits, '-', '_' or '.'")
+        if h.name in seen:
+            raise ConfigError(inv.path, "hosts.name", f"duplicate host name {h.name!r}", "give every [[hosts]] entry its own name")
+        seen.add(h.name)
+        if not h.address.strip():
+            raise ConfigError(inv.path, f"{key}.address", "is empty", 'set the host\'s address, or "local" for this machine')
+        if not _DEVICE.match(h.device):
+            raise ConfigError(inv.path, f"{key}.device", f"{h.device!r} is not a device", 'use "cpu", "cuda" or "cuda:N"')
+        for attr, low in (("learners", 0), ("nproc", 1), ("threads", 1), ("batch_size", 0)):
+            if getattr(h, attr) < low:
+                raise ConfigError(inv.path, f"{key}.{attr}", f"must be >= {low}, got {getattr(h, attr)}")
+        if h.throttle < 1.0:
+            raise ConfigError(inv.path, f"{key}.throttle", f"must be >= 1.0 (1 = full speed), got {h.throttle}")
+        if h.setup not in ("auto", "venv"):
+            raise ConfigError(inv.path, f"{key}.setup", f"{h.setup!r} is not a setup mode", 'use "auto" or "venv"')
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in h.env.items()):
+            raise ConfigError(inv.path, f"{key}.env", "keys and values must be strings")
+
+
+def _validate_model(inv: Inventory) -> None:
+    """fragments <= parameter tensors, seq_len <= positions, for the built-in models."""
+    from learner import model as model_mod  # lazy: torch is only needed for this check
+
+    name = inv.run.model
+    if ":" in name:
+        return  # a user's factory: the learner checks it when it builds the model
+    if name not in model_mod.PRESETS:
+        close = suggest(name, list(model_mod.PRESETS))
+        raise ConfigError(inv.path, "run.model", f"unknown model {name!r}",
+                          f"did you mean {close!r}?" if close else f"use one of {', '.join(model_mod.PRESETS)} or 'package.module:factory'")
+    preset = model_mod.PRESETS[name]
+    if inv.run.seq_len > preset.block_size:
+        raise ConfigError(inv.path, "run.seq_len", f"{inv.run.seq_len} is longer than {name}'s {preset.block_size} positions",
+                          f"set seq_len <= {preset.block_size}")
+    tensors = len(model_mod.param_shapes(name, block_size=inv.run.seq_len))
+    if inv.run.fragments > tensors:
+        raise ConfigError(inv.path, "run.fragments", f"{inv.run.fragments} fragments but {name} has only {tensors} parameter tensors",
+                          f"set fragments <= {tensors}")
+
+
+def _validate_ssh(inv: Inventory) -> None:
+    if inv.ssh.host_key_policy not in ("strict", "accept-new"):
+        raise ConfigError(inv.path, "ssh.host_key_policy", f"{inv.ssh.host_key_policy!r} is not a policy",
+                          'use "strict" (default) or "accept-new"')
+    if inv.ssh.identity_file and any(not h.local for h in inv.hosts):
+        path = Path(os.path.expanduser(inv.ssh.identity_file))
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise ConfigError(inv.path, "ssh.identity_file", f"cannot read {path}",
+                              "point identity_file at a readable private key, or leave it empty to use the SSH agent")
+
+
+def to_dict(inv: Inventory) -> dict[str, Any]:
+    """The inventory as plain data (`parse` reads it back), kept in the run directory."""
+    return {"run": asdict(inv.run), "ssh": asdict(inv.ssh), "syncer": asdict(inv.syncer),
+            "hosts": [asdict(h) for h in inv.hosts]}
+
+
+def with_host_learners(inv: Inventory, name: str, learners: int) -> Inventory:
+    """The same inventory with one host's learner count changed (for `learner add`)."""
+    hosts = tuple(replace(h, learners=learners) if h.name == name else h for h in inv.hosts)
+    return replace(inv, hosts=hosts)

@@ -1,0 +1,58 @@
+"""Starting the run's processes on a host: the argv and environment of a syncer or a learner.
+
+Secrets never travel in argv or the environment: processes read their keys from files (0600)
+named in the resolved configuration.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dldctl.hosts import Host, ProcRef
+from dldctl.provision import HostRuntime
+
+
+def _env(runtime: HostRuntime, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {"PYTHONUNBUFFERED": "1"}
+    if runtime.pythonpath:
+        env["PYTHONPATH"] = runtime.pythonpath
+    env.update(extra or {})
+    return env
+
+
+def syncer_argv(runtime: HostRuntime) -> list[str]:
+    return [runtime.python, "-m", "syncer", "--config", runtime.config]
+
+
+def learner_argv(runtime: HostRuntime, entry: dict[str, Any]) -> list[str]:
+    """`python -m learner ...`, or the same under torchrun for an island of nproc ranks."""
+    lid = entry["id"]
+    tail = ["--config", runtime.config, "--id", lid, "--workdir", learner_workdir(runtime, lid)]
+    nproc = int(entry.get("nproc", 1))
+    if nproc > 1:
+        return [runtime.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                "-m", "learner", *tail]
+    return [runtime.python, "-m", "learner", *tail]
+
+
+def learner_workdir(runtime: HostRuntime, lid: str) -> str:
+    return f"{runtime.run_dir}/learners/{lid}"
+
+
+def log_path(runtime: HostRuntime, target: str) -> str:
+    return f"{runtime.run_dir}/logs/{target}.log"
+
+
+def start_syncer(host: Host, runtime: HostRuntime) -> ProcRef:
+    return host.start(syncer_argv(runtime), cwd=runtime.run_dir, log=log_path(runtime, "syncer"), env=_env(runtime))
+
+
+def start_learner(host: Host, runtime: HostRuntime, entry: dict[str, Any], restarts: int) -> ProcRef:
+    lid = entry["id"]
+    host.mkdir(learner_workdir(runtime, lid))
+    env = _env(runtime, {k: str(v) for k, v in entry.get("env", {}).items()})
+    env["DLDCTL_RESTARTS"] = str(restarts)
+    env["OMP_NUM_THREADS"] = str(entry.get("threads", 1))
+    if int(entry.get("nproc", 1)) > 1:
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # pytorch/pytorch#135712
+    return host.start(learner_argv(runtime, entry), cwd=runtime.run_dir, log=log_path(runtime, lid), env=env)

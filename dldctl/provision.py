@@ -1,0 +1,153 @@
+"""Preparing hosts: open them, set up their Python, copy the run's files, report progress.
+
+Per remote host: connect, copy the wheel, set up (skipped when the wheel hash is unchanged),
+copy the resolved configuration and that host's keys (0600), and record a `HostRuntime` that
+says how to start processes there. The operator's own machine needs no copying at all.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from dldctl.errors import RemoteCommandError, SetupError
+from dldctl.hosts import Host, LocalHost, SSHHost
+from dldctl.inventory import HostSpec, Inventory
+from dldctl.rundir import RunDir
+
+LIGHT_DEPS = {"zmq": "pyzmq>=25", "zstandard": "zstandard>=0.21", "numpy": "numpy>=1.24"}
+Progress = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class HostRuntime:
+    """How to start the run's processes on one host."""
+
+    host: str
+    python: str          # interpreter
+    pythonpath: str      # "" or the site dir holding our wheel
+    run_dir: str         # this run's directory on the host
+    config: str          # resolved configuration on the host
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "HostRuntime":
+        return cls(**{k: data[k] for k in ("host", "python", "pythonpath", "run_dir", "config")})
+
+
+def open_host(spec: HostSpec, inv_ssh: Any, known_hosts: str | None = None) -> Host:
+    """A LocalHost for address "local", else an SSHHost with the inventory's SSH settings."""
+    if spec.local:
+        return LocalHost(spec.name)
+    return SSHHost(spec.name, spec.address, user=spec.user or inv_ssh.user or None,
+                   port=spec.port or inv_ssh.port, identity_file=inv_ssh.identity_file or None,
+                   known_hosts=known_hosts or inv_ssh.known_hosts, host_key_policy=inv_ssh.host_key_policy,
+                   proxy_jump=inv_ssh.proxy_jump or None, connect_timeout=inv_ssh.connect_timeout,
+                   use_ssh_config=inv_ssh.use_ssh_config)
+
+
+def local_runtime(spec: HostSpec, run: RunDir) -> HostRuntime:
+    return HostRuntime(spec.name, sys.executable, "", str(run.path), str(run.config))
+
+
+def prepare(host: Host, spec: HostSpec, run: RunDir, config: dict[str, Any], wheel: Path, digest: str,
+            learner_ids: list[str], progress: Progress) -> HostRuntime:
+    """Set up one host for this run (idempotent); returns how to start processes on it."""
+    if spec.local:
+        progress(spec.name, "local: nothing to copy")
+        return local_runtime(spec, run)
+    progress(spec.name, "connect")
+    base = host.home() if spec.workdir in ("~", "") else _expand(host, spec.workdir)
+    progress(spec.name, "copy wheel")
+    remote_wheel = f"{base}/wheels/{digest}/{wheel.name}"
+    if not host.exists(remote_wheel):
+        host.put_file(wheel, remote_wheel, 0o644)
+    progress(spec.name, "set up python")
+    python, site = _setup(host, spec, base, remote_wheel, digest)
+    progress(spec.name, "copy config and keys")
+    remote_run = f"{base}/runs/{config['run_id']}"
+    push_run_files(host, run, remote_run, learner_ids, config)
+    return HostRuntime(spec.name, python, site, remote_run, f"{remote_run}/config.json")
+
+
+def push_run_files(host: Host, run: RunDir, remote_run: str, learner_ids: list[str], config: dict[str, Any]) -> None:
+    """config.json plus this host's learner keys and the syncer's public key, all 0600."""
+    host.mkdir(f"{remote_run}/keys", 0o700)
+    host.put_bytes(run.config.read_bytes(), f"{remote_run}/config.json", 0o600)
+    if config["run"].get("insecure"):
+        return
+    host.put_bytes((run.keys / "syncer.key").read_bytes(), f"{remote_run}/keys/syncer.key", 0o600)
+    for lid in learner_ids:
+        host.put_bytes((run.keys / f"{lid}.key_secret").read_bytes(), f"{remote_run}/keys/{lid}.key_secret", 0o600)
+
+
+def _expand(host: Host, path: str) -> str:
+    if path.startswith("~"):
+        return host.home().rstrip("/") + path[1:]
+    return path
+
+
+def _setup(host: Host, spec: HostSpec, base: str, remote_wheel: str, digest: str) -> tuple[str, str]:
+    """(python, PYTHONPATH) on the host; skipped when this wheel was already set up."""
+    if spec.setup == "venv":
+        return _setup_venv(host, spec, base, remote_wheel, digest)
+    site = f"{base}/site/{digest}"
+    marker = f"{site}/.dldctl-ok"
+    if host.exists(marker):
+        return spec.python, site
+    _step(host, spec, f"{shlex.quote(spec.python)} -m pip install -q --no-deps --no-compile --target {shlex.quote(site)} {shlex.quote(remote_wheel)}")
+    missing = _missing_modules(host, spec.python, site)
+    if "torch" in missing:
+        raise SetupError(spec.name, f"{spec.python} has no torch",
+                         hint=f'install torch there, point python = "..." at an environment that has it, or set setup = "venv" for [[hosts]] {spec.name}')
+    light = [LIGHT_DEPS[m] for m in missing if m in LIGHT_DEPS]
+    if light:
+        _step(host, spec, f"{shlex.quote(spec.python)} -m pip install -q --target {shlex.quote(site)} " + " ".join(shlex.quote(x) for x in light))
+    host.put_bytes(digest.encode(), marker, 0o644)
+    return spec.python, site
+
+
+def _setup_venv(host: Host, spec: HostSpec, base: str, remote_wheel: str, digest: str) -> tuple[str, str]:
+    env = f"{base}/envs/venv"
+    py = f"{env}/bin/python"
+    marker = f"{env}/.dldctl-{digest}"
+    if host.exists(marker):
+        return py, ""
+    if not host.exists(py):
+        _step(host, spec, f"{shlex.quote(spec.python)} -m venv {shlex.quote(env)}")
+    deps = " ".join(shlex.quote(x) for x in (spec.torch, *LIGHT_DEPS.values()))
+    _step(host, spec, f"{shlex.quote(py)} -m pip install -q {deps}", timeout=3600)
+    _step(host, spec, f"{shlex.quote(py)} -m pip install -q --no-deps --force-reinstall {shlex.quote(remote_wheel)}")
+    host.put_bytes(digest.encode(), marker, 0o644)
+    return py, ""
+
+
+def _missing_modules(host: Host, python: str, site: str) -> list[str]:
+    probe = ("import importlib.util as u; print(' '.join(m for m in ('torch','zmq','zstandard','numpy') "
+             "if u.find_spec(m) is None))")
+    result = host.run(f"PYTHONPATH={shlex.quote(site)} {shlex.quote(python)} -c {shlex.quote(probe)}", timeout=120)
+    return result.stdout.split()
+
+
+def _step(host: Host, spec: HostSpec, command: str, timeout: float = 900.0) -> None:
+    try:
+        host.run(command, timeout=timeout)
+    except RemoteCommandError as exc:
+        tail = " | ".join(exc.output_tail.strip().splitlines()[-3:])
+        raise SetupError(spec.name, f"set-up failed: `{command}` exited {exc.status}: {tail}") from exc
+
+
+def learners_by_host(config: dict[str, Any]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for entry in config["learners"]:
+        out.setdefault(entry["host"], []).append(entry["id"])
+    return out
+
+
+def host_specs(inv: Inventory) -> dict[str, HostSpec]:
+    return {h.name: h for h in inv.hosts}

@@ -1,0 +1,122 @@
+"""The supervisor's decisions, as a pure function of the run state, what it observed, and `now`.
+
+Each process (the syncer, every learner) has an entry in `state["procs"]`:
+    {"kind": "syncer"|"learner", "host": str, "status": str, "proc": {"pid", "start_ticks"}|null,
+     "restarts": int, "fast_deaths": int, "started_at": float|null, "next_start": float|null,
+     "hold_until": float|null, "chaos_kill": bool}
+status: pending -> starting -> running -> dead -> (restart) starting -> ...; also unreachable
+(its host does not answer), finished (a learner that spent its budget), stopped (removed/down).
+
+`decide` returns the actions to carry out (start a process, undo an expired fault) and the
+events to record; the supervisor does the I/O. Deaths caused by chaos do not count towards
+the crash-loop backoff.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+FAST_DEATH_S = 30.0
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the supervisor saw of one process: alive, dead, or unknown (host unreachable)."""
+
+    alive: bool | None
+    finished: bool = False      # a learner that exited after spending its step/duration budget
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str                   # "start" | "undo"
+    target: str
+    fault: dict | None = None
+
+
+def backoff_delay(fast_deaths: int, base: float, cap: float) -> float:
+    """restart_delay x 2^(consecutive fast deaths), capped."""
+    return min(cap, base * (2 ** max(0, fast_deaths)))
+
+
+def decide(state: dict[str, Any], seen: dict[str, Observation], now: float, base_delay: float,
+           cap: float) -> tuple[list[Action], list[tuple[str, str, str]]]:
+    """Update `state` in place; return (actions, events as (kind, target, detail))."""
+    actions: list[Action] = []
+    events: list[tuple[str, str, str]] = []
+    for name, entry in sorted(state["procs"].items()):
+        _one(name, entry, seen.get(name), now, base_delay, cap, actions, events)
+    for fault in state.get("faults", []):
+        if not fault.get("undone") and fault.get("until", 0) <= now and fault["kind"] != "kill":
+            actions.append(Action("undo", fault["target"], fault))
+    return actions, events
+
+
+def _one(name: str, e: dict[str, Any], obs: Observation | None, now: float, base: float, cap: float,
+         actions: list[Action], events: list[tuple[str, str, str]]) -> None:
+    status = e["status"]
+    if status in ("stopped", "finished", "starting"):
+        return
+    if status == "pending":
+        e["status"] = "starting"
+        actions.append(Action("start", name))
+        return
+    if obs is not None and obs.alive is None:
+        if status != "unreachable":
+            events.append(("host_unreachable", name, f"host {e['host']} does not answer; will retry"))
+            e["status"] = "unreachable"
+        return
+    if status in ("running", "unreachable") and obs is not None and obs.alive is False:
+        _died(name, e, obs, now, base, cap, events)
+        return
+    if status == "unreachable" and obs is not None and obs.alive:
+        e["status"] = "running"
+        events.append(("host_back", name, f"host {e['host']} answers again; process still alive"))
+        return
+    if status == "dead" and now >= (e.get("next_start") or 0):
+        e["status"] = "starting"
+        actions.append(Action("start", name))
+
+
+def _died(name: str, e: dict[str, Any], obs: Observation, now: float, base: float, cap: float,
+          events: list[tuple[str, str, str]]) -> None:
+    e["proc"] = None
+    if obs.finished:
+        e["status"] = "finished"
+        events.append(("finished", name, "spent its step/duration budget"))
+        return
+    lived = now - (e.get("started_at") or now)
+    if e.get("chaos_kill"):
+        e["chaos_kill"] = False
+    elif lived < FAST_DEATH_S:
+        e["fast_deaths"] = e.get("fast_deaths", 0) + 1
+    else:
+        e["fast_deaths"] = 0
+    delay = backoff_delay(e.get("fast_deaths", 0), base, cap)
+    e["next_start"] = max(now + delay, e.get("hold_until") or 0.0)
+    e["status"] = "dead"
+    kind = "syncer_death" if e["kind"] == "syncer" else "death"
+    events.append((kind, name, f"process gone after {lived:.1f} s; restart in {e['next_start'] - now:.1f} s"))
+
+
+def started(e: dict[str, Any], proc: dict[str, int], now: float) -> str:
+    """Record a successful start; returns the event kind ('start' or 'restart')."""
+    first = e.get("started_at") is None
+    e.update(status="running", proc=proc, started_at=now, next_start=None, hold_until=None)
+    if not first:
+        e["restarts"] = e.get("restarts", 0) + 1
+    return "start" if first else "restart"
+
+
+def start_failed(e: dict[str, Any], now: float, base: float, cap: float) -> float:
+    """Record a failed start; returns the delay before the next attempt."""
+    e["fast_deaths"] = e.get("fast_deaths", 0) + 1
+    delay = backoff_delay(e["fast_deaths"], base, cap)
+    e.update(status="dead", proc=None, next_start=now + delay)
+    return delay
+
+
+def new_proc(kind: str, host: str) -> dict[str, Any]:
+    return {"kind": kind, "host": host, "status": "pending", "proc": None, "restarts": 0, "fast_deaths": 0,
+            "started_at": None, "next_start": None, "hold_until": None, "chaos_kill": False}

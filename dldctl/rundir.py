@@ -1,0 +1,192 @@
+"""Run directories: where a run's configuration, keys, state, logs and metrics live.
+
+    $DLDCTL_HOME/runs/<name>-<YYYYmmdd-HHMMSS>/
+        inventory.toml   config.json   keys/ (0700)   state.json   state.lock
+        events.jsonl     metrics.jsonl  checkpoints/  logs/   learners/<id>/   supervisor.log
+
+`state.json` is shared by the supervisor and short-lived CLI commands: every read-modify-write
+holds an flock on `state.lock`, and every write is atomic (temp file + rename), so a crash never
+leaves half a state behind. A run is live while its supervisor process is. Commands without
+`--run` use the most recent live run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from dldctl.errors import RunError
+from syncer import jsonl
+
+
+def home() -> Path:
+    """$DLDCTL_HOME, or ~/.dldctl."""
+    return Path(os.environ.get("DLDCTL_HOME", "~/.dldctl")).expanduser()
+
+
+def runs_root() -> Path:
+    return home() / "runs"
+
+
+class RunDir:
+    """Paths and state of one run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def __getattr__(self, item: str) -> Path:
+        files = {"config": "config.json", "inventory": "inventory.toml", "state_file": "state.json",
+                 "lock_file": "state.lock", "events": "events.jsonl", "metrics": "metrics.jsonl",
+                 "keys": "keys", "checkpoints": "checkpoints", "logs": "logs", "learners": "learners",
+                 "supervisor_log": "supervisor.log", "final_model": "final_model.pt"}
+        if item in files:
+            return self.path / files[item]
+        raise AttributeError(item)
+
+    def log_path(self, target: str) -> Path:
+        return self.logs / f"{target}.log"
+
+    def learner_dir(self, learner: str) -> Path:
+        return self.learners / learner
+
+    # -- state -------------------------------------------------------------------------------
+    def read_state(self) -> dict[str, Any]:
+        """The state file; RunError (naming the file and what to do) if missing or corrupt."""
+        try:
+            data = json.loads(self.state_file.read_text())
+        except FileNotFoundError:
+            raise RunError(f"{self.state_file}: no state file; this is not a run directory (or `up` never got far)") from None
+        except (OSError, ValueError) as exc:
+            raise RunError(f"{self.state_file}: corrupt state ({exc})",
+                           hint="`dldctl down --run " + self.name + "` still stops every process it can find") from None
+        if not isinstance(data, dict):
+            raise RunError(f"{self.state_file}: corrupt state (not an object)")
+        return data
+
+    def write_state(self, state: dict[str, Any]) -> None:
+        """Atomic replace; call while holding `locked()`."""
+        state["updated"] = time.time()
+        tmp = self.state_file.with_name(f".state.{os.getpid()}.tmp")
+        with open(tmp, "w") as fh:
+            json.dump(state, fh, indent=1, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.state_file)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Exclusive lock for a read-modify-write of the state."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def update(self) -> Iterator[dict[str, Any]]:
+        """`with run.update() as state: ...` reads, lets you modify, writes back atomically."""
+        with self.locked():
+            state = self.read_state()
+            yield state
+            self.write_state(state)
+
+    def event(self, kind: str, target: str, detail: str = "") -> dict[str, Any]:
+        record = {"t": time.time(), "kind": kind, "target": target, "detail": detail}
+        jsonl.append(self.events, record)
+        return record
+
+    def record_proc(self, target: str, host: str, proc: dict[str, int]) -> None:
+        """Append to procs.jsonl: every process ever started, so `down` finds them all even
+        if state.json is lost."""
+        jsonl.append(self.path / "procs.jsonl", {"t": time.time(), "target": target, "host": host, **proc})
+
+    def started_procs(self) -> list[dict[str, Any]]:
+        return list(jsonl.read(self.path / "procs.jsonl"))
+
+    def live(self) -> bool:
+        """Whether the run's supervisor is running (the run is up)."""
+        try:
+            state = self.read_state()
+        except RunError:
+            return False
+        sup = state.get("supervisor") or {}
+        return state.get("status") in ("starting", "up") and _proc_alive(sup.get("pid"), sup.get("start_ticks"))
+
+
+def _proc_alive(pid: Any, start_ticks: Any) -> bool:
+    if not isinstance(pid, int):
+        return False
+    from dldctl.hosts.local import read_stat  # local: the supervisor runs on this machine
+
+    stat = read_stat(pid)
+    return stat is not None and stat.state not in "ZX" and (start_ticks is None or stat.start_ticks == start_ticks)
+
+
+def create(name: str) -> RunDir:
+    """A new run directory <name>-<timestamp> (keys/ made 0700)."""
+    root = runs_root()
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = root / f"{name}-{stamp}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = root / f"{name}-{stamp}-{n}"
+    path.mkdir()
+    (path / "keys").mkdir(mode=0o700)
+    for sub in ("logs", "learners", "checkpoints"):
+        (path / sub).mkdir()
+    return RunDir(path)
+
+
+def all_runs() -> list[RunDir]:
+    """Every run directory, newest first."""
+    root = runs_root()
+    if not root.is_dir():
+        return []
+    dirs = [RunDir(p) for p in root.iterdir() if p.is_dir() and (p / "state.json").exists()]
+    return sorted(dirs, key=lambda r: r.state_file.stat().st_mtime if r.state_file.exists() else 0, reverse=True)
+
+
+def resolve(run: str | None, *, live_only: bool = True) -> RunDir:
+    """The run named `run` (a directory name, a run name, or a path), or the newest live run."""
+    if run:
+        candidate = Path(run).expanduser()
+        if candidate.is_dir() and (candidate / "state.json").exists():
+            return RunDir(candidate)
+        exact = runs_root() / run
+        if exact.is_dir():
+            return RunDir(exact)
+        named = [r for r in all_runs() if r.name.startswith(f"{run}-")]
+        live = [r for r in named if r.live()]
+        if live or named:
+            return (live or named)[0]
+        raise RunError(f"no run named {run!r} under {runs_root()}", hint="`ls " + str(runs_root()) + "` lists the runs")
+    for r in all_runs():
+        if r.live():
+            return r
+    if not live_only:
+        runs = all_runs()
+        if runs:
+            return runs[0]
+    raise RunError("no live run", hint="start one with `dldctl up`, or name a finished one with --run")
+
+
+def find_live(name: str) -> RunDir | None:
+    """The live run with this run name, if any (for `up` to converge instead of starting twice)."""
+    for r in all_runs():
+        if r.name.startswith(f"{name}-") and r.live():
+            return r
+    return None

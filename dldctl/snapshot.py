@@ -1,0 +1,114 @@
+"""The full `dldctl status --json` snapshot: the syncer's view joined with the supervisor's.
+
+The syncer knows progress (steps, tokens, weights, heartbeats, goodput, bytes); the run state
+knows processes (hosts, pids, restarts, faults); the events log knows what happened. When the
+syncer does not answer, the snapshot still comes back, with `syncer.alive` false.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dldctl.errors import DldError, RunError
+from dldctl.plan import load_config
+from dldctl.rundir import RunDir
+from dldctl.syncerctl import SyncerControl
+from syncer import jsonl
+
+EVENTS = 40
+
+
+def syncer_status(run: RunDir, config: dict[str, Any], timeout: float = 2.0) -> dict[str, Any] | None:
+    """The syncer's own snapshot, or None if it does not answer."""
+    try:
+        with SyncerControl.for_run(config, run.path) as ctl:
+            return ctl.status(timeout)
+    except DldError:
+        return None
+
+
+def _empty(config: dict[str, Any]) -> dict[str, Any]:
+    run = config["run"]
+    return {"syncer": {"alive": False, "fragments": run.get("fragments", 0), "outer_steps": 0,
+                       "checkpoint_outer_step": 0, "rejected": {}, "dropped_sends": 0},
+            "quorum": {"min": run.get("quorum", 1), "live": 0, "total": len(config["learners"]),
+                       "last_round_contributors": 0, "recent_contributors": [], "below_quorum": True},
+            "goodput": 0.0, "goodput_window": 0.0, "tokens": {"trained": 0, "merged": 0, "per_s": 0.0},
+            "bytes": {"up": 0, "down": 0, "ddp_equivalent": 0}, "loss": {"train": None, "eval": None},
+            "learners": []}
+
+
+def learner_state(proc: dict[str, Any], syncer_row: dict[str, Any] | None, faults: list[dict[str, Any]]) -> str:
+    """One state word from the process status, active faults and the syncer's view."""
+    status = proc.get("status")
+    if status in ("dead", "stopped", "finished"):
+        return "restarting" if status == "dead" and proc.get("next_start") else ("dead" if status == "dead" else "stopped")
+    if status in ("pending", "starting"):
+        return "starting"
+    if status == "unreachable":
+        return "dead"
+    active = {f["kind"] for f in faults if not f.get("undone")}
+    for kind, word in (("pause", "paused"), ("partition", "partitioned"), ("slow", "slow")):
+        if kind in active:
+            return word
+    if syncer_row is None:
+        return "starting"
+    reported = syncer_row.get("state")
+    if reported in ("joining", "running", "slow"):
+        return reported
+    return "partitioned" if reported == "unreachable" else "running"
+
+
+def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
+    """The snapshot of ARCHITECTURE.md (extended), whatever is or is not running."""
+    now = time.time() if now is None else now
+    try:
+        config = load_config(run)
+    except (OSError, ValueError) as exc:
+        raise RunError(f"{run.config}: cannot read the run's configuration ({exc})") from exc
+    state = run.read_state()
+    snap = syncer_status(run, config) or _empty(config)
+    snap["run"] = run.name
+    snap["now"] = now
+    snap["uptime_s"] = now - float(state.get("created", now))
+    snap["status"] = state.get("status")
+    snap["insecure"] = bool(config["run"].get("insecure"))
+    procs = state.get("procs", {})
+    syncer_proc = procs.get("syncer", {})
+    snap["syncer"].setdefault("address", f"tcp://{config['syncer']['advertise']}:{config['syncer']['port']}")
+    snap["syncer"]["restarts"] = syncer_proc.get("restarts", 0)
+    if not snap["syncer"].get("alive"):
+        snap["syncer"]["pid"] = (syncer_proc.get("proc") or {}).get("pid")
+    snap["learners"] = _learner_rows(procs, snap.get("learners", []), state.get("faults", []), config)
+    snap["faults"] = [f for f in state.get("faults", []) if not f.get("undone")]
+    snap["events"] = jsonl.tail(run.events, EVENTS)
+    return snap
+
+
+def _learner_rows(procs: dict[str, Any], syncer_rows: list[dict[str, Any]], faults: list[dict[str, Any]],
+                  config: dict[str, Any]) -> list[dict[str, Any]]:
+    by_id = {row["id"]: row for row in syncer_rows}
+    devices = {e["id"]: e.get("device", "cpu") for e in config["learners"]}
+    rows = []
+    for lid, proc in sorted(procs.items(), key=lambda kv: _order(kv[0])):
+        if proc.get("kind") != "learner":
+            continue
+        srow = by_id.get(lid)
+        mine = [f for f in faults if f.get("target") == lid]
+        row = {"id": lid, "host": proc.get("host"), "device": devices.get(lid, "cpu"),
+               "state": learner_state(proc, srow, mine), "pid": (proc.get("proc") or {}).get("pid"),
+               "step": 0, "tokens": 0, "tokens_per_s": 0.0, "restarts": proc.get("restarts", 0),
+               "weight": 0.0, "heartbeat_age_s": None, "blocked_frac": 0.0, "straggler": False}
+        if srow:
+            for key in ("step", "tokens", "tokens_per_s", "weight", "heartbeat_age_s", "blocked_frac",
+                        "straggler", "loss", "eval_loss"):
+                if key in srow:
+                    row[key] = srow[key]
+        rows.append(row)
+    return rows
+
+
+def _order(lid: str) -> tuple[int, str]:
+    tail = lid.rsplit("-", 1)[-1]
+    return (int(tail) if tail.isdigit() else 1 << 30, lid)

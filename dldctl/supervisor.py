@@ -1,0 +1,181 @@
+"""The supervisor: keeps a run's fleet at its declared size, with no terminal attached.
+
+`python -m dldctl.supervisor --run DIR` is started detached by `dldctl up`. Every half second:
+observe every process (one round trip per host), let `reconcile.decide` say what to do (under
+the state lock), then do it without holding the lock: start or restart processes, undo faults
+whose time is up. Every action is an event in events.jsonl. `dldctl down` sets the run's status
+to "stopping"; the supervisor then exits and leaves the stopping to `down`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from dldctl import faults, launch, reconcile
+from dldctl.errors import DldError, HostError
+from dldctl.hosts import Host, LocalHost, ProcRef
+from dldctl.inventory import Inventory, parse
+from dldctl.provision import HostRuntime, open_host
+from dldctl.rundir import RunDir
+from syncer.settings import settings_from_dict
+
+POLL_S = 0.5
+HOST_RETRY_S = 5.0
+
+
+def proc_ref(data: dict[str, int] | None) -> ProcRef | None:
+    return ProcRef(int(data["pid"]), int(data["start_ticks"])) if data else None
+
+
+class Supervisor:
+    """The reconcile loop of one run."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self.stop = threading.Event()
+        self.inv: Inventory = parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
+        self.hosts: dict[str, Host] = {}
+        self._host_retry: dict[str, float] = {}
+
+    # -- hosts -------------------------------------------------------------------------------
+    def host(self, name: str) -> Host:
+        if name not in self.hosts:
+            spec = next((h for h in self.inv.hosts if h.name == name), None)
+            self.hosts[name] = LocalHost(name) if spec is None or spec.local else open_host(spec, self.inv.ssh)
+        return self.hosts[name]
+
+    def runtime(self, state: dict[str, Any], host: str) -> HostRuntime:
+        return HostRuntime.from_dict(state["hosts"][host]["runtime"])
+
+    def config(self) -> dict[str, Any]:
+        return json.loads(self.run.config.read_text())
+
+    # -- observe -----------------------------------------------------------------------------
+    def observe(self, state: dict[str, Any]) -> dict[str, reconcile.Observation]:
+        """Alive/dead/unknown for every process we started, one round trip per host."""
+        by_host: dict[str, list[tuple[str, ProcRef]]] = {}
+        for name, entry in state["procs"].items():
+            ref = proc_ref(entry.get("proc"))
+            if ref is not None and entry["status"] in ("running", "unreachable"):
+                by_host.setdefault(entry["host"], []).append((name, ref))
+        seen: dict[str, reconcile.Observation] = {}
+        for host_name, items in by_host.items():
+            if time.monotonic() < self._host_retry.get(host_name, 0.0):
+                seen.update({n: reconcile.Observation(None) for n, _ in items})
+                continue
+            try:
+                alive = self.host(host_name).alive([r for _, r in items])
+            except DldError:
+                self._host_retry[host_name] = time.monotonic() + HOST_RETRY_S
+                seen.update({n: reconcile.Observation(None) for n, _ in items})
+                continue
+            for name, ref in items:
+                finished = not alive[ref.pid] and self._finished(state, name)
+                seen[name] = reconcile.Observation(alive[ref.pid], finished)
+        return seen
+
+    def _finished(self, state: dict[str, Any], name: str) -> bool:
+        entry = state["procs"][name]
+        if entry["kind"] != "learner":
+            return False
+        runtime = self.runtime(state, entry["host"])
+        try:
+            return self.host(entry["host"]).exists(f"{launch.learner_workdir(runtime, name)}/finished")
+        except DldError:
+            return False
+
+    # -- the loop ----------------------------------------------------------------------------
+    def loop(self) -> None:
+        self.run.event("supervisor_start", "supervisor", f"pid {os.getpid()}")
+        while not self.stop.is_set():
+            state = self.run.read_state()
+            if state.get("status") not in ("starting", "up"):
+                break
+            seen = self.observe(state)
+            s = settings_from_dict(self.config()["run"])
+            with self.run.update() as state:
+                actions, events = reconcile.decide(state, seen, time.time(), s.restart_delay_s, s.restart_backoff_max_s)
+            for kind, target, detail in events:
+                self.run.event(kind, target, detail)
+            for action in actions:
+                self.act(action)
+            self.stop.wait(POLL_S)
+        self.run.event("supervisor_stop", "supervisor", f"pid {os.getpid()}")
+        for host in self.hosts.values():
+            host.close()
+
+    def act(self, action: reconcile.Action) -> None:
+        if action.kind == "start":
+            self.start(action.target)
+        elif action.kind == "undo":
+            self.undo(action.fault)
+
+    def start(self, name: str) -> None:
+        """Start (or restart) one process, then record its ProcRef under the lock."""
+        state = self.run.read_state()
+        entry = state["procs"][name]
+        runtime = self.runtime(state, entry["host"])
+        host = self.host(entry["host"])
+        try:
+            if entry["kind"] == "syncer":
+                ref = launch.start_syncer(host, runtime)
+            else:
+                learner = next(e for e in self.config()["learners"] if e["id"] == name)
+                host.run("rm -f " + shlex.quote(f"{launch.learner_workdir(runtime, name)}/finished"), check=False)
+                ref = launch.start_learner(host, runtime, learner, entry.get("restarts", 0) + (entry.get("started_at") is not None))
+        except (DldError, StopIteration) as exc:
+            s = settings_from_dict(self.config()["run"])
+            with self.run.update() as st:
+                delay = reconcile.start_failed(st["procs"][name], time.time(), s.restart_delay_s, s.restart_backoff_max_s)
+            self.run.event("start_failed", name, f"{exc}; next try in {delay:.1f} s")
+            return
+        record = {"pid": ref.pid, "start_ticks": ref.start_ticks}
+        self.run.record_proc(name, entry["host"], record)
+        with self.run.update() as st:
+            kind = reconcile.started(st["procs"][name], record, time.time())
+        self.run.event(kind, name, f"pid {ref.pid} on {entry['host']}")
+
+    def undo(self, fault: dict[str, Any]) -> None:
+        """Undo an expired fault and drop it from the state."""
+        state = self.run.read_state()
+        entry = state["procs"].get(fault["target"])
+        ok = False
+        if entry is not None:
+            try:
+                ok = faults.undo(fault["kind"], self.host(entry["host"]), self.runtime(state, entry["host"]),
+                                 fault["target"], proc_ref(entry.get("proc")))
+            except HostError as exc:
+                self.run.event("fault_undo_failed", fault["target"], f"{fault['kind']}: {exc}")
+                return
+        with self.run.update() as st:
+            st["faults"] = [f for f in st.get("faults", []) if f.get("id") != fault.get("id")]
+        self.run.event("fault_undo", fault["target"], f"{fault['kind']} undone{'' if ok else ' (process already gone)'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the detached supervisor process."""
+    parser = argparse.ArgumentParser(prog="python -m dldctl.supervisor")
+    parser.add_argument("--run", required=True, type=Path)
+    args = parser.parse_args(argv)
+    sup = Supervisor(RunDir(args.run))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sup.stop.set())
+    try:
+        sup.loop()
+    except DldError as exc:
+        print(f"supervisor: error: {exc.line()}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""`dldctl up`: provision the hosts, write the run, start the supervisor, wait for the fleet.
+
+    plan      inventory -> learner ids, ports, keys, config.json (a new run directory)
+    hosts     in parallel, a progress line each: connect, copy wheel, set up python, copy config
+    start     state.json with every process "pending"; the supervisor starts (and keeps) them
+    wait      until the syncer and every reachable learner run
+
+An unreachable host is reported on one line and its learners are left out, as long as the rest
+of the fleet still reaches the minimum quorum. Re-running `up` on a live run converges to the
+inventory (adds or removes learners) instead of starting a second run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from dldctl import inventory, plan, provision, reconcile, rundir, wheel
+from dldctl.errors import DldError, HostError, OperationError
+from dldctl.hosts import Host, LocalHost
+from dldctl.inventory import HostSpec, Inventory
+from dldctl.rundir import RunDir
+
+
+class Board:
+    """One progress line per host (a live table on a terminal, plain lines otherwise)."""
+
+    def __init__(self, console: Console, names: list[str]) -> None:
+        self.console = console
+        self.stages = {n: "waiting" for n in names}
+        self.lock = threading.Lock()
+        self.live: Live | None = None
+
+    def __enter__(self) -> "Board":
+        if self.console.is_terminal:
+            self.live = Live(self.table(), console=self.console, refresh_per_second=8, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live is not None:
+            self.live.update(self.table())
+            self.live.__exit__(*exc)
+
+    def table(self) -> Table:
+        t = Table(show_header=True, header_style="bold", box=None)
+        t.add_column("host")
+        t.add_column("stage")
+        for name, stage in self.stages.items():
+            style = "red" if stage.startswith("failed") else ("green" if stage in ("ready", "running") else "")
+            t.add_row(name, f"[{style}]{stage}[/]" if style else stage)
+        return t
+
+    def __call__(self, name: str, stage: str) -> None:
+        with self.lock:
+            if self.stages.get(name) == stage:
+                return
+            self.stages[name] = stage
+            if self.live is not None:
+                self.live.update(self.table())
+            else:
+                self.console.print(f"{name}: {stage}", highlight=False)
+
+
+def _open_remote(inv: Inventory, board: Board) -> tuple[dict[str, Host], dict[str, DldError]]:
+    """Connect to every remote host in parallel (the SSH layer bounds concurrency)."""
+    hosts: dict[str, Host] = {}
+    errors: dict[str, DldError] = {}
+
+    def connect(spec: HostSpec) -> None:
+        board(spec.name, "connect")
+        host = provision.open_host(spec, inv.ssh)
+        try:
+            host.home()
+            hosts[spec.name] = host
+        except DldError as exc:
+            errors[spec.name] = exc
+            board(spec.name, f"failed: {exc.line()}")
+            host.close()
+
+    remote = [h for h in inv.hosts if not h.local and (h.learners > 0 or h.name == inv.syncer.host)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(connect, remote))
+    for spec in inv.hosts:
+        if spec.local:
+            hosts[spec.name] = LocalHost(spec.name)
+    return hosts, errors
+
+
+def advertise_address(hosts: dict[str, Host]) -> str:
+    """The address remote learners dial back to this machine: our end of an SSH connection."""
+    for host in hosts.values():
+        local_end = getattr(host, "local_address", None)
+        if callable(local_end):
+            address = local_end()
+            if address:
+                return address
+    return "127.0.0.1"
+
+
+def _check_quorum(inv: Inventory, errors: dict[str, DldError]) -> None:
+    reachable = sum(h.learners for h in inv.hosts if h.name not in errors)
+    if reachable < inv.run.quorum or reachable == 0:
+        lines = "; ".join(e.line() for e in errors.values())
+        raise OperationError(f"only {reachable} learners are on reachable hosts, fewer than quorum {inv.run.quorum}: {lines}",
+                             hint="fix the hosts above (`dldctl check` tells more) or lower [run] quorum")
+
+
+def _provision_all(inv: Inventory, run: RunDir, config: dict[str, Any], hosts: dict[str, Host],
+                   errors: dict[str, DldError], board: Board) -> dict[str, provision.HostRuntime]:
+    needs_wheel = any(not h.local for h in inv.hosts if h.name in hosts)
+    built, digest = wheel.build(rundir.home() / "wheels") if needs_wheel else (Path(), "")
+    by_host = provision.learners_by_host(config)
+    runtimes: dict[str, provision.HostRuntime] = {}
+
+    def one(spec: HostSpec) -> None:
+        try:
+            runtimes[spec.name] = provision.prepare(hosts[spec.name], spec, run, config, built, digest,
+                                                    by_host.get(spec.name, []), board)
+            board(spec.name, "ready")
+        except DldError as exc:
+            errors[spec.name] = exc
+            board(spec.name, f"failed: {exc.line()}")
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(one, [h for h in inv.hosts if h.name in hosts and h.name not in errors]))
+    return runtimes
+
+
+def initial_state(inv: Inventory, run: RunDir, config: dict[str, Any], runtimes: dict[str, provision.HostRuntime],
+                  errors: dict[str, DldError]) -> dict[str, Any]:
+    """Every process pending (the supervisor starts them); unreachable hosts' learners stopped."""
+    syncer_host = inv.syncer.host if inv.syncer.host != "local" else "local"
+    procs = {"syncer": reconcile.new_proc("syncer", syncer_host)}
+    for entry in config["learners"]:
+        proc = reconcile.new_proc("learner", entry["host"])
+        if entry["host"] in errors:
+            proc["status"] = "stopped"
+            proc["reason"] = errors[entry["host"]].line()
+        procs[entry["id"]] = proc
+    hosts = {name: {"runtime": rt.to_dict(), "status": "ok"} for name, rt in runtimes.items()}
+    if "local" not in hosts:
+        hosts["local"] = {"runtime": provision.HostRuntime("local", sys.executable, "", str(run.path), str(run.config)).to_dict(), "status": "ok"}
+    return {"run": inv.run.name, "run_id": config["run_id"], "dir": str(run.path), "status": "starting",
+            "created": time.time(), "procs": procs, "hosts": hosts, "faults": [], "supervisor": None}
+
+
+def start_supervisor(run: RunDir) -> None:
+    ref = LocalHost("local").start([sys.executable, "-m", "dldctl.supervisor", "--run", str(run.path)],
+                                   cwd=str(run.path), log=str(run.supervisor_log))
+    run.record_proc("supervisor", "local", {"pid": ref.pid, "start_ticks": ref.start_ticks})
+    with run.update() as state:
+        state["supervisor"] = {"pid": ref.pid, "start_ticks": ref.start_ticks}
+        state["status"] = "up"
+    run.event("up", "run", f"supervisor pid {ref.pid}")
+
+
+def wait_running(run: RunDir, board: Board, timeout: float) -> list[str]:
+    """Wait until every non-stopped process runs; returns the names still not running."""
+    deadline = time.monotonic() + timeout
+    pending: list[str] = []
+    while time.monotonic() < deadline:
+        state = run.read_state()
+        pending = [n for n, p in state["procs"].items() if p["status"] not in ("running", "stopped", "finished")]
+        for name, proc in state["procs"].items():
+            if proc["status"] == "running":
+                board(name, "running")
+        if not pending:
+            return []
+        time.sleep(0.3)
+    return pending
+
+
+def create_run(inv: Inventory, source: str | None) -> RunDir:
+    run = rundir.create(inv.run.name)
+    (run.path / "inventory.json").write_text(json.dumps(inventory.to_dict(inv), indent=1))
+    if source:
+        shutil.copyfile(source, run.inventory)
+    return run
+
+
+def up(inv: Inventory, source: str | None, console: Console, timeout: float = 180.0) -> RunDir:
+    """Bring a new run up; returns its directory (processes keep running after we return)."""
+    run = create_run(inv, source)
+    console.print(f"run [bold]{run.name}[/] in {run.path}", highlight=False)
+    names = [h.name for h in inv.hosts] + ["syncer"] + [p.id for p in plan.learner_plans(inv)]
+    with Board(console, names) as board:
+        hosts, errors = _open_remote(inv, board)
+        try:
+            _check_quorum(inv, errors)
+            config = plan.write(inv, run, advertise_address(hosts))
+            runtimes = _provision_all(inv, run, config, hosts, errors, board)
+            _check_quorum(inv, errors)
+        finally:
+            for host in hosts.values():
+                host.close()
+        with run.locked():
+            run.write_state(initial_state(inv, run, config, runtimes, errors))
+        start_supervisor(run)
+        missing = wait_running(run, board, timeout)
+    if missing:
+        console.print(f"[yellow]still starting after {timeout:.0f} s: {', '.join(missing)}[/] "
+                      f"(the supervisor keeps trying; `dldctl logs <target>` shows why)")
+    for name, exc in errors.items():
+        console.print(f"[red]left out host {name}:[/] {exc.line()}", highlight=False)
+    return run

@@ -1,0 +1,365 @@
+"""What `dldctl status` shows: the live full-screen view and the plain `--once` snapshot.
+
+Both are pure functions of one snapshot (the `dldctl status --json` schema, see
+ARCHITECTURE.md) and an injected `now`; the live view also takes a `History` of earlier snapshots
+for its sparklines. Nothing here reads a clock, a socket or a file, so the view is tested by
+rendering recorded snapshots to a capture console. A snapshot from a partial source may lack any
+field: it renders as "-" instead of raising; a dead syncer is said loudly, not failed on.
+
+    history = History()
+    history.add(snapshot)                                 # once per new snapshot
+    live.update(render_live(snapshot, history, now))      # rich.live.Live(screen=True)
+    Console().print(render_plain(snapshot, now))          # --once: no screen control
+
+The panels and formatting helpers live in `dldctl.view_panels`; the ones callers need are
+re-exported here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.layout import Layout
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from dldctl.view_panels import (
+    STATE_STYLES,
+    bandwidth_panel,
+    dicts,
+    dig,
+    event_table,
+    events_panel,
+    fmt_bytes,
+    fmt_count,
+    fmt_duration,
+    fmt_float,
+    fmt_int,
+    fmt_pct,
+    fmt_rate,
+    goodput_panel,
+    goodput_style,
+    header_notes,
+    header_panel,
+    live_age,
+    loss_panel,
+    num,
+    pick_learners,
+    section,
+    quorum_colour,
+    quorum_label,
+    quorum_panel,
+    sparkline,
+    state_style,
+    syncer_alive,
+    text_of,
+    throughput_panel,
+)
+
+__all__ = [
+    "History", "render_live", "render_plain", "learners_table", "sparkline", "fmt_bytes",
+    "fmt_count", "fmt_rate", "fmt_duration", "fmt_pct", "state_style", "quorum_colour",
+    "quorum_label", "goodput_style", "STATE_STYLES",
+]
+
+SERIES = ("goodput", "goodput_window", "tokens_per_s", "up_per_s", "down_per_s", "bytes_per_s",
+          "loss_train", "loss_eval", "quorum_live", "contributors")
+
+
+class History:
+    """Bounded series of earlier snapshots' numbers, for sparklines (a plain data structure).
+
+    Holds the last `maxlen` values of each name in SERIES and of each learner's tokens/s. Adding
+    the same snapshot twice (same `now`) is a no-op, so a loop may poll faster than snapshots
+    change; a learner that leaves the snapshot's list loses its series. Bytes/s missing from a
+    snapshot are derived from the byte counters of successive snapshots.
+    """
+
+    def __init__(self, maxlen: int = 120) -> None:
+        if maxlen < 1:
+            raise ValueError(f"History maxlen must be at least 1, got {maxlen}")
+        self.maxlen = maxlen
+        self._series: dict[str, deque] = {name: deque(maxlen=maxlen) for name in SERIES}
+        self._learners: dict[str, deque] = {}
+        self._last_now: float | None = None
+        self._last_bytes: tuple[float | None, float | None] = (None, None)
+
+    def add(self, snapshot: dict) -> None:
+        """Append this snapshot's values (None where it has none)."""
+        if not isinstance(snapshot, dict):
+            return
+        taken = num(snapshot.get("now"))
+        if taken is not None and taken == self._last_now:
+            return
+        values = self._values(snapshot)
+        self._derive_rates(snapshot, values, taken)
+        self._last_now = taken
+        for name, value in values.items():
+            self._series[name].append(value)
+        self._add_learners(snapshot.get("learners"))
+
+    @staticmethod
+    def _values(snapshot: dict) -> dict[str, float | None]:
+        up, down = num(dig(snapshot, "bytes", "up_per_s")), num(dig(snapshot, "bytes", "down_per_s"))
+        return {
+            "goodput": num(snapshot.get("goodput")),
+            "goodput_window": num(snapshot.get("goodput_window")),
+            "tokens_per_s": num(dig(snapshot, "tokens", "per_s")),
+            "up_per_s": up,
+            "down_per_s": down,
+            "bytes_per_s": None if up is None and down is None else (up or 0.0) + (down or 0.0),
+            "loss_train": num(dig(snapshot, "loss", "train")),
+            "loss_eval": num(dig(snapshot, "loss", "eval")),
+            "quorum_live": num(dig(snapshot, "quorum", "live")),
+            "contributors": num(dig(snapshot, "quorum", "last_round_contributors")),
+        }
+
+    def _derive_rates(self, snapshot: dict, values: dict[str, float | None], taken: float | None) -> None:
+        totals = (num(dig(snapshot, "bytes", "up")), num(dig(snapshot, "bytes", "down")))
+        dt = taken - self._last_now if taken is not None and self._last_now is not None else None
+        for name, total, before in zip(("up_per_s", "down_per_s"), totals, self._last_bytes):
+            if values[name] is None and dt and dt > 0 and total is not None and before is not None \
+                    and total >= before:
+                values[name] = (total - before) / dt
+        up, down = values["up_per_s"], values["down_per_s"]
+        values["bytes_per_s"] = None if up is None and down is None else (up or 0.0) + (down or 0.0)
+        self._last_bytes = totals
+
+    def latest(self, name: str) -> float | None:
+        """The newest value of a series (None if empty)."""
+        series = self._series.get(name)
+        return series[-1] if series else None
+
+    def _add_learners(self, learners: Any) -> None:
+        if not isinstance(learners, list):
+            return
+        seen = set()
+        for learner in dicts(learners):
+            if learner.get("id") is None:
+                continue
+            key = str(learner["id"])
+            seen.add(key)
+            self._learners.setdefault(key, deque(maxlen=self.maxlen)).append(num(learner.get("tokens_per_s")))
+        for gone in set(self._learners) - seen:
+            del self._learners[gone]
+
+    def get(self, name: str) -> list[float | None]:
+        """One series, oldest first (empty for an unknown name)."""
+        return list(self._series.get(name, ()))
+
+    def learner(self, learner_id: str) -> list[float | None]:
+        """One learner's tokens/s, oldest first."""
+        return list(self._learners.get(str(learner_id), ()))
+
+    def learner_ids(self) -> list[str]:
+        """Learners that have a series."""
+        return list(self._learners)
+
+    def __len__(self) -> int:
+        return len(self._series["goodput"])
+
+
+# ---------------------------------------------------------------- learners table
+
+
+# (header, column options, the least compact level that still shows it: 0 full, 1 medium, 2 narrow)
+LEARNER_COLUMNS: tuple[tuple[str, dict, int], ...] = (
+    ("learner", {"no_wrap": True}, 2),
+    ("host", {"no_wrap": True, "overflow": "ellipsis", "max_width": 16}, 1),
+    ("device", {"no_wrap": True, "overflow": "ellipsis", "max_width": 8}, 0),
+    ("state", {"no_wrap": True}, 2),
+    ("step", {"justify": "right", "no_wrap": True}, 2),
+    ("tok/s", {"justify": "right", "no_wrap": True}, 2),
+    ("trend", {"no_wrap": True, "width": 10}, 0),
+    ("weight", {"justify": "right", "no_wrap": True}, 1),
+    ("rst", {"justify": "right", "no_wrap": True}, 2),
+    ("hb", {"justify": "right", "no_wrap": True}, 2),
+)
+
+
+def _learner_cells(learner: dict, snapshot: dict, now: float, history: History | None) -> dict[str, Any]:
+    state = text_of(learner.get("state"))
+    straggler = learner.get("straggler") is True
+    id_style = "bold yellow" if straggler else ""
+    if state in ("partitioned", "dead"):
+        id_style = "bold " + state_style(state)
+    age = live_age(snapshot, learner.get("heartbeat_age_s"), now)
+    age_style = "dim" if age is None else "red" if age >= 10 else "yellow" if age >= 3 else ""
+    weight, restarts = num(learner.get("weight")), num(learner.get("restarts"))
+    trend = sparkline(history.learner(text_of(learner.get("id"))), 10, lo=0.0) if history is not None else ""
+    return {
+        "learner": Text(text_of(learner.get("id")) + ("*" if straggler else ""), id_style),
+        "host": text_of(learner.get("host")),
+        "device": text_of(learner.get("device")),
+        "state": Text(state, state_style(state)),
+        "step": fmt_int(learner.get("step")),
+        "tok/s": fmt_count(learner.get("tokens_per_s")),
+        "trend": Text(trend, "cyan"),
+        "weight": f"{100 * weight:.0f}%" if weight is not None else "-",
+        "rst": Text(fmt_int(restarts), "yellow" if restarts else ""),
+        "hb": Text(fmt_duration(age), age_style),
+    }
+
+
+def learners_table(snapshot: dict, now: float, history: History | None = None,
+                   rows: int | None = None, compact: int = 0, expand: bool = True) -> Table:
+    """One row per learner (at most `rows`, troubled learners kept first); stragglers marked `*`.
+    `compact` 1 leaves out device and trend, 2 also host and weight; without a history no trend."""
+    learners = dicts(snapshot.get("learners"))
+    shown = learners
+    if rows is not None and len(learners) > rows:
+        shown = pick_learners(learners, max(0, rows - 1))
+    columns = [(name, options) for name, options, level in LEARNER_COLUMNS
+               if compact <= level and not (name == "trend" and history is None)]
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=expand, padding=(0, 1))
+    for name, options in columns:
+        table.add_column(name, **options)
+    for learner in shown:
+        cells = _learner_cells(learner, snapshot, now, history)
+        loud = learner.get("straggler") is True or learner.get("state") == "partitioned"
+        table.add_row(*(cells[name] for name, _ in columns), style="bold" if loud else None)
+    if len(shown) < len(learners):
+        table.add_row(Text(f"… +{len(learners) - len(shown)} more", "dim"))
+    return table
+
+
+def learners_panel(snapshot: dict, history: History, now: float, rows: int | None, compact: int) -> Panel:
+    """The learners table in a panel titled with how many run."""
+    learners = dicts(snapshot.get("learners"))
+    running = sum(1 for learner in learners if learner.get("state") == "running")
+    body: RenderableType = learners_table(snapshot, now, history, rows, compact) if learners \
+        else Text("no learners reported", "dim")
+    stragglers = any(learner.get("straggler") is True for learner in learners)
+    return Panel(body, title=f"[bold]learners[/] {running}/{len(learners)} running", title_align="left",
+                 subtitle="[yellow]* straggler[/]" if stragglers else None, subtitle_align="right",
+                 border_style="blue", box=box.ROUNDED, padding=(0, 1))
+
+
+# ---------------------------------------------------------------- the live layout
+
+
+def plan_sections(height: int, learner_count: int) -> dict[str, int]:
+    """Rows per section for a screen `height` rows high, in order of importance: header, quorum
+    row, learners, throughput row, events. What does not fit is left out."""
+    budget, plan = height, {}
+    for name, want in (("header", 3), ("row1", 5), ("learners", learner_count + 4), ("row2", 5), ("events", 3)):
+        if name == "learners":  # leave room for row2 and a few events unless the learners need it
+            want = learner_count + 4 if learner_count else 3
+            spare = budget - 9
+            want = min(want, spare if spare >= min(want, 8) else budget)
+        if want > budget or want < 3:
+            continue
+        plan[name] = want
+        budget -= want
+    if plan and budget > 0:
+        last = "events" if "events" in plan else "learners" if "learners" in plan else next(iter(plan))
+        plan[last] += budget
+    return plan
+
+
+def build_layout(snapshot: dict, history: History, now: float, width: int, height: int) -> Layout:
+    """The live view's layout for a screen of `width` x `height`."""
+    plan = plan_sections(height, len(dicts(snapshot.get("learners"))))
+    narrow = width < 72
+    sections = []
+    for name in ("header", "row1", "row2", "learners", "events"):
+        if name not in plan:
+            continue
+        region = Layout(name=name, size=plan[name])
+        if name == "header":
+            region.update(header_panel(snapshot, now, compact=width < 90))
+        elif name == "row1":
+            panels = [quorum_panel(snapshot), goodput_panel(snapshot, history)]
+            region.split_row(*(Layout(p) for p in panels + ([] if narrow else [loss_panel(snapshot, history)])))
+        elif name == "row2":
+            panels = [throughput_panel(snapshot, history)] + ([] if narrow else [bandwidth_panel(snapshot, history)])
+            region.split_row(*(Layout(p) for p in panels))
+        elif name == "learners":
+            compact = 2 if narrow else 1 if width < 90 else 0
+            region.update(learners_panel(snapshot, history, now, plan[name] - 4, compact))
+        else:
+            region.update(events_panel(snapshot, now))
+        sections.append(region)
+    root = Layout(name="screen")
+    root.split_column(*sections) if sections else root.update(Text(""))
+    return root
+
+
+class LiveView:
+    """Renders `build_layout` for whatever size it is given, so the view fits any terminal."""
+
+    def __init__(self, snapshot: dict, history: History, now: float) -> None:
+        self.snapshot, self.history, self.now = snapshot, history, now
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        height = options.height or console.height
+        yield build_layout(self.snapshot, self.history, self.now, options.max_width, height)
+
+
+def render_live(snapshot: dict, history: History, now: float) -> Layout:
+    """The full-screen view: header, quorum, goodput, loss, throughput, bandwidth, learners, events."""
+    return Layout(LiveView(snapshot if isinstance(snapshot, dict) else {}, history, now), name="root")
+
+
+# ---------------------------------------------------------------- the plain snapshot
+
+
+def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
+    s, q, t, b = (section(snapshot, key) for key in ("syncer", "quorum", "tokens", "bytes"))
+    if syncer_alive(snapshot):
+        syncer = (f"alive  {text_of(s.get('address'))}  pid {fmt_int(s.get('pid'))}  epoch {fmt_int(s.get('epoch'))}"
+                  f"  restarts {fmt_int(s.get('restarts'))}  fragments {fmt_int(s.get('fragments'))}")
+    else:
+        syncer = f"SYNCER DOWN  {text_of(s.get('address'))}  restarts {fmt_int(s.get('restarts'))}"
+    recent = q.get("recent_contributors") if isinstance(q.get("recent_contributors"), list) else []
+    up, down, ddp = num(b.get("up")), num(b.get("down")), num(b.get("ddp_equivalent"))
+    moved = (up or 0.0) + (down or 0.0)
+    times = f" ({ddp / moved:,.0f}x ours)" if ddp is not None and moved else ""
+    ratio = num(b.get("compression_ratio")) or None
+    uptime = live_age(snapshot, snapshot.get("uptime_s"), now)
+    loss = section(snapshot, "loss")
+    return [
+        ("run", f"{text_of(snapshot.get('run'))}  up {fmt_duration(uptime)}"),
+        ("syncer", syncer),
+        ("outer", f"steps {fmt_int(s.get('outer_steps'))}  checkpoint {fmt_int(s.get('checkpoint_outer_step'))}"),
+        ("quorum", f"{quorum_label(snapshot)}  live {fmt_int(q.get('live'))}/{fmt_int(q.get('total'))}"
+                   f"  min {fmt_int(q.get('min'))}  last round {fmt_int(q.get('last_round_contributors'))}"
+                   f"  recent [{' '.join(fmt_int(v) for v in recent[-10:])}]"
+                   f"  grace {fmt_float(q.get('grace_used_s'), 2)}/{fmt_float(q.get('grace_window_s'), 2)}s"
+                   f"  open rounds {fmt_int(q.get('open_rounds'))}"),
+        ("goodput", f"{fmt_pct(snapshot.get('goodput'))} run  {fmt_pct(snapshot.get('goodput_window'))} last 60s"),
+        ("tokens", f"{fmt_rate(t.get('per_s'), 'tok')}  trained {fmt_count(t.get('trained'))}"
+                   f"  merged {fmt_count(t.get('merged'))}"),
+        ("bytes", f"up {fmt_bytes(up)} ({fmt_rate(b.get('up_per_s'))})  down {fmt_bytes(down)}"
+                  f" ({fmt_rate(b.get('down_per_s'))})  compression {f'{ratio:.1f}x' if ratio is not None else '-'}"
+                  f"  data-parallel equivalent {fmt_bytes(ddp)}{times}"),
+        ("loss", f"train {fmt_float(loss.get('train'))}  eval {fmt_float(loss.get('eval'))}"),
+    ]
+
+
+def render_plain(snapshot: dict, now: float, max_events: int = 10) -> RenderableType:
+    """`dldctl status --once`: key lines, the learners table and the last events, no screen control
+    (print on any Console; it colours only when that console is a terminal)."""
+    snapshot = snapshot if isinstance(snapshot, dict) else {}
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    for key, value in _plain_rows(snapshot, now):
+        style = "red" if (key == "syncer" and not syncer_alive(snapshot)) or \
+            (key == "quorum" and quorum_colour(snapshot) == "red") else ""
+        grid.add_row(key, Text(value, style))
+    notes = header_notes(snapshot, now)
+    if notes.plain.strip():
+        grid.add_row("notes", notes[1:])
+    learners = dicts(snapshot.get("learners"))
+    events = dicts(snapshot.get("events"))[-max_events:] if max_events > 0 else []
+    return Group(
+        grid, Text(""),
+        learners_table(snapshot, now, expand=False) if learners else Text("no learners reported", "dim"), Text(""),
+        Text(f"last {len(events)} events (newest last)", "bold"),
+        event_table(events, now) if events else Text("no events yet", "dim"),
+    )

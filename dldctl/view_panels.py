@@ -1,0 +1,455 @@
+"""Building blocks of the status view: safe field access, number formatting, colours, sparklines,
+and one function per panel of the live view (header, quorum, goodput, throughput, bandwidth, loss,
+learners, events).
+
+Everything here is a pure function of a snapshot dict (the `dldctl status --json` schema), the
+series kept by `dldctl.view.History`, and an injected `now`; nothing reads a clock or does I/O.
+A snapshot from an older or partial source may lack any field or hold null where a number is
+expected: every accessor here answers None for that and every formatter renders None as "-".
+`dldctl.view` is the public face and re-exports the helpers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Sequence
+
+from rich import box
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from dldctl.view import History
+
+BLOCKS = "▁▂▃▄▅▆▇█"
+DASH = "-"
+
+STATE_STYLES = {
+    "running": "green",
+    "slow": "yellow",
+    "paused": "yellow",
+    "joining": "yellow",
+    "starting": "yellow",
+    "partitioned": "bold magenta",
+    "dead": "bold red",
+    "restarting": "cyan",
+    "stopped": "dim",
+}
+
+EVENT_STYLES = {
+    "join": "green", "quorum_regained": "green", "syncer_start": "green",
+    "death": "bold red", "syncer_death": "bold red", "quorum_lost": "bold red",
+    "host_unreachable": "red", "fault_inject": "magenta", "fault_undo": "cyan",
+    "restart": "cyan", "resync": "cyan", "checkpoint": "blue", "reject": "yellow", "leave": "dim",
+}
+
+# ---------------------------------------------------------------- safe access and formatting
+
+
+def dig(data: Any, *keys: str) -> Any:
+    """`data[k1][k2]...`, or None as soon as a level is missing or not a dict."""
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def num(value: Any) -> float | None:
+    """A finite number as float, else None (bools, strings, NaN and inf are not numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def section(snapshot: Any, key: str) -> dict:
+    """A sub-object of the snapshot (`syncer`, `quorum`, ...), {} when missing or malformed."""
+    value = dig(snapshot, key)
+    return value if isinstance(value, dict) else {}
+
+
+def text_of(value: Any) -> str:
+    """A string field for display: "-" for None or empty."""
+    return DASH if value is None or value == "" else str(value)
+
+
+def dicts(value: Any) -> list[dict]:
+    """The dict items of a list field (a missing field or stray entries are skipped)."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _scaled(value: float, units: Sequence[str], base: float) -> str:
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    for unit in units[:-1]:
+        if value < base:
+            return f"{sign}{value:.0f}{unit}" if unit in ("", " B") else f"{sign}{value:.1f}{unit}"
+        value /= base
+    return f"{sign}{value:.1f}{units[-1]}"
+
+
+def fmt_bytes(value: Any) -> str:
+    """Bytes in decimal units: 512 B, 41.2 MB, 12.1 GB; "-" for None."""
+    v = num(value)
+    return DASH if v is None else _scaled(v, (" B", " kB", " MB", " GB", " TB", " PB"), 1000.0)
+
+
+def fmt_count(value: Any) -> str:
+    """A count with an SI suffix: 950, 12.3k, 1.2M; "-" for None."""
+    v = num(value)
+    return DASH if v is None else _scaled(v, ("", "k", "M", "G", "T"), 1000.0)
+
+
+def fmt_rate(value: Any, unit: str = "B") -> str:
+    """A per-second rate: bytes as "420.0 kB/s", anything else as "12.3k tok/s"."""
+    if num(value) is None:
+        return DASH
+    return f"{fmt_bytes(value)}/s" if unit == "B" else f"{fmt_count(value)} {unit}/s"
+
+
+def fmt_duration(seconds: Any) -> str:
+    """A duration for humans: 0.4s, 45s, 3m05s, 1h02m, 2d03h; "-" for None; negatives count as 0."""
+    s = num(seconds)
+    if s is None:
+        return DASH
+    s = max(0.0, s)
+    if s < 10:
+        return f"{s:.1f}s"
+    whole = int(s)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def fmt_pct(value: Any) -> str:
+    """A 0..1 fraction as a percentage with one decimal: 87.3%; "-" for None."""
+    v = num(value)
+    return DASH if v is None else f"{100.0 * v:.1f}%"
+
+
+def fmt_float(value: Any, digits: int = 3) -> str:
+    """A float with fixed decimals, "-" for None."""
+    v = num(value)
+    return DASH if v is None else f"{v:.{digits}f}"
+
+
+def fmt_int(value: Any) -> str:
+    """An integer as is, "-" for None."""
+    v = num(value)
+    return DASH if v is None else str(int(v))
+
+
+# ---------------------------------------------------------------- colours
+
+
+def state_style(state: Any) -> str:
+    """The colour of a learner state (unknown states are plain)."""
+    return STATE_STYLES.get(str(state), "")
+
+
+def goodput_style(value: Any) -> str:
+    """Green from 80 %, yellow from 50 %, red below; dim when unknown."""
+    v = num(value)
+    if v is None:
+        return "dim"
+    return "green" if v >= 0.8 else "yellow" if v >= 0.5 else "red"
+
+
+def syncer_alive(snapshot: dict) -> bool:
+    """Whether the snapshot says the syncer answered (a missing flag counts as down)."""
+    return dig(snapshot, "syncer", "alive") is True
+
+
+def quorum_colour(snapshot: dict) -> str:
+    """green: live >= min and the last round had every live learner (and at least min);
+    yellow: live >= min but the grace window ran to its end or some live learner was left out;
+    red: live < min, below_quorum, or the syncer is down."""
+    q = section(snapshot, "quorum")
+    live, minimum = num(dig(q, "live")), num(dig(q, "min"))
+    if not syncer_alive(snapshot) or dig(q, "below_quorum") is True:
+        return "red"
+    if live is None or minimum is None:
+        return "yellow"
+    if live < minimum:
+        return "red"
+    last = num(dig(q, "last_round_contributors"))
+    window, used = num(dig(q, "grace_window_s")), num(dig(q, "grace_used_s"))
+    grace_full = window is not None and used is not None and window > 0 and used >= 0.999 * window
+    if last is None or last < minimum or last < live or grace_full:
+        return "yellow"
+    return "green"
+
+
+def quorum_label(snapshot: dict) -> str:
+    """One word for the quorum's health, matching `quorum_colour`."""
+    if not syncer_alive(snapshot):
+        return "syncer down"
+    colour = quorum_colour(snapshot)
+    q = section(snapshot, "quorum")
+    if colour == "yellow" and not q.get("recent_contributors") and not num(q.get("last_round_contributors")):
+        return "NO ROUNDS YET"
+    return {"green": "OK", "yellow": "DEGRADED", "red": "BELOW QUORUM"}[colour]
+
+
+# ---------------------------------------------------------------- sparklines
+
+
+def sparkline(values: Sequence[Any], width: int, lo: float | None = None, hi: float | None = None) -> str:
+    """The last `width` values as unicode blocks ▁..█ (one per value, at most `width` chars).
+
+    The scale is min..max of what is shown unless `lo`/`hi` fix it; a constant series draws
+    mid-height blocks; None, NaN and inf draw a space.
+    """
+    if width <= 0:
+        return ""
+    shown = [num(v) for v in list(values)[-width:]]
+    real = [v for v in shown if v is not None]
+    if not real:
+        return " " * len(shown)
+    bottom = min(real) if lo is None else lo
+    top = max(real) if hi is None else hi
+    span = top - bottom
+    out = []
+    for v in shown:
+        if v is None:
+            out.append(" ")
+        elif span <= 0:
+            out.append(BLOCKS[3] if lo is None and hi is None else BLOCKS[0 if v <= bottom else -1])
+        else:
+            frac = min(1.0, max(0.0, (v - bottom) / span))
+            out.append(BLOCKS[min(len(BLOCKS) - 1, int(frac * (len(BLOCKS) - 1) + 0.5))])
+    return "".join(out)
+
+
+class Spark:
+    """A one-line renderable: `prefix` + a sparkline as wide as the space left + `suffix`."""
+
+    def __init__(self, prefix: Text | str, values: Sequence[Any], suffix: Text | str = "", *,
+                 lo: float | None = None, hi: float | None = None, style: str = "cyan") -> None:
+        self.prefix, self.suffix = Text(prefix) if isinstance(prefix, str) else prefix, suffix
+        self.values, self.lo, self.hi, self.style = values, lo, hi, style
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        suffix = Text(self.suffix) if isinstance(self.suffix, str) else self.suffix
+        room = options.max_width - self.prefix.cell_len - suffix.cell_len
+        line = Text.assemble(self.prefix, (sparkline(self.values, room, self.lo, self.hi), self.style),
+                             suffix, no_wrap=True, overflow="ellipsis")
+        yield line
+
+
+def line(*parts: str | tuple[str, str] | Text) -> Text:
+    """One non-wrapping line of styled parts (an ellipsis where it does not fit)."""
+    return Text.assemble(*parts, no_wrap=True, overflow="ellipsis")
+
+
+def lines(*rows: RenderableType) -> Table:
+    """Stack one-line renderables (a grid, so each row keeps its own overflow)."""
+    grid = Table.grid(expand=True)
+    grid.add_column(no_wrap=True, overflow="ellipsis")
+    for row in rows:
+        grid.add_row(row)
+    return grid
+
+
+def titled(title: str | Text, body: RenderableType, border: str = "blue") -> Panel:
+    """A panel with the project's look."""
+    return Panel(body, title=Text(title, "bold") if isinstance(title, str) else title, title_align="left",
+                 border_style=border, box=box.ROUNDED, padding=(0, 1))
+
+
+def live_age(snapshot: dict, age: Any, now: float) -> float | None:
+    """An age recorded in the snapshot, advanced to `now` (ages grow while a snapshot is shown)."""
+    a = num(age)
+    if a is None:
+        return None
+    taken = num(snapshot.get("now"))
+    return a + max(0.0, now - taken) if taken is not None else a
+
+
+def pick_learners(learners: list[dict], room: int) -> list[dict]:
+    """At most `room` learners, the troubled ones (not running, or stragglers) first, in id order."""
+    if len(learners) <= room:
+        return learners
+
+    def trouble(item: tuple[int, dict]) -> int:
+        return 0 if item[1].get("state") not in ("running", None) or item[1].get("straggler") else 1
+
+    kept = sorted(sorted(enumerate(learners), key=trouble)[:max(0, room)], key=lambda i: i[0])
+    return [learner for _, learner in kept]
+
+
+
+# ---------------------------------------------------------------- panels of the live view
+
+SEP = (" │ ", "dim")
+
+
+def short_id(learner_id: Any) -> str:
+    """`learner-3` -> `#3` for tight spaces; other names unchanged."""
+    name = text_of(learner_id)
+    return "#" + name[len("learner-"):] if name.startswith("learner-") else name
+
+
+def header_notes(snapshot: dict, now: float) -> Text:
+    """The header's second voice (its subtitle): warnings an operator should not miss."""
+    notes: list[tuple[str, str]] = []
+    if not syncer_alive(snapshot):
+        notes.append(("learners keep training; merges resume when the syncer is back", "red"))
+    taken = num(snapshot.get("now"))
+    if taken is not None and now - taken > 5:
+        notes.append((f"snapshot {fmt_duration(now - taken)} old", "yellow"))
+    if snapshot.get("insecure") is True:
+        notes.append(("INSECURE: no CURVE", "bold yellow"))
+    rejected = dig(snapshot, "syncer", "rejected")
+    total = sum(v for v in rejected.values() if num(v)) if isinstance(rejected, dict) else 0
+    if total:
+        notes.append((f"rejected {int(total)}", "yellow"))
+    dropped = num(dig(snapshot, "syncer", "dropped_sends"))
+    if dropped:
+        notes.append((f"dropped sends {int(dropped)}", "yellow"))
+    out = Text()
+    for i, note in enumerate(notes):
+        out.append_text(Text(" · " if i else " ", "dim"))
+        out.append(*note)
+    return out.append(" ") if notes else out
+
+
+def header_panel(snapshot: dict, now: float, compact: bool = False) -> Panel:
+    """Run, uptime, syncer health, outer steps, checkpoint (`compact`: leave out pid and epoch)."""
+    s = section(snapshot, "syncer")
+    uptime = live_age(snapshot, snapshot.get("uptime_s"), now)
+    parts: list[Any] = [("up ", "dim"), (fmt_duration(uptime), "bold"), SEP]
+    if syncer_alive(snapshot):
+        parts += [("● ", "green"), "syncer ", text_of(s.get("address"))]
+        if not compact:
+            parts += [(" pid ", "dim"), fmt_int(s.get("pid")), (" epoch ", "dim"), fmt_int(s.get("epoch"))]
+    else:
+        parts += [(" SYNCER DOWN ", "bold white on red"), " ", text_of(s.get("address"))]
+    if num(s.get("restarts")):
+        parts += [(" restarts ", "dim"), (fmt_int(s.get("restarts")), "yellow")]
+    parts += [SEP, ("outer ", "dim"), (fmt_int(s.get("outer_steps")), "bold"),
+              SEP, ("ckpt ", "dim"), fmt_int(s.get("checkpoint_outer_step")),
+              SEP, fmt_int(s.get("fragments")), (" fragments", "dim")]
+    border = "green" if syncer_alive(snapshot) else "red"
+    return Panel(line(*parts), title=Text.assemble(" dldctl ", (text_of(snapshot.get("run")), "bold"), " "),
+                 title_align="left", subtitle=header_notes(snapshot, now) or None,
+                 subtitle_align="right", border_style=border, box=box.HEAVY if border == "red" else box.ROUNDED)
+
+
+def quorum_panel(snapshot: dict, recent: Sequence[Any] | None = None) -> Panel:
+    """Live/total/minimum, contributors of recent rounds, grace used, coloured by health."""
+    q = section(snapshot, "quorum")
+    colour, label = quorum_colour(snapshot), quorum_label(snapshot)
+    live, total, minimum = num(q.get("live")), num(q.get("total")), num(q.get("min"))
+    if recent is None:
+        recent = q.get("recent_contributors") if isinstance(q.get("recent_contributors"), list) else []
+    top = total if total else max([v for v in map(num, recent) if v is not None], default=None)
+    first = line(("live ", "dim"), (f"{fmt_int(live)}/{fmt_int(total)}", f"bold {colour}"),
+                 ("  min ", "dim"), fmt_int(minimum))
+    rounds = Spark(Text("rounds ", "dim"), recent, Text.assemble((" last ", "dim"),
+                   fmt_int(q.get("last_round_contributors"))), lo=0.0, hi=top, style=colour)
+    if colour == "red" and syncer_alive(snapshot):
+        missing = fmt_int(minimum - live) if minimum is not None and live is not None else DASH
+        third = line((f"{fmt_int(q.get('open_rounds'))} rounds open, need {missing} more", "red"))
+    else:
+        grace = f"{fmt_float(q.get('grace_used_s'), 2)}/{fmt_float(q.get('grace_window_s'), 2)}s"
+        third = line(("grace ", "dim"), grace, ("  open ", "dim"), fmt_int(q.get("open_rounds")))
+    title = Text.assemble(("quorum ", "bold"), (f"● {label}", f"bold {colour}"))
+    return titled(title, lines(first, rounds, third), border=colour)
+
+
+def goodput_panel(snapshot: dict, history: "History") -> Panel:
+    """Goodput of the whole run and of the last minute, with their history."""
+    whole, window = snapshot.get("goodput"), snapshot.get("goodput_window")
+    first = line((fmt_pct(whole), f"bold {goodput_style(whole)}"), (" run  ", "dim"),
+                 (fmt_pct(window), goodput_style(window)), (" last 60s", "dim"))
+    return titled("goodput", lines(
+        first,
+        Spark(Text("run ", "dim"), history.get("goodput"), lo=0.0, hi=1.0, style=goodput_style(whole)),
+        Spark(Text("60s ", "dim"), history.get("goodput_window"), lo=0.0, hi=1.0, style=goodput_style(window)),
+    ), border=goodput_style(whole) if num(whole) is not None else "blue")
+
+
+def loss_panel(snapshot: dict, history: "History") -> Panel:
+    """Train and eval loss with their history and best values."""
+    train, evals = history.get("loss_train"), history.get("loss_eval")
+
+    def best(values: Sequence[Any]) -> str:
+        return fmt_float(min((v for v in map(num, values) if v is not None), default=None))
+
+    return titled("loss", lines(
+        Spark(Text.assemble(("train ", "dim"), (fmt_float(dig(snapshot, "loss", "train")), "bold"), " "), train),
+        Spark(Text.assemble(("eval  ", "dim"), (fmt_float(dig(snapshot, "loss", "eval")), "bold"), " "), evals,
+              style="magenta"),
+        line(("best ", "dim"), best(train), (" / ", "dim"), best(evals)),
+    ))
+
+
+def throughput_panel(snapshot: dict, history: "History") -> Panel:
+    """Tokens/s of the fleet with its history, tokens trained and merged, tokens/s per learner."""
+    t = section(snapshot, "tokens")
+    trained, merged = num(t.get("trained")), num(t.get("merged"))
+    share = f" ({fmt_pct(merged / trained)})" if trained and merged is not None else ""
+    first = line((fmt_rate(t.get("per_s"), "tok"), "bold"), ("  trained ", "dim"), fmt_count(trained),
+                 ("  merged ", "dim"), fmt_count(merged), share)
+    per: list[Any] = []
+    for learner in dicts(snapshot.get("learners")):
+        per += [(short_id(learner.get("id")) + " ", state_style(learner.get("state")) or "dim"),
+                fmt_count(learner.get("tokens_per_s")), "  "]
+    return titled("throughput", lines(first, Spark("", history.get("tokens_per_s"), lo=0.0), line(*per)))
+
+
+def bandwidth_panel(snapshot: dict, history: "History") -> Panel:
+    """Bytes up and down per second, compression ratio, and data-parallel's traffic for the same work."""
+    b = section(snapshot, "bytes")
+    ratio = num(b.get("compression_ratio"))
+    ratio = ratio if ratio else None  # 0 means nothing pushed yet
+    up_s, down_s = (b.get(k) if num(b.get(k)) is not None else history.latest(k) for k in ("up_per_s", "down_per_s"))
+    first = line(("↑ ", "dim"), (fmt_rate(up_s), "bold"), ("  ↓ ", "dim"), (fmt_rate(down_s), "bold"),
+                 ("  compression ", "dim"), f"{ratio:.1f}x" if ratio is not None else DASH)
+    up, down, ddp = num(b.get("up")), num(b.get("down")), num(b.get("ddp_equivalent"))
+    moved = (up or 0.0) + (down or 0.0) if up is not None or down is not None else None
+    times = f" ({ddp / moved:,.0f}x)" if ddp is not None and moved else ""
+    third = line(("data-parallel ", "dim"), (fmt_bytes(ddp), "yellow"), (" vs ", "dim"),
+                 (fmt_bytes(moved), "green"), times)
+    return titled("bandwidth", lines(first, Spark("", history.get("bytes_per_s"), lo=0.0, style="green"), third))
+
+
+class EventTail:
+    """The newest events that fit the height it is given (newest last, ages from `now`)."""
+
+    def __init__(self, events: list[dict], now: float, default_rows: int = 10) -> None:
+        self.events, self.now, self.default_rows = events, now, default_rows
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        rows = options.height or self.default_rows
+        if not self.events:
+            yield Text("no events yet", "dim")
+            return
+        yield event_table(self.events[-rows:], self.now)
+
+
+def event_table(events: list[dict], now: float) -> Table:
+    """Events as aligned rows: age, kind, target, detail."""
+    grid = Table.grid(padding=(0, 1), expand=True)
+    grid.add_column(justify="right", no_wrap=True, width=10)
+    grid.add_column(no_wrap=True, width=15, overflow="ellipsis")
+    grid.add_column(no_wrap=True, max_width=12, overflow="ellipsis")
+    grid.add_column(no_wrap=True, ratio=1, overflow="ellipsis")
+    for event in events:
+        t, kind = num(event.get("t")), text_of(event.get("kind"))
+        age = f"{fmt_duration(now - t)} ago" if t is not None else DASH
+        grid.add_row(Text(age, "dim"), Text(kind, EVENT_STYLES.get(kind, "")),
+                     text_of(event.get("target")), Text(text_of(event.get("detail")), "dim"))
+    return grid
+
+
+def events_panel(snapshot: dict, now: float) -> Panel:
+    """The event log: joins, deaths, restarts, chaos faults, quorum changes."""
+    return titled("events", EventTail(dicts(snapshot.get("events")), now))
