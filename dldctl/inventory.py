@@ -33,7 +33,7 @@ class SSHSpec:
 
     user: str = ""                      # "" = from ~/.ssh/config or the local user
     identity_file: str = ""             # "" = the SSH agent / ~/.ssh/config
-    port: int = 22
+    port: int = 0                       # 0 = from ~/.ssh/config, else 22
     known_hosts: str = "~/.ssh/known_hosts"
     host_key_policy: str = "strict"     # strict | accept-new
     proxy_jump: str = ""                # "user@jumphost:port"

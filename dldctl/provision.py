@@ -45,7 +45,7 @@ def open_host(spec: HostSpec, inv_ssh: Any, known_hosts: str | None = None) -> H
     if spec.local:
         return LocalHost(spec.name)
     return SSHHost(spec.name, spec.address, user=spec.user or inv_ssh.user or None,
-                   port=spec.port or inv_ssh.port, identity_file=inv_ssh.identity_file or None,
+                   port=spec.port or inv_ssh.port or None, identity_file=inv_ssh.identity_file or None,
                    known_hosts=known_hosts or inv_ssh.known_hosts, host_key_policy=inv_ssh.host_key_policy,
                    proxy_jump=inv_ssh.proxy_jump or None, connect_timeout=inv_ssh.connect_timeout,
                    use_ssh_config=inv_ssh.use_ssh_config)

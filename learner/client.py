@@ -105,6 +105,12 @@ class SyncerClient(threading.Thread):
         """Chaos: cut every byte to and from the syncer (the socket is closed) or restore."""
         self._partitioned = cut
 
+    def replica_snapshot(self) -> dict[str, Any]:
+        """The replica's versions and values (for `replica.pt` at exit)."""
+        with self.lock:
+            return {"versions": list(self.replica.versions), "epoch": self.replica.epoch,
+                    "fragments": [t.clone() if t is not None else None for t in self.replica.latest]}
+
     def pending(self) -> int:
         with self.lock:
             return len(self._pending)
@@ -164,6 +170,8 @@ class SyncerClient(threading.Thread):
     def _heartbeat_meta(self) -> dict[str, Any]:
         with self.lock:
             meta = dict(self._stats)
+            meta.update(versions=list(self.replica.versions), crcs=list(self.replica.crcs),
+                        crc_mismatches=self.replica.mismatches)
         meta.update(bytes_sent=self.bytes_sent, bytes_received=self.bytes_received,
                     pending_pushes=len(self._pending), link="up")
         return meta
@@ -267,7 +275,7 @@ class SyncerClient(threading.Thread):
             return
         values = check_raw_fragment(msg, self.replica.sizes)
         with self.lock:
-            if self.replica.on_state(msg["fragment"], msg["version"], msg["offset"], values):
+            if self.replica.on_state(msg["fragment"], msg["version"], msg["offset"], values, msg.get("crc")):
                 self._updated.add(msg["fragment"])
                 if self.replica.complete():
                     self.ready.set()
@@ -277,11 +285,11 @@ class SyncerClient(threading.Thread):
         if msg["epoch"] != self.replica.epoch or not 0 <= p < self.replica.count or len(msg.payloads) != 1:
             return
         with self.lock:
-            result = self.replica.on_update(p, msg["from_version"], msg["version"], msg.payloads[0])
+            result = self.replica.on_update(p, msg["from_version"], msg["version"], msg.payloads[0], msg.get("crc"))
             if result == "applied":
                 self._updated.add(p)
                 self.counters["updates"] += 1
-            elif result == "gap":
+            elif result in ("gap", "mismatch"):
                 self.counters["refetches"] += 1
 
     def _on_resync(self, msg: Message) -> None:

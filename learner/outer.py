@@ -1,9 +1,15 @@
-"""The learner's outer-loop bookkeeping: per-fragment bases, counters and the sync schedule.
+"""The learner's outer-loop bookkeeping: per-fragment marks, counters and the sync schedule.
 
 Pure tensor code (no I/O). Fragment p is due after step s when s % H == ((p + 1) * H / P) % H,
 so one fragment leaves every H/P steps. The outer gradient of fragment p is
-    delta[p] = base[p] - local[p]
-where base[p] is the global value last applied. Counters run from that apply to the next one.
+
+    delta[p] = mark[p] - local[p]
+
+where mark[p] is where the fragment stood at its last push or its last apply of a global value,
+whichever came later. Right after an apply mark = the global value, so this is DiLoCo's
+`global - local`; and a second push before the reply to the first (a round still waiting for
+its quorum) carries only the work done since the first, so no step is ever sent twice.
+Counters (steps, tokens, time) run over the same span as the delta.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from syncer.fragments import FragmentPlan
 
 @dataclass
 class FragmentCounters:
-    """Work on one fragment since it was last overwritten by a global value."""
+    """Work on one fragment since its mark."""
 
     steps: int = 0
     tokens: int = 0
@@ -30,12 +36,12 @@ class FragmentCounters:
 
 @dataclass
 class OuterState:
-    """Bases, versions, counters and in-flight flags of every fragment."""
+    """Marks, versions, counters and in-flight flags of every fragment."""
 
     plan: FragmentPlan
     H: int
     alpha: float
-    base: list[torch.Tensor] = field(default_factory=list)
+    mark: list[torch.Tensor] = field(default_factory=list)
     base_version: list[int] = field(default_factory=list)
     counters: list[FragmentCounters] = field(default_factory=list)
     awaiting: list[bool] = field(default_factory=list)
@@ -54,20 +60,29 @@ class OuterState:
             c.time += seconds
 
     @torch.no_grad()
-    def outer_gradient(self, p: int, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """base[p] - local[p], copied to the CPU for the sender thread."""
+    def take_outer_gradient(self, p: int, params: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, FragmentCounters]:
+        """mark[p] - local[p] (on the CPU, for the sender thread) and its counters; moves the mark."""
         local = self.plan.gather(p, params)
-        return (self.base[p] - local).to("cpu", torch.float32)
+        delta = (self.mark[p] - local).to("cpu", torch.float32)
+        counters = FragmentCounters(self.counters[p].steps, self.counters[p].tokens, self.counters[p].time)
+        self.mark[p] = local
+        self.counters[p].reset()
+        self.awaiting[p] = True
+        return delta, counters
 
     @torch.no_grad()
     def apply(self, p: int, version: int, value: torch.Tensor, params: Mapping[str, torch.Tensor]) -> None:
-        """Take a global fragment: overwrite (alpha = 0) or mix, and make it the new base."""
+        """Take a global fragment: overwrite (alpha = 0) or mix; that becomes the new mark.
+
+        Local work since the last push is dropped by an overwrite (the price of the overlap)."""
         if self.alpha == 0.0:
             self.plan.scatter(p, value, params)
+            self.mark[p] = value.clone()
         else:
             local = self.plan.gather(p, params)
-            self.plan.scatter(p, local.mul_(self.alpha).add_(value, alpha=1.0 - self.alpha), params)
-        self.base[p] = value
+            mixed = local.mul_(self.alpha).add_(value, alpha=1.0 - self.alpha)
+            self.plan.scatter(p, mixed, params)
+            self.mark[p] = mixed
         self.base_version[p] = version
         self.counters[p].reset()
         self.awaiting[p] = False
@@ -75,12 +90,12 @@ class OuterState:
     @classmethod
     def start(cls, plan: FragmentPlan, H: int, alpha: float, values: list[tuple[int, torch.Tensor]],
               params: Mapping[str, torch.Tensor]) -> "OuterState":
-        """Load the fetched global state into the model and make it every fragment's base."""
+        """Load the fetched global state into the model and make it every fragment's mark."""
         state = cls(plan, H, alpha)
         for p, (version, value) in enumerate(values):
             with torch.no_grad():
                 plan.scatter(p, value, params)
-            state.base.append(value)
+            state.mark.append(value.clone())
             state.base_version.append(version)
             state.counters.append(FragmentCounters())
             state.awaiting.append(False)

@@ -8,6 +8,7 @@ epoch turns into a re-fetch of the full fragment.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,11 +17,17 @@ import torch
 from syncer import codec
 
 
+def checksum(t: torch.Tensor) -> int:
+    """crc32 of a CPU fp32 tensor's bytes (what the syncer sends with every version)."""
+    return zlib.crc32(memoryview(t.contiguous().numpy()))
+
+
 @dataclass
 class Fetch:
     """A full-fragment transfer in progress."""
 
     version: int | None = None
+    crc: int | None = None
     buffer: torch.Tensor | None = None
     received: int = 0
     next_offset: int = 0
@@ -36,6 +43,8 @@ class Replica:
         self.versions: list[int] = [-1] * len(sizes)
         self.epoch: int | None = None
         self.fetches: dict[int, Fetch] = {}
+        self.crcs: list[int | None] = [None] * len(sizes)
+        self.mismatches = 0
 
     @property
     def count(self) -> int:
@@ -72,13 +81,13 @@ class Replica:
                 in_flight += 1
         return out
 
-    def on_state(self, p: int, version: int, offset: int, values: np.ndarray) -> bool:
-        """Store one chunk; True when fragment p is complete (then latest/version are set)."""
+    def on_state(self, p: int, version: int, offset: int, values: np.ndarray, crc: int | None = None) -> bool:
+        """Store one chunk; True when fragment p is complete and its checksum matches."""
         f = self.fetches.get(p)
         if f is None or offset not in f.in_flight:
             return False  # a chunk we no longer want (refetch restarted it)
         if f.version is None:
-            f.version = version
+            f.version, f.crc = version, crc
             f.buffer = torch.empty(self.sizes[p], dtype=torch.float32)
         elif version != f.version:  # a merge landed mid-transfer: start this fragment again
             self.fetches[p] = Fetch()
@@ -88,12 +97,17 @@ class Replica:
         f.received += values.size
         if f.received < self.sizes[p]:
             return False
-        self.latest[p], self.versions[p] = f.buffer, f.version
+        if f.crc is not None and checksum(f.buffer) != f.crc:
+            self.mismatches += 1
+            self.fetches[p] = Fetch()  # corrupted in transit: fetch it again
+            return False
+        self.latest[p], self.versions[p], self.crcs[p] = f.buffer, f.version, f.crc
         del self.fetches[p]
         return True
 
-    def on_update(self, p: int, from_version: int, version: int, blob: bytes) -> str:
-        """Apply an update blob: 'applied', 'stale' (already have it), 'gap' (refetch scheduled)."""
+    def on_update(self, p: int, from_version: int, version: int, blob: bytes, crc: int | None = None) -> str:
+        """Apply an update blob: 'applied', 'stale' (already have it), 'gap' or 'mismatch'
+        (a refetch is scheduled)."""
         if self.latest[p] is None or p in self.fetches:
             return "stale"
         if version <= self.versions[p]:
@@ -104,6 +118,11 @@ class Replica:
         change = codec.decode(blob, expect_numel=self.sizes[p])
         self.latest[p] = self.latest[p] + change  # a separate fp32 add, as the syncer did
         self.versions[p] = version
+        self.crcs[p] = crc
+        if crc is not None and checksum(self.latest[p]) != crc:
+            self.mismatches += 1  # not bit-identical to the syncer: never train on it
+            self.refetch(p)
+            return "mismatch"
         return "applied"
 
     def behind(self, versions: list[int]) -> list[int]:

@@ -158,12 +158,10 @@ class Trainer:
                 self._wait_for_merge(client, outer, p)
 
     def _push(self, client: SyncerClient, outer: OuterState, p: int) -> None:
-        c = outer.counters[p]
-        if c.steps == 0:
+        if outer.counters[p].steps == 0:
             return
-        delta = outer.outer_gradient(p, self.params)
+        delta, c = outer.take_outer_gradient(p, self.params)
         client.push(PushItem(p, delta, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0))
-        outer.awaiting[p] = True
 
     def _wait_for_merge(self, client: SyncerClient, outer: OuterState, p: int) -> None:
         """Synchronous DiLoCo (overlap = false): block until the merge of p comes back."""
@@ -240,6 +238,10 @@ class Trainer:
             for p in range(self.plan.count):
                 self._push(client, outer, p)
         client.stop(flush_s=3.0)
+        if outer is not None:
+            torch.save(client.replica_snapshot(), self.cfg.workdir / "replica.pt")
+        if outer is not None and client.fatal is None and not self.stop.is_set():
+            (self.cfg.workdir / "finished").write_text(f"{self.step} steps\n")  # budget spent: do not restart
         if client.fatal:
             log(f"{self.cfg.spec.id}: the syncer refused this learner: {client.fatal}")
             return 2

@@ -150,13 +150,19 @@ def _header(blob: bytes, expect_numel: int | None) -> tuple[str, int, int, int]:
 def decode_quantized(blob: bytes, expect_numel: int | None = None) -> Quantized:
     """Inverse of `encode_quantized`; raises CodecError on anything malformed or non-finite."""
     mode, numel, block, raw_len = _header(blob, expect_numel)
+    payload = memoryview(blob)[_HEADER.size :]
     try:
-        raw = _zstd()[1].decompress(memoryview(blob)[_HEADER.size :], max_output_size=raw_len)
+        # the frame's own content size decides the allocation: check it before decompressing
+        declared = zstandard.frame_content_size(payload)
+        if declared not in (-1, raw_len):
+            raise CodecError(f"compressed frame declares {declared} bytes, header says {raw_len}")
+        raw = _zstd()[1].decompress(payload, max_output_size=raw_len)
     except zstandard.ZstdError as exc:
         raise CodecError(f"corrupt compressed payload: {exc}") from exc
     if len(raw) != raw_len:
         raise CodecError(f"payload decompressed to {len(raw)} bytes, header says {raw_len}")
-    buf = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    # torch.frombuffer refuses an empty buffer (a 0-value tensor is legal)
+    buf = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
     empty = torch.empty(0, dtype=torch.float32)
     if mode == "none":
         q = Quantized(mode, numel, block, buf.view(torch.float32), empty)
@@ -192,7 +198,10 @@ def _check_finite(q: Quantized) -> None:
 
 def decode(blob: bytes, expect_numel: int | None = None) -> torch.Tensor:
     """fp32 values of a blob (CPU); raises CodecError on anything malformed or non-finite."""
-    return dequantize(decode_quantized(blob, expect_numel))
+    values = dequantize(decode_quantized(blob, expect_numel))
+    if not bool(torch.isfinite(values).all()):  # finite scale x code can still overflow fp32
+        raise CodecError("NaN or Inf values after dequantization (scale x code overflows fp32)")
+    return values
 
 
 def blob_info(blob: bytes) -> tuple[str, int]:

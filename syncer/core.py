@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -66,6 +67,10 @@ class GlobalModel:
     def numel(self) -> int:
         return sum(t.numel() for t in self.theta)
 
+    def crc(self, p: int) -> int:
+        """crc32 of fragment p's fp32 bytes: learners check their replica against it."""
+        return zlib.crc32(memoryview(self.theta[p].numpy()))
+
 
 class SyncerCore:
     """Rounds, merges and the global model for one run."""
@@ -95,6 +100,7 @@ class SyncerCore:
         self._init_buffers: list[torch.Tensor] = []
         self._init_filled: list[int] = []
         self._quorum_ok: bool | None = None
+        self._crcs: dict[int, int] = {}
 
     # -- dispatch ----------------------------------------------------------------------------
     def handle(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
@@ -194,6 +200,14 @@ class SyncerCore:
     def chunk_numel(self) -> int:
         return max(1024, int(self.s.state_chunk_mb * (1 << 20)) // 4)
 
+    def _crc(self, p: int) -> int:
+        if p not in self._crcs:
+            self._crcs[p] = self.model.crc(p)
+        return self._crcs[p]
+
+    def crcs(self) -> list[int]:
+        return [self._crc(p) for p in range(self.model.plan.count)] if self.model else []
+
     def versions(self) -> list[int]:
         return list(self.model.versions) if self.model else []
 
@@ -209,7 +223,8 @@ class SyncerCore:
         n = min(self.chunk_numel(), total - offset)
         payload = self.model.theta[p][offset : offset + n].numpy().tobytes()
         out.send(learner, Message("state", {"fragment": p, "version": self.model.versions[p], "offset": offset,
-                                            "numel": n, "total": total, "epoch": self.epoch}, [payload]))
+                                            "numel": n, "total": total, "epoch": self.epoch,
+                                            "crc": self._crc(p)}, [payload]))
         self.counters["state_chunks"] += 1
 
     # -- contributions -----------------------------------------------------------------------
@@ -261,6 +276,18 @@ class SyncerCore:
                 self._close(rnd, now, out)
                 del self.rounds[p]
 
+    def flush(self, now: float, out: Outbox) -> int:
+        """Close every round that holds anything, quorum or not (the run is going down)."""
+        if self.model is None:
+            return 0
+        closed = 0
+        for p in sorted(self.rounds):
+            if self.rounds[p].contributions:
+                self._close(self.rounds[p], now, out)
+                closed += 1
+        self.rounds.clear()
+        return closed
+
     def _quorum_events(self, live: int, now: float, out: Outbox) -> None:
         ok = live >= self.s.quorum
         if self._quorum_ok is not None and ok != self._quorum_ok:
@@ -289,9 +316,10 @@ class SyncerCore:
         m.versions[p] += 1
         blob = codec.encode_quantized(q)
         recipients = list(self.fleet.connected(now))
+        self._crcs[p] = m.crc(p)
         out.broadcast(recipients, Message("update", {
             "fragment": p, "version": m.versions[p], "from_version": m.versions[p] - 1,
-            "epoch": self.epoch, "contributors": [c.learner for c in contribs]}, [blob]))
+            "epoch": self.epoch, "contributors": [c.learner for c in contribs], "crc": self._crcs[p]}, [blob]))
         self._account(rnd, contribs, weights, now, out, blob_bytes=len(blob) * len(recipients), t0=t0)
 
     def _fleet_scale(self, contribs: list[Contribution], now: float) -> float:
@@ -319,7 +347,7 @@ class SyncerCore:
                  out: Outbox, blob_bytes: int, t0: float) -> None:
         total_w = sum(weights) or 1.0
         for c, w in zip(contribs, weights):
-            self.fleet.merged(c.learner, c.c_tokens, c.c_time, self.s.fragments, w / total_w)
+            self.fleet.merged(c.learner, c.c_tokens, c.c_time, self.s.fragments, w, now)
         self.outer_steps += 1
         self.since_checkpoint += 1
         dt = self.clock() - t0

@@ -14,6 +14,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+WEIGHT_WINDOW_S = 60.0
+
 
 @dataclass
 class LearnerInfo:
@@ -36,10 +38,12 @@ class LearnerInfo:
     loss: float | None = None
     eval_loss: float | None = None
     left: bool = False
+    versions: list = field(default_factory=list)     # the learner's replica, as last reported
+    crcs: list = field(default_factory=list)
+    crc_mismatches: int = 0
     joins: int = 0
     merged_tokens: float = 0.0
     step_tokens: float = 0.0        # tokens per inner step, as its contributions show
-    recent_weights: collections.deque = field(default_factory=lambda: collections.deque(maxlen=32))
 
     @property
     def total_tokens(self) -> int:
@@ -62,6 +66,7 @@ class Fleet:
         self.steps_total = 0
         self._last_tick = started
         self._window: collections.deque = collections.deque()  # (t, merged_s, provisioned_s)
+        self._weights: collections.deque = collections.deque()  # (t, learner, merge weight)
 
     # -- membership -------------------------------------------------------------------------
     def hello(self, meta: dict[str, Any], now: float) -> tuple[LearnerInfo, bool]:
@@ -92,6 +97,11 @@ class Fleet:
             value = meta.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
                 setattr(info, key, float(value))
+        versions, crcs = meta.get("versions"), meta.get("crcs")
+        if isinstance(versions, list) and isinstance(crcs, list) and len(versions) == len(crcs) <= 4096:
+            info.versions, info.crcs = versions, crcs
+        if isinstance(meta.get("crc_mismatches"), int):
+            info.crc_mismatches = meta["crc_mismatches"]
         for key in ("loss", "eval_loss"):
             value = meta.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
@@ -139,13 +149,25 @@ class Fleet:
         while self._window and now - self._window[0][0] > 60.0:
             self._window.popleft()
 
-    def merged(self, lid: str, tokens: int, c_time: float, fragments: int, weight_share: float) -> None:
-        """A contribution of `lid` made it into a merge."""
+    def merged(self, lid: str, tokens: int, c_time: float, fragments: int, weight: float, now: float) -> None:
+        """A contribution of `lid` made it into a merge with this (token) weight."""
         self.merged_s += c_time / fragments
         self.merged_tokens += tokens / fragments
         if lid in self.learners:
             self.learners[lid].merged_tokens += tokens / fragments
-            self.learners[lid].recent_weights.append(weight_share)
+        self._weights.append((now, lid, weight))
+        while self._weights and now - self._weights[0][0] > WEIGHT_WINDOW_S:
+            self._weights.popleft()
+
+    def weight_shares(self, now: float) -> dict[str, float]:
+        """Each learner's share of the merge weight of the last minute: how much of the recent
+        global progress came from it (a slower or smaller-batch learner has a smaller share)."""
+        recent = [(lid, w) for t, lid, w in self._weights if now - t <= WEIGHT_WINDOW_S]
+        total = sum(w for _, w in recent)
+        shares: dict[str, float] = collections.defaultdict(float)
+        for lid, w in recent:
+            shares[lid] += w / total if total > 0 else 0.0
+        return shares
 
     def goodput(self) -> float:
         return min(1.0, self.merged_s / self.provisioned_s) if self.provisioned_s > 0 else 0.0
@@ -171,15 +193,15 @@ class Fleet:
         speeds = [i.tokens_per_s for i in self.learners.values() if i.live(now, self.liveness_s) and i.tokens_per_s > 0]
         median = statistics.median(speeds) if speeds else 0.0
         out = []
+        shares = self.weight_shares(now)
         for lid in sorted(self.learners, key=_learner_order):
             info = self.learners[lid]
             live = info.live(now, self.liveness_s)
-            weights = list(info.recent_weights)
             out.append({
                 "id": lid, "host": info.host, "device": info.device, "pid": info.pid,
                 "state": info.state if live or info.left else "unreachable",
                 "step": info.step, "tokens": info.total_tokens, "tokens_per_s": info.tokens_per_s if live else 0.0,
-                "weight": sum(weights) / len(weights) if weights else 0.0,
+                "weight": shares.get(lid, 0.0),
                 "heartbeat_age_s": max(0.0, now - info.last_seen) if info.last_seen else None,
                 "blocked_frac": info.blocked_frac, "joins": info.joins,
                 "straggler": bool(live and median > 0 and info.tokens_per_s < 0.5 * median),

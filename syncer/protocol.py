@@ -16,6 +16,7 @@ within the fragment, size matches, values finite.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -139,9 +140,11 @@ def _bytes(frame: Any) -> bytes:
 
 def _parse_meta(kind: str, body: bytes) -> dict[str, Any]:
     try:
-        meta = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+        meta = json.loads(body.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
         raise ProtocolError("bad_json", f"{kind}: {exc}") from None
+    except RecursionError:  # deeply nested arrays/objects
+        raise ProtocolError("bad_json", f"{kind}: metadata nested too deeply") from None
     if not isinstance(meta, dict):
         raise ProtocolError("schema", f"{kind}: metadata must be an object")
     _check_meta(kind, meta)
@@ -150,6 +153,13 @@ def _parse_meta(kind: str, body: bytes) -> dict[str, Any]:
 
 def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not allowed")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses to inf without passing through parse_constant
+        raise ValueError(f"{text} is not a finite number")
+    return value
 
 
 def _check_meta(kind: str, meta: dict[str, Any]) -> None:

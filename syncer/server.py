@@ -274,6 +274,11 @@ class SyncerServer:
         if action == "checkpoint":
             path = self.save_checkpoint()
             return Message("control_rep", {"ok": path is not None, "detail": str(path)})
+        if action == "flush":
+            out = Outbox()
+            closed = self.core.flush(now, out)
+            self._flush(out)
+            return Message("control_rep", {"ok": True, "detail": f"closed {closed} rounds"})
         if action == "fleet":
             return self._set_fleet(msg.get("learners"), now)
         if action == "shutdown":

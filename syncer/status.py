@@ -60,9 +60,21 @@ def snapshot(core: SyncerCore, now: float) -> dict[str, Any]:
                   "ddp_equivalent": ddp_equivalent_bytes(fleet.steps_total, n_params, len(fleet.declared)),
                   "compression_ratio": _ratio(core)},
         "loss": {"train": fleet.mean_loss(now, "loss"), "eval": fleet.mean_loss(now, "eval_loss")},
-        "learners": fleet.rows(now),
+        "learners": _with_replicas(core, fleet.rows(now)),
         "wire_bytes": wire,
     }
+
+
+def _with_replicas(core: SyncerCore, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per learner: how many fragments of its replica are at our version with our checksum."""
+    versions, crcs = core.versions(), core.crcs()
+    for row in rows:
+        info = core.fleet.learners[row["id"]]
+        same = [p for p, v in enumerate(info.versions[: len(versions)]) if v == versions[p]]
+        row["replica"] = {"versions": list(info.versions), "current": len(same),
+                          "identical": sum(1 for p in same if p < len(info.crcs) and info.crcs[p] == crcs[p]),
+                          "crc_mismatches": info.crc_mismatches}
+    return rows
 
 
 def _ratio(core: SyncerCore) -> float:

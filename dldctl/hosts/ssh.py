@@ -133,6 +133,16 @@ class SSHHost(Host):
             self._client = self._connect()
             return self._client.get_transport()  # type: ignore[return-value]
 
+    def local_address(self) -> str | None:
+        """Our end of the connection: the address this host can dial back (None via a jump)."""
+        if self._jump is not None:
+            return None
+        sock = self._transport().sock
+        try:
+            return sock.getsockname()[0]
+        except (AttributeError, OSError):
+            return None
+
     def _connect(self) -> paramiko.SSHClient:
         """Handshake under the process-wide connect limit, retrying transient failures."""
         keys = self._identities()

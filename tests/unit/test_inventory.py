@@ -1,0 +1,138 @@
+"""Inventory loading: typed tables, one-line errors naming file, key and fix; cross-field rules."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from dldctl import inventory
+from dldctl.errors import ConfigError
+from syncer.settings import RunSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD = """
+[run]
+model = "gpt-tiny"
+seq_len = 32
+quorum = 2
+[[hosts]]
+name = "a"
+address = "local"
+learners = 2
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "inv.toml"
+    path.write_text(text)
+    return path
+
+
+def error(tmp_path: Path, text: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        inventory.load(write(tmp_path, text))
+    message = info.value.line()
+    assert "\n" not in message and str(tmp_path / "inv.toml") in message
+    assert info.value.exit_code == 2
+    return info.value
+
+
+def test_good_inventory_loads_typed(tmp_path: Path) -> None:
+    inv = inventory.load(write(tmp_path, GOOD))
+    assert inv.run.quorum == 2 and inv.hosts[0].learners == 2 and inv.total_learners == 2
+    assert [lid for lid, _ in inv.learner_hosts()] == ["learner-0", "learner-1"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        inv.run.quorum = 3  # type: ignore[misc]
+
+
+def test_unknown_key_suggests_the_right_one(tmp_path: Path) -> None:
+    exc = error(tmp_path, GOOD.replace("quorum = 2", "quorom = 2"))
+    assert exc.key == "run.quorom" and "did you mean 'quorum'" in exc.line()
+
+
+def test_unknown_table_suggests(tmp_path: Path) -> None:
+    exc = error(tmp_path, GOOD + "\n[sync]\nport = 1\n")
+    assert "did you mean [syncer]" in exc.line()
+
+
+def test_wrong_type_names_key_and_type(tmp_path: Path) -> None:
+    exc = error(tmp_path, GOOD.replace("learners = 2", 'learners = "two"'))
+    assert exc.key == "hosts.learners" and "must be int" in exc.line()
+
+
+def test_missing_host_address(tmp_path: Path) -> None:
+    exc = error(tmp_path, GOOD.replace('address = "local"\n', ""))
+    assert exc.key == "hosts.address" and "host a has no address" in exc.line()
+
+
+def test_quorum_larger_than_fleet(tmp_path: Path) -> None:
+    exc = error(tmp_path, GOOD.replace("quorum = 2", "quorum = 5"))
+    assert exc.key == "run.quorum" and "larger than the fleet (2 learners)" in exc.line() and "quorum <= 2" in exc.line()
+
+
+def test_unreadable_identity_file(tmp_path: Path) -> None:
+    key = tmp_path / "id_missing"
+    text = GOOD + f'[[hosts]]\nname = "b"\naddress = "127.0.0.2"\n[ssh]\nidentity_file = "{key}"\n'
+    exc = error(tmp_path, text)
+    assert exc.key == "ssh.identity_file" and str(key) in exc.line()
+
+
+def test_duplicate_host_names(tmp_path: Path) -> None:
+    exc = error(tmp_path, GOOD + '[[hosts]]\nname = "a"\naddress = "local"\n')
+    assert "duplicate host name 'a'" in exc.line()
+
+
+def test_fragments_more_than_tensors(tmp_path: Path) -> None:
+    exc = error(tmp_path, GOOD.replace("quorum = 2", "quorum = 2\nfragments = 64\nH = 128"))
+    assert exc.key == "run.fragments" and "parameter tensors" in exc.line()
+
+
+def test_H_must_be_a_multiple_of_fragments(tmp_path: Path) -> None:
+    exc = error(tmp_path, GOOD.replace("quorum = 2", "quorum = 2\nH = 30\nfragments = 4"))
+    assert exc.key == "run.H" and "multiple of fragments=4" in exc.line()
+
+
+def test_bad_toml_syntax(tmp_path: Path) -> None:
+    assert "not valid TOML" in error(tmp_path, "[run\nname=").line()
+
+
+def test_unknown_model_and_device(tmp_path: Path) -> None:
+    assert "did you mean 'gpt-tiny'" in error(tmp_path, GOOD.replace('"gpt-tiny"', '"gpt-tine"')).line()
+    assert "is not a device" in error(tmp_path, GOOD.replace('learners = 2', 'learners = 2\ndevice = "tpu"')).line()
+
+
+def test_no_hosts(tmp_path: Path) -> None:
+    assert "no hosts" in error(tmp_path, "[run]\nname = 'x'\n").line()
+
+
+def test_missing_file_names_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        inventory.load(tmp_path / "nope.toml")
+
+
+def test_builtin_default_is_the_same_dataclasses() -> None:
+    inv = inventory.default_inventory()
+    assert isinstance(inv.run, RunSettings) and inv.total_learners == 4
+    assert len({h.throttle for h in inv.hosts}) >= 3  # learners of different speeds
+    assert all(h.local for h in inv.hosts)
+
+
+def test_round_trip_through_plain_data() -> None:
+    inv = inventory.default_inventory()
+    again = inventory.parse(inventory.to_dict(inv), "x")
+    assert again.hosts == inv.hosts and again.run == inv.run
+
+
+def test_example_loads_and_documents_every_key() -> None:
+    path = ROOT / "inventory.example.toml"
+    inv = inventory.load(path)
+    assert inv.total_learners >= 1
+    text = path.read_text()
+    tables = {"run": RunSettings, "ssh": inventory.SSHSpec, "syncer": inventory.SyncerSpec, "hosts": inventory.HostSpec}
+    for table, cls in tables.items():
+        for f in dataclasses.fields(cls):
+            line = re.search(rf"^{f.name}\s*=.*#", text, re.MULTILINE) or re.search(rf"^{f.name}\s*=", text, re.MULTILINE)
+            assert line, f"inventory.example.toml does not document [{table}] {f.name}"

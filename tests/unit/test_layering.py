@@ -1,0 +1,98 @@
+"""The layering rules of ARCHITECTURE.md, checked by scanning every module's imports.
+
+- syncer/protocol.py, syncer/codec.py (and the other leaves) import nothing else of the project;
+- learner may import only the shared parts of syncer (protocol, codec, fragments, settings, merge
+  helpers), never syncer.server, and never dldctl;
+- syncer never imports learner or dldctl;
+- learner and syncer never import the operator-only packages typer, rich, paramiko, matplotlib;
+- dldctl talks to a running syncer through syncer.protocol (plus the shared settings, keys and
+  log helpers), never by importing the server.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = ("dldctl", "learner", "syncer")
+OPERATOR_ONLY = ("typer", "rich", "paramiko", "matplotlib")
+LEAVES = ("syncer/protocol.py", "syncer/codec.py", "syncer/settings.py", "syncer/keys.py", "syncer/jsonl.py")
+LEARNER_MAY_USE = {"syncer", "syncer.protocol", "syncer.codec", "syncer.fragments", "syncer.settings",
+                   "syncer.merge", "syncer.keys"}
+DLDCTL_MAY_USE = {"syncer", "syncer.protocol", "syncer.settings", "syncer.keys", "syncer.jsonl"}
+
+
+def imports(path: Path) -> set[str]:
+    """Absolute module names imported by a file (relative imports resolved to the package)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            out.add(base)
+            out.update(f"{base}.{alias.name}" for alias in node.names if _is_module(f"{base}.{alias.name}"))
+    return out
+
+
+def _is_module(name: str) -> bool:
+    """Whether a dotted name is a project module (not a class or function inside one)."""
+    rel = Path(*name.split("."))
+    return (ROOT / rel.with_suffix(".py")).exists() or (ROOT / rel / "__init__.py").exists()
+
+
+def files(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def project_imports(path: Path) -> set[str]:
+    found = {m for m in imports(path) if m.split(".")[0] in PROJECT}
+    # `from syncer import codec` yields both "syncer" and "syncer.codec": keep the precise one
+    return {m for m in found if not any(other.startswith(m + ".") for other in found)}
+
+
+def test_there_is_something_to_scan() -> None:
+    assert len(files("syncer")) > 5 and len(files("learner")) > 5 and len(files("dldctl")) > 5
+
+
+@pytest.mark.parametrize("leaf", LEAVES)
+def test_leaves_import_nothing_of_the_project(leaf: str) -> None:
+    assert project_imports(ROOT / leaf) == set()
+
+
+@pytest.mark.parametrize("path", files("syncer"), ids=lambda p: p.name)
+def test_syncer_never_imports_learner_or_dldctl_or_operator_packages(path: Path) -> None:
+    mods = imports(path)
+    assert not {m for m in mods if m.split(".")[0] in ("learner", "dldctl")}
+    assert not {m for m in mods if m.split(".")[0] in OPERATOR_ONLY}
+
+
+@pytest.mark.parametrize("path", files("learner"), ids=lambda p: p.name)
+def test_learner_uses_only_the_shared_parts_of_syncer(path: Path) -> None:
+    mods = project_imports(path)
+    assert not {m for m in mods if m.startswith("dldctl")}
+    assert {m for m in mods if m.startswith("syncer")} <= LEARNER_MAY_USE
+    assert not {m for m in imports(path) if m.split(".")[0] in OPERATOR_ONLY}
+
+
+@pytest.mark.parametrize("path", files("dldctl"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_dldctl_talks_to_the_syncer_only_through_its_protocol(path: Path) -> None:
+    mods = project_imports(path)
+    assert {m for m in mods if m.startswith("syncer")} <= DLDCTL_MAY_USE
+
+
+def test_the_scanner_catches_a_violation(tmp_path: Path) -> None:
+    bad = ROOT / "syncer" / "_layering_probe.py"
+    bad.write_text("from learner import trainer\nimport rich\n")
+    try:
+        assert "learner.trainer" in project_imports(bad)
+        assert "rich" in imports(bad)
+    finally:
+        bad.unlink()
