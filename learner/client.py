@@ -61,7 +61,7 @@ class SyncerClient(threading.Thread):
         self._forced: set[int] = set()
         self._stats: dict[str, Any] = {"step": 0, "tokens": 0, "state": "joining"}
         self._partitioned = False
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._flush = threading.Event()
         self._sock: zmq.Socket | None = None
         self._ctx = zmq.Context()
@@ -121,13 +121,13 @@ class SyncerClient(threading.Thread):
         deadline = time.monotonic() + flush_s
         while self.pending() and time.monotonic() < deadline and self.is_alive() and self._welcomed:
             time.sleep(0.02)
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=flush_s + 2.0)
 
     # -- the thread --------------------------------------------------------------------------
     def run(self) -> None:
         try:
-            while not self._stop.is_set() and self.fatal is None:
+            while not self._halt.is_set() and self.fatal is None:
                 self._cycle()
             if self._sock is not None and self._welcomed and not self._partitioned:
                 self._send(Message("bye", {"reason": "learner stopping"}))

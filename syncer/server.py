@@ -101,6 +101,7 @@ class SyncerServer:
         self._last_ckpt = wall()
         self._ckpt_retry_at = 0.0
         self._quiet: dict[str, float] = {}
+        self._export_name: Any = None
         self.stopping = threading.Event()
         self.learner_sock: zmq.Socket | None = None
         self.control_sock: zmq.Socket | None = None
@@ -168,6 +169,8 @@ class SyncerServer:
                 self._drain(self.control_sock, self._on_control)
             self._tick()
         self.save_checkpoint(final=True)
+        if self._export_name is not None:
+            self._export(self._export_name)
 
     def _drain(self, sock: zmq.Socket, handler: Callable[[list], None], budget: int = 256) -> None:
         for _ in range(budget):
@@ -282,9 +285,11 @@ class SyncerServer:
         if action == "fleet":
             return self._set_fleet(msg.get("learners"), now)
         if action == "shutdown":
-            path = self._export(msg.get("export"))
+            # stop taking messages now; export after the loop, so no round can close after it
+            self._export_name = msg.get("export")
             self.stopping.set()
-            return Message("control_rep", {"ok": True, "detail": str(path or "")})
+            target = self._export_path(self._export_name) if self.core.model is not None else None
+            return Message("control_rep", {"ok": True, "detail": str(target or "")})
         raise ProtocolError("unknown_action", f"control action {action!r}")
 
     def _set_fleet(self, learners: Any, now: float) -> Message:
@@ -295,10 +300,13 @@ class SyncerServer:
         self.event("fleet", "syncer", f"declared fleet is now {len(learners)} learners")
         return Message("control_rep", {"ok": True, "detail": f"{len(learners)} learners"})
 
+    def _export_path(self, name: Any) -> Path:
+        return self.cfg.run_dir / (name if isinstance(name, str) and "/" not in name and name else "final_model.pt")
+
     def _export(self, name: Any) -> Path | None:
         if self.core.model is None:
             return None
-        target = self.cfg.run_dir / (name if isinstance(name, str) and "/" not in name and name else "final_model.pt")
+        target = self._export_path(name)
         checkpoint.export_model(self.core, target)
         self.event("export", "syncer", f"final model written to {target}")
         return target
