@@ -205,7 +205,12 @@ class SyncerClient(threading.Thread):
             self._welcomed = False
 
     def _send(self, msg: Message, block: bool = False) -> bool:
-        frames = encode(msg)
+        try:
+            frames = encode(msg)
+        except (ProtocolError, ValueError) as exc:  # a bug must not kill the link thread
+            self.counters["bad_messages"] += 1
+            print(f"learner: could not encode {msg.kind}: {exc}", flush=True)
+            return False
         try:
             self._sock.send_multipart(frames, flags=0 if block else zmq.NOBLOCK, copy=False)
         except zmq.Again:

@@ -53,10 +53,15 @@ class Trainer:
     # -- join --------------------------------------------------------------------------------
     def build(self) -> None:
         torch.set_num_threads(max(1, self.cfg.spec.threads))
+        # the data order differs per island rank and per restart (a restart must not replay
+        # the same batches); the model init depends only on the run's seed
+        rank = self.island.rank if self.island else 0
+        restarts = int(os.environ.get("DLDCTL_RESTARTS", "0") or 0)
         ctx = WorkloadContext(settings=self.s.to_dict(), learner_index=self.cfg.spec.shard,
                               shards=self.cfg.spec.shards, batch_size=self.cfg.batch_size,
-                              device=self.device, seed=self.s.seed)
+                              device=self.device, seed=self.s.seed + 1_000_003 * rank + 7_919 * restarts)
         self.wl = build_workload(ctx)
+        self.train_model = self.island.wrap(self.wl.model) if self.island else self.wl.model
         self.params = {n: p.data for n, p in self.wl.model.named_parameters()}
         self.manifest = [fragments.TensorSpec(n, tuple(t.shape), "embedding" if n in self.wl.embedding_names else "dense")
                          for n, t in self.params.items()]
@@ -77,6 +82,9 @@ class Trainer:
         client.take_updates()
         return OuterState.start(self.plan, self.s.H, self.s.alpha, values, self.params)
 
+    def optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.wl.model.parameters(), lr=self.s.lr, weight_decay=self.s.weight_decay)
+
     def initial_fragments(self) -> list[torch.Tensor]:
         return [self.plan.gather(p, self.params).detach().to("cpu") for p in range(self.plan.count)]
 
@@ -87,18 +95,29 @@ class Trainer:
         client = SyncerClient(self.cfg, fragments.manifest_to_json(self.manifest), self.plan.sizes(),
                               self.initial_fragments, self.incarnation)
         client.start()
+        world = f", island of world {self.island.world}" if self.island else ""
         log(f"{self.cfg.spec.id}: {sum(t.numel() for t in self.params.values())} parameters on {self.device}, "
-            f"{self.plan.count} fragments, joining {self.cfg.syncer_address}")
+            f"{self.plan.count} fragments{world}, joining {self.cfg.syncer_address}")
         outer = self.join(client)
         if outer is None:
             return self._finish(client, None)
         log(f"{self.cfg.spec.id}: joined at versions {client.versions()}")
-        opt = torch.optim.AdamW(self.wl.model.parameters(), lr=self.s.lr, weight_decay=self.s.weight_decay)
+        if self.island is not None:
+            self.island.share_start(list(outer.mark))
+        opt = self.optimizer()
         started = time.monotonic()
-        while not self._budget_spent(started) and client.fatal is None:
+        stop = False
+        while not stop:
             self._train_step(opt, outer)
             t0 = time.perf_counter()
-            self._sync(client, outer, opt)
+            stop = self._budget_spent(started) or client.fatal is not None
+            applies = self._collect(client, outer, opt)
+            if self.island is not None:
+                stop, applies = self.island.share(stop, applies, outer)
+            for p, version, value in applies:
+                outer.apply(p, version, value, self.params)
+            if not stop:
+                self._push_due(client, outer)
             self.blocked_s += time.perf_counter() - t0
             self._report(client)
         return self._finish(client, outer)
@@ -118,11 +137,9 @@ class Trainer:
         for group in opt.param_groups:
             group["lr"] = self._lr()
         batch = self.wl.next_batch()
-        loss = self.wl.loss(self.wl.model, batch)
+        loss = self.wl.loss(self.train_model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if self.island is not None:
-            self.island.all_reduce_grads(self.wl.model)
         if self.s.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.wl.model.parameters(), self.s.grad_clip)
         opt.step()
@@ -144,51 +161,47 @@ class Trainer:
             self._diverged = True
 
     # -- sync --------------------------------------------------------------------------------
-    def _sync(self, client: SyncerClient, outer: OuterState, opt: torch.optim.Optimizer) -> None:
-        if getattr(self, "_diverged", False):
-            self._recover(client, outer, opt)
+    def _collect(self, client: SyncerClient, outer: OuterState, opt: torch.optim.Optimizer) -> list[tuple[int, int, torch.Tensor]]:
+        """Global fragments to apply now: replies to our pushes, forced resyncs, or all of them
+        after a non-finite loss (local progress is thrown away, the optimizer state reset)."""
         updated, forced = client.take_updates()
-        for p in sorted(updated | forced):
-            if outer.awaiting[p] or p in forced:
-                version, value = client.latest(p)
-                outer.apply(p, version, value.to(self.device), self.params)
-        for p in outer.due(self.step):
-            self._push(client, outer, p)
-            if not self.s.overlap:
-                self._wait_for_merge(client, outer, p)
-
-    def _push(self, client: SyncerClient, outer: OuterState, p: int) -> None:
-        if outer.counters[p].steps == 0:
-            return
-        delta, c = outer.take_outer_gradient(p, self.params)
-        client.push(PushItem(p, delta, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0))
-
-    def _wait_for_merge(self, client: SyncerClient, outer: OuterState, p: int) -> None:
-        """Synchronous DiLoCo (overlap = false): block until the merge of p comes back."""
-        while outer.awaiting[p] and not self.stop.is_set() and client.fatal is None:
-            updated, forced = client.take_updates()
-            for q in sorted(updated | forced):
-                if outer.awaiting[q] or q in forced:
-                    version, value = client.latest(q)
-                    outer.apply(q, version, value.to(self.device), self.params)
-            if outer.awaiting[p]:
-                time.sleep(0.002)
-                self._report(client)
-
-    def _recover(self, client: SyncerClient, outer: OuterState, opt: torch.optim.Optimizer) -> None:
-        """A NaN/Inf loss: throw local progress away, restart from the global model."""
-        log(f"{self.cfg.spec.id}: non-finite loss at step {self.step}; reloading the global model")
-        for p in range(self.plan.count):
+        wanted = {p for p in updated if outer.awaiting[p]} | forced
+        if getattr(self, "_diverged", False):
+            log(f"{self.cfg.spec.id}: non-finite loss at step {self.step}; reloading the global model")
+            wanted = set(range(self.plan.count))
+            opt.state.clear()
+            self.loss_ema, self._diverged = None, False
+        out = []
+        for p in sorted(wanted):
             version, value = client.latest(p)
-            outer.apply(p, version, value.to(self.device), self.params)
-        opt.state.clear()
-        self.loss_ema = None
-        self._diverged = False
+            out.append((p, version, value.to(self.device)))
+        return out
+
+    def _push_due(self, client: SyncerClient, outer: OuterState) -> None:
+        for p in outer.due(self.step):
+            if outer.counters[p].steps == 0:
+                continue
+            pushed_at = client.versions()[p]
+            delta, c = outer.take_outer_gradient(p, self.params)
+            client.push(PushItem(p, delta, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0))
+            if not self.s.overlap:
+                self._wait_for_merge(client, p, pushed_at)
+
+    def _wait_for_merge(self, client: SyncerClient, p: int, pushed_at: int) -> None:
+        """Synchronous DiLoCo (overlap = false): block until the merge of p has come back;
+        the next step's _collect applies it (on every rank of an island alike)."""
+        while client.versions()[p] <= pushed_at and not self.stop.is_set() and client.fatal is None:
+            time.sleep(0.002)
+            self._report(client)
 
     # -- reporting ---------------------------------------------------------------------------
     def _report(self, client: SyncerClient) -> None:
         self._read_control(client)
         if self.step % self.s.eval_every == 0 and self.step > 0:
+            if self.island is not None:
+                same = self.island.identical(self.params)
+                log(f"{self.cfg.spec.id}: island of {self.island.world} ranks "
+                    + ("identical" if same else "DIVERGED: ranks hold different parameters"))
             self.eval_loss = self.evaluate()
             log(f"{self.cfg.spec.id}: step {self.step} loss {self.loss_ema:.4f} eval {self.eval_loss:.4f} "
                 f"{self.tokens_per_s:.0f} tok/s versions {client.versions()}")
@@ -196,8 +209,7 @@ class Trainer:
         client.set_stats(step=self.step, tokens=self.tokens, state=self._state(),
                          tokens_per_s=self.tokens_per_s, step_time=self.step_time or 0.0,
                          blocked_frac=self.blocked_s / total if total else 0.0,
-                         loss=self.loss_ema if self.loss_ema is not None and math.isfinite(self.loss_ema) else None,
-                         eval_loss=self.eval_loss)
+                         loss=_finite(self.loss_ema), eval_loss=_finite(self.eval_loss))
 
     def _state(self) -> str:
         if self._slow_factor() > 1.0:
@@ -236,7 +248,9 @@ class Trainer:
         """Send the due fragments, say bye, stop the sender."""
         if outer is not None and client.fatal is None:
             for p in range(self.plan.count):
-                self._push(client, outer, p)
+                if outer.counters[p].steps:
+                    delta, c = outer.take_outer_gradient(p, self.params)
+                    client.push(PushItem(p, delta, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0))
         client.stop(flush_s=3.0)
         if outer is not None:
             torch.save(client.replica_snapshot(), self.cfg.workdir / "replica.pt")
@@ -247,6 +261,11 @@ class Trainer:
             return 2
         log(f"{self.cfg.spec.id}: stopped after {self.step} steps, {self.tokens} tokens")
         return 0
+
+
+def _finite(value: float | None) -> float | None:
+    """None for a missing or non-finite number (JSON has no NaN)."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -73,7 +73,8 @@ def quantize(x: torch.Tensor, mode: str = "int4", block: int = 128) -> Quantized
     xb = torch.nn.functional.pad(x, (0, pad)).view(-1, block)
     absmax = xb.abs().amax(dim=1)
     scales = absmax / qmax
-    inv = torch.where(absmax > 0, qmax / absmax, torch.zeros_like(absmax))
+    # floor the divisor: qmax / 1e-38 would overflow; codes of such tiny blocks stay in range
+    inv = torch.where(absmax > 0, qmax / absmax.clamp_min(1e-30), torch.zeros_like(absmax))
     codes = torch.round(xb * inv[:, None]).clamp_(-qmax, qmax).to(torch.int8)
     return Quantized(mode, n, block, codes.view(-1), scales)
 

@@ -98,7 +98,7 @@ class SyncerCore:
         self._init_owner: str | None = None
         self._init_manifest: list[fragments.TensorSpec] | None = None
         self._init_buffers: list[torch.Tensor] = []
-        self._init_filled: list[int] = []
+        self._init_filled: list[torch.Tensor] = []
         self._quorum_ok: bool | None = None
         self._crcs: dict[int, int] = {}
 
@@ -162,7 +162,7 @@ class SyncerCore:
         plan = fragments.plan(manifest, self.s.fragments)
         self._init_owner, self._init_manifest = learner, manifest
         self._init_buffers = [torch.zeros(n, dtype=torch.float32) for n in plan.sizes()]
-        self._init_filled = [0] * plan.count
+        self._init_filled = [torch.zeros(n, dtype=torch.bool) for n in plan.sizes()]
         return True
 
     def _init(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
@@ -173,8 +173,8 @@ class SyncerCore:
         values = torch.from_numpy(check_raw_fragment(msg, sizes).copy())
         p, offset = msg["fragment"], msg["offset"]
         self._init_buffers[p][offset : offset + values.numel()] = values
-        self._init_filled[p] += values.numel()
-        if all(filled >= size for filled, size in zip(self._init_filled, sizes)):
+        self._init_filled[p][offset : offset + values.numel()] = True  # covered, not just counted
+        if all(bool(mask.all()) for mask in self._init_filled):
             plan = fragments.plan(self._init_manifest, self.s.fragments)
             self.model = GlobalModel.fresh(self._init_manifest, plan, self._init_buffers)
             self._init_buffers = []
@@ -329,7 +329,7 @@ class SyncerCore:
         if not self.s.fleet_scale:
             return 1.0
         members = self.fleet.live(now) | {c.learner for c in contribs}
-        period = sum(self.fleet.tokens_per_step(m) for m in members) * self.s.H
+        period = sum(self.fleet.tokens_per_step(m, self.s.seq_len) for m in members) * self.s.H
         return merge.fleet_fraction(sum(c.c_tokens for c in contribs), period)
 
     def _clipped(self, p: int, contribs: list[Contribution]) -> tuple[list[torch.Tensor], list[float]]:

@@ -121,12 +121,12 @@ class Fleet:
         if lid in self.learners and tokens_per_step > 0:
             self.learners[lid].step_tokens = tokens_per_step
 
-    def tokens_per_step(self, lid: str) -> float:
-        """Tokens per inner step of a learner (from its pushes; batch size as a first guess)."""
+    def tokens_per_step(self, lid: str, seq_len: int) -> float:
+        """Tokens per inner step of a learner (from its pushes; batch x seq_len as a first guess)."""
         info = self.learners.get(lid)
         if info is None:
             return 0.0
-        return info.step_tokens or float(info.batch_size)
+        return info.step_tokens or float(info.batch_size * seq_len)
 
     def live(self, now: float) -> set[str]:
         """Learners heard from recently that are training (not joining, not left)."""

@@ -113,6 +113,8 @@ def clip_factors(norms: Sequence[float], history: Sequence[float], multiple: flo
     if multiple <= 0 or not norms:
         return [1.0] * len(norms)
     reference = statistics.median(list(norms) + list(history))
+    if reference <= 0:
+        return [1.0] * len(norms)  # nothing to compare against (all-zero history)
     limit = multiple * reference
     return [1.0 if n <= limit or n == 0 else limit / n for n in norms]
 

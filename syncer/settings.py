@@ -62,7 +62,7 @@ class RunSettings:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     alpha: float = 0.0                # 0 = overwrite the local fragment with the global one
-    robust_clip: float = 0.0          # >0: clip each contribution's norm to this x median
+    robust_clip: float = 10.0         # >0: clip each contribution's norm to this x median (0 = off)
     fleet_scale: bool = True          # scale each round by its share of the fleet's period tokens
     overlap: bool = True              # False: a learner waits for each merge (synchronous DiLoCo)
     # operations
@@ -101,6 +101,9 @@ class RunSettings:
         for key in ("lr", "heartbeat_s", "liveness_s", "state_chunk_mb"):
             _check(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
         _check(self.liveness_s > self.heartbeat_s, "liveness_s", "must be longer than heartbeat_s")
+        _check(self.restart_delay_s >= 0, "restart_delay_s", f"must be >= 0, got {self.restart_delay_s}")
+        _check(self.restart_backoff_max_s >= self.restart_delay_s, "restart_backoff_max_s",
+               "must be >= restart_delay_s")
         _check(self.steps >= 0 and self.duration >= 0, "steps", "steps and duration must be >= 0 (0 = unlimited)")
 
     def to_dict(self) -> dict[str, Any]:

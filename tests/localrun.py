@@ -88,7 +88,11 @@ class LocalRun:
 
     def start_learner(self, i: int) -> subprocess.Popen:
         lid = f"learner-{i}"
-        return self._spawn(lid, ["-m", "learner", "--config", str(self.config), "--id", lid])
+        tail = ["-m", "learner", "--config", str(self.config), "--id", lid]
+        nproc = int(self.cfg["learners"][i].get("nproc", 1))
+        if nproc > 1:  # an island: the same command dldctl runs
+            return self._spawn(lid, ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *tail])
+        return self._spawn(lid, tail)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs[name]

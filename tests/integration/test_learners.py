@@ -107,3 +107,15 @@ def test_syncer_sigkill_resumes_from_checkpoint(tmp_path: Path) -> None:
                     "learners reconnected and merging again")
         kinds = [e["kind"] for e in lr.events()]
         assert "syncer_resume" in kinds
+
+
+def test_torchrun_island_keeps_its_ranks_identical(tmp_path: Path) -> None:
+    """A learner of 2 ranks (DDP over gloo) next to a plain one: both merge, ranks stay equal."""
+    with run_of(tmp_path, [{"nproc": 2}, {}], H=8, steps=60) as lr:
+        lr.wait_for(lambda s: any("learner-0" in r["contributors"] for r in lr.metrics("round")), 150,
+                    "the island contributing")
+        wait_finished(lr, 2, 150)
+        log = lr.log("learner-0")
+        assert "island of world 2" in log
+        # every eval_every (20) steps the ranks compare crc32s of all their parameters
+        assert log.count("island of 2 ranks identical") >= 2 and "DIVERGED" not in log

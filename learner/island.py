@@ -1,0 +1,109 @@
+"""A learner that is itself a data-parallel job: an island of ranks under torchrun.
+
+Every rank trains the same model with DDP (gloo on CPU, NCCL on GPU) on its own batches; only
+rank 0 talks to the syncer. After every inner step rank 0 broadcasts one small header
+([stop, n, fragment, version, ...]) and then the values of the global fragments it applies, so
+every rank applies exactly the same fragments at exactly the same step and the ranks never
+drift apart. If a rank dies, torchrun stops the island and the supervisor restarts it whole.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import zlib
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from learner.outer import OuterState
+
+Applies = list[tuple[int, int, torch.Tensor]]  # (fragment, version, value on the device)
+
+
+class Island:
+    """This rank's place in its island, and the collectives the trainer needs."""
+
+    def __init__(self, rank: int, world: int, local_rank: int, device: torch.device) -> None:
+        self.rank, self.world, self.local_rank = rank, world, local_rank
+        self.device = device
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls, device_name: str) -> "Island":
+        """Join the process group torchrun set up (env:// rendezvous)."""
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        cuda = device_name.startswith("cuda")
+        backend = "nccl" if cuda else "gloo"
+        device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(device)
+        # a dead peer must fail the collective, not hang it for gloo's default 30 minutes
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=600))
+        return cls(rank, world, local_rank, device)
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """DDP around the model: gradients averaged across the island in backward()."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [self.local_rank] if self.device.type == "cuda" else None
+        return DDP(model, device_ids=ids)
+
+    def share_start(self, values: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Rank 0's fetched global state, on every rank (tensors are filled in place)."""
+        for t in values:
+            dist.broadcast(t, src=0)
+        return values
+
+    def share(self, stop: bool, applies: Applies, outer: OuterState) -> tuple[bool, Applies]:
+        """Rank 0's decision for this step (stop? which fragments to apply), on every rank."""
+        count = outer.plan.count
+        header = torch.zeros(2 + 2 * count, dtype=torch.int64, device=self.device)
+        if self.leader:
+            header[0], header[1] = int(stop), len(applies)
+            for i, (p, version, _) in enumerate(applies):
+                header[2 + 2 * i], header[3 + 2 * i] = p, version
+        dist.broadcast(header, src=0)
+        stop, n = bool(header[0]), int(header[1])
+        out: Applies = []
+        for i in range(n):
+            p, version = int(header[2 + 2 * i]), int(header[3 + 2 * i])
+            value = applies[i][2] if self.leader else torch.empty(outer.plan.numel(p), device=self.device)
+            dist.broadcast(value, src=0)
+            out.append((p, version, value))
+        return stop, out
+
+    def follow(self, trainer: Any) -> int:
+        """The loop of a rank other than 0: train, then do what rank 0 says."""
+        trainer.build()
+        values = self.share_start([torch.empty(n, device=self.device) for n in trainer.plan.sizes()])
+        outer = OuterState.start(trainer.plan, trainer.s.H, trainer.s.alpha, [(0, v) for v in values], trainer.params)
+        opt = trainer.optimizer()
+        while True:
+            trainer._train_step(opt, outer)
+            stop, applies = self.share(False, [], outer)
+            for p, version, value in applies:
+                outer.apply(p, version, value, trainer.params)
+            if trainer.step % trainer.s.eval_every == 0:
+                self.identical(trainer.params)
+            if stop:
+                return 0
+
+    def identical(self, params: dict[str, torch.Tensor]) -> bool:
+        """Whether every rank holds bit-identical parameters (crc32s compared across ranks)."""
+        crc = 0
+        for t in params.values():
+            crc = zlib.crc32(memoryview(t.detach().to("cpu").contiguous().view(torch.uint8).numpy()), crc)
+        mine = torch.tensor([crc], dtype=torch.int64, device=self.device)
+        everyone = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(everyone, mine)
+        return len({int(t) for t in everyone}) == 1
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
