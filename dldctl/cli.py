@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from dldctl import cli_learner, cli_run, cli_simulate, cli_status
+from dldctl import cli_chaos, cli_learner, cli_run, cli_simulate, cli_status
 from dldctl.errors import DldError
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ app.command()(cli_status.status)
 app.command()(cli_run.logs)
 app.command()(cli_run.check)
 app.command()(cli_status.report)
+app.add_typer(cli_chaos.app, name="chaos")
 app.add_typer(cli_learner.app, name="learner")
 app.add_typer(cli_simulate.app, name="simulate")
 

@@ -17,6 +17,7 @@ from dldctl.syncerctl import SyncerControl
 from syncer import jsonl
 
 EVENTS = 40
+STARTING_S = 30.0
 
 
 def syncer_status(run: RunDir, config: dict[str, Any], timeout: float = 2.0) -> dict[str, Any] | None:
@@ -52,12 +53,15 @@ def learner_state(proc: dict[str, Any], syncer_row: dict[str, Any] | None, fault
     for kind, word in (("pause", "paused"), ("partition", "partitioned"), ("slow", "slow")):
         if kind in active:
             return word
+    recently = time.time() - float(proc.get("started_at") or 0) < STARTING_S
     if syncer_row is None:
         return "starting"
     reported = syncer_row.get("state")
     if reported in ("joining", "running", "slow"):
         return reported
-    return "partitioned" if reported == "unreachable" else "running"
+    if reported == "unreachable":  # alive but not heard: just (re)started, or cut off
+        return "starting" if recently else "partitioned"
+    return "running"
 
 
 def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:

@@ -101,6 +101,8 @@ class SyncerCore:
         self._init_filled: list[torch.Tensor] = []
         self._quorum_ok: bool | None = None
         self._crcs: dict[int, int] = {}
+        self._live_prev: set[str] = set()
+        self._lost_once: set[str] = set()
 
     # -- dispatch ----------------------------------------------------------------------------
     def handle(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
@@ -267,6 +269,7 @@ class SyncerCore:
         """Advance time: accounting, quorum events, and close every round that is ready."""
         self.fleet.tick(now)
         live = self.fleet.live(now)
+        self._liveness_events(live, now, out)
         self._quorum_events(len(live), now, out)
         if self.model is None:
             return
@@ -287,6 +290,18 @@ class SyncerCore:
                 closed += 1
         self.rounds.clear()
         return closed
+
+    def _liveness_events(self, live: set[str], now: float, out: Outbox) -> None:
+        """learner_lost when a training learner goes silent past liveness_s; learner_back when it returns."""
+        for lid in sorted(self._live_prev - live):
+            info = self.fleet.learners.get(lid)
+            if info is not None and not info.left:
+                out.event(now, "learner_lost", lid, f"silent for {now - info.last_seen:.1f} s")
+        for lid in sorted(live - self._live_prev):
+            if lid in self._lost_once:
+                out.event(now, "learner_back", lid, "heard from again")
+        self._lost_once |= self._live_prev - live
+        self._live_prev = live
 
     def _quorum_events(self, live: int, now: float, out: Outbox) -> None:
         ok = live >= self.s.quorum

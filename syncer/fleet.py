@@ -200,7 +200,8 @@ class Fleet:
             out.append({
                 "id": lid, "host": info.host, "device": info.device, "pid": info.pid,
                 "state": info.state if live or info.left else "unreachable",
-                "step": info.step, "tokens": info.total_tokens, "tokens_per_s": info.tokens_per_s if live else 0.0,
+                "step": info.step, "tokens": info.total_tokens, "merged_tokens": int(info.merged_tokens),
+                "tokens_per_s": info.tokens_per_s if live else 0.0,
                 "weight": shares.get(lid, 0.0),
                 "heartbeat_age_s": max(0.0, now - info.last_seen) if info.last_seen else None,
                 "blocked_frac": info.blocked_frac, "joins": info.joins,

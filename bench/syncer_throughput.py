@@ -1,0 +1,196 @@
+"""Benchmark: the syncer's per-round hot path, in MB of fp32 fragment parameters per second.
+
+Drives the real `SyncerCore` (no sockets, fake wall clock) with the fragment plan of a real
+model (`learner.model.param_shapes` + `syncer.fragments.plan`, default settings: int4 + zstd,
+block 128, RDA, robust clip, fleet scale, Nesterov). One round of fragment p is what production
+runs when 4 learners push it:
+
+    4 x push (zstd decompress + int4 unpack + dequantize + finite checks)
+    tick -> close: token weights, robust clip, RDA per tensor segment (plain mean for embeddings),
+            fleet scale, Nesterov step, publish (quantize change + residual, dequantize, add),
+            encode the update blob (int4 pack + zstd), crc32 of the new fragment.
+
+A sample closes one round of every fragment of the model; throughput = fp32 bytes of the whole
+model / sample time. Baseline, same run, same bytes: `clone()` of every fragment (memcpy).
+Single thread (`torch.set_num_threads(1)`), so MB/s is per core.
+
+Targets (issue): at least 500 MB/s and at least 25% of memcpy.
+
+    .venv/bin/python bench/syncer_throughput.py [--quick] [--out PATH] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+from learner.model import param_shapes  # noqa: E402
+from syncer import codec, fragments  # noqa: E402
+from syncer.core import Outbox, SyncerCore  # noqa: E402
+from syncer.protocol import Message  # noqa: E402
+from syncer.settings import RunSettings  # noqa: E402
+
+LEARNERS = ("l0", "l1", "l2", "l3")
+EMBEDDINGS = {"transformer.wte.weight", "transformer.wpe.weight"}
+TARGET_MBS = 500.0
+TARGET_RATIO = 0.25
+
+
+def manifest(model: str) -> list[fragments.TensorSpec]:
+    """The parameter manifest a learner of `model` sends in its hello."""
+    return [fragments.TensorSpec(n, s, "embedding" if n in EMBEDDINGS else "dense") for n, s in param_shapes(model)]
+
+
+def build_core(model: str, settings: RunSettings) -> SyncerCore:
+    """A SyncerCore with 4 live learners and the model's weights uploaded (as a run starts)."""
+    core = SyncerCore(settings, "bench", list(LEARNERS), now=0.0)
+    specs = manifest(model)
+    out = Outbox()
+    for lid in LEARNERS:
+        core.handle(lid, Message("hello", {
+            "learner": lid, "incarnation": "i1", "run": "bench", "pid": 1, "host": "local", "device": "cpu",
+            "batch_size": 16, "codecs": list(codec.MODES), "manifest": fragments.manifest_to_json(specs),
+            "fragments": settings.fragments}), 0.5, out)
+    plan = fragments.plan(specs, settings.fragments)
+    g = torch.Generator().manual_seed(0)
+    chunk = core.chunk_numel()
+    for p, n in enumerate(plan.sizes()):
+        values = torch.randn(n, generator=g) * 0.02
+        for off in range(0, n, chunk):
+            part = values[off : off + chunk]
+            core.handle(LEARNERS[0], Message("init", {"fragment": p, "offset": off, "numel": part.numel(),
+                                                      "total": n}, [part.numpy().tobytes()]), 0.5, out)
+    for lid in LEARNERS:
+        core.handle(lid, Message("heartbeat", {"step": 1, "tokens": 16, "state": "running"}), 0.5, out)
+    assert core.model is not None
+    return core
+
+
+def outer_gradient(n: int, seed: int, shared: torch.Tensor) -> torch.Tensor:
+    """A learner's outer gradient: a shared direction, its own Gaussian noise and a few outliers."""
+    g = torch.Generator().manual_seed(seed)
+    delta = shared + torch.randn(n, generator=g) * 1e-3
+    idx = torch.randint(0, n, (max(1, n // 1000),), generator=g)
+    delta[idx] *= 20.0
+    return delta
+
+
+def make_blobs(core: SyncerCore, settings: RunSettings) -> list[list[bytes]]:
+    """blobs[p][m]: learner m's encoded outer gradient of fragment p (encoded once, reused)."""
+    blobs = []
+    for p, theta in enumerate(core.model.theta):
+        shared = torch.randn(theta.numel(), generator=torch.Generator().manual_seed(1000 + p)) * 3e-4
+        blobs.append([codec.encode(outer_gradient(theta.numel(), 10 * p + m, shared), settings.compression,
+                                   settings.block) for m in range(len(LEARNERS))])
+    return blobs
+
+
+class Rounds:
+    """Runs rounds on a core: each call pushes every learner's blob of every fragment and ticks."""
+
+    def __init__(self, core: SyncerCore, blobs: list[list[bytes]], steps: int) -> None:
+        self.core, self.blobs, self.steps = core, blobs, steps
+        self.now = 1.0
+        self.push_s = 0.0
+        self.close_s = 0.0
+
+    def __call__(self) -> None:
+        core = self.core
+        for p, blobs in enumerate(self.blobs):
+            self.now += 1e-3
+            out = Outbox()
+            t0 = time.perf_counter()
+            for lid, blob in zip(LEARNERS, blobs):
+                core.handle(lid, Message("push", {
+                    "fragment": p, "base_version": core.model.versions[p], "seq": 0, "epoch": 1,
+                    "c_steps": self.steps, "c_tokens": self.steps * 2048, "c_time": self.steps * 0.1,
+                    "step_time": 0.1}, [blob]), self.now, out)
+            t1 = time.perf_counter()
+            core.tick(self.now, out)
+            t2 = time.perf_counter()
+            self.push_s += t1 - t0
+            self.close_s += t2 - t1
+            assert [m.kind for _, m in out.sends] == ["update"], "the round did not close"
+
+
+def memcpy(core: SyncerCore) -> None:
+    """The baseline: one copy of every fragment (the same fp32 bytes the rounds process)."""
+    for theta in core.model.theta:
+        theta.clone()
+
+
+def bench_model(model: str, fragments_count: int, repeat: int) -> dict:
+    """Time `repeat` samples of the pipeline and of memcpy, interleaved so both see the same load."""
+    settings = RunSettings(model=model, fragments=fragments_count, H=16 * fragments_count)
+    settings.validate()
+    core = build_core(model, settings)
+    nbytes = 4 * core.model.numel
+    rounds = Rounds(core, make_blobs(core, settings), settings.H)
+    rounds()  # warm-up (first-touch allocations, caches)
+    rounds.push_s = rounds.close_s = 0.0
+    pipe, base = [], []
+    for _ in range(repeat):
+        pipe.extend(common.measure(rounds, repeat=1, warmup=0).samples)
+        base.extend(common.measure(lambda: memcpy(core), repeat=3, warmup=1).samples)
+    t_pipe, t_base = common.Timing(tuple(pipe)), common.Timing(tuple(base))
+    mbs, mbs_base = common.mb_per_s(nbytes, t_pipe.median), common.mb_per_s(nbytes, t_base.median)
+    return {
+        "model": model, "fragments": fragments_count, "fragment_MB": nbytes / fragments_count / 1e6,
+        "segments": sum(len(core.model.plan.segments(p)) for p in range(fragments_count)),
+        "pipeline_MB/s": mbs, "pipeline_best_MB/s": common.mb_per_s(nbytes, t_pipe.best),
+        "spread": t_pipe.spread, "memcpy_MB/s": mbs_base, "memcpy_spread": t_base.spread,
+        "ratio": mbs / mbs_base, "push_share": rounds.push_s / (rounds.push_s + rounds.close_s),
+        "round_ms": 1e3 * t_pipe.median / fragments_count,
+        "verdict": "PASS" if mbs >= TARGET_MBS and mbs / mbs_base >= TARGET_RATIO else "FAIL",
+        "pipeline": t_pipe.to_dict(), "memcpy": t_base.to_dict(), "settings": settings.to_dict(),
+    }
+
+
+def profile(model: str, fragments_count: int, samples: int) -> None:
+    """cProfile of a few samples: where the time goes (top 25 by own time)."""
+    settings = RunSettings(model=model, fragments=fragments_count, H=16 * fragments_count)
+    core = build_core(model, settings)
+    rounds = Rounds(core, make_blobs(core, settings), settings.H)
+    rounds()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(samples):
+        rounds()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+def _extra(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of gpt-medium rounds and exit")
+    parser.add_argument("--models", default="gpt-small,gpt-medium", help="comma-separated model presets")
+
+
+def main() -> None:
+    args = common.parse_args("syncer_throughput", __doc__, _extra)
+    torch.set_num_threads(1)
+    if args.profile:
+        profile("gpt-medium", 4, 5)
+        return
+    repeat = 7 if args.quick else 30
+    rows = [bench_model(model, 4, repeat) for model in args.models.split(",")]
+    columns = ["model", "fragment_MB", "segments", "round_ms", "pipeline_MB/s", "pipeline_best_MB/s", "spread",
+               "memcpy_MB/s", "memcpy_spread", "ratio", "push_share", "verdict"]
+    common.print_table(f"Syncer round throughput, 4 learners, int4+zstd, 1 thread (median of {repeat})",
+                       rows, columns)
+    print(f"targets: >= {TARGET_MBS:.0f} MB/s and >= {TARGET_RATIO:.0%} of memcpy (same bytes, same run)")
+    common.write_json(args.out, {"benchmark": "syncer_throughput", "quick": args.quick, "learners": len(LEARNERS),
+                                 "target_MB/s": TARGET_MBS, "target_ratio": TARGET_RATIO, "rows": rows})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

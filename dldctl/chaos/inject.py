@@ -1,0 +1,150 @@
+"""Carrying chaos out on a live run: kill, pause, slow, partition, heal, with the quorum guard.
+
+Every fault with a duration is registered in the run state *before* it is applied, with its
+expiry time, so the supervisor undoes it on time even if this command is interrupted. A kill
+puts a hold on the target (it stays down for `--down-for`, else its normal restart delay) and
+is marked as chaos, so it does not count towards the crash-loop backoff. Every injection and
+every undo is an event.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import signal
+import time
+from typing import Any, Callable
+
+from dldctl import faults
+from dldctl.chaos.plan import ACTIONS
+from dldctl.errors import ChaosError, DldError, UsageError
+from dldctl.hosts import Host, LocalHost, ProcRef
+from dldctl.inventory import parse
+from dldctl.plan import load_config
+from dldctl.provision import HostRuntime, open_host
+from dldctl.rundir import RunDir
+from dldctl.snapshot import collect
+
+Confirm = Callable[[str], bool]
+DOWN_STATES = ("dead", "restarting", "stopped", "starting", "paused", "partitioned")
+
+
+class Chaos:
+    """Fault injection against one live run."""
+
+    def __init__(self, run: RunDir) -> None:
+        if not run.live():
+            raise UsageError(f"run {run.name} is not live", hint="chaos needs a running fleet: `dldctl up`")
+        self.run = run
+        self.inv = parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
+        self.settings = load_config(run)["run"]
+        self._hosts: dict[str, Host] = {}
+
+    def close(self) -> None:
+        for host in self._hosts.values():
+            host.close()
+
+    def _host(self, name: str) -> Host:
+        if name not in self._hosts:
+            spec = next((h for h in self.inv.hosts if h.name == name), None)
+            self._hosts[name] = LocalHost(name) if spec is None or spec.local else open_host(spec, self.inv.ssh)
+        return self._hosts[name]
+
+    def _target(self, target: str, action: str) -> tuple[dict[str, Any], Host, HostRuntime]:
+        state = self.run.read_state()
+        procs = state.get("procs", {})
+        if target not in procs or (target == "syncer" and action != "kill"):
+            known = ", ".join(sorted(n for n in procs if n != "syncer"))
+            raise UsageError(f"cannot {action} {target!r}", hint=f"learners: {known}" + ("; the syncer can only be killed" if target == "syncer" else ""))
+        entry = procs[target]
+        return entry, self._host(entry["host"]), HostRuntime.from_dict(state["hosts"][entry["host"]]["runtime"])
+
+    # -- the guard ---------------------------------------------------------------------------
+    def guard(self, action: str, target: str, force: bool, confirm: Confirm | None) -> None:
+        """Refuse (unless forced or confirmed) a fault that drops the live fleet below quorum."""
+        if action == "slow" or target == "syncer" or force:
+            return
+        snap = collect(self.run)
+        live = [r["id"] for r in snap["learners"] if r["state"] not in DOWN_STATES]
+        quorum = int(snap["quorum"]["min"])
+        after = len([lid for lid in live if lid != target])
+        if after >= quorum:
+            return
+        question = (f"{action} {target} leaves {after} live learners, below the minimum quorum {quorum}: "
+                    "the global model stops progressing until it is back. Go ahead?")
+        if confirm is None or not confirm(question):
+            raise ChaosError(f"refused: {action} {target} would leave {after} live learners < quorum {quorum}",
+                             hint="pass --force to do it anyway")
+
+    # -- faults ------------------------------------------------------------------------------
+    def kill(self, target: str, sig: str = "KILL", down_for: float | None = None) -> str:
+        entry, host, _ = self._target(target, "kill")
+        ref = entry.get("proc")
+        if entry["status"] != "running" or not ref:
+            raise ChaosError(f"{target} is not running (status {entry['status']}); nothing to kill")
+        hold = down_for if down_for is not None else float(self.settings.get("restart_delay_s", 2.0))
+        with self.run.update() as state:
+            e = state["procs"][target]
+            e["hold_until"] = time.time() + hold
+            e["chaos_kill"] = True
+        signum = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM}[sig.upper()]
+        if not host.signal(ProcRef(ref["pid"], ref["start_ticks"]), signum, group=True):
+            raise ChaosError(f"{target} (pid {ref['pid']}) was already gone")
+        detail = f"kill -{sig.upper()} pid {ref['pid']} on {entry['host']}; back in >= {hold:g} s"
+        self.run.event("fault_inject", target, detail)
+        return detail
+
+    def fault(self, action: str, target: str, duration: float, factor: float = 3.0) -> str:
+        """pause / slow / partition for `duration` seconds (undone by the supervisor at expiry)."""
+        if action not in ACTIONS or action == "kill":
+            raise UsageError(f"unknown fault {action!r}")
+        if duration <= 0:
+            raise UsageError("--duration must be > 0")
+        if action == "slow" and factor <= 1.0:
+            raise UsageError("--factor must be > 1 (how many times slower)")
+        entry, host, runtime = self._target(target, action)
+        ref = entry.get("proc")
+        if entry["status"] != "running" or not ref:
+            raise ChaosError(f"{target} is not running (status {entry['status']})")
+        record = {"id": secrets.token_hex(4), "kind": action, "target": target, "until": time.time() + duration,
+                  "injected_at": time.time(), "factor": factor}
+        with self.run.update() as state:  # registered first: the undo survives our death
+            state.setdefault("faults", []).append(record)
+        try:
+            ok = faults.apply(action, host, runtime, target, ProcRef(ref["pid"], ref["start_ticks"]), duration, factor)
+        except DldError as exc:
+            self._forget(record["id"])
+            raise ChaosError(f"could not {action} {target}: {exc.line()}") from exc
+        if not ok:
+            self._forget(record["id"])
+            raise ChaosError(f"{target} (pid {ref['pid']}) was already gone")
+        detail = {"pause": f"SIGSTOP for {duration:g} s", "slow": f"x{factor:g} slower for {duration:g} s",
+                  "partition": f"cut off from the syncer for {duration:g} s"}[action]
+        self.run.event("fault_inject", target, detail)
+        return detail
+
+    def _forget(self, fault_id: str) -> None:
+        with self.run.update() as state:
+            state["faults"] = [f for f in state.get("faults", []) if f.get("id") != fault_id]
+
+    def heal(self, target: str | None = None) -> list[str]:
+        """Undo every active fault (of one target, or all) and lift kill holds; idempotent."""
+        state = self.run.read_state()
+        done = []
+        for fault in list(state.get("faults", [])):
+            if target is None or fault["target"] == target:
+                entry, host, runtime = self._target(fault["target"], fault["kind"])
+                ref = entry.get("proc")
+                faults.undo(fault["kind"], host, runtime, fault["target"], ProcRef(ref["pid"], ref["start_ticks"]) if ref else None)
+                self._forget(fault["id"])
+                self.run.event("fault_undo", fault["target"], f"{fault['kind']} healed")
+                done.append(f"{fault['kind']} {fault['target']}")
+        with self.run.update() as state:
+            for name, entry in state["procs"].items():
+                if (target is None or name == target) and entry.get("hold_until"):
+                    entry["hold_until"] = None
+                    if entry["status"] == "dead":
+                        entry["next_start"] = time.time()
+                    self.run.event("fault_undo", name, "kill hold lifted: restarting now")
+                    done.append(f"hold {name}")
+        return done

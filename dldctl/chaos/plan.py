@@ -1,0 +1,196 @@
+"""Chaos plans, pure: the monkey's Poisson schedule, experiment files, checks on snapshots.
+
+No I/O and no clock: the RNG is passed in, experiment files are parsed from a dict, checks are
+evaluated against a snapshot dict. The actions that carry a plan out live in inject.py.
+
+A check is `<path> <op> <number>` (no eval): the path walks the `dldctl status --json` snapshot
+(`goodput_window`, `quorum.live`, `tokens.merged`, `syncer.alive`, ...), op is one of
+>= <= > < == !=; or `<path> rising` (larger at the end than at the start).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+ACTIONS = ("kill", "pause", "slow", "partition")
+SIGNALS = ("KILL", "TERM")
+_CHECK = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(>=|<=|==|!=|>|<)\s*(-?[\d.]+(?:e-?\d+)?|true|false)\s*$")
+_RISING = re.compile(r"^\s*([A-Za-z_][\w.]*)\s+rising\s*$")
+
+
+class PlanError(ValueError):
+    """A chaos plan or check is malformed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: what, to whom, when (seconds from the start), for how long."""
+
+    at: float
+    action: str
+    target: str
+    duration: float = 0.0         # pause/slow/partition; kill: the time it stays down (down_for)
+    factor: float = 3.0           # slow
+    signal: str = "KILL"          # kill
+
+    def describe(self) -> str:
+        extra = {"kill": f"signal {self.signal}, down for {self.duration:g} s" if self.duration else f"signal {self.signal}",
+                 "pause": f"for {self.duration:g} s", "slow": f"x{self.factor:g} for {self.duration:g} s",
+                 "partition": f"for {self.duration:g} s"}[self.action]
+        return f"t+{self.at:7.1f}s {self.action:<9} {self.target:<10} {extra}"
+
+
+@dataclass(frozen=True)
+class Check:
+    """A condition on a snapshot."""
+
+    path: str
+    op: str
+    value: float = 0.0
+    text: str = ""
+
+    def holds(self, snap: dict[str, Any], first: dict[str, Any] | None = None) -> bool:
+        """Whether it holds now (`first`: the snapshot at the start, for `rising`)."""
+        current = lookup(snap, self.path)
+        if self.op == "rising":
+            start = lookup(first or {}, self.path)
+            return current is not None and start is not None and float(current) > float(start)
+        if current is None:
+            return False
+        a, b = float(current), self.value
+        return {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b, "==": a == b, "!=": a != b}[self.op]
+
+
+def lookup(snap: dict[str, Any], path: str) -> Any:
+    """Walk a dotted path in a snapshot; None if any part is missing."""
+    node: Any = snap
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    if isinstance(node, bool):
+        return float(node)
+    return node if isinstance(node, (int, float)) else None
+
+
+def parse_check(text: str) -> Check:
+    """`goodput_window >= 0.8`, `quorum.live >= 3`, `tokens.merged rising`."""
+    m = _RISING.match(text)
+    if m:
+        return Check(m.group(1), "rising", 0.0, text.strip())
+    m = _CHECK.match(text)
+    if not m:
+        raise PlanError(f"check {text!r} is not '<path> <op> <number>' or '<path> rising' (e.g. 'quorum.live >= 3')")
+    raw = m.group(3)
+    value = 1.0 if raw == "true" else 0.0 if raw == "false" else float(raw)
+    return Check(m.group(1), m.group(2), value, text.strip())
+
+
+def monkey_schedule(rng: random.Random, *, mtbf_s: float, duration_s: float, targets: Sequence[str],
+                    actions: Sequence[str], fault_s: float = 10.0, slow_factor: float = 3.0,
+                    down_for_s: float = 0.0) -> list[Fault]:
+    """Faults at exponential gaps (a Poisson process of mean gap `mtbf_s`) over `duration_s`."""
+    if mtbf_s <= 0 or duration_s <= 0:
+        raise PlanError("mtbf and duration must be > 0")
+    if not targets or not actions:
+        raise PlanError("the monkey needs at least one target and one action")
+    bad = [a for a in actions if a not in ACTIONS]
+    if bad:
+        raise PlanError(f"unknown action {bad[0]!r}; use {', '.join(ACTIONS)}")
+    out: list[Fault] = []
+    t = rng.expovariate(1.0 / mtbf_s)
+    while t < duration_s:
+        action = rng.choice(list(actions))
+        target = rng.choice(list(targets))
+        duration = down_for_s if action == "kill" else fault_s
+        out.append(Fault(round(t, 3), action, target, duration, slow_factor))
+        t += rng.expovariate(1.0 / mtbf_s)
+    return out
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A declarative chaos experiment."""
+
+    name: str
+    duration: float
+    faults: tuple[Fault, ...]
+    steady: tuple[Check, ...] = ()
+    aborts: tuple[Check, ...] = ()
+    settle_s: float = 20.0          # after the last fault, time to recover before the final check
+    sample_every: float = 1.0
+    heal_on_abort: bool = True
+    path: str = ""
+
+
+def _fault(entry: Any, i: int) -> Fault:
+    if not isinstance(entry, dict):
+        raise PlanError(f"[[fault]] #{i + 1} must be a table")
+    known = {"at", "action", "target", "duration", "factor", "signal", "down_for"}
+    extra = set(entry) - known
+    if extra:
+        raise PlanError(f"[[fault]] #{i + 1}: unknown key {sorted(extra)[0]!r} (known: {', '.join(sorted(known))})")
+    for key in ("at", "action", "target"):
+        if key not in entry:
+            raise PlanError(f"[[fault]] #{i + 1}: missing {key!r}")
+    action = entry["action"]
+    if action not in ACTIONS:
+        raise PlanError(f"[[fault]] #{i + 1}: action {action!r} is not one of {', '.join(ACTIONS)}")
+    signal = str(entry.get("signal", "KILL")).upper()
+    if signal not in SIGNALS:
+        raise PlanError(f"[[fault]] #{i + 1}: signal must be KILL or TERM")
+    duration = float(entry.get("down_for", entry.get("duration", 0.0 if action == "kill" else 10.0)))
+    if action != "kill" and duration <= 0:
+        raise PlanError(f"[[fault]] #{i + 1}: {action} needs duration > 0")
+    return Fault(float(entry["at"]), action, str(entry["target"]), duration, float(entry.get("factor", 3.0)), signal)
+
+
+def parse_experiment(data: dict[str, Any], path: str = "") -> Experiment:
+    """An Experiment from a TOML document (see docs/chaos.md for the format)."""
+    known = {"experiment", "steady_state", "fault", "abort", "rollback"}
+    extra = set(data) - known
+    if extra:
+        raise PlanError(f"unknown table [{sorted(extra)[0]}] (known: {', '.join(sorted(known))})")
+    head = data.get("experiment", {})
+    faults = tuple(sorted((_fault(e, i) for i, e in enumerate(data.get("fault", []))), key=lambda f: f.at))
+    if not faults:
+        raise PlanError("an experiment needs at least one [[fault]]")
+    steady = tuple(parse_check(e["check"]) for e in data.get("steady_state", []))
+    aborts = tuple(parse_check(e["check"]) for e in data.get("abort", []))
+    settle = float(head.get("settle", 20.0))
+    duration = float(head.get("duration", faults[-1].at + max(f.duration for f in faults) + settle))
+    return Experiment(str(head.get("name", "experiment")), duration, faults, steady, aborts, settle,
+                      float(head.get("sample_every", 1.0)), bool(data.get("rollback", {}).get("heal", True)), path)
+
+
+@dataclass
+class FaultReport:
+    """What happened to one fault, from the events and the snapshots."""
+
+    fault: Fault
+    injected_at: float | None = None
+    detected_at: float | None = None
+    back_at: float | None = None
+    work_lost_tokens: int | None = None
+    goodput_during: float | None = None
+    goodput_after: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        rel = lambda t: None if t is None or self.injected_at is None else round(t - self.injected_at, 2)  # noqa: E731
+        return {"fault": self.fault.describe().strip(), "action": self.fault.action, "target": self.fault.target,
+                "injected_at": self.injected_at, "detected_after_s": rel(self.detected_at),
+                "back_after_s": rel(self.back_at), "work_lost_tokens": self.work_lost_tokens,
+                "goodput_during": self.goodput_during, "goodput_after": self.goodput_after}
+
+
+@dataclass
+class Result:
+    """The verdict of an experiment."""
+
+    passed: bool
+    reasons: list[str] = field(default_factory=list)
+    faults: list[FaultReport] = field(default_factory=list)
+    aborted: str | None = None

@@ -1,0 +1,192 @@
+"""CLI: `dldctl chaos ...` — break a live run on purpose, safely and reproducibly."""
+
+from __future__ import annotations
+
+import random
+import tomllib
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from dldctl import rundir
+from dldctl.chaos import runner, verdict
+from dldctl.chaos.inject import Chaos
+from dldctl.chaos.plan import ACTIONS, PlanError, monkey_schedule, parse_experiment
+from dldctl.errors import ConfigError, OperationError, UsageError
+
+app = typer.Typer(help="Break a live run on purpose: kill, pause, slow, partition, a monkey, experiments.",
+                  no_args_is_help=True)
+console = Console(highlight=False)
+RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
+ForceOpt = typer.Option(False, "--force", help="Do it even if it leaves fewer live learners than the quorum.")
+
+
+def _chaos(run: Optional[str]) -> Chaos:
+    return Chaos(rundir.resolve(run))
+
+
+def _confirm(question: str) -> bool:
+    return typer.confirm(question, default=False)
+
+
+@app.command()
+def kill(
+    target: str = typer.Argument(..., help="learner-N or syncer"),
+    signal: str = typer.Option("KILL", "--signal", help="KILL or TERM"),
+    down_for: Optional[float] = typer.Option(None, "--down-for", help="Seconds before the supervisor brings it back (default: its restart delay)."),
+    force: bool = ForceOpt, run: Optional[str] = RunOpt,
+) -> None:
+    """Signal a learner's (or the syncer's) process group; the supervisor restarts it.
+
+    Example: dldctl chaos kill learner-2 --down-for 30
+    """
+    if signal.upper() not in ("KILL", "TERM"):
+        raise UsageError(f"--signal {signal!r}: use KILL or TERM")
+    chaos = _chaos(run)
+    try:
+        chaos.guard("kill", target, force, _confirm)
+        console.print(f"[red]killed {target}[/]: {chaos.kill(target, signal, down_for)}")
+    finally:
+        chaos.close()
+
+
+def _timed(action: str, target: str, duration: float, factor: float, force: bool, run: Optional[str]) -> None:
+    chaos = _chaos(run)
+    try:
+        chaos.guard(action, target, force, _confirm)
+        console.print(f"[red]{action} {target}[/]: {chaos.fault(action, target, duration, factor)} "
+                      f"(undone automatically; `dldctl chaos heal` ends it now)")
+    finally:
+        chaos.close()
+
+
+@app.command()
+def pause(target: str = typer.Argument(..., help="learner-N"), duration: float = typer.Option(..., "--duration", help="Seconds."),
+          force: bool = ForceOpt, run: Optional[str] = RunOpt) -> None:
+    """SIGSTOP a learner (a hung straggler), SIGCONT after --duration.
+
+    Example: dldctl chaos pause learner-1 --duration 20
+    """
+    _timed("pause", target, duration, 1.0, force, run)
+
+
+@app.command()
+def slow(target: str = typer.Argument(..., help="learner-N"), factor: float = typer.Option(..., "--factor", help="How many times slower."),
+         duration: float = typer.Option(..., "--duration", help="Seconds."), run: Optional[str] = RunOpt) -> None:
+    """Make a learner run F times slower for a while.
+
+    Example: dldctl chaos slow learner-3 --factor 4 --duration 60
+    """
+    _timed("slow", target, duration, factor, True, run)
+
+
+@app.command()
+def partition(target: str = typer.Argument(..., help="learner-N"), duration: float = typer.Option(..., "--duration", help="Seconds."),
+              force: bool = ForceOpt, run: Optional[str] = RunOpt) -> None:
+    """Cut a learner off from the syncer both ways; it keeps training and reconnects after.
+
+    Example: dldctl chaos partition learner-0 --duration 30
+    """
+    _timed("partition", target, duration, 1.0, force, run)
+
+
+@app.command()
+def heal(target: Optional[str] = typer.Argument(None, help="Only this learner (default: with --all, everything)."),
+         all_: bool = typer.Option(False, "--all", help="Undo every active fault and kill hold."),
+         run: Optional[str] = RunOpt) -> None:
+    """Undo active faults now (idempotent).
+
+    Example: dldctl chaos heal --all
+    """
+    if not all_ and target is None:
+        raise UsageError("name a learner to heal, or pass --all")
+    chaos = _chaos(run)
+    try:
+        done = chaos.heal(None if all_ else target)
+    finally:
+        chaos.close()
+    console.print(f"healed: {', '.join(done)}" if done else "nothing to heal")
+
+
+def _targets(chaos: Chaos, targets: Optional[str]) -> list[str]:
+    state = chaos.run.read_state()
+    learners = sorted(n for n, p in state["procs"].items() if p["kind"] == "learner" and p["status"] != "stopped")
+    if not targets:
+        return learners
+    chosen = [t.strip() for t in targets.split(",") if t.strip()]
+    unknown = [t for t in chosen if t not in learners and t != "syncer"]
+    if unknown:
+        raise UsageError(f"--targets: unknown {unknown[0]!r}", hint=f"learners: {', '.join(learners)}")
+    return chosen
+
+
+@app.command()
+def monkey(
+    mtbf: float = typer.Option(..., "--mtbf", help="Mean seconds between faults (exponential gaps)."),
+    duration: float = typer.Option(..., "--duration", help="Seconds to run."),
+    seed: int = typer.Option(0, "--seed", help="Same seed, same schedule."),
+    targets: Optional[str] = typer.Option(None, "--targets", help="Comma-separated learners (default: all)."),
+    actions: str = typer.Option("kill", "--actions", help=f"Comma-separated, from {','.join(ACTIONS)}."),
+    fault_duration: float = typer.Option(10.0, "--fault-duration", help="Seconds a pause/slow/partition lasts."),
+    down_for: float = typer.Option(0.0, "--down-for", help="Seconds a killed learner stays down (0: restart delay)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the schedule, inject nothing."),
+    force: bool = ForceOpt, run: Optional[str] = RunOpt,
+) -> None:
+    """A chaos monkey: Poisson-distributed faults, reproducible with --seed.
+
+    Example: dldctl chaos monkey --mtbf 30 --duration 600 --seed 7 --actions kill,pause
+    """
+    chaos = _chaos(run)
+    try:
+        try:
+            schedule = monkey_schedule(random.Random(seed), mtbf_s=mtbf, duration_s=duration,
+                                       targets=_targets(chaos, targets), actions=[a.strip() for a in actions.split(",")],
+                                       fault_s=fault_duration, down_for_s=down_for)
+        except PlanError as exc:
+            raise UsageError(str(exc)) from None
+        console.print(f"monkey: {len(schedule)} faults over {duration:g} s (seed {seed})")
+        if dry_run:
+            for fault in schedule:
+                console.print(fault.describe())
+            return
+        done = runner.monkey(chaos, schedule, console, force=force)
+        console.print(f"monkey done: {done} of {len(schedule)} faults injected")
+    finally:
+        chaos.close()
+
+
+@app.command("run")
+def run_experiment(
+    experiment: Path = typer.Argument(..., help="Experiment TOML (see examples/chaos-experiment.toml)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, inject nothing."),
+    run: Optional[str] = RunOpt,
+) -> None:
+    """Run a declarative chaos experiment; ends with a verdict (exit 1 on fail) and a report.
+
+    Example: dldctl chaos run examples/chaos-experiment.toml
+    """
+    try:
+        exp = parse_experiment(tomllib.loads(experiment.read_text()), str(experiment))
+    except FileNotFoundError:
+        raise ConfigError(str(experiment), None, "no such file") from None
+    except (tomllib.TOMLDecodeError, PlanError, KeyError, ValueError, TypeError) as exc:
+        raise ConfigError(str(experiment), None, str(exc)) from None
+    console.print(f"experiment {exp.name}: {exp.duration:g} s, {len(exp.faults)} faults")
+    for fault in exp.faults:
+        console.print(f"  {fault.describe()}")
+    for check in exp.steady:
+        console.print(f"  steady state: {check.text}")
+    for check in exp.aborts:
+        console.print(f"  abort if: {check.text}")
+    if dry_run:
+        return
+    chaos = _chaos(run)
+    try:
+        result = runner.run_experiment(chaos, chaos.run, exp, console)
+    finally:
+        chaos.close()
+    console.print(verdict.markdown(exp, result))
+    if not result.passed:
+        raise OperationError(f"experiment {exp.name} failed: {'; '.join(result.reasons)}")
