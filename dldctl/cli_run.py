@@ -62,7 +62,7 @@ def down(run: Optional[str] = RunOpt, json_out: bool = typer.Option(False, "--js
     Example: dldctl down --run default
     """
     target = rundir.resolve(run, live_only=False)
-    summary = down_mod.down(target, console)
+    summary = down_mod.down(target, Console(stderr=True, highlight=False) if json_out else console)
     if json_out:
         print(json.dumps(summary))
         return

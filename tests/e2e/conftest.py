@@ -6,19 +6,12 @@ ones that need sshd. The fleet is stopped in `finally`, whatever the tests did.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# sshfleet.py sits in tests/, which is not a package and not on sys.path under pytest's
-# default import mode (only this file's directory is).
-_TESTS = str(Path(__file__).resolve().parents[1])
-if _TESTS not in sys.path:
-    sys.path.insert(0, _TESTS)
-
-from sshfleet import SSHFleet  # noqa: E402
+from tests.sshfleet import SSHFleet
 
 _HERE = Path(__file__).resolve().parent
 

@@ -14,7 +14,7 @@ import paramiko
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from sshfleet import FleetHost, SSHFleet, descendants, free_port, keygen, write_ssh_config
+from tests.sshfleet import FleetHost, SSHFleet, descendants, free_port, keygen, write_ssh_config
 
 from dldctl.errors import (
     HostError, HostKeyError, RemoteCommandError, SSHAuthError, UnreachableError,

@@ -1,0 +1,452 @@
+"""One rank of the data-parallel baseline: the learners' model and data, trained with DDP under torchrun.
+
+    python -m torch.distributed.run --standalone --nproc-per-node=N --max-restarts=R \\
+        bench/ddp_worker.py --config CONFIG.json --out DIR
+
+`bench/ddp_baseline.py` launches this (and sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, without
+which a torchrun restart fails gloo init: pytorch/pytorch#135712). Every rank builds the same
+`Workload` a learner builds (`build_workload`, learner_index = rank, shards = world, the run's
+seed: identical init everywhere), wraps the model in DDP (gloo on CPU, NCCL on CUDA) and trains
+with the learners' inner optimizer (AdamW, linear warmup, grad clip) until the token budget
+(summed over ranks) or the duration (counted from the launcher's start, restarts included).
+
+Two ways to average gradients (config "reducer"):
+- "ddp" (default): DistributedDataParallel, bucketed all-reduce overlapped with backward;
+- "flat": no DDP; after backward, the fp32 gradients are copied into flat buckets, each bucket is
+  all-reduced with `dist.all_reduce` and averaged, nothing overlapped. Same maths, same bytes; it
+  avoids DDP's import of torch._dynamo (seconds per (re)start on a small CPU host).
+
+What it counts, and how:
+- gradient bytes: a DDP comm hook (the stock allreduce hook plus a counter) adds the size of every
+  bucket this rank hands to all-reduce ("flat": of every bucket it all-reduces); a ring all-reduce
+  of B bytes sends 2(N-1)/N * B and receives as much per rank. Either way it is exactly the fp32
+  gradients, once per step.
+- blocked time: the hook also notes when the last bucket became ready (local backward done);
+  what backward() spends after that is communication left exposed (overlap hides the rest);
+  "flat" counts the whole explicit all-reduce as blocked.
+  The small per-step control all-reduce (tokens, times, loss, stop flag) counts as blocked too.
+- compute time: forward + backward + clip + AdamW minus the exposed communication, summed over
+  ranks. It is stored in the checkpoint, so after a restart it counts only work that survived.
+Rank 0 checkpoints model + optimizer + counters + data position atomically (temp file, rename)
+every `checkpoint_every_s`; every rank resumes from it at start and fast-forwards its batch
+stream to the checkpointed step (exactly, for the built-in `Batches`). Rank 0 evaluates on the
+learners' held-out batches at the start, every `eval_every` steps and at the end, and appends
+JSON lines to OUT/progress.jsonl: events "start" (first step of an incarnation), "eval",
+"checkpoint", "abort" (this incarnation died), "final"; OUT/final.json holds the end result.
+"""
+
+from __future__ import annotations
+
+import time
+
+_PROCESS_T0 = time.time()   # before the heavy imports: the restart cost includes them
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+from dataclasses import asdict, dataclass, fields  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))   # run as a script by torchrun: make `learner` importable
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from learner import data as data_mod  # noqa: E402
+from learner.workload import Workload, WorkloadContext, build_workload  # noqa: E402
+from syncer.settings import settings_from_dict  # noqa: E402
+
+_IMPORTED_AT = time.time()
+
+CHECKPOINT, PROGRESS, FINAL = "checkpoint.pt", "progress.jsonl", "final.json"
+
+
+@dataclass
+class JobConfig:
+    """The worker's JSON config (what `run_ddp` writes)."""
+
+    settings: dict                        # run settings, as for the learners (model, data, seed, lr, ...)
+    budget_tokens: int | None = None      # stop at this many tokens, summed over ranks
+    duration_s: float | None = None       # stop this long after `started_at` (restarts included)
+    started_at: float | None = None       # the launcher's time.time() at launch
+    checkpoint_every_s: float = 5.0
+    eval_every: int | None = None         # default: settings["eval_every"]
+    threads: int = 1                      # torch intra-op threads per rank
+    device: str = "cpu"                   # cpu | cuda (each rank takes its LOCAL_RANK's GPU)
+    reducer: str = "ddp"                  # ddp | flat (see the module docstring)
+    bucket_mb: float = 25.0               # "flat": bucket size (DDP's default bucket_cap_mb is 25 too)
+    pg_timeout_s: float = 120.0
+
+
+@dataclass
+class Counters:
+    """The job's progress along the lineage of the current model (restored from the checkpoint)."""
+
+    step: int = 0
+    tokens: int = 0                 # summed over ranks
+    compute_s: float = 0.0          # summed over ranks: fwd + bwd + clip + AdamW - exposed comm
+    blocked_s: float = 0.0          # summed over ranks: exposed gradient all-reduce + control all-reduce
+    payload_bytes: int = 0          # per rank: gradient bytes handed to all-reduce
+    control_bytes: int = 0          # per rank: bytes of the small control all-reduce
+    eval_s: float = 0.0             # rank 0: time spent evaluating
+    checkpoint_s: float = 0.0       # rank 0: time spent writing checkpoints
+    loss: float | None = None       # training loss of the last step, mean over ranks
+    eval_loss: float | None = None
+    initial_eval_loss: float | None = None
+
+
+@dataclass
+class CommCounter:
+    """State of the counting comm hook."""
+
+    process_group: Any = None
+    payload_bytes: int = 0
+    last_ready: float = 0.0
+
+
+class Terminated(Exception):
+    """SIGTERM from the torchrun agent (it stops the survivors when a rank dies)."""
+
+
+def counting_allreduce_hook(state: CommCounter, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's default all-reduce (sum, then divide by world), counting the bucket's bytes."""
+    buf = bucket.buffer()
+    state.payload_bytes += buf.numel() * buf.element_size()
+    state.last_ready = time.perf_counter()
+    return allreduce_hook(state.process_group, bucket)
+
+
+# DDP checks the hook's annotations as objects; `from __future__ import annotations` made them strings
+counting_allreduce_hook.__annotations__.update(bucket=dist.GradBucket, state=CommCounter,
+                                               **{"return": torch.futures.Future[torch.Tensor]})
+
+
+class FlatAllReduce:
+    """Gradient averaging by hand: flat fp32 buckets, `dist.all_reduce` (sum), divide by world."""
+
+    def __init__(self, model: torch.nn.Module, world: int, bucket_mb: float, payload_bytes: int = 0) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.world, self.payload_bytes = world, payload_bytes
+        cap = max(1, int(bucket_mb * (1 << 20)))
+        self.buckets: list[list[torch.nn.Parameter]] = [[]]
+        for p in reversed(self.params):   # like DDP: the last layers' gradients are ready first
+            size = sum(q.numel() * q.element_size() for q in self.buckets[-1])
+            if self.buckets[-1] and size + p.numel() * p.element_size() > cap:
+                self.buckets.append([])
+            self.buckets[-1].append(p)
+
+    def broadcast_params(self) -> None:
+        """Rank 0's parameters on every rank (what DDP does at construction)."""
+        for bucket in self.buckets:
+            flat = torch.cat([p.detach().reshape(-1) for p in bucket])
+            dist.broadcast(flat, src=0)
+            with torch.no_grad():
+                for p, value in zip(bucket, flat.split([q.numel() for q in bucket])):
+                    p.copy_(value.view_as(p))
+
+    def reduce(self) -> float:
+        """Average every gradient across ranks; returns the seconds spent (all of it blocked)."""
+        t0 = time.perf_counter()
+        for bucket in self.buckets:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            self.payload_bytes += flat.numel() * flat.element_size()
+            dist.all_reduce(flat)
+            flat.div_(self.world)
+            offset = 0
+            for p in bucket:
+                n = p.numel()
+                p.grad = flat[offset:offset + n].view_as(p)
+                offset += n
+        return time.perf_counter() - t0
+
+
+def ring_wire_bytes(payload_bytes: float, world: int) -> float:
+    """Bytes one rank sends (and receives) in a ring all-reduce of `payload_bytes`."""
+    return 2.0 * (world - 1) / world * payload_bytes if world > 1 else 0.0
+
+
+def load_config(text_or_path: str) -> JobConfig:
+    """A JobConfig from inline JSON or a JSON file; unknown keys are an error."""
+    raw = text_or_path.strip()
+    data = json.loads(raw if raw.startswith("{") else Path(raw).read_text())
+    known = {f.name for f in fields(JobConfig)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown ddp_worker config keys {sorted(unknown)}; known: {sorted(known)}")
+    cfg = JobConfig(**data)
+    cfg.settings = settings_from_dict(cfg.settings).to_dict()   # the learners' defaults, validated
+    if cfg.reducer not in ("ddp", "flat"):
+        raise ValueError(f"reducer must be 'ddp' or 'flat', got {cfg.reducer!r}")
+    if not cfg.budget_tokens and not cfg.duration_s:
+        raise ValueError("set budget_tokens or duration_s: the job needs a way to end")
+    return cfg
+
+
+class Job:
+    """This rank's training job."""
+
+    def __init__(self, cfg: JobConfig, out: Path, device: torch.device) -> None:
+        self.cfg, self.s, self.out, self.device = cfg, cfg.settings, out, device
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        self.eval_every = int(cfg.eval_every or self.s["eval_every"])
+        ckpt = load_checkpoint(out / CHECKPOINT, device)
+        self.finished = bool(ckpt and ckpt.get("finished"))
+        self.final_doc: dict = (ckpt or {}).get("final") or {}
+        self.c = Counters(**ckpt["counters"]) if ckpt else Counters()
+        self.started_at = float(cfg.started_at or (ckpt or {}).get("started_at") or time.time())
+        self.resumed = Counters(**asdict(self.c))
+        self.wl = self._build(ckpt)
+        self.comm = CommCounter(payload_bytes=self.c.payload_bytes)
+        self.flat: FlatAllReduce | None = None
+        if cfg.reducer == "flat":
+            self.train_model = self.wl.model
+            self.flat = FlatAllReduce(self.wl.model, self.world, cfg.bucket_mb, self.c.payload_bytes)
+            self.flat.broadcast_params()
+        else:
+            ids = [device.index] if device.type == "cuda" else None
+            self.train_model = DDP(self.wl.model, device_ids=ids, forward_sync_buffers=False)
+            self.train_model.register_comm_hook(self.comm, counting_allreduce_hook)
+        self.opt = torch.optim.AdamW(self.wl.model.parameters(), lr=self.s["lr"], weight_decay=self.s["weight_decay"])
+        if ckpt:
+            self.opt.load_state_dict(ckpt["optimizer"])
+        self._agree_on_step()
+        self.pending_blocked = 0.0
+        self.last_checkpoint = time.monotonic()
+        self.imports_s = _IMPORTED_AT - _PROCESS_T0
+
+    def _build(self, ckpt: dict | None) -> Workload:
+        ctx = WorkloadContext(settings=self.s, learner_index=self.rank, shards=self.world,
+                              batch_size=int(self.s["batch_size"]), device=self.device,
+                              seed=int(self.s["seed"]))
+        batches = None
+        if ckpt:
+            wl = build_workload(ctx)
+            batches = getattr(wl.next_batch, "__self__", None)
+            if not isinstance(batches, data_mod.Batches):
+                # a custom workload: its stream cannot be fast-forwarded; draw a fresh one instead
+                ctx.seed = int(self.s["seed"]) + 7_919 * self.c.step
+                wl = build_workload(ctx)
+            wl.model.load_state_dict(ckpt["model"])
+        else:
+            wl = build_workload(ctx)
+        if isinstance(batches, data_mod.Batches):
+            for _ in range(self.c.step):   # exactly the window starts Batches.next() would have drawn
+                batches._rng.integers(batches.start, batches.stop - batches.seq_len, size=batches.batch_size)
+        return wl
+
+    def _agree_on_step(self) -> None:
+        """Every rank loaded the same checkpoint (rank 0 may not write one before all have started)."""
+        mine = torch.tensor([self.c.step, -self.c.step], dtype=torch.int64, device=self.device)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        if int(mine[0]) != self.c.step or int(mine[1]) != -self.c.step:
+            raise RuntimeError(f"rank {self.rank}: ranks resumed from different steps ({int(mine[0])} vs "
+                               f"{-int(mine[1])}); was the checkpoint rewritten during start-up?")
+
+    # -- training ----------------------------------------------------------------------------
+    def run(self) -> int:
+        """Train until the budget is spent; checkpoint, evaluate, report; returns the exit code."""
+        if self.finished:   # restarted after the final checkpoint: nothing left to train
+            if self.rank == 0:
+                self._event("finished-already")
+                if not (self.out / FINAL).exists():
+                    write_json_atomic(self.out / FINAL, self.final_doc)
+            dist.barrier()
+            return 0
+        if self.rank == 0 and self.c.step == 0:
+            self._evaluate(initial=True)
+        try:
+            stop = False
+            while not stop:
+                stop = self._train_step()
+                if self.rank == 0:
+                    self._after_step(first=self.c.step == self.resumed.step + 1)
+        except (Exception, Terminated) as exc:
+            if self.rank == 0:
+                self._event("abort", error=f"{type(exc).__name__}: {exc}"[:300])
+            raise
+        self._finish()
+        return 0
+
+    def _lr(self) -> float:
+        return float(self.s["lr"]) * min(1.0, (self.c.step + 1) / max(1, int(self.s["warmup"])))
+
+    def _train_step(self) -> bool:
+        """One DDP step and the control all-reduce; True when the job should stop."""
+        t0 = time.perf_counter()
+        for group in self.opt.param_groups:
+            group["lr"] = self._lr()
+        batch = self.wl.next_batch()
+        loss = self.wl.loss(self.train_model, batch)
+        self.opt.zero_grad(set_to_none=True)
+        self.comm.last_ready = t0
+        loss.backward()                       # DDP: the comm hook all-reduces the buckets as they fill
+        if self.flat is not None:
+            exposed = self.flat.reduce()
+        else:
+            exposed = max(0.0, time.perf_counter() - self.comm.last_ready)
+        if float(self.s["grad_clip"]) > 0:
+            torch.nn.utils.clip_grad_norm_(self.wl.model.parameters(), float(self.s["grad_clip"]))
+        self.opt.step()
+        value = float(loss.detach())
+        compute = time.perf_counter() - t0 - exposed
+        ctrl = torch.tensor([self.wl.tokens(batch), compute, exposed + self.pending_blocked, value,
+                             float(self._out_of_time())], dtype=torch.float64, device=self.device)
+        t1 = time.perf_counter()
+        dist.all_reduce(ctrl)
+        self.pending_blocked = time.perf_counter() - t1   # counted with the next step
+        tokens, compute_sum, blocked_sum, loss_sum, stop = ctrl.tolist()
+        c = self.c
+        c.step += 1
+        c.tokens += int(round(tokens))
+        c.compute_s += compute_sum
+        c.blocked_s += blocked_sum
+        c.payload_bytes = self.flat.payload_bytes if self.flat is not None else self.comm.payload_bytes
+        c.control_bytes += ctrl.numel() * ctrl.element_size()
+        c.loss = loss_sum / self.world
+        return stop > 0 or bool(self.cfg.budget_tokens and c.tokens >= self.cfg.budget_tokens)
+
+    def _out_of_time(self) -> bool:
+        return bool(self.cfg.duration_s) and time.time() - self.started_at >= float(self.cfg.duration_s)
+
+    def _after_step(self, first: bool) -> None:
+        """Rank 0's bookkeeping between steps: start event, periodic eval and checkpoint."""
+        if first:
+            now = time.time()
+            self._event("start", resumed_step=self.resumed.step, resumed_tokens=self.resumed.tokens,
+                        resumed_compute_s=self.resumed.compute_s, process_started=_PROCESS_T0,
+                        imports_s=self.imports_s, boot_s=now - _PROCESS_T0)
+        if self.c.step % self.eval_every == 0:
+            self._evaluate()
+        if time.monotonic() - self.last_checkpoint >= self.cfg.checkpoint_every_s:
+            self._checkpoint()
+
+    @torch.no_grad()
+    def _evaluate(self, initial: bool = False) -> float:
+        """Mean loss over the learners' fixed held-out batches, on the bare model (rank 0)."""
+        t0 = time.perf_counter()
+        model = self.wl.model
+        model.eval()
+        losses = [float(self.wl.loss(model, b)) for b in self.wl.eval_batches]
+        model.train()
+        value = sum(losses) / max(1, len(losses))
+        self.c.eval_loss = value
+        if initial:
+            self.c.initial_eval_loss = value
+        self.c.eval_s += time.perf_counter() - t0
+        self._event("eval")
+        return value
+
+    def _checkpoint(self, final: dict | None = None) -> None:
+        t0 = time.perf_counter()
+        state = {"model": self.wl.model.state_dict(), "optimizer": self.opt.state_dict(),
+                 "counters": asdict(self.c), "data": {"step": self.c.step, "seed": int(self.s["seed"])},
+                 "world": self.world, "started_at": self.started_at, "saved_at": time.time(),
+                 "finished": final is not None, "final": final}
+        save_atomic(state, self.out / CHECKPOINT)
+        self.c.checkpoint_s += time.perf_counter() - t0
+        self.last_checkpoint = time.monotonic()
+        self._event("checkpoint")
+
+    def _finish(self) -> None:
+        """Final eval, final.json and a finished checkpoint (rank 0); then every rank meets."""
+        if self.rank == 0:
+            self._evaluate()
+            doc = self._record("final")
+            doc.update(world=self.world, n_params=sum(p.numel() for p in self.wl.model.parameters()),
+                       resumed_step=self.resumed.step, settings=self.s,
+                       budget_tokens=self.cfg.budget_tokens, duration_s=self.cfg.duration_s)
+            self._checkpoint(final=doc)
+            write_json_atomic(self.out / FINAL, doc)
+            self._append(doc)
+        dist.barrier()
+
+    # -- reporting ---------------------------------------------------------------------------
+    def _record(self, event: str, **extra: Any) -> dict:
+        now = time.time()
+        doc = {"event": event, "time": now, "t": now - self.started_at, "restarts": self.restart,
+               **asdict(self.c),
+               "wire_bytes_sent": ring_wire_bytes(self.c.payload_bytes, self.world), **extra}
+        doc["bytes"] = doc["wire_bytes_sent"]
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in doc.items()}
+
+    def _event(self, event: str, **extra: Any) -> None:
+        self._append(self._record(event, **extra))
+
+    def _append(self, doc: dict) -> None:
+        with open(self.out / PROGRESS, "a") as fh:
+            fh.write(json.dumps(doc) + "\n")
+
+
+def load_checkpoint(path: Path, device: torch.device) -> dict | None:
+    """The checkpoint at `path`, or None when there is none yet."""
+    if not path.exists():
+        return None
+    return torch.load(path, map_location=device, weights_only=True)
+
+
+def save_atomic(obj: Any, path: Path) -> None:
+    """torch.save to a temp file beside `path`, fsync, rename over it: never a torn checkpoint."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json_atomic(path: Path, doc: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _on_sigterm(_signum: int, _frame: Any) -> None:
+    raise Terminated("SIGTERM from the torchrun agent")
+
+
+def setup(cfg: JobConfig) -> torch.device:
+    """Threads, device and the process group torchrun prepared (env:// rendezvous)."""
+    torch.set_num_threads(max(1, cfg.threads))
+    cuda = cfg.device.startswith("cuda")
+    if cuda:
+        device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    # a dead peer must fail the collective quickly, not after gloo's default 30 minutes
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=cfg.pg_timeout_s))
+    return device
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="JSON text or a JSON file (see JobConfig)")
+    parser.add_argument("--out", required=True, type=Path, help="the job's directory (checkpoint, progress)")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config)
+    args.out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    device = setup(cfg)
+    try:
+        return Job(cfg, args.out, device).run()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

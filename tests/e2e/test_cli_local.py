@@ -1,0 +1,230 @@
+"""The real `dldctl` commands against a local fleet (no SSH): up, status, logs, every chaos
+action, the monkey, an experiment, learner add/remove, converge, report, and down.
+
+One fleet for the module (4 gpt-tiny learners on two local "hosts", quorum 2); the tests run in
+file order and each leaves the fleet healthy for the next. Teardown stops everything by pid.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from syncer import jsonl
+from tests.e2e.fleetutil import Dl, kinds, learner
+
+pytestmark = [pytest.mark.timeout(300)]
+
+INVENTORY = """
+[run]
+name = "e2e"
+model = "gpt-tiny"
+seq_len = 32
+batch_size = 8
+H = 8
+quorum = 2
+eval_every = 20
+eval_batches = 2
+heartbeat_s = 0.25
+liveness_s = 2.0
+restart_delay_s = 1.0
+checkpoint_every = 10
+
+[[hosts]]
+name = "a"
+address = "local"
+learners = 2
+
+[[hosts]]
+name = "b"
+address = "local"
+learners = 2
+throttle = 2.0
+"""
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Dl, Path]]:
+    home = tmp_path_factory.mktemp("home")
+    inv = home / "inventory.toml"
+    inv.write_text(INVENTORY)
+    dl = Dl(home)
+    try:
+        out = dl("up", str(inv), "-d")
+        assert "up: e2e-" in out.stdout
+        dl.wait(lambda s: s["syncer"]["outer_steps"] >= 5 and all(r["state"] == "running" for r in s["learners"]),
+                120, "the fleet training")
+        yield dl, inv
+    finally:
+        dl.cleanup()
+
+
+def all_events(dl: Dl) -> list[dict]:
+    return list(jsonl.read(dl.run_dir() / "events.jsonl"))
+
+
+def test_status_json_matches_the_schema(fleet: tuple[Dl, Path]) -> None:
+    dl, _ = fleet
+    snap = dl.status()
+    assert isinstance(snap["run"], str) and isinstance(snap["uptime_s"], float)
+    assert {"alive", "address", "fragments", "outer_steps", "checkpoint_outer_step"} <= set(snap["syncer"])
+    assert snap["syncer"]["alive"] is True and snap["syncer"]["fragments"] == 4
+    assert {"min", "live", "total", "last_round_contributors"} <= set(snap["quorum"])
+    assert snap["quorum"]["min"] == 2 and snap["quorum"]["total"] == 4
+    assert 0.0 <= snap["goodput"] <= 1.0
+    assert {"trained", "merged", "per_s"} <= set(snap["tokens"]) and {"up", "down", "ddp_equivalent"} <= set(snap["bytes"])
+    assert {"train", "eval"} <= set(snap["loss"])
+    row_keys = {"id", "host", "state", "pid", "step", "tokens", "tokens_per_s", "restarts", "weight", "heartbeat_age_s"}
+    assert [r["id"] for r in snap["learners"]] == [f"learner-{i}" for i in range(4)]
+    for row in snap["learners"]:
+        assert row_keys <= set(row) and isinstance(row["pid"], int)
+    assert all({"t", "kind", "target", "detail"} <= set(e) for e in snap["events"])
+    assert snap["bytes"]["ddp_equivalent"] > snap["bytes"]["up"] + snap["bytes"]["down"]
+
+
+def test_status_once_is_plain_text(fleet: tuple[Dl, Path]) -> None:
+    dl, _ = fleet
+    out = dl("status", "--once").stdout
+    assert "\x1b[" not in out and "learner-3" in out and "quorum" in out
+
+
+def test_logs_show_a_learner_and_the_syncer(fleet: tuple[Dl, Path]) -> None:
+    dl, _ = fleet
+    assert "learner-0" in dl("logs", "learner-0", "--tail", "20").stdout
+    assert "serving run" in dl("logs", "syncer", "--tail", "50").stdout
+    bad = dl("logs", "learner-9", check=False)
+    assert bad.returncode == 2 and "no process named 'learner-9'" in bad.stderr
+
+
+def test_kill_a_learner_and_the_supervisor_brings_it_back(fleet: tuple[Dl, Path]) -> None:
+    dl, _ = fleet
+    merged = dl.status()["tokens"]["merged"]
+    out = dl("chaos", "kill", "learner-1", "--down-for", "2")
+    assert "killed learner-1" in out.stdout
+    snap = dl.wait(lambda s: learner(s, "learner-1")["restarts"] == 1 and learner(s, "learner-1")["state"] == "running",
+                   90, "learner-1 restarted and training")
+    dl.wait(lambda s: s["tokens"]["merged"] > merged, 60, "merges going on")
+    seen = [e["kind"] for e in all_events(dl) if e["target"] == "learner-1"]
+    assert {"fault_inject", "restart", "rejoin"} <= set(seen), seen
+
+
+def test_pause_slow_partition_take_effect_and_undo_themselves(fleet: tuple[Dl, Path]) -> None:
+    dl, _ = fleet
+    dl("chaos", "pause", "learner-2", "--duration", "10")
+    dl("chaos", "slow", "learner-3", "--factor", "3", "--duration", "10")
+    dl("chaos", "partition", "learner-0", "--duration", "10")
+    snap = dl.status()
+    states = {r["id"]: r["state"] for r in snap["learners"]}
+    assert (states["learner-2"], states["learner-3"], states["learner-0"]) == ("paused", "slow", "partitioned"), states
+    assert len(snap["faults"]) == 3
+    dl.wait(lambda s: not s["faults"] and all(r["state"] == "running" for r in s["learners"]), 60, "faults undone")
+    undone = [(e["kind"], e["target"]) for e in all_events(dl) if e["kind"] == "fault_undo"]
+    assert {("fault_undo", "learner-2"), ("fault_undo", "learner-3"), ("fault_undo", "learner-0")} <= set(undone)
+    assert "learner_back" in kinds(dl.status(), "learner-0")
+
+
+def test_guard_refuses_to_break_the_quorum_and_heal_is_idempotent(fleet: tuple[Dl, Path]) -> None:
+    dl, _ = fleet
+    dl("chaos", "pause", "learner-0", "--duration", "30")
+    dl("chaos", "pause", "learner-1", "--duration", "30")
+    refused = dl("chaos", "pause", "learner-2", "--duration", "30", check=False, input="n\n")
+    assert refused.returncode == 1 and "below the minimum quorum" in (refused.stdout + refused.stderr)
+    assert "healed" in dl("chaos", "heal", "--all").stdout
+    assert "nothing to heal" in dl("chaos", "heal", "--all").stdout
+    dl.wait(lambda s: all(r["state"] == "running" for r in s["learners"]), 60, "learners running again")
+
+
+def test_kill_the_syncer_and_it_resumes_from_its_checkpoint(fleet: tuple[Dl, Path]) -> None:
+    dl, _ = fleet
+    before = dl.wait(lambda s: s["syncer"]["checkpoint_outer_step"] > 0, 60, "a checkpoint")
+    epoch = before["syncer"]["epoch"]
+    dl("chaos", "kill", "syncer")
+    snap = dl.wait(lambda s: s["syncer"]["alive"] and s["syncer"].get("epoch") == epoch + 1, 60, "syncer back")
+    assert snap["syncer"]["outer_steps"] >= before["syncer"]["checkpoint_outer_step"]
+    steps = snap["syncer"]["outer_steps"]
+    dl.wait(lambda s: s["syncer"]["outer_steps"] > steps + 3 and s["quorum"]["live"] >= 3, 90, "merging again")
+
+
+def test_monkey_schedule_is_reproducible_and_training_goes_on(fleet: tuple[Dl, Path]) -> None:
+    dl, _ = fleet
+    args = ("chaos", "monkey", "--mtbf", "2", "--duration", "20", "--seed", "3", "--actions", "kill,pause,slow", "--dry-run")
+    first, second = dl(*args).stdout, dl(*args).stdout
+    assert first == second and first.count("t+") >= 3
+    merged = dl.status()["tokens"]["merged"]
+    out = dl("chaos", "monkey", "--mtbf", "2", "--duration", "8", "--seed", "1", "--actions", "pause,slow",
+             "--fault-duration", "2").stdout
+    assert re.search(r"monkey done: \d+ of \d+ faults injected", out)
+    dl.wait(lambda s: s["tokens"]["merged"] > merged and not s["faults"], 60, "merging after the monkey")
+
+
+def test_experiment_runs_to_a_verdict_with_a_report(fleet: tuple[Dl, Path], tmp_path: Path) -> None:
+    dl, _ = fleet
+    exp = tmp_path / "exp.toml"
+    exp.write_text("""
+[experiment]
+name = "smoke"
+settle = 10
+[[steady_state]]
+check = "quorum.live >= 3"
+[[steady_state]]
+check = "tokens.merged rising"
+[[fault]]
+at = 1
+action = "kill"
+target = "learner-3"
+[[fault]]
+at = 3
+action = "pause"
+target = "learner-2"
+duration = 3
+[[abort]]
+check = "syncer.alive == false"
+""")
+    out = dl("chaos", "run", str(exp), timeout=120)
+    assert "verdict: PASS" in out.stdout
+    reports = sorted((dl.run_dir() / "chaos").glob("smoke-*.json"))
+    report = json.loads(reports[-1].read_text())
+    kill = report["faults"][0]
+    assert report["passed"] and kill["action"] == "kill" and kill["back_after_s"] is not None
+    assert kill["detected_after_s"] is not None and kill["detected_after_s"] <= kill["back_after_s"]
+
+
+def test_learner_add_and_remove(fleet: tuple[Dl, Path]) -> None:
+    dl, _ = fleet
+    out = dl("learner", "add", "--host", "a", "--count", "1")
+    assert "learner-4" in out.stdout
+    dl.wait(lambda s: any(r["id"] == "learner-4" and r["state"] == "running" and r["weight"] > 0 for r in s["learners"]),
+            90, "learner-4 joined and merged")
+    assert dl.status()["quorum"]["total"] == 5
+    dl("learner", "remove", "learner-4")
+    dl.wait(lambda s: learner(s, "learner-4")["state"] == "stopped" and s["quorum"]["total"] == 4, 60, "learner-4 gone")
+
+
+def test_up_again_converges_instead_of_starting_a_second_run(fleet: tuple[Dl, Path]) -> None:
+    dl, inv = fleet
+    out = dl("up", str(inv), "-d")
+    assert "already matches the inventory" in out.stdout
+    assert len(list((dl.home / "runs").iterdir())) == 1
+
+
+def test_report_writes_plots_and_a_summary(fleet: tuple[Dl, Path], tmp_path: Path) -> None:
+    dl, _ = fleet
+    dl("report", "--out", str(tmp_path / "rep"))
+    for name in ("loss.png", "goodput.png", "throughput.png", "bandwidth.png", "quorum.png", "summary.md"):
+        assert (tmp_path / "rep" / name).stat().st_size > 0
+
+
+def test_down_stops_everything_with_a_summary(fleet: tuple[Dl, Path]) -> None:
+    dl, _ = fleet
+    out = json.loads(dl("down", "--json").stdout)
+    assert out["final_model"] and Path(out["final_model"]).exists() and out["outer_steps"] > 0
+    assert dl.leftovers() == []
+    snap = dl.status()
+    assert snap["status"] == "down" and snap["syncer"]["alive"] is False
+    time.sleep(1.0)
+    assert dl.leftovers() == []
