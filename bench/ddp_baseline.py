@@ -258,7 +258,7 @@ def _restart_costs(kills: list[dict], events: list[dict]) -> list[dict]:
     out = []
     for kill in kills:
         nxt = next((s for s in starts if s["time"] > kill["time"]), None)
-        abort = next((a for a in aborts if a["time"] >= kill["time"] - 1.0), None)
+        abort = next((a for a in aborts if a["time"] >= kill["time"]), None)
         item = {**kill, "restart_cost_s": nxt["time"] - kill["time"] if nxt else None,
                 "respawn_s": nxt["process_started"] - kill["time"] if nxt else None,   # torchrun's part
                 "boot_s": nxt["boot_s"] if nxt else None,                            # the new process's part
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         _quick(args)
     schedule = failure_schedule(args.duration, args.mtbf, args.seed)
     if args.quick:
-        schedule = schedule[:1] or [args.duration / 2]
+        schedule = [round(0.6 * args.duration, 3)]   # one kill, mid-run
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ddp_baseline_"))
     reducers = ["ddp", "flat"] if args.reducer == "both" else [args.reducer]
     rows, runs = [], {}

@@ -32,7 +32,8 @@ every `checkpoint_every_s`; every rank resumes from it at start and fast-forward
 stream to the checkpointed step (exactly, for the built-in `Batches`). Rank 0 evaluates on the
 learners' held-out batches at the start, every `eval_every` steps and at the end, and appends
 JSON lines to OUT/progress.jsonl: events "start" (first step of an incarnation), "eval",
-"checkpoint", "abort" (this incarnation died), "final"; OUT/final.json holds the end result.
+"checkpoint", "final"; any rank that survives a peer's death appends "abort" (how far this
+incarnation got). OUT/final.json holds the end result.
 """
 
 from __future__ import annotations
@@ -272,8 +273,8 @@ class Job:
                 if self.rank == 0:
                     self._after_step(first=self.c.step == self.resumed.step + 1)
         except (Exception, Terminated) as exc:
-            if self.rank == 0:
-                self._event("abort", error=f"{type(exc).__name__}: {exc}"[:300])
+            # any survivor says how far this incarnation got (counters are the same on every rank)
+            self._event("abort", rank=self.rank, error=f"{type(exc).__name__}: {exc}"[:300])
             raise
         self._finish()
         return 0
@@ -384,6 +385,7 @@ class Job:
         self._append(self._record(event, **extra))
 
     def _append(self, doc: dict) -> None:
+        """One line, one write() in append mode: lines from several ranks never interleave."""
         with open(self.out / PROGRESS, "a") as fh:
             fh.write(json.dumps(doc) + "\n")
 

@@ -13,6 +13,7 @@ so the syncer holds exactly what every learner reconstructs from the update blob
 from __future__ import annotations
 
 import collections
+import math
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -316,26 +317,41 @@ class SyncerCore:
         t0 = self.clock()
         p = rnd.fragment
         contribs = sorted(rnd.contributions.values(), key=lambda c: c.learner)
-        deltas, weights = self._clipped(p, contribs)
-        merged = merge.merge(deltas, weights, self.model.plan.segments(p), self.s.merge)
-        scale = self._fleet_scale(contribs, now)
-        if scale < 1.0:
-            merged.mul_(scale)
+        blob = self._step(p, contribs, now)
         m = self.model
-        new_theta, m.momentum[p] = merge.nesterov_step(m.theta[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum)
-        change = new_theta.sub_(m.theta[p]).add_(m.residual[p])
-        q = codec.quantize(change, self.s.compression, self.s.block)
-        applied = codec.dequantize(q)
-        m.theta[p] = m.theta[p] + applied
-        m.residual[p] = change - applied
         m.versions[p] += 1
-        blob = codec.encode_quantized(q)
         recipients = list(self.fleet.connected(now))
         self._crcs[p] = m.crc(p)
         out.broadcast(recipients, Message("update", {
             "fragment": p, "version": m.versions[p], "from_version": m.versions[p] - 1,
             "epoch": self.epoch, "contributors": [c.learner for c in contribs], "crc": self._crcs[p]}, [blob]))
+        weights = [c.weight for c in contribs]
         self._account(rnd, contribs, weights, now, out, blob_bytes=len(blob) * len(recipients), t0=t0)
+
+    def _step(self, p: int, contribs: list[Contribution], now: float) -> bytes:
+        """Merge, Nesterov and publish fragment p in place; returns the update blob.
+
+        Every buffer is updated in place (one pass per operation, no fragment-sized temporaries
+        beyond the merged gradient and the published change):
+            residual <- residual + (theta' - theta)      the change to publish, then
+            theta    <- theta + dequantize(q)            what every learner computes from the blob
+            residual <- change - dequantize(q)           error feedback for the next round
+        """
+        m = self.model
+        deltas = [c.delta for c in contribs]
+        segments = m.plan.segments(p)
+        rda = self.s.merge == "rda" and len(deltas) > 1
+        sqnorms = merge.segment_sqnorms(deltas, segments) if rda or self.s.robust_clip > 0 else None
+        factors = self._clipped(p, sqnorms)
+        scale = self._fleet_scale(contribs, now)
+        merged = merge.merge(deltas, [c.weight for c in contribs], segments, self.s.merge,
+                             factors=factors, scale=min(1.0, scale), sqnorms=sqnorms)
+        change = merge.nesterov_change_(m.residual[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum)
+        q, applied = codec.quantize_roundtrip(change, self.s.compression, self.s.block)
+        blob = codec.encode_quantized(q)  # before `change` moves on: q may share its memory ("none")
+        m.theta[p].add_(applied)          # a separate fp32 add, exactly as learners apply the blob
+        change.sub_(applied)              # m.residual[p] is `change`: now the carried residual
+        return blob
 
     def _fleet_scale(self, contribs: list[Contribution], now: float) -> float:
         """This round's share of the live fleet's tokens per sync period (1.0 when disabled)."""
@@ -347,16 +363,18 @@ class SyncerCore:
         period = sum(self.fleet.tokens_per_step(m, self.s.seq_len) for m in members) * self.s.H
         return merge.fleet_fraction(sum(c.c_tokens for c in contribs), period)
 
-    def _clipped(self, p: int, contribs: list[Contribution]) -> tuple[list[torch.Tensor], list[float]]:
-        deltas = [c.delta for c in contribs]
-        weights = [c.weight for c in contribs]
-        if self.s.robust_clip > 0:
-            norms = [float(torch.linalg.vector_norm(d)) for d in deltas]
-            factors = merge.clip_factors(norms, list(self._norm_history[p]), self.s.robust_clip)
-            deltas = [d * f if f < 1.0 else d for d, f in zip(deltas, factors)]
-            self.counters["clipped"] += sum(1 for f in factors if f < 1.0)
-            self._norm_history[p].extend(n * min(1.0, f) for n, f in zip(norms, factors))
-        return deltas, weights
+    def _clipped(self, p: int, sqnorms: list[list[float]] | None) -> list[float] | None:
+        """Robust-clip factors per contribution (None when clipping is off), from per-segment norms.
+
+        The factors are folded into the merge (merge.merge(factors=...)): no delta is copied.
+        """
+        if self.s.robust_clip <= 0 or sqnorms is None:
+            return None
+        norms = [math.sqrt(sum(sq)) for sq in sqnorms]
+        factors = merge.clip_factors(norms, list(self._norm_history[p]), self.s.robust_clip)
+        self.counters["clipped"] += sum(1 for f in factors if f < 1.0)
+        self._norm_history[p].extend(n * min(1.0, f) for n, f in zip(norms, factors))
+        return factors
 
     def _account(self, rnd: Round, contribs: list[Contribution], weights: list[float], now: float,
                  out: Outbox, blob_bytes: int, t0: float) -> None:

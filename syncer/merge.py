@@ -7,6 +7,7 @@ Shapes: every delta is a flat fp32 fragment vector of n values; `segments` lists
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Sequence
 
@@ -51,23 +52,77 @@ def rda_tensor(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> tor
 
 
 def merge(
-    deltas: Sequence[torch.Tensor], weights: Sequence[float], segments: Segments, rule: str = "rda"
+    deltas: Sequence[torch.Tensor], weights: Sequence[float], segments: Segments, rule: str = "rda",
+    *, factors: Sequence[float] | None = None, scale: float = 1.0,
+    sqnorms: Sequence[Sequence[float]] | None = None,
 ) -> torch.Tensor:
-    """Merge outer gradients of one fragment: RDA per tensor (mean for embeddings) or plain mean."""
+    """Merge outer gradients of one fragment: RDA per tensor (mean for embeddings) or plain mean.
+
+    `factors` (robust clipping) and `scale` (fleet scale) give the result of merging
+    `[d * f for d, f in zip(deltas, factors)]` and multiplying it by `scale`, without copying the
+    deltas: RDA is invariant to a positive factor's effect on a direction and only scales the
+    norm, the mean takes it as a weight. `sqnorms[m][s]` (squared norm of delta m on segment s,
+    before any factor) may be passed when already computed (see `segment_sqnorms`).
+    Each output element is written by one weighted sum over the deltas, then one scaling.
+    """
     if not deltas:
         raise ValueError("nothing to merge")
     if float(sum(weights)) <= 0:
         weights = [1.0] * len(deltas)
+    factors = [1.0] * len(deltas) if factors is None else list(factors)
+    total = float(sum(weights))
     if rule == "mean" or len(deltas) == 1:
-        return weighted_mean(deltas, weights)
+        return _weighted_sum(deltas, [w * f * scale / total for w, f in zip(weights, factors)])
     if rule != "rda":
         raise ValueError(f"unknown merge rule {rule!r}")
+    if sqnorms is None:
+        sqnorms = segment_sqnorms(deltas, segments)
     out = torch.empty_like(deltas[0])
-    for offset, numel, kind in segments:
+    for s, (offset, numel, kind) in enumerate(segments):
         parts = [d[offset : offset + numel] for d in deltas]
-        merged = weighted_mean(parts, weights) if kind == "embedding" else rda_tensor(parts, weights)
-        out[offset : offset + numel] = merged
+        target = out[offset : offset + numel]
+        if kind == "embedding":
+            _weighted_sum(parts, [w * f * scale / total for w, f in zip(weights, factors)], target)
+        else:
+            _rda_into(parts, weights, factors, [sq[s] for sq in sqnorms], scale, target)
     return out
+
+
+def segment_sqnorms(deltas: Sequence[torch.Tensor], segments: Segments) -> list[list[float]]:
+    """[m][s]: squared L2 norm of delta m on segment s (one read of every delta, no temporaries)."""
+    return [[_sqnorm(d[o : o + n]) for o, n, _ in segments] for d in deltas]
+
+
+def _weighted_sum(vectors: Sequence[torch.Tensor], coefs: Sequence[float],
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """sum_m coefs[m] * vectors[m], into `out` (a new tensor when None)."""
+    out = torch.mul(vectors[0], coefs[0], out=out) if out is not None else vectors[0] * coefs[0]
+    for v, c in zip(vectors[1:], coefs[1:]):
+        out.add_(v, alpha=c)
+    return out
+
+
+def _rda_into(parts: Sequence[torch.Tensor], weights: Sequence[float], factors: Sequence[float],
+              sqnorms: Sequence[float], scale: float, out: torch.Tensor) -> None:
+    """RDA of `f_m * parts[m]` times `scale`, written into `out` (see rda_tensor)."""
+    total = float(sum(weights))
+    norms = [math.sqrt(sq) for sq in sqnorms]
+    mean_norm = sum(w * f * n for w, f, n in zip(weights, factors, norms)) / total
+    coefs = [w / (n * total) if n > 0 else 0.0 for w, n in zip(weights, norms)]
+    _weighted_sum(parts, coefs, out)
+    dnorm = math.sqrt(_sqnorm(out))
+    if dnorm == 0 or mean_norm == 0:
+        out.zero_()
+    else:
+        out.mul_(mean_norm * scale / dnorm)
+
+
+def _sqnorm(v: torch.Tensor) -> float:
+    """Squared L2 norm as a Python float: a dot product (no |v|^2 temporary); vector_norm if it overflows."""
+    if not v.numel():
+        return 0.0
+    sq = float(torch.dot(v, v))
+    return float(torch.linalg.vector_norm(v)) ** 2 if math.isinf(sq) else sq
 
 
 def nesterov_step(
@@ -80,6 +135,18 @@ def nesterov_step(
     new_buf = buf * momentum + grad
     update = grad + new_buf * momentum
     return theta - update * lr, new_buf
+
+
+def nesterov_change_(change: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: float = 0.7,
+                     momentum: float = 0.9) -> torch.Tensor:
+    """`nesterov_step` in place, as the parameter change: no theta needed, nothing allocated.
+
+    buf <- momentum * buf + grad (exactly torch.optim.SGD's buffer update), then
+    change <- change - lr * grad - lr * momentum * buf', i.e. change + (theta' - theta).
+    Returns `change`.
+    """
+    buf.mul_(momentum).add_(grad)
+    return change.add_(grad, alpha=-lr).add_(buf, alpha=-lr * momentum)
 
 
 def grace_window(gamma: float, tau: int, t_step: float, t_quorum: float, t_sync: float) -> float:

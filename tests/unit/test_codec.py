@@ -349,7 +349,7 @@ def _reheader(blob: bytes, **fields: int) -> bytes:
 @pytest.mark.parametrize(
     "fields",
     [
-        {"magic": b"XX"}, {"fmt": 2}, {"mode": 4}, {"mode": 255}, {"numel": 400}, {"numel": 1 << 40},
+        {"magic": b"XX"}, {"fmt": 1}, {"fmt": 3}, {"mode": 4}, {"mode": 255}, {"numel": 400}, {"numel": 1 << 40},
         {"block": 0}, {"block": 63}, {"block": 1 << 21}, {"raw_len": 0}, {"raw_len": 1 << 60},
     ],
 )
@@ -379,7 +379,10 @@ def test_int4_zero_nibble_and_negative_scale_rejected() -> None:
     raw = bytearray(_payload(blob))
     nblocks = -(-300 // 64)
     bad = raw.copy()
-    bad[4 * nblocks] = 0x80  # low nibble 0 = code -8, never produced
+    bad[4 * nblocks] = 0x80  # high nibble 0b1000 = code -8 (two's complement), never produced
+    with pytest.raises(CodecError, match="nibble"):
+        codec.decode(_with_payload(blob, bytes(bad)))
+    bad[4 * nblocks] = 0x18  # low nibble 0b1000: refused too
     with pytest.raises(CodecError, match="nibble"):
         codec.decode(_with_payload(blob, bytes(bad)))
     neg = raw.copy()

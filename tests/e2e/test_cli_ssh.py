@@ -1,0 +1,166 @@
+"""The real `dldctl` commands against three real sshd hosts on 127.0.0.2-4.
+
+check, up (wheel copied, Python set up on each host, keys 0600), status, a learner's process
+killed on its host and healed by the supervisor without any command, chaos over SSH, learner
+add, logs of a remote learner, down with nothing left running. Also: a host with a changed host
+key and an unreachable host are refused with one clear line while the rest of the fleet comes up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from syncer import jsonl
+from tests.e2e.fleetutil import Dl, learner
+from tests.sshfleet import SSHFleet, free_port
+
+pytestmark = [pytest.mark.timeout(400)]
+
+
+def inventory(fleet: SSHFleet, workdir: Path, *, extra_hosts: str = "", quorum: int = 2, name: str = "ssh") -> str:
+    first = fleet.hosts[0]
+    text = f"""
+[run]
+name = "{name}"
+model = "gpt-tiny"
+seq_len = 32
+batch_size = 8
+H = 8
+quorum = {quorum}
+eval_every = 20
+heartbeat_s = 0.25
+liveness_s = 2.0
+restart_delay_s = 1.0
+
+[ssh]
+user = "{first.user}"
+identity_file = "{first.identity_file}"
+known_hosts = "{first.known_hosts}"
+use_ssh_config = false
+"""
+    for i, host in enumerate(fleet.hosts):
+        text += f"""
+[[hosts]]
+name = "h{i}"
+address = "{host.address}"
+port = {host.port}
+learners = 1
+python = "{sys.executable}"
+workdir = "{workdir / f'h{i}'}"
+"""
+    return text + extra_hosts
+
+
+@pytest.fixture(scope="module")
+def ssh_run(ssh_fleet: SSHFleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Dl, Path, Path]]:
+    home = tmp_path_factory.mktemp("sshhome")
+    work = tmp_path_factory.mktemp("remote")
+    inv = home / "inventory.toml"
+    inv.write_text(inventory(ssh_fleet, work))
+    dl = Dl(home)
+    try:
+        yield dl, inv, work
+    finally:
+        dl.cleanup()
+
+
+def test_check_reports_every_host_ok(ssh_run: tuple[Dl, Path, Path]) -> None:
+    dl, inv, _ = ssh_run
+    out = dl("check", str(inv)).stdout
+    for name in ("h0", "h1", "h2"):
+        assert name in out
+    assert "FAIL" not in out and out.count("ok") >= 12
+
+
+def test_up_provisions_the_hosts_and_trains(ssh_run: tuple[Dl, Path, Path]) -> None:
+    dl, inv, work = ssh_run
+    out = dl("up", str(inv), "-d", timeout=300)
+    assert "up: ssh-" in out.stdout
+    snap = dl.wait(lambda s: s["syncer"]["outer_steps"] >= 5 and all(r["state"] == "running" for r in s["learners"]),
+                   180, "three remote learners training")
+    assert [r["host"] for r in snap["learners"]] == ["h0", "h1", "h2"]
+    config = next((work / "h0" / "runs").iterdir()) / "config.json"
+    secret = next((work / "h0" / "runs").iterdir()) / "keys" / "learner-0.key_secret"
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600 and stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert not (next((work / "h0" / "runs").iterdir()) / "keys" / "learner-1.key_secret").exists()
+    assert list((work / "h0" / "site").glob("*/dldctl/__init__.py")), "the wheel was not installed on h0"
+
+
+def test_a_learner_killed_on_its_host_is_healed_without_any_command(ssh_run: tuple[Dl, Path, Path]) -> None:
+    dl, _, _ = ssh_run
+    row = learner(dl.status(), "learner-1")
+    os.killpg(row["pid"], signal.SIGKILL)  # a crash on host h1 (same machine, so we can reach it)
+    killed_at = time.time()
+    dl.wait(lambda s: learner(s, "learner-1")["restarts"] == 1 and learner(s, "learner-1")["state"] == "running",
+            120, "learner-1 restarted over SSH")
+    rounds = dl.run_dir() / "metrics.jsonl"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if any(r.get("kind") == "round" and r["t"] > killed_at and "learner-1" in r["contributors"] for r in jsonl.read(rounds)):
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError("learner-1 did not contribute again after its restart")
+
+
+def test_chaos_and_logs_over_ssh(ssh_run: tuple[Dl, Path, Path]) -> None:
+    dl, _, _ = ssh_run
+    dl("chaos", "kill", "learner-2", "--signal", "TERM")
+    dl.wait(lambda s: learner(s, "learner-2")["restarts"] == 1 and learner(s, "learner-2")["state"] == "running",
+            120, "learner-2 back")
+    dl("chaos", "pause", "learner-0", "--duration", "8", "--force")
+    assert learner(dl.status(), "learner-0")["state"] == "paused"
+    dl.wait(lambda s: learner(s, "learner-0")["state"] == "running", 60, "pause undone over SSH")
+    assert "learner-2" in dl("logs", "learner-2", "--tail", "30").stdout
+
+
+def test_learner_add_joins_on_a_remote_host(ssh_run: tuple[Dl, Path, Path]) -> None:
+    dl, _, _ = ssh_run
+    dl("learner", "add", "--host", "h2", "--count", "1", timeout=300)
+    dl.wait(lambda s: any(r["id"] == "learner-3" and r["state"] == "running" and r["weight"] > 0 for r in s["learners"]),
+            120, "learner-3 joined and merged")
+
+
+def test_down_leaves_nothing_running_on_any_host(ssh_run: tuple[Dl, Path, Path]) -> None:
+    dl, _, _ = ssh_run
+    summary = json.loads(dl("down", "--json", timeout=180).stdout)
+    assert summary["outer_steps"] > 0 and summary["killed"] == []
+    assert dl.leftovers() == []
+
+
+def test_bad_host_key_and_unreachable_host_are_refused_and_the_rest_comes_up(
+        ssh_fleet: SSHFleet, tmp_path: Path) -> None:
+    wrong = tmp_path / "known_hosts"
+    good = ssh_fleet.hosts[0].known_hosts.read_text().splitlines()
+    other_key = ssh_fleet.hosts[2].host_pub.split()[-2:]
+    # h1's entry carries h2's key: a changed host key
+    lines = [" ".join([ln.split()[0], *other_key]) if f"[{ssh_fleet.hosts[1].address}]" in ln else ln for ln in good]
+    wrong.write_text("\n".join(lines) + "\n")
+    dead_port = free_port("127.0.0.5")
+    extra = f'\n[[hosts]]\nname = "gone"\naddress = "127.0.0.5"\nport = {dead_port}\nlearners = 1\npython = "{sys.executable}"\n'
+    text = inventory(ssh_fleet, tmp_path / "w", extra_hosts=extra, quorum=1, name="partial")
+    text = text.replace(str(ssh_fleet.hosts[0].known_hosts), str(wrong))
+    inv = tmp_path / "inv.toml"
+    inv.write_text(text)
+    dl = Dl(tmp_path / "home")
+    try:
+        checked = dl("check", str(inv), check=False)
+        assert checked.returncode == 1 and "2 of 4 hosts failed" in checked.stderr
+        assert "host key" in checked.stdout.lower() and "gone" in checked.stdout
+        out = dl("up", str(inv), "-d", timeout=300)
+        assert "left out host h1" in out.stdout and "left out host gone" in out.stdout
+        assert "changed" in out.stdout.lower() or "does not match" in out.stdout.lower()
+        snap = dl.wait(lambda s: sum(r["state"] == "running" for r in s["learners"]) == 2, 180, "h0 and h2 training")
+        assert learner(snap, "learner-1")["state"] == "stopped"
+    finally:
+        dl.cleanup()
+    assert dl.leftovers() == []
