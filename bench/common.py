@@ -57,9 +57,14 @@ def parse_args(name: str, description: str | None = None,
 
 @dataclass(frozen=True)
 class Timing:
-    """Wall-clock samples of one measured function, in seconds."""
+    """Samples of one measured function, in seconds: wall clock, and this thread's CPU time.
+
+    On a shared machine the CPU time (`.cpu`) is the better "per core" figure: it leaves out the
+    time the thread waited for a core (cache and memory contention still show in both).
+    """
 
     samples: tuple[float, ...] = field(default_factory=tuple)
+    cpu_samples: tuple[float, ...] = field(default_factory=tuple)
 
     @property
     def best(self) -> float:
@@ -78,32 +83,46 @@ class Timing:
         """(worst - best) / best: 0.05 means the slowest sample took 5% longer than the fastest."""
         return (self.worst - self.best) / self.best if self.best > 0 else 0.0
 
+    @property
+    def cpu(self) -> "Timing":
+        """The CPU-time samples as a Timing of their own (empty if none were taken)."""
+        return Timing(self.cpu_samples)
+
+    def __add__(self, other: "Timing") -> "Timing":
+        return Timing(self.samples + other.samples, self.cpu_samples + other.cpu_samples)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"best_s": self.best, "median_s": self.median, "worst_s": self.worst,
-                "spread": self.spread, "n": len(self.samples)}
+        out = {"best_s": self.best, "median_s": self.median, "worst_s": self.worst,
+               "spread": self.spread, "n": len(self.samples)}
+        if self.cpu_samples:
+            out["cpu"] = self.cpu.to_dict()
+        return out
 
 
 def measure(fn: Callable[[], Any], repeat: int = 7, warmup: int = 1, number: int = 1,
             setup: Callable[[], Any] | None = None) -> Timing:
     """Time `fn` `repeat` times (each sample = `number` calls, divided back) after `warmup` calls.
 
-    `setup`, if given, runs before every sample and is not timed (e.g. rebuilding inputs that
-    `fn` consumes). Use `.best` for throughput on a noisy shared machine and `.median` for a
-    typical value; `.spread` says how noisy the run was.
+    Each sample records wall-clock time (`time.perf_counter`) and this thread's CPU time
+    (`time.thread_time`). `setup`, if given, runs before every sample and is not timed (e.g.
+    rebuilding inputs that `fn` consumes). Use `.best` for throughput on a noisy shared machine,
+    `.median` for a typical value, `.cpu` for CPU time; `.spread` says how noisy the run was.
+    Samples from several calls can be pooled with `+` (e.g. to interleave two measurements).
     """
     for _ in range(warmup):
         if setup is not None:
             setup()
         fn()
-    samples = []
+    wall, cpu = [], []
     for _ in range(max(1, repeat)):
         if setup is not None:
             setup()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         for _ in range(number):
             fn()
-        samples.append((time.perf_counter() - start) / number)
-    return Timing(tuple(samples))
+        cpu.append((time.thread_time() - start_cpu) / number)
+        wall.append((time.perf_counter() - start) / number)
+    return Timing(tuple(wall), tuple(cpu))
 
 
 def mb_per_s(nbytes: float, seconds: float) -> float:

@@ -209,7 +209,7 @@ def _supervise(job: DdpJob, out_dir: Path, workers: int, schedule: list[float], 
                 if job.kill_rank(rank) is not None:   # not up (restarting)? try again next poll
                     pending.pop(0)
                     rank = rng.randrange(workers)
-        time.sleep(0.05)
+        time.sleep(0.1)
     return True
 
 
@@ -291,7 +291,8 @@ def summarize(out_dir: Path, job: DdpJob, workers: int, exited: float, finished:
         "model": final.get("settings", {}).get("model"), "n_params": final.get("n_params"),
         "reducer": _config(out_dir).get("reducer"), "wall_s": wall, "exit_s": exited - job.started - wall,
         "steps": final.get("step", 0), "tokens": tokens, "tokens_per_s": tokens / wall if wall else 0.0,
-        "loss": final.get("loss"), "eval_loss": final.get("eval_loss"), "initial_eval_loss": final.get("initial_eval_loss"),
+        "loss": final.get("loss"), "eval_loss": final.get("eval_loss"),
+        "initial_eval_loss": final.get("initial_eval_loss"),
         "restarts": max([e.get("restarts", 0) for e in events] + [final.get("restarts", 0)]), "kills": kills,
         "restart_cost_s": sum(costs) / len(costs) if costs else None,
         "allreduce_payload_bytes": final.get("payload_bytes", 0),       # per worker, fp32 gradient buckets

@@ -247,7 +247,8 @@ class Job:
         return wl
 
     def _agree_on_step(self) -> None:
-        """Every rank loaded the same checkpoint (rank 0 may not write one before all have started)."""
+        """Check that every rank loaded the same checkpoint (no rank can step, so rank 0 cannot write
+        a newer one, before all ranks have passed this all-reduce)."""
         mine = torch.tensor([self.c.step, -self.c.step], dtype=torch.int64, device=self.device)
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
         if int(mine[0]) != self.c.step or int(mine[1]) != -self.c.step:

@@ -103,8 +103,8 @@ def _quantize(x: torch.Tensor, mode: str, block: int,
     codes_f = torch.mul(xb, inv[:, None]).round_()
     codes = codes_f.to(torch.int8)
     values = None
-    if want_values:  # dequantize's own product (from the int8 codes: no -0.0 codes), into codes_f
-        values = torch.mul(codes, scales[:, None], out=codes_f).view(-1)[:n]
+    if want_values:  # dequantize's product from the int8 codes (no -0.0 codes), in codes_f's memory
+        values = codes_f.copy_(codes).mul_(scales[:, None]).view(-1)[:n]
     return Quantized(mode, n, block, codes.view(-1), scales), values
 
 
@@ -114,8 +114,9 @@ def dequantize(q: Quantized) -> torch.Tensor:
         return q.codes.clone()
     if q.mode == "bf16":
         return q.codes.to(torch.float32)
-    # int8 x fp32 -> fp32: each code is converted exactly, then one rounding of the product
-    values = torch.mul(q.codes.view(-1, q.block), q.scales[:, None])
+    # each code converts to fp32 exactly, then one rounding of the product (a mixed int8 x fp32
+    # torch.mul gives the same bits but runs ~40% slower than convert + in-place multiply)
+    values = q.codes.view(-1, q.block).to(torch.float32).mul_(q.scales[:, None])
     return values.view(-1)[: q.numel]
 
 

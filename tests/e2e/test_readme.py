@@ -1,0 +1,91 @@
+"""The README's commands, exactly as written.
+
+The first command (set up, then `dldctl up` on the built-in default) runs in a real pseudo-
+terminal: the live view opens, the loss falls, Ctrl-C leaves the view but not the run, and
+`dldctl down` then stops everything. The second command is what `.ci/run` runs (CI exercises
+it); here we check that it is so, and that the README opens with exactly those two commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.fleetutil import Dl
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.timeout(600)]
+
+
+def readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```\n(.*?)```", text, re.S)
+    return [b.strip() for b in blocks]
+
+
+def test_readme_opens_with_the_two_commands_and_ci_runs_the_second() -> None:
+    text = (ROOT / "README.md").read_text()
+    first, second = readme_commands()[:2]
+    assert text.index(first) < text.index(second) < text.index("## What is this")
+    assert "dldctl up" in first and first.startswith("python3 -m venv .venv")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f"exec {second}" in ci, ".ci/run must run exactly the README's test command"
+    assert os.access(ROOT / second, os.X_OK)
+    script = (ROOT / second).read_text()
+    assert "openssh-server" in script and "pytest" in script and "constraints.txt" in script
+
+
+def read_until(fd: int, pattern: bytes, timeout: float, seen: bytearray) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                return pattern in seen
+            if not chunk:
+                return pattern in seen
+            seen.extend(chunk)
+            if pattern in seen:
+                return True
+    return False
+
+
+def test_first_command_shows_a_learning_run_and_ctrl_c_leaves_it_running(tmp_path: Path) -> None:
+    first = readme_commands()[0]
+    dl = Dl(tmp_path / "home")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a login-like shell in the repo, in a real terminal
+        os.chdir(ROOT)
+        os.execvpe("bash", ["bash", "-c", first], dict(dl.env, TERM="xterm-256color", LINES="30", COLUMNS="100"))
+    seen = bytearray()
+    try:
+        assert read_until(fd, b"learner-3", 420, seen), seen[-3000:].decode(errors="replace")
+        snap = dl.wait(lambda s: s["loss"]["train"] is not None and s["syncer"]["outer_steps"] >= 10, 240,
+                       "the default run merging")
+        first_loss = snap["loss"]["train"]
+        snap = dl.wait(lambda s: s["loss"]["train"] is not None and s["loss"]["train"] < min(first_loss - 0.3, 3.5),
+                       240, "the loss falling")
+        os.write(fd, b"\x03")  # Ctrl-C in the terminal
+        assert read_until(fd, b"keeps running", 60, seen), seen[-3000:].decode(errors="replace")
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert dl.status()["syncer"]["alive"], "Ctrl-C must leave the view, not the run"
+        summary = json.loads(dl("down", "--json").stdout)
+        assert summary["outer_steps"] > 0 and dl.leftovers() == []
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+        dl.cleanup()
