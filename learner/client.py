@@ -22,7 +22,7 @@ import zmq
 
 from learner.config import LearnerConfig
 from learner.replica import Replica
-from syncer import codec, keys
+from syncer import codec, faultpoints, keys
 from syncer.protocol import Message, ProtocolError, check_raw_fragment, decode, encode
 
 FETCH_WINDOW = 4
@@ -278,6 +278,7 @@ class SyncerClient(threading.Thread):
     def _on_state(self, msg: Message) -> None:
         if msg["epoch"] != self.replica.epoch:
             return
+        faultpoints.hit("fetch")
         values = check_raw_fragment(msg, self.replica.sizes)
         with self.lock:
             if self.replica.on_state(msg["fragment"], msg["version"], msg["offset"], values, msg.get("crc")):
@@ -334,6 +335,7 @@ class SyncerClient(threading.Thread):
             meta = {"fragment": item.fragment, "base_version": item.base_version, "seq": self.counters["pushes_sent"],
                     "epoch": self.replica.epoch or 0, "c_steps": item.c_steps, "c_tokens": item.c_tokens,
                     "c_time": item.c_time, "step_time": item.step_time}
+            faultpoints.hit("push")
             if not self._send(Message("push", meta, [blob])):
                 return  # not connected: keep it (newest wins)
             with self.lock:

@@ -77,8 +77,10 @@ class SyncerCore:
     """Rounds, merges and the global model for one run."""
 
     def __init__(self, settings: RunSettings, run_id: str, declared: list[str], now: float,
-                 epoch: int = 1, clock: Callable[[], float] = time.perf_counter) -> None:
+                 epoch: int = 1, clock: Callable[[], float] = time.perf_counter,
+                 on_merge: Callable[[int], None] | None = None) -> None:
         self.s = settings
+        self.on_merge = on_merge
         self.run_id = run_id
         self.epoch = epoch
         self.clock = clock
@@ -103,6 +105,7 @@ class SyncerCore:
         self._quorum_ok: bool | None = None
         self._crcs: dict[int, int] = {}
         self._live_prev: set[str] = set()
+        self._last_seq: dict[tuple[str, str], int] = {}
         self._lost_once: set[str] = set()
 
     # -- dispatch ----------------------------------------------------------------------------
@@ -245,6 +248,10 @@ class SyncerCore:
             self.reject(reason, learner, f"fragment {p}: {exc}", now, out)
             out.send(learner, Message("resync", {"fragment": p, "reason": f"push rejected: {exc}"[:200]}))
             return
+        problem = self._push_problem(learner, p, msg)
+        if problem:
+            self.reject(problem[0], learner, problem[1], now, out)
+            return
         contribution = Contribution(
             learner, delta, int(msg["c_steps"]), int(msg["c_tokens"]), float(msg["c_time"]),
             float(msg["step_time"]), int(msg["base_version"]), now, len(msg.payloads[0]))
@@ -254,6 +261,19 @@ class SyncerCore:
         self.counters["push_raw_bytes"] += 4 * delta.numel()
         self.counters["push_wire_bytes"] += len(msg.payloads[0])
         self._bound_queue(now, out)
+
+    def _push_problem(self, learner: str, p: int, msg: Message) -> tuple[str, str] | None:
+        """Replayed pushes (sequence not increasing within one incarnation) and versions from
+        the future are refused: both would move the model with something it never produced."""
+        assert self.model is not None
+        info = self.fleet.learners[learner]
+        key = (info.incarnation, learner)
+        if msg["seq"] <= self._last_seq.get(key, -1):
+            return "replay", f"push seq {msg['seq']} after {self._last_seq[key]}"
+        if msg["epoch"] == self.epoch and msg["base_version"] > self.model.versions[p]:
+            return "future_version", f"base version {msg['base_version']} > current {self.model.versions[p]} of fragment {p}"
+        self._last_seq[key] = msg["seq"]
+        return None
 
     def _bound_queue(self, now: float, out: Outbox) -> None:
         """Keep memory bounded: past max_queue pending contributions, drop the oldest."""
@@ -316,6 +336,8 @@ class SyncerCore:
         assert self.model is not None
         t0 = self.clock()
         p = rnd.fragment
+        if self.on_merge is not None:
+            self.on_merge(p)
         contribs = sorted(rnd.contributions.values(), key=lambda c: c.learner)
         blob = self._step(p, contribs, now)
         m = self.model

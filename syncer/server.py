@@ -21,13 +21,12 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
-from syncer import checkpoint, jsonl, keys
+from syncer import checkpoint, faultpoints, jsonl, keys
 from syncer.config import SyncerConfig
 from syncer.core import Outbox, SyncerCore
 from syncer.protocol import Message, ProtocolError, decode, encode
 from syncer.status import snapshot
 
-MAX_MESSAGE = 512 << 20      # bytes; larger messages are refused by libzmq before we see them
 SAMPLE_EVERY_S = 2.0
 CHECKPOINT_IDLE_S = 30.0     # also checkpoint this often if anything merged since the last one
 
@@ -94,7 +93,8 @@ class SyncerServer:
         self.metrics = jsonl.Writer(cfg.run_dir / "metrics.jsonl")
         self.events_path = cfg.run_dir / "events.jsonl"
         epoch = _next_epoch(cfg.run_dir / "syncer.epoch")
-        self.core = SyncerCore(cfg.settings, cfg.run_id, list(cfg.learners), wall(), epoch=epoch)
+        self.core = SyncerCore(cfg.settings, cfg.run_id, list(cfg.learners), wall(), epoch=epoch,
+                               on_merge=lambda p: faultpoints.hit("merge"))
         self.routes: dict[bytes, str] = {}     # routing id -> learner id (after hello)
         self.peers: dict[str, bytes] = {}      # learner id -> newest routing id
         self._last_sample = 0.0
@@ -130,7 +130,8 @@ class SyncerServer:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.SNDHWM, 2000)
         sock.setsockopt(zmq.RCVHWM, 2000)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
+        # larger messages are refused by libzmq (the connection is dropped) before we see them
+        sock.setsockopt(zmq.MAXMSGSIZE, int(self.cfg.settings.max_message_mb * (1 << 20)))
         if server_keys is not None:
             sock.zap_domain = domain.encode()
             sock.curve_server = True
@@ -230,6 +231,8 @@ class SyncerServer:
 
     def _flush(self, out: Outbox) -> None:
         for recipients, msg in out.sends:
+            if msg.kind == "state":
+                faultpoints.hit("serve_state")
             frames = encode(msg)
             for learner in recipients:
                 rid = self.peers.get(learner)

@@ -72,6 +72,7 @@ class RunSettings:
     liveness_s: float = 3.0           # a learner silent this long is not live
     state_chunk_mb: float = 4.0
     max_queue: int = 256              # pushes queued at the syncer before the oldest is dropped
+    max_message_mb: float = 512.0     # larger messages are refused by the socket itself
     restart_delay_s: float = 2.0
     restart_backoff_max_s: float = 60.0
     insecure: bool = False            # no CURVE: only for debugging on a trusted network
@@ -98,9 +99,10 @@ class RunSettings:
         _check(self.robust_clip >= 0, "robust_clip", f"must be >= 0 (0 = off), got {self.robust_clip}")
         for key in ("seq_len", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "max_queue"):
             _check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
-        for key in ("lr", "heartbeat_s", "liveness_s", "state_chunk_mb"):
+        for key in ("lr", "heartbeat_s", "liveness_s", "state_chunk_mb", "max_message_mb"):
             _check(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
         _check(self.liveness_s > self.heartbeat_s, "liveness_s", "must be longer than heartbeat_s")
+        _check(self.state_chunk_mb * 2 <= self.max_message_mb, "state_chunk_mb", "must be at most half of max_message_mb")
         _check(self.restart_delay_s >= 0, "restart_delay_s", f"must be >= 0, got {self.restart_delay_s}")
         _check(self.restart_backoff_max_s >= self.restart_delay_s, "restart_backoff_max_s",
                "must be >= restart_delay_s")

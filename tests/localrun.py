@@ -74,25 +74,34 @@ class LocalRun:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, argv: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "ab")
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **(extra_env or {}))
         proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                 env=env, start_new_session=True)
         log.close()
         self.procs[name] = proc
         return proc
 
-    def start_syncer(self) -> subprocess.Popen:
-        return self._spawn("syncer", ["-m", "syncer", "--config", str(self.config)])
+    def start_syncer(self, env: dict[str, str] | None = None) -> subprocess.Popen:
+        return self._spawn("syncer", ["-m", "syncer", "--config", str(self.config)], env)
 
-    def start_learner(self, i: int) -> subprocess.Popen:
+    def start_learner(self, i: int, env: dict[str, str] | None = None) -> subprocess.Popen:
         lid = f"learner-{i}"
         tail = ["-m", "learner", "--config", str(self.config), "--id", lid]
         nproc = int(self.cfg["learners"][i].get("nproc", 1))
         if nproc > 1:  # an island: the same command dldctl runs
-            return self._spawn(lid, ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *tail])
-        return self._spawn(lid, tail)
+            return self._spawn(lid, ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *tail], env)
+        return self._spawn(lid, tail, env)
+
+    def wait_log(self, name: str, text: str, timeout: float) -> None:
+        """Wait until a process's log contains `text` (e.g. a fault point)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log(name):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"{name} never logged {text!r}: {self.log(name)[-2000:]}")
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs[name]

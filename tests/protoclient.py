@@ -42,6 +42,7 @@ class ProtoClient:
         self.plan = fragments.plan(MANIFEST, fragments_count)
         self.incarnation = f"{os.getpid()}-{learner}-{time.monotonic_ns()}"
         self.inbox: list[Message] = []
+        self.seq = 0
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -94,7 +95,8 @@ class ProtoClient:
 
     def push(self, p: int, delta: torch.Tensor, c_steps: int, c_tokens: int, step_time: float = 0.05,
              base_version: int = 0, compression: str = "int4") -> None:
-        self.send(Message("push", {"fragment": p, "base_version": base_version, "seq": 0, "epoch": 1,
+        self.seq += 1
+        self.send(Message("push", {"fragment": p, "base_version": base_version, "seq": self.seq, "epoch": 1,
                                    "c_steps": c_steps, "c_tokens": c_tokens, "c_time": c_steps * step_time,
                                    "step_time": step_time}, [codec.encode(delta, compression)]))
 

@@ -70,6 +70,7 @@ class Harness:
     def __init__(self, settings: RunSettings, manifest: list[fragments.TensorSpec] | None = None,
                  declared: tuple[str, ...] = ("a", "b", "c"), clock_step: float = 0.0) -> None:
         self.s = settings
+        self.seq = 0
         self.clock = Clock(clock_step)
         self.core = SyncerCore(settings, RUN, list(declared), now=0.0, clock=self.clock)
         self.manifest = manifest or _small_manifest()
@@ -129,8 +130,9 @@ class Harness:
         if base_version is None:
             base_version = self.core.model.versions[p]
         blob = codec.encode(delta, self.s.compression, self.s.block) if blob is None else blob
+        self.seq += 1  # a learner's pushes carry increasing sequence numbers (replays are refused)
         return self.send(learner, Message("push", {
-            "fragment": p, "base_version": base_version, "seq": 0, "epoch": 1, "c_steps": c_steps,
+            "fragment": p, "base_version": base_version, "seq": self.seq, "epoch": 1, "c_steps": c_steps,
             "c_tokens": c_tokens, "c_time": c_steps * step_time, "step_time": step_time}, [blob]), now)
 
     def delta(self, p: int, seed: int, scale: float = 1e-3) -> torch.Tensor:

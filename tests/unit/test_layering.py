@@ -19,9 +19,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = ("dldctl", "learner", "syncer")
 OPERATOR_ONLY = ("typer", "rich", "paramiko", "matplotlib")
-LEAVES = ("syncer/protocol.py", "syncer/codec.py", "syncer/settings.py", "syncer/keys.py", "syncer/jsonl.py")
+LEAVES = ("syncer/protocol.py", "syncer/codec.py", "syncer/settings.py", "syncer/keys.py", "syncer/jsonl.py",
+          "syncer/faultpoints.py")
 LEARNER_MAY_USE = {"syncer", "syncer.protocol", "syncer.codec", "syncer.fragments", "syncer.settings",
-                   "syncer.merge", "syncer.keys"}
+                   "syncer.merge", "syncer.keys", "syncer.faultpoints"}
 DLDCTL_MAY_USE = {"syncer", "syncer.protocol", "syncer.settings", "syncer.keys", "syncer.jsonl"}
 
 
