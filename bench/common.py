@@ -10,7 +10,8 @@ Every benchmark in this folder follows the same shape, and these helpers make th
   the machine may be shared, so a single sample means little.
 - `print_table(title, rows, columns)`: a rich table from a list of dicts.
 - `write_json(path, payload)`: write the results together with machine info (cpu count, torch
-  and python versions, `platform.processor()`), the command line and a timestamp.
+  and python versions, `platform.processor()`, allocator/thread-pool environment variables), the
+  command line and a timestamp.
 
 A benchmark also runs its baseline in the same process and reports its result as a ratio to it,
 so numbers stay comparable across machines. Typical use:
@@ -40,6 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+_ENV_PREFIXES = ("MALLOC_", "THP_", "OMP_", "MKL_", "LD_PRELOAD", "PYTORCH_")
 
 
 def parse_args(name: str, description: str | None = None,
@@ -152,7 +154,7 @@ def print_table(title: str, rows: Sequence[Mapping[str, Any]], columns: Sequence
         table.add_row(*(_cell(row.get(col, "")) for col in columns))
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
-        console = Console(width=max(80, min(240, 12 * len(columns) + 8)))
+        console = Console(width=250)
     console.print(table)
 
 
@@ -170,6 +172,8 @@ def machine_info() -> dict[str, Any]:
         info["torch_threads"] = torch.get_num_threads()
     except ImportError:  # pragma: no cover - every benchmark here has torch
         info["torch"] = None
+    # settings that change what is measured (allocator, thread pools) when present
+    info["env"] = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
     return info
 
 

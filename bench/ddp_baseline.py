@@ -223,7 +223,7 @@ def run_ddp(settings: dict, workers: int, out_dir: Path, *, budget_tokens: int |
     `kill_schedule`: seconds after `kill_from` ("launch", or "train": the first training step)
     at which one worker, a rank drawn with `seed`, is SIGKILLed; a kill due while no worker is up
     waits for the next one. `out_dir` receives the job's files (a previous job's are removed).
-    `reducer`: "ddp" (DistributedDataParallel) or "flat" (explicit all-reduce, no DDP import).
+    `reducer`: "ddp" (DistributedDataParallel) or "flat" (explicit bucketed all-reduce after backward).
     """
     if kill_from not in ("launch", "train"):
         raise ValueError(f"kill_from must be 'launch' or 'train', got {kill_from!r}")

@@ -13,8 +13,9 @@ with the learners' inner optimizer (AdamW, linear warmup, grad clip) until the t
 Two ways to average gradients (config "reducer"):
 - "ddp" (default): DistributedDataParallel, bucketed all-reduce overlapped with backward;
 - "flat": no DDP; after backward, the fp32 gradients are copied into flat buckets, each bucket is
-  all-reduced with `dist.all_reduce` and averaged, nothing overlapped. Same maths, same bytes; it
-  avoids DDP's import of torch._dynamo (seconds per (re)start on a small CPU host).
+  all-reduced with `dist.all_reduce` and averaged, nothing overlapped. Same maths, same bytes, and
+  every second of communication is plainly blocked time. (On our 2-core CPU host it was the faster
+  of the two: DDP's background all-reduce competes with backward for the cores.)
 
 What it counts, and how:
 - gradient bytes: a DDP comm hook (the stock allreduce hook plus a counter) adds the size of every
@@ -27,6 +28,9 @@ What it counts, and how:
   The small per-step control all-reduce (tokens, times, loss, stop flag) counts as blocked too.
 - compute time: forward + backward + clip + AdamW minus the exposed communication, summed over
   ranks. It is stored in the checkpoint, so after a restart it counts only work that survived.
+Start-up (the bulk of a restart's cost) is timed by stage and reported with the "start" event:
+imports, process group, workload + checkpoint, DDP + AdamW (whose construction imports
+torch._dynamo: about 2 s on a small CPU host, learners pay it too), first step.
 Rank 0 checkpoints model + optimizer + counters + data position atomically (temp file, rename)
 every `checkpoint_every_s`; every rank resumes from it at start and fast-forwards its batch
 stream to the checkpointed step (exactly, for the built-in `Batches`). Rank 0 evaluates on the
@@ -47,7 +51,6 @@ import datetime  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 from dataclasses import asdict, dataclass, fields  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -66,7 +69,7 @@ from learner import data as data_mod  # noqa: E402
 from learner.workload import Workload, WorkloadContext, build_workload  # noqa: E402
 from syncer.settings import settings_from_dict  # noqa: E402
 
-_IMPORTED_AT = time.time()
+_BOOT: dict[str, float] = {"imported": time.time()}   # when each start-up stage ended (restart cost)
 
 CHECKPOINT, PROGRESS, FINAL = "checkpoint.pt", "progress.jsonl", "final.json"
 
@@ -112,10 +115,6 @@ class CommCounter:
     process_group: Any = None
     payload_bytes: int = 0
     last_ready: float = 0.0
-
-
-class Terminated(Exception):
-    """SIGTERM from the torchrun agent (it stops the survivors when a rank dies)."""
 
 
 def counting_allreduce_hook(state: CommCounter, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -171,6 +170,17 @@ class FlatAllReduce:
         return time.perf_counter() - t0
 
 
+def fast_forward(next_batch: Any, steps: int) -> bool:
+    """Skip `steps` batches of a built-in `Batches` stream without gathering them (the same window
+    starts `Batches.next()` would draw); False if `next_batch` is not one (a custom workload)."""
+    batches = getattr(next_batch, "__self__", None)
+    if not isinstance(batches, data_mod.Batches):
+        return False
+    for _ in range(steps):
+        batches._rng.integers(batches.start, batches.stop - batches.seq_len, size=batches.batch_size)
+    return True
+
+
 def ring_wire_bytes(payload_bytes: float, world: int) -> float:
     """Bytes one rank sends (and receives) in a ring all-reduce of `payload_bytes`."""
     return 2.0 * (world - 1) / world * payload_bytes if world > 1 else 0.0
@@ -208,6 +218,7 @@ class Job:
         self.started_at = float(cfg.started_at or (ckpt or {}).get("started_at") or time.time())
         self.resumed = Counters(**asdict(self.c))
         self.wl = self._build(ckpt)
+        _BOOT["workload"] = time.time()
         self.comm = CommCounter(payload_bytes=self.c.payload_bytes)
         self.flat: FlatAllReduce | None = None
         if cfg.reducer == "flat":
@@ -224,26 +235,19 @@ class Job:
         self._agree_on_step()
         self.pending_blocked = 0.0
         self.last_checkpoint = time.monotonic()
-        self.imports_s = _IMPORTED_AT - _PROCESS_T0
+        _BOOT["job_ready"] = time.time()
 
     def _build(self, ckpt: dict | None) -> Workload:
         ctx = WorkloadContext(settings=self.s, learner_index=self.rank, shards=self.world,
                               batch_size=int(self.s["batch_size"]), device=self.device,
                               seed=int(self.s["seed"]))
-        batches = None
+        wl = build_workload(ctx)
         if ckpt:
-            wl = build_workload(ctx)
-            batches = getattr(wl.next_batch, "__self__", None)
-            if not isinstance(batches, data_mod.Batches):
+            if not fast_forward(wl.next_batch, self.c.step):
                 # a custom workload: its stream cannot be fast-forwarded; draw a fresh one instead
                 ctx.seed = int(self.s["seed"]) + 7_919 * self.c.step
                 wl = build_workload(ctx)
             wl.model.load_state_dict(ckpt["model"])
-        else:
-            wl = build_workload(ctx)
-        if isinstance(batches, data_mod.Batches):
-            for _ in range(self.c.step):   # exactly the window starts Batches.next() would have drawn
-                batches._rng.integers(batches.start, batches.stop - batches.seq_len, size=batches.batch_size)
         return wl
 
     def _agree_on_step(self) -> None:
@@ -273,8 +277,11 @@ class Job:
                 stop = self._train_step()
                 if self.rank == 0:
                     self._after_step(first=self.c.step == self.resumed.step + 1)
-        except (Exception, Terminated) as exc:
-            # any survivor says how far this incarnation got (counters are the same on every rank)
+        except Exception as exc:
+            # a survivor whose collective failed when a peer died says how far this incarnation got
+            # (counters are the same on every rank). No SIGTERM handler on purpose: a Python handler
+            # cannot run while the rank is blocked inside a C++ collective or rendezvous, so the
+            # agent would wait its 30 s shutdown timeout before SIGKILL, slowing every restart.
             self._event("abort", rank=self.rank, error=f"{type(exc).__name__}: {exc}"[:300])
             raise
         self._finish()
@@ -324,10 +331,12 @@ class Job:
     def _after_step(self, first: bool) -> None:
         """Rank 0's bookkeeping between steps: start event, periodic eval and checkpoint."""
         if first:
-            now = time.time()
+            _BOOT["first_step"] = time.time()
+            marks = [_PROCESS_T0, *_BOOT.values()]
+            stages = {f"{name}_s": b - a for name, a, b in zip(_BOOT, marks, marks[1:])}
             self._event("start", resumed_step=self.resumed.step, resumed_tokens=self.resumed.tokens,
                         resumed_compute_s=self.resumed.compute_s, process_started=_PROCESS_T0,
-                        imports_s=self.imports_s, boot_s=now - _PROCESS_T0)
+                        boot_s=_BOOT["first_step"] - _PROCESS_T0, boot_stages=stages)
         if self.c.step % self.eval_every == 0:
             self._evaluate()
         if time.monotonic() - self.last_checkpoint >= self.cfg.checkpoint_every_s:
@@ -417,10 +426,6 @@ def write_json_atomic(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-def _on_sigterm(_signum: int, _frame: Any) -> None:
-    raise Terminated("SIGTERM from the torchrun agent")
-
-
 def setup(cfg: JobConfig) -> torch.device:
     """Threads, device and the process group torchrun prepared (env:// rendezvous)."""
     torch.set_num_threads(max(1, cfg.threads))
@@ -432,6 +437,7 @@ def setup(cfg: JobConfig) -> torch.device:
         device = torch.device("cpu")
     # a dead peer must fail the collective quickly, not after gloo's default 30 minutes
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=cfg.pg_timeout_s))
+    _BOOT["process_group"] = time.time()
     return device
 
 
@@ -442,7 +448,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     args.out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, _on_sigterm)
     device = setup(cfg)
     try:
         return Job(cfg, args.out, device).run()

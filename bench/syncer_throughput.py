@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import resource
 import sys
 import time
 from pathlib import Path
@@ -100,6 +101,7 @@ class Rounds:
     def __init__(self, core: SyncerCore, blobs: list[list[bytes]], steps: int) -> None:
         self.core, self.blobs, self.steps = core, blobs, steps
         self.now = 1.0
+        self.seq = 0          # per-learner push sequence numbers must increase (replay protection)
         self.push_s = 0.0
         self.close_s = 0.0
 
@@ -108,10 +110,11 @@ class Rounds:
         for p, blobs in enumerate(self.blobs):
             self.now += 1e-3
             out = Outbox()
+            self.seq += 1
             t0 = time.thread_time()
             for lid, blob in zip(LEARNERS, blobs):
                 core.handle(lid, Message("push", {
-                    "fragment": p, "base_version": core.model.versions[p], "seq": 0, "epoch": 1,
+                    "fragment": p, "base_version": core.model.versions[p], "seq": self.seq, "epoch": core.epoch,
                     "c_steps": self.steps, "c_tokens": self.steps * 2048, "c_time": self.steps * 0.1,
                     "step_time": 0.1}, [blob]), self.now, out)
             t1 = time.thread_time()
@@ -119,7 +122,7 @@ class Rounds:
             t2 = time.thread_time()
             self.push_s += t1 - t0
             self.close_s += t2 - t1
-            assert [m.kind for _, m in out.sends] == ["update"], "the round did not close"
+            assert [m.kind for _, m in out.sends] == ["update"], f"the round did not close: {out.sends} {out.events}"
 
 
 def memcpy(core: SyncerCore) -> None:
@@ -138,8 +141,14 @@ def bench_model(model: str, fragments_count: int, repeat: int) -> dict:
     rounds()  # warm-up (first-touch allocations, caches)
     rounds.push_s = rounds.close_s = 0.0
     pipe = base = common.Timing()
+    faults = sys_s = cpu_s = 0.0
     for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_SELF)
         pipe += common.measure(rounds, repeat=1, warmup=0)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        faults += after.ru_minflt - before.ru_minflt
+        sys_s += after.ru_stime - before.ru_stime
+        cpu_s += after.ru_stime - before.ru_stime + after.ru_utime - before.ru_utime
         base += common.measure(lambda: memcpy(core), repeat=3, warmup=1)
     mbs, mbs_base = common.mb_per_s(nbytes, pipe.cpu.median), common.mb_per_s(nbytes, base.cpu.median)
     return {
@@ -150,6 +159,7 @@ def bench_model(model: str, fragments_count: int, repeat: int) -> dict:
         "wall_MB/s": common.mb_per_s(nbytes, pipe.median), "wall_spread": pipe.spread,
         "memcpy_MB/s": mbs_base, "memcpy_spread": base.cpu.spread, "ratio": mbs / mbs_base,
         "push_share": rounds.push_s / (rounds.push_s + rounds.close_s),
+        "faults/round": faults / (repeat * fragments_count), "kernel_share": sys_s / cpu_s if cpu_s else 0.0,
         "verdict": "PASS" if mbs >= TARGET_MBS and mbs / mbs_base >= TARGET_RATIO else "FAIL",
         "pipeline": pipe.to_dict(), "memcpy": base.to_dict(), "settings": settings.to_dict(),
     }
@@ -167,6 +177,7 @@ def profile(model: str, fragments_count: int, samples: int) -> None:
         rounds()
     prof.disable()
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(20)
 
 
 def _extra(parser: argparse.ArgumentParser) -> None:
@@ -178,12 +189,13 @@ def main() -> None:
     args = common.parse_args("syncer_throughput", __doc__, _extra)
     torch.set_num_threads(1)
     if args.profile:
-        profile("gpt-medium", 4, 5)
+        profile(args.models.split(",")[-1], 4, 5)
         return
-    repeat = 7 if args.quick else 30
+    repeat = 10 if args.quick else 60
     rows = [bench_model(model, 4, repeat) for model in args.models.split(",")]
     columns = ["model", "fragment_MB", "segments", "round_ms", "MB/s", "best_MB/s", "spread", "wall_MB/s",
-               "wall_spread", "memcpy_MB/s", "memcpy_spread", "ratio", "push_share", "verdict"]
+               "wall_spread", "memcpy_MB/s", "memcpy_spread", "ratio", "push_share", "faults/round",
+               "kernel_share", "verdict"]
     common.print_table(f"Syncer round throughput, 4 learners, int4+zstd, 1 thread "
                        f"(CPU time, median of {repeat}; wall_ = wall clock)", rows, columns)
     print(f"targets: >= {TARGET_MBS:.0f} MB/s and >= {TARGET_RATIO:.0%} of memcpy (same bytes, same run)")

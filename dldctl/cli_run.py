@@ -44,6 +44,11 @@ def up(
         console.print("[dim](dry run: nothing was touched)[/]")
         return
     live = rundir.find_live(inv.run.name)
+    orphan = None if live else rundir.find_orphan(inv.run.name)
+    if orphan is not None:  # its supervisor died: bring it back, then converge
+        console.print(f"[yellow]run {orphan.name} lost its supervisor; restarting it[/]")
+        up_mod.start_supervisor(orphan)
+        live = orphan
     if live is not None:
         converge.converge(live, inv, console)
         run = live

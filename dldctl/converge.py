@@ -59,6 +59,7 @@ def add(run: RunDir, host_name: str, count: int, console: Console, wait_s: float
                                     lambda h, s: console.print(f"{h}: {s}", highlight=False))
     finally:
         host.close()
+    _push_keys_to_remote_syncer(run, inv, config)
     _save_inventory(run, inventory.with_host_learners(inv, spec.name, spec.learners + count))
     with run.update() as state:
         state["hosts"].setdefault(spec.name, {"status": "ok"})["runtime"] = runtime.to_dict()
@@ -69,6 +70,20 @@ def add(run: RunDir, host_name: str, count: int, console: Console, wait_s: float
     _tell_syncer(run, config)
     _wait(run, new_ids, wait_s, console)
     return new_ids
+
+
+def _push_keys_to_remote_syncer(run: RunDir, inv: Inventory, config: dict[str, Any]) -> None:
+    """A syncer on another host must learn the new learners' public keys (and config)."""
+    name = config["syncer"].get("host", "local")
+    if name == "local":
+        return
+    runtime = provision.HostRuntime.from_dict(run.read_state()["hosts"][name]["runtime"])
+    host = provision.open_host(inv.host(name), inv.ssh)
+    try:
+        host.put_bytes(run.config.read_bytes(), runtime.config, 0o600)
+        provision.push_syncer_keys(host, run, runtime.run_dir, config)
+    finally:
+        host.close()
 
 
 def _wait(run: RunDir, ids: list[str], timeout: float, console: Console) -> None:

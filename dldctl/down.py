@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
+from dldctl import mirror
 from dldctl.errors import DldError, OperationError, RunError
 from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.inventory import parse
@@ -41,6 +42,7 @@ class Fleet:
         for record in self.procs:
             latest[record["target"]] = record
         self.latest = latest
+        self.unreachable: dict[str, str] = {}   # host -> why: its processes may still run
 
     def host(self, name: str) -> Host:
         if name not in self.hosts:
@@ -61,8 +63,11 @@ class Fleet:
             try:
                 status = self.host(host).alive([ref for _, ref in items])
             except DldError as exc:
-                self.run.event("host_unreachable", host, f"during down: {exc.line()}")
+                if host not in self.unreachable:
+                    self.run.event("host_unreachable", host, f"during down: {exc.line()}")
+                self.unreachable[host] = exc.line()
                 continue
+            self.unreachable.pop(host, None)
             out.extend(record for record, ref in items if status.get(ref.pid))
         return out
 
@@ -131,10 +136,15 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
         killed += fleet.stop(lambda r: r["target"].startswith("learner-"), LEARNER_GRACE_S)
         snap, exported = _final_syncer(run, config)
         killed += fleet.stop(lambda r: r["target"] == "syncer", SYNCER_GRACE_S)
+        exported = _bring_home(run, fleet, exported)
         left = fleet.alive()
         if left:
             names = ", ".join(f"{r['target']} (pid {r['pid']} on {r['host']})" for r in left)
             raise OperationError(f"still running after down: {names}", hint="check those hosts by hand")
+        if fleet.unreachable:
+            hosts = "; ".join(f"{h}: {why}" for h, why in fleet.unreachable.items())
+            raise OperationError(f"could not reach every host, its processes may still run: {hosts}",
+                                 hint="run `dldctl down` again once the host answers")
     finally:
         fleet.close()
     try:
@@ -148,6 +158,28 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
     if snap and before:
         snap["loss"] = before["loss"]  # learners report losses while they run
     return summary(run, snap or before, exported, killed)
+
+
+def _bring_home(run: RunDir, fleet: Fleet, exported: str) -> str:
+    """A remote syncer's last records and its final model, copied to the run directory."""
+    try:
+        state = run.read_state()
+    except RunError:
+        return exported
+    where = mirror.remote_syncer(state)
+    if where is None:
+        return exported
+    host = fleet.host(where[0])
+    try:
+        offsets = mirror.mirror(host, where[1], run, state.get("mirror", {}))
+        with run.update() as st:
+            st["mirror"] = offsets
+        if exported:
+            host.get_file(f"{where[1].run_dir}/final_model.pt", run.final_model)
+            return str(run.final_model)
+    except DldError as exc:
+        run.event("fetch_failed", "syncer", f"final records/model from {where[0]}: {exc.line()}")
+    return exported
 
 
 def summary(run: RunDir, snap: dict[str, Any] | None, exported: str, killed: list[dict[str, Any]]) -> dict[str, Any]:

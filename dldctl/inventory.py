@@ -187,6 +187,9 @@ def validate(inv: Inventory) -> None:
     _validate_ssh(inv)
     if inv.syncer.host != "local":
         inv.host(inv.syncer.host)
+    if inv.ssh.proxy_jump and inv.syncer.host == "local" and not inv.syncer.advertise:
+        raise ConfigError(path, "syncer.advertise", "hosts are reached through proxy_jump, but learners dial the syncer directly",
+                          "set advertise = the address at which the hosts can reach this machine")
 
 
 def _validate_hosts(inv: Inventory) -> None:
@@ -205,6 +208,9 @@ def _validate_hosts(inv: Inventory) -> None:
         for attr, low in (("learners", 0), ("nproc", 1), ("threads", 1), ("batch_size", 0)):
             if getattr(h, attr) < low:
                 raise ConfigError(inv.path, f"{key}.{attr}", f"must be >= {low}, got {getattr(h, attr)}")
+        if h.nproc > 1 and h.device.startswith("cuda:"):
+            raise ConfigError(inv.path, f"{key}.device", f"{h.device!r} with nproc = {h.nproc} puts every rank on one GPU",
+                              'use device = "cuda": each rank of the island takes its own local GPU')
         if h.throttle < 1.0:
             raise ConfigError(inv.path, f"{key}.throttle", f"must be >= 1.0 (1 = full speed), got {h.throttle}")
         if h.setup not in ("auto", "venv"):

@@ -72,6 +72,8 @@ def prepare(host: Host, spec: HostSpec, run: RunDir, config: dict[str, Any], whe
     progress(spec.name, "copy config and keys")
     remote_run = f"{base}/runs/{config['run_id']}"
     push_run_files(host, run, remote_run, learner_ids, config)
+    if config["syncer"].get("host") == spec.name:
+        push_syncer_keys(host, run, remote_run, config)
     return HostRuntime(spec.name, python, site, remote_run, f"{remote_run}/config.json")
 
 
@@ -84,6 +86,17 @@ def push_run_files(host: Host, run: RunDir, remote_run: str, learner_ids: list[s
     host.put_bytes((run.keys / "syncer.key").read_bytes(), f"{remote_run}/keys/syncer.key", 0o600)
     for lid in learner_ids:
         host.put_bytes((run.keys / f"{lid}.key_secret").read_bytes(), f"{remote_run}/keys/{lid}.key_secret", 0o600)
+
+
+def push_syncer_keys(host: Host, run: RunDir, remote_run: str, config: dict[str, Any]) -> None:
+    """For a syncer on this host: its key pair and every public key it admits (0600). Also
+    used by `learner add`: the syncer picks new learners' keys up from its keys dir."""
+    if config["run"].get("insecure"):
+        return
+    host.mkdir(f"{remote_run}/keys", 0o700)
+    host.put_bytes((run.keys / "syncer.key_secret").read_bytes(), f"{remote_run}/keys/syncer.key_secret", 0o600)
+    for public in sorted(run.keys.glob("*.key")):
+        host.put_bytes(public.read_bytes(), f"{remote_run}/keys/{public.name}", 0o600)
 
 
 def _expand(host: Host, path: str) -> str:

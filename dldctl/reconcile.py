@@ -25,7 +25,7 @@ class Observation:
     """What the supervisor saw of one process: alive, dead, or unknown (host unreachable)."""
 
     alive: bool | None
-    finished: bool = False      # a learner that exited after spending its step/duration budget
+    finished: str | None = None  # "finished" (budget spent) or "refused: why": do not restart
 
 
 @dataclass(frozen=True)
@@ -82,11 +82,15 @@ def _one(name: str, e: dict[str, Any], obs: Observation | None, now: float, base
 def _died(name: str, e: dict[str, Any], obs: Observation, now: float, base: float, cap: float,
           events: list[tuple[str, str, str]]) -> None:
     e["proc"] = None
-    if obs.finished:
+    if obs.finished == "finished":
         e["status"] = "finished"
         events.append(("finished", name, "spent its step/duration budget"))
         return
-    lived = now - (e.get("started_at") or now)
+    if obs.finished:
+        e["status"] = "stopped"
+        events.append(("refused", name, f"{obs.finished}; not restarted (fix the cause, then `dldctl learner add`)"))
+        return
+    lived = now - (e["started_at"] if e.get("started_at") is not None else now)
     if e.get("chaos_kill"):
         e["chaos_kill"] = False
     elif lived < FAST_DEATH_S:

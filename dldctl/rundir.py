@@ -184,6 +184,20 @@ def resolve(run: str | None, *, live_only: bool = True) -> RunDir:
     raise RunError("no live run", hint="start one with `dldctl up`, or name a finished one with --run")
 
 
+def find_orphan(name: str) -> RunDir | None:
+    """A run of this name that is meant to be up but whose supervisor died (processes may run on)."""
+    for r in all_runs():
+        if not r.name.startswith(f"{name}-"):
+            continue
+        try:
+            status = r.read_state().get("status")
+        except RunError:
+            continue
+        if status in ("starting", "up") and not r.live():
+            return r
+    return None
+
+
 def find_live(name: str) -> RunDir | None:
     """The live run with this run name, if any (for `up` to converge instead of starting twice)."""
     for r in all_runs():

@@ -29,15 +29,20 @@ def syncer_status(run: RunDir, config: dict[str, Any], timeout: float = 2.0) -> 
         return None
 
 
-def _empty(config: dict[str, Any]) -> dict[str, Any]:
-    run = config["run"]
-    return {"syncer": {"alive": False, "fragments": run.get("fragments", 0), "outer_steps": 0,
+def _syncer_down(run: RunDir, config: dict[str, Any]) -> dict[str, Any]:
+    """What we can say with the syncer down: the last sample it wrote, marked stale."""
+    last = next((r for r in reversed(jsonl.tail(run.metrics, 50)) if r.get("kind") == "sample"), {})
+    settings = config["run"]
+    return {"syncer": {"alive": False, "fragments": settings.get("fragments", 0), "outer_steps": last.get("outer_steps", 0),
                        "checkpoint_outer_step": 0, "rejected": {}, "dropped_sends": 0},
-            "quorum": {"min": run.get("quorum", 1), "live": 0, "total": len(config["learners"]),
+            "quorum": {"min": settings.get("quorum", 1), "live": 0, "total": len(config["learners"]),
                        "last_round_contributors": 0, "recent_contributors": [], "below_quorum": True},
-            "goodput": 0.0, "goodput_window": 0.0, "tokens": {"trained": 0, "merged": 0, "per_s": 0.0},
-            "bytes": {"up": 0, "down": 0, "ddp_equivalent": 0}, "loss": {"train": None, "eval": None},
-            "learners": []}
+            "goodput": last.get("goodput", 0.0), "goodput_window": 0.0,
+            "tokens": {"trained": last.get("tokens_trained", 0), "merged": last.get("tokens_merged", 0), "per_s": 0.0},
+            "bytes": {"up": last.get("bytes_up", 0), "down": last.get("bytes_down", 0),
+                      "ddp_equivalent": last.get("ddp_equivalent", 0)},
+            "loss": {"train": last.get("loss_train"), "eval": last.get("loss_eval")},
+            "stale_since": last.get("t"), "learners": []}
 
 
 def learner_state(proc: dict[str, Any], syncer_row: dict[str, Any] | None, faults: list[dict[str, Any]]) -> str:
@@ -54,8 +59,8 @@ def learner_state(proc: dict[str, Any], syncer_row: dict[str, Any] | None, fault
         if kind in active:
             return word
     recently = time.time() - float(proc.get("started_at") or 0) < STARTING_S
-    if syncer_row is None:
-        return "starting"
+    if syncer_row is None:  # the syncer is down (or has not heard of it): the process is up
+        return "starting" if recently else "running"
     reported = syncer_row.get("state")
     if reported in ("joining", "running", "slow"):
         return reported
@@ -72,7 +77,7 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise RunError(f"{run.config}: cannot read the run's configuration ({exc})") from exc
     state = run.read_state()
-    snap = syncer_status(run, config) or _empty(config)
+    snap = syncer_status(run, config) or _syncer_down(run, config)
     snap["run"] = run.name
     snap["now"] = now
     snap["uptime_s"] = now - float(state.get("created", now))
@@ -80,7 +85,8 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     snap["insecure"] = bool(config["run"].get("insecure"))
     procs = state.get("procs", {})
     syncer_proc = procs.get("syncer", {})
-    snap["syncer"].setdefault("address", f"tcp://{config['syncer']['advertise']}:{config['syncer']['port']}")
+    snap["syncer"]["bind"] = snap["syncer"].get("address")
+    snap["syncer"]["address"] = f"tcp://{config['syncer']['advertise']}:{config['syncer']['port']}"  # what learners dial
     snap["syncer"]["restarts"] = syncer_proc.get("restarts", 0)
     if not snap["syncer"].get("alive"):
         snap["syncer"]["pid"] = (syncer_proc.get("proc") or {}).get("pid")
@@ -100,13 +106,14 @@ def _learner_rows(procs: dict[str, Any], syncer_rows: list[dict[str, Any]], faul
             continue
         srow = by_id.get(lid)
         mine = [f for f in faults if f.get("target") == lid]
+        state = learner_state(proc, srow, mine)
         row = {"id": lid, "host": proc.get("host"), "device": devices.get(lid, "cpu"),
-               "state": learner_state(proc, srow, mine), "pid": (proc.get("proc") or {}).get("pid"),
+               "state": state, "pid": None if state == "stopped" else (proc.get("proc") or {}).get("pid"),
                "step": 0, "tokens": 0, "tokens_per_s": 0.0, "restarts": proc.get("restarts", 0),
                "weight": 0.0, "heartbeat_age_s": None, "blocked_frac": 0.0, "straggler": False}
         if srow:
-            for key in ("step", "tokens", "tokens_per_s", "weight", "heartbeat_age_s", "blocked_frac",
-                        "straggler", "loss", "eval_loss"):
+            for key in ("step", "tokens", "merged_tokens", "tokens_per_s", "weight", "heartbeat_age_s", "blocked_frac",
+                        "straggler", "loss", "eval_loss", "replica", "joins"):
                 if key in srow:
                     row[key] = srow[key]
         rows.append(row)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dldctl import faults, launch, reconcile
+from dldctl import faults, launch, mirror, reconcile
 from dldctl.errors import DldError, HostError
 from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.inventory import Inventory, parse
@@ -29,6 +29,7 @@ from dldctl.rundir import RunDir
 from syncer.settings import settings_from_dict
 
 POLL_S = 0.5
+MIRROR_S = 2.0
 HOST_RETRY_S = 5.0
 
 
@@ -45,6 +46,7 @@ class Supervisor:
         self.inv: Inventory = parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
         self.hosts: dict[str, Host] = {}
         self._host_retry: dict[str, float] = {}
+        self._mirrored = 0.0
 
     # -- hosts -------------------------------------------------------------------------------
     def host(self, name: str) -> Host:
@@ -79,19 +81,26 @@ class Supervisor:
                 seen.update({n: reconcile.Observation(None) for n, _ in items})
                 continue
             for name, ref in items:
-                finished = not alive[ref.pid] and self._finished(state, name)
+                finished = None if alive[ref.pid] else self._finished(state, name)
                 seen[name] = reconcile.Observation(alive[ref.pid], finished)
         return seen
 
-    def _finished(self, state: dict[str, Any], name: str) -> bool:
+    def _finished(self, state: dict[str, Any], name: str) -> str | None:
+        """'finished' (budget spent) or 'refused: why' (the syncer refused it), from the marker
+        file the learner leaves in its work dir; None for an ordinary death."""
         entry = state["procs"][name]
         if entry["kind"] != "learner":
-            return False
-        runtime = self.runtime(state, entry["host"])
+            return None
+        workdir = launch.learner_workdir(self.runtime(state, entry["host"]), name)
+        host = self.host(entry["host"])
         try:
-            return self.host(entry["host"]).exists(f"{launch.learner_workdir(runtime, name)}/finished")
+            if host.exists(f"{workdir}/finished"):
+                return "finished"
+            if host.exists(f"{workdir}/refused"):
+                return "refused: " + host.read_bytes(f"{workdir}/refused", 0, 500).decode(errors="replace").strip()
         except DldError:
-            return False
+            return None
+        return None
 
     # -- the loop ----------------------------------------------------------------------------
     def loop(self) -> None:
@@ -108,10 +117,28 @@ class Supervisor:
                 self.run.event(kind, target, detail)
             for action in actions:
                 self.act(action)
+            self.mirror_syncer()
             self.stop.wait(POLL_S)
         self.run.event("supervisor_stop", "supervisor", f"pid {os.getpid()}")
         for host in self.hosts.values():
             host.close()
+
+    def mirror_syncer(self) -> None:
+        """Copy a remote syncer's new events and metrics home (every MIRROR_S)."""
+        now = time.monotonic()
+        if now - self._mirrored < MIRROR_S:
+            return
+        self._mirrored = now
+        state = self.run.read_state()
+        where = mirror.remote_syncer(state)
+        if where is None:
+            return
+        try:
+            offsets = mirror.mirror(self.host(where[0]), where[1], self.run, state.get("mirror", {}))
+        except DldError:
+            return  # the host is marked unreachable by observe(); try again next time
+        with self.run.update() as st:
+            st["mirror"] = offsets
 
     def act(self, action: reconcile.Action) -> None:
         if action.kind == "start":
@@ -130,7 +157,8 @@ class Supervisor:
                 ref = launch.start_syncer(host, runtime)
             else:
                 learner = next(e for e in self.config()["learners"] if e["id"] == name)
-                host.run("rm -f " + shlex.quote(f"{launch.learner_workdir(runtime, name)}/finished"), check=False)
+                wd = launch.learner_workdir(runtime, name)
+                host.run("rm -f " + shlex.quote(f"{wd}/finished") + " " + shlex.quote(f"{wd}/refused"), check=False)
                 ref = launch.start_learner(host, runtime, learner, entry.get("restarts", 0) + (entry.get("started_at") is not None))
         except (DldError, StopIteration) as exc:
             s = settings_from_dict(self.config()["run"])

@@ -97,14 +97,19 @@ def _open_remote(inv: Inventory, board: Board) -> tuple[dict[str, Host], dict[st
     return hosts, errors
 
 
-def advertise_address(hosts: dict[str, Host]) -> str:
+def advertise_address(hosts: dict[str, Host], console: Console | None = None) -> str:
     """The address remote learners dial back to this machine: our end of an SSH connection."""
+    remote = False
     for host in hosts.values():
         local_end = getattr(host, "local_address", None)
         if callable(local_end):
+            remote = True
             address = local_end()
             if address:
                 return address
+    if remote and console is not None:
+        console.print("[yellow]could not tell which address the hosts reach this machine at (a jump host in "
+                      "~/.ssh/config?); learners will dial 127.0.0.1: set [syncer] advertise if that is wrong[/]")
     return "127.0.0.1"
 
 
@@ -122,11 +127,14 @@ def _provision_all(inv: Inventory, run: RunDir, config: dict[str, Any], hosts: d
     built, digest = wheel.build(rundir.home() / "wheels") if needs_wheel else (Path(), "")
     by_host = provision.learners_by_host(config)
     runtimes: dict[str, provision.HostRuntime] = {}
+    # two entries for one machine share its work dir: set them up one after the other
+    locks = {(h.address, h.port, h.workdir): threading.Lock() for h in inv.hosts}
 
     def one(spec: HostSpec) -> None:
         try:
-            runtimes[spec.name] = provision.prepare(hosts[spec.name], spec, run, config, built, digest,
-                                                    by_host.get(spec.name, []), board)
+            with locks[(spec.address, spec.port, spec.workdir)]:
+                runtimes[spec.name] = provision.prepare(hosts[spec.name], spec, run, config, built, digest,
+                                                        by_host.get(spec.name, []), board)
             board(spec.name, "ready")
         except DldError as exc:
             errors[spec.name] = exc
@@ -198,7 +206,7 @@ def up(inv: Inventory, source: str | None, console: Console, timeout: float = 18
         hosts, errors = _open_remote(inv, board)
         try:
             _check_quorum(inv, errors)
-            config = plan.write(inv, run, advertise_address(hosts))
+            config = plan.write(inv, run, advertise_address(hosts, console))
             runtimes = _provision_all(inv, run, config, hosts, errors, board)
             _check_quorum(inv, errors)
         finally:

@@ -39,6 +39,7 @@ class PushItem:
     c_tokens: int
     c_time: float
     step_time: float
+    base_epoch: int = 0          # the syncer epoch in which base_version was applied
 
 
 class SyncerClient(threading.Thread):
@@ -96,6 +97,11 @@ class SyncerClient(threading.Thread):
     def versions(self) -> list[int]:
         with self.lock:
             return list(self.replica.versions)
+
+    def epoch(self) -> int:
+        """The syncer epoch the replica belongs to (0 before the first welcome)."""
+        with self.lock:
+            return self.replica.epoch or 0
 
     def set_stats(self, **stats: Any) -> None:
         with self.lock:
@@ -159,8 +165,8 @@ class SyncerClient(threading.Thread):
 
     def _work(self, now: float) -> None:
         self._send_init_chunks()
-        for p, offset in self.replica.requests(now, self._chunk, FETCH_WINDOW):
-            self._send(Message("state_req", {"fragment": p, "offset": offset}))
+        for p, offset, version in self.replica.requests(now, self._chunk, FETCH_WINDOW):
+            self._send(Message("state_req", {"fragment": p, "offset": offset, "version": version}))
         if self.ready.is_set():
             self._send_pushes()
         if now - self._beat_at >= self.s.heartbeat_s:
@@ -333,7 +339,7 @@ class SyncerClient(threading.Thread):
         for item in items:
             blob = codec.encode(item.delta, self.s.compression, self.s.block)
             meta = {"fragment": item.fragment, "base_version": item.base_version, "seq": self.counters["pushes_sent"],
-                    "epoch": self.replica.epoch or 0, "c_steps": item.c_steps, "c_tokens": item.c_tokens,
+                    "epoch": item.base_epoch, "c_steps": item.c_steps, "c_tokens": item.c_tokens,
                     "c_time": item.c_time, "step_time": item.step_time}
             faultpoints.hit("push")
             if not self._send(Message("push", meta, [blob])):

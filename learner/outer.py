@@ -43,6 +43,7 @@ class OuterState:
     alpha: float
     mark: list[torch.Tensor] = field(default_factory=list)
     base_version: list[int] = field(default_factory=list)
+    base_epoch: list[int] = field(default_factory=list)
     counters: list[FragmentCounters] = field(default_factory=list)
     awaiting: list[bool] = field(default_factory=list)
 
@@ -71,7 +72,8 @@ class OuterState:
         return delta, counters
 
     @torch.no_grad()
-    def apply(self, p: int, version: int, value: torch.Tensor, params: Mapping[str, torch.Tensor]) -> None:
+    def apply(self, p: int, version: int, value: torch.Tensor, params: Mapping[str, torch.Tensor],
+              epoch: int = 0) -> None:
         """Take a global fragment: overwrite (alpha = 0) or mix; that becomes the new mark.
 
         Local work since the last push is dropped by an overwrite (the price of the overlap)."""
@@ -84,12 +86,13 @@ class OuterState:
             self.plan.scatter(p, mixed, params)
             self.mark[p] = mixed
         self.base_version[p] = version
+        self.base_epoch[p] = epoch
         self.counters[p].reset()
         self.awaiting[p] = False
 
     @classmethod
     def start(cls, plan: FragmentPlan, H: int, alpha: float, values: list[tuple[int, torch.Tensor]],
-              params: Mapping[str, torch.Tensor]) -> "OuterState":
+              params: Mapping[str, torch.Tensor], epoch: int = 0) -> "OuterState":
         """Load the fetched global state into the model and make it every fragment's mark."""
         state = cls(plan, H, alpha)
         for p, (version, value) in enumerate(values):
@@ -97,6 +100,7 @@ class OuterState:
                 plan.scatter(p, value, params)
             state.mark.append(value.clone())
             state.base_version.append(version)
+            state.base_epoch.append(epoch)
             state.counters.append(FragmentCounters())
             state.awaiting.append(False)
         return state

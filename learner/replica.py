@@ -22,6 +22,9 @@ def checksum(t: torch.Tensor) -> int:
     return zlib.crc32(memoryview(t.contiguous().numpy()))
 
 
+PENDING_MAX = 64
+
+
 @dataclass
 class Fetch:
     """A full-fragment transfer in progress."""
@@ -32,6 +35,7 @@ class Fetch:
     received: int = 0
     next_offset: int = 0
     in_flight: dict[int, float] = field(default_factory=dict)  # offset -> requested at
+    pending: list[tuple[int, int, bytes, int | None]] = field(default_factory=list)  # updates that came meanwhile
 
 
 class Replica:
@@ -61,21 +65,26 @@ class Replica:
         for p in range(self.count):
             self.refetch(p)
 
-    def requests(self, now: float, chunk: int, window: int, timeout: float = 10.0) -> list[tuple[int, int]]:
-        """(fragment, offset) state requests to send now, at most `window` in flight overall."""
-        out: list[tuple[int, int]] = []
+    def requests(self, now: float, chunk: int, window: int, timeout: float = 10.0) -> list[tuple[int, int, int]]:
+        """(fragment, offset, version) state requests to send now, at most `window` in flight.
+
+        The first chunk asks for the current version (-1); the rest ask for that same version,
+        which the syncer keeps while one newer merge lands, so a transfer stays consistent."""
+        out: list[tuple[int, int, int]] = []
         in_flight = 0
         for p in sorted(self.fetches):
             f = self.fetches[p]
             for offset, at in list(f.in_flight.items()):
                 if now - at > timeout:  # lost (syncer restarted, message dropped): ask again
-                    out.append((p, offset))
+                    out.append((p, offset, -1 if f.version is None else f.version))
                     f.in_flight[offset] = now
             in_flight += len(f.in_flight)
         for p in sorted(self.fetches):
             f = self.fetches[p]
             while in_flight < window and f.next_offset < self.sizes[p]:
-                out.append((p, f.next_offset))
+                if f.version is None and f.in_flight:
+                    break  # learn the version from the first chunk before asking for more
+                out.append((p, f.next_offset, -1 if f.version is None else f.version))
                 f.in_flight[f.next_offset] = now
                 f.next_offset += chunk
                 in_flight += 1
@@ -89,8 +98,8 @@ class Replica:
         if f.version is None:
             f.version, f.crc = version, crc
             f.buffer = torch.empty(self.sizes[p], dtype=torch.float32)
-        elif version != f.version:  # a merge landed mid-transfer: start this fragment again
-            self.fetches[p] = Fetch()
+        elif version != f.version:  # our version is no longer kept: start this fragment again
+            self.fetches[p] = Fetch(pending=f.pending)
             return False
         del f.in_flight[offset]
         f.buffer[offset : offset + values.size] = torch.from_numpy(values.copy())
@@ -99,18 +108,24 @@ class Replica:
             return False
         if f.crc is not None and checksum(f.buffer) != f.crc:
             self.mismatches += 1
-            self.fetches[p] = Fetch()  # corrupted in transit: fetch it again
+            self.fetches[p] = Fetch(pending=f.pending)  # corrupted in transit: fetch it again
             return False
         self.latest[p], self.versions[p], self.crcs[p] = f.buffer, f.version, f.crc
         del self.fetches[p]
+        for from_version, version, blob, crc in sorted(f.pending, key=lambda u: u[1]):
+            if self.on_update(p, from_version, version, blob, crc) in ("gap", "mismatch"):
+                break  # a refetch is scheduled
         return True
 
     def on_update(self, p: int, from_version: int, version: int, blob: bytes, crc: int | None = None) -> str:
         """Apply an update blob: 'applied', 'stale' (already have it), 'gap' or 'mismatch'
         (a refetch is scheduled)."""
-        if self.latest[p] is None or p in self.fetches:
-            return "stale"
-        if version <= self.versions[p]:
+        if p in self.fetches:  # keep it for when the transfer completes (bounded)
+            pending = self.fetches[p].pending
+            pending.append((from_version, version, blob, crc))
+            del pending[:-PENDING_MAX]
+            return "buffered"
+        if self.latest[p] is None or version <= self.versions[p]:
             return "stale"
         if from_version != self.versions[p]:
             self.refetch(p)

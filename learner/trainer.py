@@ -80,7 +80,7 @@ class Trainer:
         values = [client.latest(p) for p in range(self.plan.count)]
         values = [(v, t.to(self.device)) for v, t in values]
         client.take_updates()
-        return OuterState.start(self.plan, self.s.H, self.s.alpha, values, self.params)
+        return OuterState.start(self.plan, self.s.H, self.s.alpha, values, self.params, client.epoch())
 
     def optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.wl.model.parameters(), lr=self.s.lr, weight_decay=self.s.weight_decay)
@@ -115,7 +115,7 @@ class Trainer:
             if self.island is not None:
                 stop, applies = self.island.share(stop, applies, outer)
             for p, version, value in applies:
-                outer.apply(p, version, value, self.params)
+                outer.apply(p, version, value, self.params, client.epoch())
             if not stop:
                 self._push_due(client, outer)
             self.blocked_s += time.perf_counter() - t0
@@ -183,7 +183,8 @@ class Trainer:
                 continue
             pushed_at = client.versions()[p]
             delta, c = outer.take_outer_gradient(p, self.params)
-            client.push(PushItem(p, delta, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0))
+            client.push(PushItem(p, delta, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0,
+                                 outer.base_epoch[p]))
             if not self.s.overlap:
                 self._wait_for_merge(client, p, pushed_at)
 
@@ -192,7 +193,8 @@ class Trainer:
         the next step's _collect applies it (on every rank of an island alike)."""
         while client.versions()[p] <= pushed_at and not self.stop.is_set() and client.fatal is None:
             time.sleep(0.002)
-            self._report(client)
+            self._read_control(client)
+            self._publish(client)
 
     # -- reporting ---------------------------------------------------------------------------
     def _report(self, client: SyncerClient) -> None:
@@ -205,6 +207,10 @@ class Trainer:
             self.eval_loss = self.evaluate()
             log(f"{self.cfg.spec.id}: step {self.step} loss {self.loss_ema:.4f} eval {self.eval_loss:.4f} "
                 f"{self.tokens_per_s:.0f} tok/s versions {client.versions()}")
+        self._publish(client)
+
+    def _publish(self, client: SyncerClient) -> None:
+        """Progress for the next heartbeat (cheap: called while waiting, too)."""
         total = self.busy_s + self.blocked_s
         client.set_stats(step=self.step, tokens=self.tokens, state=self._state(),
                          tokens_per_s=self.tokens_per_s, step_time=self.step_time or 0.0,
@@ -250,7 +256,8 @@ class Trainer:
             for p in range(self.plan.count):
                 if outer.counters[p].steps:
                     delta, c = outer.take_outer_gradient(p, self.params)
-                    client.push(PushItem(p, delta, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0))
+                    client.push(PushItem(p, delta, outer.base_version[p], c.steps, c.tokens, c.time,
+                                         self.step_time or 0.0, outer.base_epoch[p]))
         client.stop(flush_s=3.0)
         if outer is not None:
             torch.save(client.replica_snapshot(), self.cfg.workdir / "replica.pt")
@@ -258,6 +265,7 @@ class Trainer:
             (self.cfg.workdir / "finished").write_text(f"{self.step} steps\n")  # budget spent: do not restart
         if client.fatal:
             log(f"{self.cfg.spec.id}: the syncer refused this learner: {client.fatal}")
+            (self.cfg.workdir / "refused").write_text(client.fatal + "\n")  # restarting cannot help
             return 2
         log(f"{self.cfg.spec.id}: stopped after {self.step} steps, {self.tokens} tokens")
         return 0

@@ -104,6 +104,8 @@ class SyncerCore:
         self._init_filled: list[torch.Tensor] = []
         self._quorum_ok: bool | None = None
         self._crcs: dict[int, int] = {}
+        self._previous: dict[int, tuple[int, torch.Tensor, int]] = {}
+        self._serving: dict[int, float] = {}
         self._live_prev: set[str] = set()
         self._last_seq: dict[tuple[str, str], int] = {}
         self._lost_once: set[str] = set()
@@ -227,11 +229,22 @@ class SyncerCore:
         if not 0 <= offset < total:
             raise ProtocolError("shape", f"state_req: offset {offset} outside fragment {p}")
         n = min(self.chunk_numel(), total - offset)
-        payload = self.model.theta[p][offset : offset + n].numpy().tobytes()
-        out.send(learner, Message("state", {"fragment": p, "version": self.model.versions[p], "offset": offset,
-                                            "numel": n, "total": total, "epoch": self.epoch,
-                                            "crc": self._crc(p)}, [payload]))
+        self._serving[p] = now
+        version, value, crc = self._version_of(p, msg.get("version"))
+        payload = value[offset : offset + n].numpy().tobytes()
+        out.send(learner, Message("state", {"fragment": p, "version": version, "offset": offset,
+                                            "numel": n, "total": total, "epoch": self.epoch, "crc": crc}, [payload]))
         self.counters["state_chunks"] += 1
+
+    def _version_of(self, p: int, wanted: Any) -> tuple[int, torch.Tensor, int]:
+        """The version a fetch asked for, if still kept (the current and the previous one), so a
+        multi-chunk transfer stays consistent while merges go on; else the current one."""
+        assert self.model is not None
+        current = self.model.versions[p]
+        previous = self._previous.get(p)
+        if isinstance(wanted, int) and wanted != current and previous is not None and previous[0] == wanted:
+            return previous
+        return current, self.model.theta[p], self._crc(p)
 
     # -- contributions -----------------------------------------------------------------------
     def _push(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
@@ -339,6 +352,7 @@ class SyncerCore:
         if self.on_merge is not None:
             self.on_merge(p)
         contribs = sorted(rnd.contributions.values(), key=lambda c: c.learner)
+        self._keep_previous(p, now)
         blob = self._step(p, contribs, now)
         m = self.model
         m.versions[p] += 1
@@ -349,6 +363,15 @@ class SyncerCore:
             "epoch": self.epoch, "contributors": [c.learner for c in contribs], "crc": self._crcs[p]}, [blob]))
         weights = [c.weight for c in contribs]
         self._account(rnd, contribs, weights, now, out, blob_bytes=len(blob) * len(recipients), t0=t0)
+
+    def _keep_previous(self, p: int, now: float) -> None:
+        """While a state transfer of p is under way (a chunk served in the last 30 s), keep a copy
+        of the version about to be replaced, so the transfer can finish on it (`_version_of`)."""
+        assert self.model is not None
+        if now - self._serving.get(p, float("-inf")) < 30.0:
+            self._previous[p] = (self.model.versions[p], self.model.theta[p].clone(), self._crc(p))
+        else:
+            self._previous.pop(p, None)
 
     def _step(self, p: int, contribs: list[Contribution], now: float) -> bytes:
         """Merge, Nesterov and publish fragment p in place; returns the update blob.
@@ -366,10 +389,12 @@ class SyncerCore:
         sqnorms = merge.segment_sqnorms(deltas, segments) if rda or self.s.robust_clip > 0 else None
         factors = self._clipped(p, sqnorms)
         scale = self._fleet_scale(contribs, now)
+        # merged into the first delta's memory: the round is closing, nothing reads the deltas again
         merged = merge.merge(deltas, [c.weight for c in contribs], segments, self.s.merge,
-                             factors=factors, scale=min(1.0, scale), sqnorms=sqnorms)
+                             factors=factors, scale=min(1.0, scale), sqnorms=sqnorms, out=deltas[0])
         change = merge.nesterov_change_(m.residual[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum)
-        q, applied = codec.quantize_roundtrip(change, self.s.compression, self.s.block)
+        # `merged` is dead after the outer step: quantization works in its memory
+        q, applied = codec.quantize_roundtrip(change, self.s.compression, self.s.block, out=merged)
         blob = codec.encode_quantized(q)  # before `change` moves on: q may share its memory ("none")
         m.theta[p].add_(applied)          # a separate fp32 add, exactly as learners apply the blob
         change.sub_(applied)              # m.residual[p] is `change`: now the carried residual

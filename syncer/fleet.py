@@ -215,7 +215,9 @@ class Fleet:
         return {"provisioned_s": self.provisioned_s, "merged_s": self.merged_s,
                 "merged_tokens": self.merged_tokens, "steps_total": self.steps_total,
                 "declared": self.declared,
-                "tokens": {lid: i.total_tokens for lid, i in self.learners.items()}}
+                "learners": {lid: {"incarnation": i.incarnation, "tokens_base": i.tokens_base, "tokens": i.tokens,
+                                   "step": i.step, "joins": i.joins, "merged_tokens": i.merged_tokens}
+                             for lid, i in self.learners.items()}}
 
     def load_state_dict(self, state: dict[str, Any], now: float, saved_at: float) -> None:
         """Restore counters; the time the syncer was down still counts as provisioned."""
@@ -224,8 +226,12 @@ class Fleet:
         self.steps_total = int(state["steps_total"])
         self.declared = list(state.get("declared", self.declared))
         self.provisioned_s = float(state["provisioned_s"]) + max(0.0, now - saved_at) * len(self.declared)
-        for lid, tokens in state.get("tokens", {}).items():
-            self.learners[lid] = LearnerInfo(id=lid, tokens_base=int(tokens), state="unreachable")
+        # the same incarnation saying hello again is a reconnect: its counters continue from here
+        for lid, saved in state.get("learners", {}).items():
+            self.learners[lid] = LearnerInfo(
+                id=lid, incarnation=str(saved["incarnation"]), tokens_base=int(saved["tokens_base"]),
+                tokens=int(saved["tokens"]), step=int(saved["step"]), joins=int(saved["joins"]),
+                merged_tokens=float(saved["merged_tokens"]), state="unreachable")
         self._last_tick = now
 
 

@@ -54,7 +54,7 @@ def rda_tensor(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> tor
 def merge(
     deltas: Sequence[torch.Tensor], weights: Sequence[float], segments: Segments, rule: str = "rda",
     *, factors: Sequence[float] | None = None, scale: float = 1.0,
-    sqnorms: Sequence[Sequence[float]] | None = None,
+    sqnorms: Sequence[Sequence[float]] | None = None, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Merge outer gradients of one fragment: RDA per tensor (mean for embeddings) or plain mean.
 
@@ -63,7 +63,9 @@ def merge(
     deltas: RDA is invariant to a positive factor's effect on a direction and only scales the
     norm, the mean takes it as a weight. `sqnorms[m][s]` (squared norm of delta m on segment s,
     before any factor) may be passed when already computed (see `segment_sqnorms`).
-    Each output element is written by one weighted sum over the deltas, then one scaling.
+    Each output element is written by one weighted sum over the deltas, then one scaling. `out`
+    receives the result (default: a new tensor); it may be `deltas[0]` itself, which saves a
+    fragment-sized allocation when the caller has no further use for that delta.
     """
     if not deltas:
         raise ValueError("nothing to merge")
@@ -72,12 +74,12 @@ def merge(
     factors = [1.0] * len(deltas) if factors is None else list(factors)
     total = float(sum(weights))
     if rule == "mean" or len(deltas) == 1:
-        return _weighted_sum(deltas, [w * f * scale / total for w, f in zip(weights, factors)])
+        return _weighted_sum(deltas, [w * f * scale / total for w, f in zip(weights, factors)], out)
     if rule != "rda":
         raise ValueError(f"unknown merge rule {rule!r}")
     if sqnorms is None:
         sqnorms = segment_sqnorms(deltas, segments)
-    out = torch.empty_like(deltas[0])
+    out = torch.empty_like(deltas[0]) if out is None else out
     for s, (offset, numel, kind) in enumerate(segments):
         parts = [d[offset : offset + numel] for d in deltas]
         target = out[offset : offset + numel]
@@ -141,11 +143,12 @@ def nesterov_change_(change: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor
                      momentum: float = 0.9) -> torch.Tensor:
     """`nesterov_step` in place, as the parameter change: no theta needed, nothing allocated.
 
-    buf <- momentum * buf + grad (exactly torch.optim.SGD's buffer update), then
+    buf <- grad + momentum * buf (torch.optim.SGD's buffer update, in one pass), then
     change <- change - lr * grad - lr * momentum * buf', i.e. change + (theta' - theta).
-    Returns `change`.
+    Returns `change`. Three passes over the fragment; the results agree with `nesterov_step` to
+    fp32 rounding (the order of the roundings differs, not the arithmetic).
     """
-    buf.mul_(momentum).add_(grad)
+    torch.add(grad, buf, alpha=momentum, out=buf)
     return change.add_(grad, alpha=-lr).add_(buf, alpha=-lr * momentum)
 
 

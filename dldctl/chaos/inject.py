@@ -39,6 +39,8 @@ class Chaos:
         self.inv = parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
         self.settings = load_config(run)["run"]
         self._hosts: dict[str, Host] = {}
+        self.started: set[str] = set()     # ids of the faults this instance injected
+        self.held: set[str] = set()        # targets this instance killed with a hold
 
     def close(self) -> None:
         for host in self._hosts.values():
@@ -87,6 +89,7 @@ class Chaos:
             e = state["procs"][target]
             e["hold_until"] = time.time() + hold
             e["chaos_kill"] = True
+        self.held.add(target)
         signum = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM}[sig.upper()]
         if not host.signal(ProcRef(ref["pid"], ref["start_ticks"]), signum, group=True):
             raise ChaosError(f"{target} (pid {ref['pid']}) was already gone")
@@ -110,6 +113,7 @@ class Chaos:
                   "injected_at": time.time(), "factor": factor}
         with self.run.update() as state:  # registered first: the undo survives our death
             state.setdefault("faults", []).append(record)
+        self.started.add(record["id"])
         try:
             ok = faults.apply(action, host, runtime, target, ProcRef(ref["pid"], ref["start_ticks"]), duration, factor)
         except DldError as exc:
@@ -127,12 +131,14 @@ class Chaos:
         with self.run.update() as state:
             state["faults"] = [f for f in state.get("faults", []) if f.get("id") != fault_id]
 
-    def heal(self, target: str | None = None) -> list[str]:
-        """Undo every active fault (of one target, or all) and lift kill holds; idempotent."""
+    def heal(self, target: str | None = None, own: bool = False) -> list[str]:
+        """Undo every active fault (of one target, or all; `own`: only those this instance
+        started) and lift kill holds; idempotent."""
         state = self.run.read_state()
         done = []
         for fault in list(state.get("faults", [])):
-            if target is None or fault["target"] == target:
+            mine = not own or fault.get("id") in self.started
+            if mine and (target is None or fault["target"] == target):
                 entry, host, runtime = self._target(fault["target"], fault["kind"])
                 ref = entry.get("proc")
                 faults.undo(fault["kind"], host, runtime, fault["target"], ProcRef(ref["pid"], ref["start_ticks"]) if ref else None)
@@ -141,7 +147,8 @@ class Chaos:
                 done.append(f"{fault['kind']} {fault['target']}")
         with self.run.update() as state:
             for name, entry in state["procs"].items():
-                if (target is None or name == target) and entry.get("hold_until"):
+                mine = not own or name in self.held
+                if mine and (target is None or name == target) and entry.get("hold_until"):
                     entry["hold_until"] = None
                     if entry["status"] == "dead":
                         entry["next_start"] = time.time()

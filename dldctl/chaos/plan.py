@@ -148,6 +148,21 @@ def _fault(entry: Any, i: int) -> Fault:
     return Fault(float(entry["at"]), action, str(entry["target"]), duration, float(entry.get("factor", 3.0)), signal)
 
 
+def _only(table: Any, known: set[str], where: str) -> None:
+    if not isinstance(table, dict):
+        raise PlanError(f"{where} must be a table")
+    extra = set(table) - known
+    if extra:
+        raise PlanError(f"{where}: unknown key {sorted(extra)[0]!r} (known: {', '.join(sorted(known))})")
+
+
+def _check_entry(entry: Any, table: str, i: int) -> Check:
+    _only(entry, {"check"}, f"[[{table}]] #{i + 1}")
+    if "check" not in entry:
+        raise PlanError(f"[[{table}]] #{i + 1}: missing check = \"<path> <op> <number>\"")
+    return parse_check(str(entry["check"]))
+
+
 def parse_experiment(data: dict[str, Any], path: str = "") -> Experiment:
     """An Experiment from a TOML document (see docs/chaos.md for the format)."""
     known = {"experiment", "steady_state", "fault", "abort", "rollback"}
@@ -155,13 +170,15 @@ def parse_experiment(data: dict[str, Any], path: str = "") -> Experiment:
     if extra:
         raise PlanError(f"unknown table [{sorted(extra)[0]}] (known: {', '.join(sorted(known))})")
     head = data.get("experiment", {})
+    _only(head, {"name", "duration", "settle", "sample_every"}, "[experiment]")
+    _only(data.get("rollback", {}), {"heal"}, "[rollback]")
     faults = tuple(sorted((_fault(e, i) for i, e in enumerate(data.get("fault", []))), key=lambda f: f.at))
     if not faults:
         raise PlanError("an experiment needs at least one [[fault]]")
-    steady = tuple(parse_check(e["check"]) for e in data.get("steady_state", []))
-    aborts = tuple(parse_check(e["check"]) for e in data.get("abort", []))
+    steady = tuple(_check_entry(e, "steady_state", i) for i, e in enumerate(data.get("steady_state", [])))
+    aborts = tuple(_check_entry(e, "abort", i) for i, e in enumerate(data.get("abort", [])))
     settle = float(head.get("settle", 20.0))
-    duration = float(head.get("duration", faults[-1].at + max(f.duration for f in faults) + settle))
+    duration = float(head.get("duration", max(f.at + f.duration for f in faults) + settle))
     return Experiment(str(head.get("name", "experiment")), duration, faults, steady, aborts, settle,
                       float(head.get("sample_every", 1.0)), bool(data.get("rollback", {}).get("heal", True)), path)
 

@@ -48,8 +48,8 @@ def monkey(chaos: Chaos, schedule: list[Fault], console: Console, *, force: bool
             except DldError as exc:
                 console.print(f"[yellow]{fault.describe()}  skipped: {exc.line()}[/]", highlight=False)
     except KeyboardInterrupt:
-        healed = chaos.heal()
-        console.print(f"monkey interrupted; healed: {', '.join(healed) or 'nothing'}")
+        healed = chaos.heal(own=True)
+        console.print(f"monkey interrupted; healed its faults: {', '.join(healed) or 'nothing'}")
     return injected
 
 
@@ -77,7 +77,7 @@ def run_experiment(chaos: Chaos, run: RunDir, exp: Experiment, console: Console,
     except KeyboardInterrupt:
         aborted = "interrupted"
     if aborted and exp.heal_on_abort:
-        console.print(f"[yellow]rolling back ({aborted}): healed {', '.join(chaos.heal()) or 'nothing'}[/]")
+        console.print(f"[yellow]rolling back ({aborted}): healed {', '.join(chaos.heal(own=True)) or 'nothing'}[/]")
     events = list(jsonl.read(run.events, since=t0 - 1))
     result = verdict.evaluate(exp, samples, events, injected, aborted)
     _write(run, exp, result, t0)

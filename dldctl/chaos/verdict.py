@@ -15,8 +15,10 @@ from dldctl.chaos.plan import Experiment, FaultReport, Result
 
 DETECT = {"kill": ("death", "learner_lost", "syncer_death"), "pause": ("learner_lost",),
           "partition": ("learner_lost",), "slow": ()}
-BACK = {"kill": ("rejoin", "learner_back", "syncer_resume", "syncer_start"), "pause": ("learner_back", "fault_undo"),
-        "partition": ("learner_back", "fault_undo"), "slow": ("fault_undo",)}
+# recovery = the syncer hears the learner again; a fault too short to be noticed by the syncer
+# (no detection event) counts as back when it is undone
+BACK = {"kill": ("rejoin", "learner_back", "syncer_resume", "syncer_start"), "pause": ("learner_back",),
+        "partition": ("learner_back",), "slow": ("fault_undo",)}
 AFTER_S = 30.0
 
 
@@ -66,6 +68,8 @@ def fault_report(exp: Experiment, i: int, injected: float | None, samples: list[
     rep.detected_at = (_slow_seen(samples, target, injected) if fault.action == "slow"
                        else _first_event(events, DETECT[fault.action], target, injected))
     rep.back_at = _first_event(events, BACK[fault.action], target, rep.detected_at or injected)
+    if rep.detected_at is None and fault.action in ("pause", "partition"):
+        rep.back_at = _first_event(events, ("fault_undo",), target, injected)
     if fault.action == "kill" and target != "syncer":
         rep.work_lost_tokens = _work_lost(samples, target, injected)
     rep.goodput_during = _goodput(samples, injected, rep.back_at or end)

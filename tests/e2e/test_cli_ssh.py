@@ -35,6 +35,8 @@ model = "gpt-tiny"
 seq_len = 32
 batch_size = 8
 H = 8
+outer_lr = 1.0
+outer_momentum = 0.0
 quorum = {quorum}
 eval_every = 20
 heartbeat_s = 0.25
@@ -161,6 +163,34 @@ def test_bad_host_key_and_unreachable_host_are_refused_and_the_rest_comes_up(
         assert "changed" in out.stdout.lower() or "does not match" in out.stdout.lower()
         snap = dl.wait(lambda s: sum(r["state"] == "running" for r in s["learners"]) == 2, 180, "h0 and h2 training")
         assert learner(snap, "learner-1")["state"] == "stopped"
+    finally:
+        dl.cleanup()
+    assert dl.leftovers() == []
+
+
+def test_syncer_on_a_remote_host(ssh_fleet: SSHFleet, tmp_path: Path) -> None:
+    """[syncer] host = an inventory host: keys go there, its records come home, so does the model."""
+    text = inventory(ssh_fleet, tmp_path / "w", name="remote-syncer").replace(
+        "[ssh]", '[syncer]\nhost = "h0"\n\n[ssh]')
+    inv = tmp_path / "inv.toml"
+    inv.write_text(text)
+    dl = Dl(tmp_path / "home")
+    try:
+        dl("up", str(inv), "-d", timeout=300)
+        snap = dl.wait(lambda s: s["syncer"]["alive"] and s["syncer"]["outer_steps"] >= 5, 180, "merges on h0")
+        assert snap["syncer"]["address"].startswith(f"tcp://{ssh_fleet.hosts[0].address}:")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            kinds = [e["kind"] for e in jsonl.read(dl.run_dir() / "events.jsonl")]
+            samples = [r for r in jsonl.read(dl.run_dir() / "metrics.jsonl") if r.get("kind") == "sample"]
+            if "syncer_start" in kinds and samples:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError("the remote syncer's records did not come home")
+        summary = json.loads(dl("down", "--json", timeout=180).stdout)
+        assert summary["final_model"] and Path(summary["final_model"]).is_file()
+        assert str(dl.run_dir()) in summary["final_model"]
     finally:
         dl.cleanup()
     assert dl.leftovers() == []

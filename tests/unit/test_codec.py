@@ -232,6 +232,37 @@ def test_learner_replica_stays_bit_identical_to_syncer(mode: str) -> None:
     assert torch.equal(theta, latest)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_quantize_roundtrip_values_are_dequantize_bit_for_bit(mode: str) -> None:
+    """The syncer publishes theta + the values of quantize_roundtrip; learners add decode(blob)."""
+    g = _gen(11)
+    x = torch.randn(4100, generator=g) * 1e-3
+    x[::7] = -1e-9  # tiny negatives: their codes are 0, and must never dequantize to -0.0
+    x[5:300] = 0.0
+    q, values = codec.quantize_roundtrip(x, mode, 128)
+    reference = codec.dequantize(codec.quantize(x, mode, 128))
+    decoded = codec.decode(codec.encode_quantized(q), expect_numel=x.numel())
+    for other in (reference, decoded):  # compare the bits: torch.equal treats -0.0 == 0.0
+        assert torch.equal(values.view(torch.int32), other.view(torch.int32))
+    latest = torch.full_like(x, -0.0)
+    assert torch.equal((latest + values).view(torch.int32), (latest + decoded).view(torch.int32))
+    scratch = torch.full((33 * 128,), float("nan"))  # working memory given by the caller: same bits
+    q2, in_scratch = codec.quantize_roundtrip(x, mode, 128, out=scratch)
+    assert torch.equal(in_scratch.view(torch.int32), values.view(torch.int32))
+    assert codec.encode_quantized(q2) == codec.encode_quantized(q)
+    if mode in QMAX:
+        assert in_scratch.data_ptr() == scratch.data_ptr()
+
+
+def test_int4_payload_layout_format_2() -> None:
+    """Per block: byte k = code k (low nibble) | code k + block/2 (high nibble), two's complement."""
+    x = torch.tensor([7.0, -7.0, 1.0, 2.0, -3.0, 0.0, 4.0, 5.0])  # absmax 7: scale 1, codes = x
+    blob = codec.encode(x, "int4", 8)
+    assert blob[2] == codec.FORMAT == 2
+    assert _payload(blob) == struct.pack("<f", 1.0) + bytes([0xD7, 0x09, 0x41, 0x52])
+    assert torch.equal(codec.decode(blob), x)
+
+
 # -- hypothesis: bounds on random tensors -------------------------------------------------------
 
 _values = st.lists(

@@ -251,8 +251,8 @@ def test_state_transfer_serves_chunks_of_the_global_model() -> None:
         reqs = replica.requests(now=1.0, chunk=h.core.chunk_numel(), window=4)
         if not reqs:
             break
-        for p, offset in reqs:
-            (to, state), = h.send("b", Message("state_req", {"fragment": p, "offset": offset}), 1.0).sends
+        for p, offset, version in reqs:
+            (to, state), = h.send("b", Message("state_req", {"fragment": p, "offset": offset, "version": version}), 1.0).sends
             assert to == ["b"] and state.kind == "state"
             values = P.check_raw_fragment(_wire(state), h.plan.sizes())
             assert state["crc"] == h.core.model.crc(p)
@@ -783,3 +783,26 @@ def test_duplicated_init_chunk_does_not_complete_the_fragment_early() -> None:
             h.send("a", Message("init", {"fragment": p, "offset": off, "numel": part.numel(),
                                          "total": h.init_values[p].numel()}, [part.numpy().tobytes()]), 1.0)
     assert h.core.model is None  # fragment 0 still has holes
+
+
+def test_a_transfer_keeps_its_version_while_a_merge_lands() -> None:
+    """Chunks asked for version v are served from v even after v+1 was published (one back),
+    as long as a transfer of that fragment is under way."""
+    h = Harness(_settings(quorum=1))
+    h.join_all()
+    old = h.core.model.theta[0].clone()
+    old_crc = h.core.model.crc(0)
+
+    def chunk(version: int, now: float) -> Message:
+        (_, state), = h.send("b", Message("state_req", {"fragment": 0, "offset": 0, "version": version}), now).sends
+        return state
+
+    assert chunk(-1, 2.0)["version"] == 0               # a transfer starts on version 0
+    h.beat_all(2.0)
+    h.push("a", 0, h.delta(0, 1), now=2.0)
+    h.tick(2.0 + h.core.rounds[0].grace_s + 1.0)
+    assert h.core.model.versions[0] == 1
+    pinned, latest = chunk(0, 4.0), chunk(-1, 4.0)
+    assert pinned["version"] == 0 and pinned["crc"] == old_crc
+    assert pinned.payloads[0] == old[: pinned["numel"]].numpy().tobytes()
+    assert latest["version"] == 1 and latest["crc"] == h.core.model.crc(0)

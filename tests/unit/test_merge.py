@@ -232,6 +232,36 @@ def test_nesterov_defaults_are_diloco_values() -> None:
     torch.testing.assert_close(theta, param.detach())
 
 
+def test_merge_folds_factors_and_scale_without_copying() -> None:
+    """factors (robust clip) and scale (fleet share) give merge([f*d]) * scale; out may be deltas[0]."""
+    g = torch.Generator().manual_seed(3)
+    segments = [(0, 40, "dense"), (40, 24, "embedding"), (64, 36, "dense")]
+    deltas = [torch.randn(100, generator=g) for _ in range(3)]
+    weights, factors, scale = [1.0, 2.0, 0.5], [1.0, 0.25, 0.8], 0.6
+    for rule in ("rda", "mean"):
+        expected = merge.merge([d * f for d, f in zip(deltas, factors)], weights, segments, rule) * scale
+        copies = [d.clone() for d in deltas]
+        got = merge.merge(copies, weights, segments, rule, factors=factors, scale=scale)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+        assert all(torch.equal(c, d) for c, d in zip(copies, deltas))  # inputs untouched
+        sq = merge.segment_sqnorms(copies, segments)
+        inplace = merge.merge(copies, weights, segments, rule, factors=factors, scale=scale, sqnorms=sq, out=copies[0])
+        assert inplace is copies[0]
+        torch.testing.assert_close(inplace, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_nesterov_change_in_place_matches_nesterov_step() -> None:
+    g = torch.Generator().manual_seed(4)
+    theta, buf, residual = torch.randn(300, generator=g), torch.zeros(300), torch.randn(300, generator=g) * 1e-3
+    for _ in range(5):
+        grad = torch.randn(300, generator=g)
+        new_theta, new_buf = merge.nesterov_step(theta, grad, buf, 0.7, 0.9)
+        change = merge.nesterov_change_(residual.clone(), grad.clone(), buf, 0.7, 0.9)
+        torch.testing.assert_close(buf, new_buf)
+        torch.testing.assert_close(change, residual + (new_theta - theta), rtol=1e-5, atol=1e-6)
+        theta = new_theta
+
+
 # -- grace window --------------------------------------------------------------------------------
 
 

@@ -1,7 +1,7 @@
-"""The learner's replica of the global fragments: chunked state transfer (windowed, re-requested
-after a timeout, restarted when the version changes mid-transfer), updates applied only on top
-of the right version (bit-exact with the syncer), gaps turned into re-fetches, crc32 checks
-against the syncer's checksum, and `behind`.
+"""The learner's replica of the global fragments: chunked state transfer (windowed, pinned to the
+version of its first chunk, re-requested after a timeout, restarted when that version is gone),
+updates applied only on top of the right version (bit-exact with the syncer) and buffered while a
+transfer runs, gaps turned into re-fetches, crc32 checks against the syncer's checksum, `behind`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ class FakeSyncer:
         self.versions = [0] * len(sizes)
         self.chunk = chunk
 
-    def state(self, p: int, offset: int) -> tuple[int, int, int, np.ndarray]:
+    def state(self, p: int, offset: int, version: int = -1) -> tuple[int, int, int, np.ndarray]:
+        """The current version's chunk (this fake keeps no older versions)."""
         n = min(self.chunk, self.theta[p].numel() - offset)
         return p, self.versions[p], offset, self.theta[p][offset : offset + n].numpy().copy()
 
@@ -38,8 +39,8 @@ def _fetch_all(replica: Replica, syncer: FakeSyncer, now: float = 0.0, window: i
         if not reqs:
             return rounds
         rounds += 1
-        for p, offset in reqs:
-            replica.on_state(*syncer.state(p, offset))
+        for p, offset, version in reqs:
+            replica.on_state(*syncer.state(p, offset, version))
 
 
 # -- state transfer ------------------------------------------------------------------------------
@@ -52,21 +53,21 @@ def test_fresh_replica() -> None:
     assert r.requests(0.0, chunk=4, window=8) == []  # nothing scheduled yet
 
 
-def test_chunked_transfer_respects_the_window_and_completes() -> None:
+def test_chunked_transfer_learns_the_version_then_fills_the_window() -> None:
     r = Replica([10, 5])
     r.refetch_all()
-    reqs = r.requests(0.0, chunk=4, window=3)
-    assert reqs == [(0, 0), (0, 4), (0, 8)]
-    assert r.requests(0.0, chunk=4, window=3) == []          # window full
+    assert r.requests(0.0, chunk=4, window=3) == [(0, 0, -1), (1, 0, -1)]  # first chunks: "current"
+    assert r.requests(0.0, chunk=4, window=3) == []                        # waiting for the version
     syncer = FakeSyncer([10, 5], chunk=4)
-    assert r.on_state(*syncer.state(0, 4)) is False           # out of order is fine
-    assert r.requests(0.0, chunk=4, window=3) == [(1, 0)]     # one slot freed
+    syncer.versions = [7, 2]
     assert r.on_state(*syncer.state(0, 0)) is False
-    assert r.on_state(*syncer.state(0, 8)) is True            # fragment 0 complete
-    assert torch.equal(r.latest[0], syncer.theta[0]) and r.versions[0] == 0
+    assert r.requests(0.0, chunk=4, window=3) == [(0, 4, 7), (0, 8, 7)]    # pinned to version 7
+    assert r.on_state(*syncer.state(0, 8)) is False                        # out of order is fine
+    assert r.on_state(*syncer.state(0, 4)) is True                         # fragment 0 complete
+    assert torch.equal(r.latest[0], syncer.theta[0]) and r.versions[0] == 7
     assert not r.complete()
-    assert r.on_state(*syncer.state(1, 0)) is False           # the request sent above
-    assert r.requests(0.0, chunk=4, window=3) == [(1, 4)]
+    assert r.on_state(*syncer.state(1, 0)) is False
+    assert r.requests(0.0, chunk=4, window=3) == [(1, 4, 2)]
     assert r.on_state(*syncer.state(1, 4)) is True
     assert r.complete() and torch.equal(r.latest[1], syncer.theta[1])
     assert r.fetches == {}
@@ -75,13 +76,14 @@ def test_chunked_transfer_respects_the_window_and_completes() -> None:
 def test_lost_chunk_is_requested_again_after_the_timeout() -> None:
     r = Replica([8])
     r.refetch(0)
-    assert r.requests(0.0, chunk=4, window=4) == [(0, 0), (0, 4)]
+    assert r.requests(0.0, chunk=4, window=4) == [(0, 0, -1)]
     assert r.requests(5.0, chunk=4, window=4, timeout=10.0) == []
-    assert r.requests(10.5, chunk=4, window=4, timeout=10.0) == [(0, 0), (0, 4)]
-    assert r.requests(11.0, chunk=4, window=4, timeout=10.0) == []  # the clock restarted
+    assert r.requests(10.5, chunk=4, window=4, timeout=10.0) == [(0, 0, -1)]
     syncer = FakeSyncer([8], chunk=4)
     r.on_state(*syncer.state(0, 0))
+    assert r.requests(11.0, chunk=4, window=4, timeout=10.0) == [(0, 4, 0)]
     assert r.on_state(*syncer.state(0, 0)) is False                # a duplicate answer is ignored
+    assert r.requests(30.0, chunk=4, window=4, timeout=10.0) == [(0, 4, 0)]  # lost: asked again, pinned
     assert r.on_state(*syncer.state(0, 4)) is True
     assert torch.equal(r.latest[0], syncer.theta[0])
 
@@ -96,21 +98,37 @@ def test_unwanted_chunks_are_ignored() -> None:
     assert r.fetches[0].received == 0
 
 
-def test_version_change_mid_transfer_restarts_the_fragment() -> None:
+def test_version_gone_mid_transfer_restarts_the_fragment_keeping_buffered_updates() -> None:
     r = Replica([12])
     r.refetch(0)
     syncer = FakeSyncer([12], chunk=4)
     r.requests(0.0, chunk=4, window=8)
     r.on_state(*syncer.state(0, 0))                    # version 0
-    syncer.versions[0] = 1                             # a merge lands
+    r.requests(0.0, chunk=4, window=8)
+    assert r.on_update(0, 0, 1, b"blob", None) == "buffered"
+    syncer.versions[0] = 1                             # a merge lands and version 0 is not kept
     syncer.theta[0] = syncer.theta[0] + 1.0
-    assert r.on_state(*syncer.state(0, 4)) is False    # version 1: restart
+    assert r.on_state(*syncer.state(0, 4)) is False    # version 1 served: restart
     assert r.fetches[0].received == 0 and r.fetches[0].version is None
+    assert len(r.fetches[0].pending) == 1
     assert r.on_state(*syncer.state(0, 8)) is False    # the old request is gone too
     assert r.latest[0] is None
-    _fetch_all(r, syncer)
-    assert r.versions[0] == 1
-    assert torch.equal(r.latest[0], syncer.theta[0])   # no chunk of version 0 survived
+
+
+def test_updates_during_a_transfer_are_replayed_on_top_of_it() -> None:
+    syncer = FakeSyncer([12], chunk=4)
+    r = Replica([12])
+    r.refetch(0)
+    q1 = codec.quantize(torch.randn(12, generator=torch.Generator().manual_seed(1)), "int4", 4)
+    q2 = codec.quantize(torch.randn(12, generator=torch.Generator().manual_seed(2)), "int4", 4)
+    v1 = syncer.theta[0] + codec.dequantize(q1)
+    v2 = v1 + codec.dequantize(q2)
+    for p, offset, version in r.requests(0.0, chunk=4, window=8):
+        r.on_state(*syncer.state(p, offset, version))
+    assert r.on_update(0, 1, 2, codec.encode_quantized(q2), checksum(v2)) == "buffered"  # out of order
+    assert r.on_update(0, 0, 1, codec.encode_quantized(q1), checksum(v1)) == "buffered"
+    _fetch_all(r, syncer)                               # completes at version 0, then replays 1 and 2
+    assert r.versions[0] == 2 and torch.equal(r.latest[0], v2) and r.mismatches == 0
 
 
 def test_refetch_restarts_a_transfer_in_progress() -> None:
@@ -164,7 +182,7 @@ def test_gap_schedules_a_refetch_and_later_updates_wait_for_it() -> None:
     assert r.on_update(0, 6, 7, blob) == "gap"           # missed version 6
     assert 0 in r.fetches and r.versions[0] == 5
     assert torch.equal(r.latest[0], values[0])           # nothing applied
-    assert r.on_update(0, 7, 8, blob) == "stale"         # a fetch is running: it will bring it
+    assert r.on_update(0, 7, 8, blob) == "buffered"      # kept, replayed once the fetch is in
     assert r.behind([9, 2]) == []                        # fragment 0 is being fetched already
     assert r.on_update(1, 2, 3, codec.encode(torch.ones(8), "none")) == "applied"
 
@@ -224,13 +242,18 @@ def test_checksum_is_crc32_of_the_fp32_bytes() -> None:
     assert checksum(torch.arange(6.0).view(2, 3).t()) == checksum(torch.tensor([0.0, 3, 1, 4, 2, 5]))
 
 
+def _fetch_all_crc(r: Replica, syncer: FakeSyncer, crc: int, rounds: int = 10) -> None:
+    for _ in range(rounds):
+        for p, off, version in r.requests(0.0, chunk=4, window=8):
+            r.on_state(*syncer.state(p, off, version), crc=crc)
+
+
 def test_state_transfer_with_matching_crc() -> None:
     syncer = FakeSyncer([10], chunk=4)
     crc = checksum(syncer.theta[0])
     r = Replica([10])
     r.refetch(0)
-    for p, offset in r.requests(0.0, chunk=4, window=8):
-        r.on_state(*syncer.state(p, offset), crc=crc)
+    _fetch_all_crc(r, syncer, crc)
     assert r.complete() and r.crcs == [crc] and r.mismatches == 0
 
 
@@ -238,13 +261,10 @@ def test_state_transfer_with_wrong_crc_is_fetched_again() -> None:
     syncer = FakeSyncer([10], chunk=4)
     r = Replica([10])
     r.refetch(0)
-    done = [r.on_state(*syncer.state(p, off), crc=checksum(syncer.theta[0]) ^ 1)
-            for p, off in r.requests(0.0, chunk=4, window=8)]
-    assert done == [False, False, False]
+    _fetch_all_crc(r, syncer, checksum(syncer.theta[0]) ^ 1, rounds=2)
     assert r.mismatches == 1 and r.latest[0] is None
     assert 0 in r.fetches and r.fetches[0].received == 0   # starts over
-    for p, off in r.requests(0.0, chunk=4, window=8):
-        r.on_state(*syncer.state(p, off), crc=checksum(syncer.theta[0]))
+    _fetch_all_crc(r, syncer, checksum(syncer.theta[0]))
     assert r.complete() and torch.equal(r.latest[0], syncer.theta[0])
 
 
@@ -258,4 +278,4 @@ def test_update_crc_match_and_mismatch() -> None:
     q2 = codec.quantize(torch.ones(64), "int4", 16)
     assert r.on_update(0, 1, 2, codec.encode_quantized(q2), crc=checksum(theta)) == "mismatch"
     assert r.mismatches == 1 and 0 in r.fetches            # never trained on: refetched
-    assert r.on_update(0, 2, 3, blob) == "stale"            # waits for the fetch
+    assert r.on_update(0, 2, 3, blob) == "buffered"         # waits for the fetch
