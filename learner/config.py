@@ -7,12 +7,11 @@ relative to the file's own directory. Only stdlib and the shared settings are im
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from syncer.settings import RunSettings, SettingsError, from_mapping, settings_from_dict
+from syncer.settings import RunSettings, SettingsError, from_mapping, read_resolved, settings_from_dict
 
 
 @dataclass(frozen=True)
@@ -50,12 +49,7 @@ class LearnerConfig:
 
 def load(path: Path, learner_id: str, workdir: Path | None = None) -> LearnerConfig:
     """Parse the configuration for `learner_id`; ValueError names the file and the problem."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read ({exc.strerror})") from exc
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    data = read_resolved(path)
     base = Path(path).resolve().parent
     try:
         settings = settings_from_dict(data["run"])

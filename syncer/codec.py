@@ -108,7 +108,8 @@ def _quantize(x: torch.Tensor, mode: str, block: int, want_values: bool = False,
     # cheaper than round_, and a zero code comes out as +0.0, never -0.0. |x * inv| <= qmax *
     # (1 + 2^-23) for finite x, so the codes are within [-qmax, qmax] without a clamp (non-finite
     # x gives a non-finite scale, which every decoder refuses)
-    if out is not None and out.dtype == torch.float32 and out.is_contiguous() and out.numel() >= xb.numel():
+    usable = out is not None and out.device.type == "cpu" and out.dtype == torch.float32
+    if usable and out.is_contiguous() and out.numel() >= xb.numel():
         codes_f = torch.mul(xb, inv[:, None], out=out.view(-1)[: xb.numel()].view(-1, block))
     else:
         codes_f = torch.mul(xb, inv[:, None])

@@ -11,12 +11,11 @@ Paths are absolute or relative to the configuration file's directory.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from syncer.settings import RunSettings, SettingsError, settings_from_dict
+from syncer.settings import RunSettings, SettingsError, read_resolved, settings_from_dict
 
 
 @dataclass(frozen=True)
@@ -36,19 +35,6 @@ class SyncerConfig:
         return self.run_dir / "checkpoints"
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """A resolved configuration as a dict; ValueError names the file on any problem."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read ({exc.strerror})") from exc
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict) or data.get("version") != 1:
-        raise ValueError(f"{path}: not a dldctl resolved configuration (version 1)")
-    return data
-
-
 def _resolve(base: Path, value: str) -> Path:
     p = Path(value).expanduser()
     return p if p.is_absolute() else (base / p)
@@ -56,7 +42,7 @@ def _resolve(base: Path, value: str) -> Path:
 
 def load(path: Path) -> SyncerConfig:
     """Parse and validate the syncer's part of a resolved configuration."""
-    data = read_json(path)
+    data = read_resolved(path)
     base = Path(path).resolve().parent
     try:
         settings = settings_from_dict(data["run"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import types
 import typing
 from dataclasses import dataclass, fields
@@ -195,6 +196,20 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], table: str = "") -> T:
 
 def _required(f: dataclasses.Field) -> bool:
     return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
+
+
+def read_resolved(path: Any) -> dict[str, Any]:
+    """A resolved run configuration (config.json) as a dict; ValueError names the file."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read ({exc.strerror})") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict) or data.get("version") != 1:
+        raise ValueError(f"{path}: not a dldctl resolved configuration (version 1)")
+    return data
 
 
 def settings_from_dict(data: Mapping[str, Any]) -> RunSettings:

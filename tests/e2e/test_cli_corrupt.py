@@ -7,23 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.fleetutil import Dl
+from tests.e2e.fleetutil import Dl, run_table
 
 pytestmark = [pytest.mark.timeout(300)]
 
-INVENTORY = """
-[run]
-name = "corrupt"
-model = "gpt-tiny"
-seq_len = 32
-batch_size = 8
-H = 8
-outer_lr = 1.0
-outer_momentum = 0.0
-insecure = true
-heartbeat_s = 0.25
-liveness_s = 2.0
-
+INVENTORY = run_table("corrupt", insecure=True) + """
 [[hosts]]
 name = "here"
 address = "local"

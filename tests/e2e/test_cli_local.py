@@ -16,27 +16,11 @@ from typing import Iterator
 import pytest
 
 from syncer import jsonl
-from tests.e2e.fleetutil import Dl, kinds, learner
+from tests.e2e.fleetutil import Dl, kinds, learner, run_table
 
 pytestmark = [pytest.mark.timeout(300)]
 
-INVENTORY = """
-[run]
-name = "e2e"
-model = "gpt-tiny"
-seq_len = 32
-batch_size = 8
-H = 8
-outer_lr = 1.0
-outer_momentum = 0.0
-quorum = 2
-eval_every = 20
-eval_batches = 2
-heartbeat_s = 0.25
-liveness_s = 2.0
-restart_delay_s = 1.0
-checkpoint_every = 10
-
+INVENTORY = run_table("e2e", quorum=2, checkpoint_every=10) + """
 [[hosts]]
 name = "a"
 address = "local"

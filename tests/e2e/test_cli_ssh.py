@@ -20,7 +20,7 @@ from typing import Iterator
 import pytest
 
 from syncer import jsonl
-from tests.e2e.fleetutil import Dl, learner
+from tests.e2e.fleetutil import Dl, learner, run_table
 from tests.sshfleet import SSHFleet, free_port
 
 pytestmark = [pytest.mark.timeout(400)]
@@ -28,21 +28,7 @@ pytestmark = [pytest.mark.timeout(400)]
 
 def inventory(fleet: SSHFleet, workdir: Path, *, extra_hosts: str = "", quorum: int = 2, name: str = "ssh") -> str:
     first = fleet.hosts[0]
-    text = f"""
-[run]
-name = "{name}"
-model = "gpt-tiny"
-seq_len = 32
-batch_size = 8
-H = 8
-outer_lr = 1.0
-outer_momentum = 0.0
-quorum = {quorum}
-eval_every = 20
-heartbeat_s = 0.25
-liveness_s = 2.0
-restart_delay_s = 1.0
-
+    text = run_table(name, quorum=quorum) + f"""
 [ssh]
 user = "{first.user}"
 identity_file = "{first.identity_file}"
