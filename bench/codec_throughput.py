@@ -113,7 +113,7 @@ def baseline_rows(name: str, x: torch.Tensor, repeat: int) -> tuple[list[dict], 
 def main() -> None:
     args = common.parse_args("codec_throughput", __doc__)
     torch.set_num_threads(1)
-    repeat = 7 if args.quick else 31
+    repeat = 7 if args.quick else 101
     tensors = {
         f"synthetic {SYNTHETIC_NUMEL / 1e6:.2f}M": synthetic(SYNTHETIC_NUMEL),
         "gpt-small outer grad": real_delta(steps=5 if args.quick else 20),

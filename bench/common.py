@@ -163,6 +163,7 @@ def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {
         "cpu_count": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": _cpu_model(),
         "platform": platform.platform(),
         "python": platform.python_version(),
     }
@@ -175,6 +176,18 @@ def machine_info() -> dict[str, Any]:
     # settings that change what is measured (allocator, thread pools) when present
     info["env"] = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
     return info
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name from /proc/cpuinfo (Linux), else None."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def write_json(path: Path | str, payload: Mapping[str, Any]) -> Path:

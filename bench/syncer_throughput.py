@@ -11,12 +11,16 @@ runs when 4 learners push it:
             encode the update blob (int4 pack + zstd), crc32 of the new fragment.
 
 A sample closes one round of every fragment of the model; throughput = fp32 bytes of the whole
-model / sample time. Baseline, same run, same bytes: `clone()` of every fragment (memcpy).
-Single thread (`torch.set_num_threads(1)`), so MB/s is per core.
+model / sample time. Baseline, same run, same bytes: `clone()` of every fragment (memcpy),
+interleaved with the samples. Single thread (`torch.set_num_threads(1)`); the headline MB/s
+uses this thread's CPU time (per core, robust to a shared machine), wall-clock MB/s is shown
+next to it. `faults/round` and `kernel_share` (share of the CPU time spent in the kernel) show
+what fresh fragment-sized allocations cost: glibc returns freed memory to the kernel, and every
+new tensor page-faults again (try MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432).
 
 Targets (issue): at least 500 MB/s and at least 25% of memcpy.
 
-    .venv/bin/python bench/syncer_throughput.py [--quick] [--out PATH] [--profile]
+    .venv/bin/python bench/syncer_throughput.py [--quick] [--out PATH] [--models a,b] [--profile]
 """
 
 from __future__ import annotations
