@@ -61,6 +61,17 @@ def beat(cs: list[ProtoClient], seconds: float) -> None:
         time.sleep(0.1)
 
 
+def wait_round(lr: LocalRun, timeout: float = 10.0) -> dict:
+    """The newest round record (the update reaches clients before the record reaches the disk)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rounds = lr.metrics("round")
+        if rounds:
+            return rounds[-1]
+        time.sleep(0.05)
+    raise AssertionError("no round was recorded in metrics.jsonl")
+
+
 def close_all(cs: list[ProtoClient]) -> None:
     for c in cs:
         c.close()
@@ -108,6 +119,7 @@ def test_grace_window_includes_a_near_straggler_not_a_late_one(tmp_path: Path) -
             third = a.recv("update", timeout=5)
             assert second["contributors"] == ["learner-0"], "late straggler must not hold the round"
             assert third["contributors"] == ["learner-1"] and third["version"] == second["version"] + 1
+            wait_round(lr)
             rounds = lr.metrics("round")
             # c is live but silent, so the round waited out the whole window
             assert 0.5 < rounds[0]["grace_s"] <= rounds[0]["grace_used_s"] + 0.1
@@ -123,7 +135,7 @@ def test_weights_follow_the_token_rule(syncer3: LocalRun) -> None:
         a.push(1, torch.full((n,), 0.1), 10, 1000)   # w = 1000 * 100 = 100000
         b.push(1, torch.full((n,), 0.1), 10, 500)    # w = 500 * 50  = 25000
         a.recv("update", timeout=5)
-        rnd = syncer3.metrics("round")[-1]
+        rnd = wait_round(syncer3)
         assert rnd["weights"] == pytest.approx({"learner-0": 0.8, "learner-1": 0.2})
         assert rnd["tokens"] == 1500
     finally:
