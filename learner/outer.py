@@ -54,6 +54,19 @@ class OuterState:
         """Fragments whose sync point is right after inner step `step` (1-based)."""
         return [p for p in range(self.plan.count) if step % self.H == self.offset(p)]
 
+    def lockstep_phase(self) -> int:
+        """Synchronous DiLoCo (overlap = false): steps to add to a (re)joining learner's counter so
+        that its first push is the fragment the fleet merges next, after H/P steps of training.
+
+        In lock-step the fragments merge in schedule order 0, 1, ..., P-1, so the next one is the
+        number of fragments already merged once more than the least-merged one. Without this, a
+        restarted learner (step counter back at 0) waits for fragment 0 while the others wait for
+        its push of another fragment: a deadlock.
+        """
+        low = min(self.base_version)
+        nxt = sum(1 for v in self.base_version if v > low)
+        return nxt * self.H // self.plan.count
+
     def count_step(self, tokens: int, seconds: float) -> None:
         for c in self.counters:
             c.steps += 1

@@ -49,6 +49,7 @@ class Trainer:
         self._control_mtime = 0.0
         self._control: dict[str, float] = {}
         self.wl: Workload | None = None
+        self.phase = 0              # added to the step counter by the sync schedule (lockstep_phase)
 
     # -- join --------------------------------------------------------------------------------
     def build(self) -> None:
@@ -104,6 +105,7 @@ class Trainer:
         log(f"{self.cfg.spec.id}: joined at versions {client.versions()}")
         if self.island is not None:
             self.island.share_start(list(outer.mark))
+        self.phase = 0 if self.s.overlap else outer.lockstep_phase()
         opt = self.optimizer()
         started = time.monotonic()
         stop = False
@@ -178,7 +180,7 @@ class Trainer:
         return out
 
     def _push_due(self, client: SyncerClient, outer: OuterState) -> None:
-        for p in outer.due(self.step):
+        for p in outer.due(self.step + self.phase):
             if outer.counters[p].steps == 0:
                 continue
             pushed_at = client.versions()[p]

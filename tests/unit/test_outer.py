@@ -57,6 +57,19 @@ def test_schedule_by_hand() -> None:
     assert state.due(0) == [3]  # step 0 is never a real step (steps are 1-based); documented offset
 
 
+def test_lockstep_phase_points_a_rejoiner_at_the_fragment_merged_next() -> None:
+    # H = 8, P = 4: fragments merge in order 0, 1, 2, 3; two already merged once more than the rest
+    plan = fragments.plan([fragments.TensorSpec(f"t{i}", (3,)) for i in range(4)], 4)
+    state = OuterState(plan, 8, 0.0, base_version=[5, 5, 4, 4])
+    phase = state.lockstep_phase()
+    assert phase == 4
+    # the first fragment due after H/P = 2 steps of training is fragment 2, the one merged next
+    first = next((step, state.due(step + phase)) for step in range(1, 9) if state.due(step + phase))
+    assert first == (2, [2])
+    # a fleet at a whole turn (all equal) starts at fragment 0, as a fresh run does
+    assert OuterState(plan, 8, 0.0, base_version=[3, 3, 3, 3]).lockstep_phase() == 0
+
+
 # -- outer gradient and apply --------------------------------------------------------------------
 
 
