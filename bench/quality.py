@@ -1,0 +1,162 @@
+"""Benchmark: eval loss at equal tokens, data-parallel vs synchronous vs Decoupled DiLoCo (issue 9, item 2).
+
+Four strategies train the same model on the same data with the same per-worker batch, inner
+optimizer and token budget (4 workers x `steps` x batch x seq_len):
+
+- **data-parallel**: torchrun + gloo, 4 workers, `steps` steps of the 4 x batch global batch
+  (`bench.ddp_baseline.run_ddp`);
+- **synchronous DiLoCo**: the same 4 learners with `quorum = 4`, `overlap = false` (every learner
+  waits for every merge of its fragment), `steps` inner steps each;
+- **Decoupled DiLoCo**: `quorum = 1`, overlap on, `steps` inner steps each;
+- **Decoupled DiLoCo under a chaos monkey**: the same, while `dldctl chaos monkey --actions
+  kill,pause,slow,partition` injects faults (mean 15 s apart, 5 s each, seeded); a killed learner
+  restarts and trains a fresh `steps` budget, so this run is stopped once the fleet has trained
+  the same token budget (read from the syncer's 2 s samples: it may overshoot by one sample).
+
+The DiLoCo fleets are not deterministic (merge order and timing), so full mode runs each 3 times
+and reports the mean eval loss and its range; data-parallel (gloo, fixed seeds) repeats itself.
+Every run's *final global model* (`final_model.pt`, DP: its final checkpoint) is scored by one
+function (`bench.evaluate.eval_loss`) on the learners' 16 held-out eval batches. Targets: within
+3% of data-parallel without failures, within 5% with failures.
+
+    .venv/bin/python bench/quality.py            # full: 1500 steps per learner, 3 runs of each fleet, ~8 min
+    .venv/bin/python bench/quality.py --quick    # 400 steps, ~2.5 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+from bench.evaluate import relative_gap  # noqa: E402
+from bench.fleet import Plan, diloco_run, local_host, run_diloco, run_dp, tokens_per_step  # noqa: E402
+
+LEARNERS = 4
+TARGET_CLEAN, TARGET_CHAOS = 0.03, 0.05
+
+
+def _extra(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=None, help="inner steps per learner (default 1500, quick 400)")
+    parser.add_argument("--H", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=1, help="chaos monkey seed")
+    parser.add_argument("--mtbf", type=float, default=15.0, help="chaos monkey: mean seconds between faults")
+    parser.add_argument("--repeats", type=int, default=None, help="runs of each DiLoCo fleet (default 3, quick 1)")
+    parser.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE,...",
+                        help="also run a fleet with these [run] overrides, e.g. H=64,outer_lr=0.7 (repeatable)")
+    parser.add_argument("--extra-only", action="store_true", help="DP and the --extra fleets only (a tuning sweep)")
+
+
+def plans(args: argparse.Namespace, steps: int) -> list[tuple[str, Plan]]:
+    """(strategy, plan) of the three DiLoCo fleets."""
+    hosts = [local_host("here", LEARNERS)]
+    sync = diloco_run(args.H, quorum=LEARNERS, overlap=False, steps=steps)
+    dec = diloco_run(args.H, steps=steps)
+    budget = LEARNERS * steps * tokens_per_step(dec)
+
+    def monkey(fleet: Any, start: float, stop: Any) -> dict[str, Any]:
+        return fleet.monkey(args.mtbf, 3600, args.seed, "kill,pause,slow,partition", stop, fault_duration=5.0)
+
+    extras = [(f"DiLoCo {spec}", Plan(f"q-x{i}", {**dec, **overrides(spec)}, hosts, LEARNERS))
+              for i, spec in enumerate(args.extra)]
+    if args.extra_only:
+        return extras
+    return [("synchronous DiLoCo", Plan("q-sync", sync, hosts, LEARNERS)),
+            ("Decoupled DiLoCo", Plan("q-dec", dec, hosts, LEARNERS)),
+            ("Decoupled DiLoCo + chaos monkey", Plan("q-chaos", dec, hosts, LEARNERS, budget_tokens=budget,
+                                                      chaos=monkey))] + extras
+
+
+def overrides(spec: str) -> dict[str, Any]:
+    """"H=64,outer_lr=0.7" -> {"H": 64, "outer_lr": 0.7}, typed like the RunSettings defaults."""
+    from syncer.settings import RunSettings
+    defaults = RunSettings().to_dict()
+    out: dict[str, Any] = {}
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        kind = type(defaults[key])
+        out[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    return out
+
+
+def row(strategy: str, tokens: int, loss: float, dp_loss: float, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"strategy": strategy, "tokens": tokens, "eval loss": loss, "vs DP": relative_gap(loss, dp_loss), **extra}
+
+
+def diloco_row(strategy: str, runs: list[dict[str, Any]], dp_loss: float) -> dict[str, Any]:
+    """Means over the repeats (eval loss also as min-max)."""
+    mean = lambda f: statistics.fmean(f(r) for r in runs)  # noqa: E731
+    losses = [r["eval_loss"] for r in runs]
+    return row(strategy, round(mean(lambda r: r["tokens_trained"])), statistics.fmean(losses), dp_loss,
+               {"eval min-max": f"{min(losses):.3f}-{max(losses):.3f}" if len(runs) > 1 else "-",
+                "merged/trained": mean(lambda r: r["tokens_merged"] / max(1, r["tokens_trained"])),
+                "contrib/round": mean(lambda r: r["mean_contributors"] or 0.0),
+                "faults": mean(lambda r: r["event_counts"].get("fault_inject", 0)),
+                "train_s": mean(lambda r: r["train_s"]), "runs": len(runs)})
+
+
+def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    clean = next(r for r in rows if r["strategy"] == "Decoupled DiLoCo")
+    chaos = next(r for r in rows if r["strategy"].endswith("chaos monkey"))
+    ok_clean = clean["vs DP"] is not None and clean["vs DP"] <= TARGET_CLEAN
+    ok_chaos = chaos["vs DP"] is not None and chaos["vs DP"] <= TARGET_CHAOS
+    text = (f"no failures: {100 * clean['vs DP']:+.1f}% vs DP (target <= +3%: {'MET' if ok_clean else 'MISSED'}); "
+            f"chaos monkey: {100 * chaos['vs DP']:+.1f}% (target <= +5%: {'MET' if ok_chaos else 'MISSED'})")
+    return {"clean_met": ok_clean, "chaos_met": ok_chaos, "text": text}
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 1.6 + 0.5 * len(rows)))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    dp = rows[0]["eval loss"]
+    palette = ["tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray"]
+    ax.barh([r["strategy"] for r in rows][::-1], [r["eval loss"] for r in rows][::-1],
+            color=[palette[i % len(palette)] for i in range(len(rows))][::-1])
+    ax.axvline(dp * 1.03, color="k", ls=":", label="DP + 3%")
+    ax.axvline(dp * 1.05, color="k", ls="--", label="DP + 5%")
+    ax.set_xlim(min(r["eval loss"] for r in rows) * 0.9, max(r["eval loss"] for r in rows) * 1.05)
+    ax.set_xlabel("eval loss of the final model (equal tokens)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = common.parse_args("quality", __doc__, _extra, argv)
+    steps = args.steps or (400 if args.quick else 1500)
+    todo = plans(args, steps)
+    settings = diloco_run(args.H, steps=steps)
+    budget = LEARNERS * steps * tokens_per_step(settings)
+    dp = run_dp(settings, LEARNERS, budget_tokens=budget, checkpoint_every_s=600)
+    dp_loss = dp["eval_loss_shared"]
+    rows = [row("data-parallel (gloo)", dp["tokens"], dp_loss, dp_loss,
+                {"eval min-max": "-", "merged/trained": 1.0, "contrib/round": float(LEARNERS), "faults": 0,
+                 "train_s": dp.get("train_window_s") or dp["wall_s"], "runs": 1})]
+    runs: dict[str, Any] = {"data-parallel": dp}
+    for strategy, plan in todo:
+        runs[strategy] = [run_diloco(plan) for _ in range(args.repeats or (1 if args.quick else 3))]
+        rows.append(diloco_row(strategy, runs[strategy], dp_loss))
+    common.print_table(f"Quality at equal tokens: {LEARNERS} learners/workers, gpt-tiny seq 32 batch 8, "
+                       f"{steps} steps each, H={args.H}", rows)
+    result = verdict(rows) if not args.extra_only else {"text": "tuning sweep: no verdict"}
+    print(result["text"])
+    png = args.out.with_suffix(".png")
+    plot(rows, png)
+    common.write_json(args.out, {"benchmark": "quality", "quick": args.quick, "steps_per_learner": steps,
+                                 "budget_tokens": budget, "settings": settings, "rows": rows, "verdict": result,
+                                 "runs": runs, "plot": str(png.relative_to(common.ROOT))})
+    print(f"wrote {args.out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
