@@ -58,7 +58,7 @@ TARGET_ABS, TARGET_RATIO = 0.9, 1.5
 
 
 def _extra(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=float, default=None, help="window D in seconds (default 120, quick 40)")
+    parser.add_argument("--duration", type=float, default=None, help="window D in seconds (default 100, quick 40)")
     parser.add_argument("--seed", type=int, default=1, help="failure schedule and victim seed")
     parser.add_argument("--H", type=int, default=32)
     parser.add_argument("--long-h", type=int, default=None,
