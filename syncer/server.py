@@ -345,7 +345,8 @@ class SyncerServer:
             "loss_train": snap["loss"]["train"], "loss_eval": snap["loss"]["eval"],
             "quorum_live": snap["quorum"]["live"], "quorum_min": snap["quorum"]["min"],
             "outer_steps": snap["syncer"]["outer_steps"],
-            "learners": {row["id"]: {k: row[k] for k in ("tokens_per_s", "step", "state", "loss", "tokens")}
+            "learners": {row["id"]: {k: row[k] for k in ("tokens_per_s", "step", "state", "loss", "tokens",
+                                                                 "blocked_frac")}
                          for row in snap["learners"]},
         }
 

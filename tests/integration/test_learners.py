@@ -53,6 +53,10 @@ def test_loss_falls_and_replicas_are_bit_identical(tmp_path: Path, n: int) -> No
                                   for r in s["learners"]), 30, "replicas at the syncer's versions")
         lr.wait_for(lambda s: len(eval_losses(lr)) >= 4 and eval_losses(lr)[-1] < eval_losses(lr)[0] - 0.3, 150,
                     "eval loss falling")
+        # every learner reports the share of its time its training thread waited on communication
+        last = lr.metrics("sample")[-1]["learners"]
+        assert sorted(last) == [f"learner-{i}" for i in range(n)]
+        assert all(0.0 <= row["blocked_frac"] < 1.0 for row in last.values()), last
         export = tmp_path / "final_model.pt"
         lr.control("shutdown", export="final_model.pt")
         lr.procs["syncer"].wait(timeout=30)
