@@ -8,17 +8,15 @@ Measures, in one run on this machine:
   Python loop) of the smallest fleet, its result checked against the event-based one, and its
   cost extrapolated to every chip the full sweep simulates.
 
-Prints a table and writes bench/results/simulate_sweep.json.
+Prints a table and writes bench/results/simulate_sweep.json (with the machine, command and time).
 
     .venv/bin/python bench/simulate_sweep.py [--seeds 10] [--hours 24]
+    .venv/bin/python bench/simulate_sweep.py --quick      # 3 seeds
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import random
 import subprocess
 import sys
@@ -32,13 +30,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import common  # noqa: E402
 from dldctl.sim.goodput import ELASTIC, FleetParams, elastic_timeline  # noqa: E402
 from dldctl.sim.montecarlo import sweep  # noqa: E402
 
 CHIPS = [150_000, 300_000, 600_000, 1_200_000, 2_400_000]
 LEARNERS = [1, 2, 4, 8, 16]
 TARGET_S = 30.0
-RESULTS = ROOT / "bench" / "results" / "simulate_sweep.json"
 
 
 def time_core(base: FleetParams, seeds: list[int]) -> tuple[float, list]:
@@ -93,11 +91,6 @@ def naive_baseline(base: FleetParams, seeds: list[int]) -> dict:
             "estimated_full_sweep_s": per_chip_s * chip_runs}
 
 
-def machine() -> dict:
-    return {"python": platform.python_version(), "numpy": np.__version__,
-            "platform": platform.platform(), "cpus": os.cpu_count()}
-
-
 def print_table(results: list, seeds: int) -> None:
     labels: dict[str, dict[int, float]] = {}
     for s in results:
@@ -109,12 +102,15 @@ def print_table(results: list, seeds: int) -> None:
         print(f"{label:<24}" + "".join(f"{cells[n]:>12.3f}" for n in CHIPS))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=10)
+def _extra(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seeds", type=int, default=None, help="Monte Carlo seeds (default 10, quick 3)")
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--baseline-seeds", type=int, default=3)
-    args = parser.parse_args()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = common.parse_args("simulate_sweep", __doc__, _extra, argv)
+    args.seeds = args.seeds or (3 if args.quick else 10)
     seeds = list(range(args.seeds))
     base = FleetParams(chips=max(CHIPS), learners=max(LEARNERS), horizon_s=args.hours * 3600.0)
 
@@ -135,16 +131,15 @@ def main() -> None:
     print(f"failures simulated: {failures:,.0f}; CLI / target = {cli_s / TARGET_S:.3f}; "
           f"naive elastic goodput {baseline['goodput_mean']:.3f} vs event-based {event_goodput:.3f}")
 
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": "simulate_sweep", "chips": CHIPS, "learners": LEARNERS, "seeds": args.seeds,
         "hours": args.hours, "core_wall_s": core_s, "cli_wall_s": cli_s, "target_s": TARGET_S,
         "cli_ratio_to_target": cli_s / TARGET_S, "failures_simulated": failures,
         "event_goodput_smallest_elastic": event_goodput, "baseline": baseline,
-        "machine": machine(), "results": [s.to_dict() for s in results],
+        "quick": args.quick, "numpy": np.__version__, "results": [s.to_dict() for s in results],
     }
-    RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    common.write_json(args.out, payload)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
