@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -151,6 +152,11 @@ def create(name: str) -> RunDir:
     return RunDir(path)
 
 
+def is_run_of(dirname: str, name: str) -> bool:
+    """Whether a run directory name is `<name>-<YYYYmmdd>-<HHMMSS>[-n]` (so run "exp" is not "exp-2")."""
+    return re.fullmatch(re.escape(name) + r"-\d{8}-\d{6}(-\d+)?", dirname) is not None
+
+
 def all_runs() -> list[RunDir]:
     """Every run directory, newest first."""
     root = runs_root()
@@ -169,7 +175,7 @@ def resolve(run: str | None, *, live_only: bool = True) -> RunDir:
         exact = runs_root() / run
         if exact.is_dir():
             return RunDir(exact)
-        named = [r for r in all_runs() if r.name.startswith(f"{run}-")]
+        named = [r for r in all_runs() if is_run_of(r.name, run)]
         live = [r for r in named if r.live()]
         if live or named:
             return (live or named)[0]
@@ -187,7 +193,7 @@ def resolve(run: str | None, *, live_only: bool = True) -> RunDir:
 def find_orphan(name: str) -> RunDir | None:
     """A run of this name that is meant to be up but whose supervisor died (processes may run on)."""
     for r in all_runs():
-        if not r.name.startswith(f"{name}-"):
+        if not is_run_of(r.name, name):
             continue
         try:
             status = r.read_state().get("status")
@@ -201,6 +207,6 @@ def find_orphan(name: str) -> RunDir | None:
 def find_live(name: str) -> RunDir | None:
     """The live run with this run name, if any (for `up` to converge instead of starting twice)."""
     for r in all_runs():
-        if r.name.startswith(f"{name}-") and r.live():
+        if is_run_of(r.name, name) and r.live():
             return r
     return None
