@@ -164,7 +164,11 @@ def _host(entry: Any, index: int) -> HostSpec:
                 label = entry.get("name", f"#{index + 1}")
                 raise SettingsError(f"hosts.{required}", f"host {label} has no {required}",
                                     f"add {required} = \"...\" to that [[hosts]] entry" + (' ("local" for this machine)' if required == "address" else ""))
-    return from_mapping(HostSpec, entry, "hosts")
+    label = entry.get("name", f"#{index + 1}") if isinstance(entry, dict) else f"#{index + 1}"
+    try:
+        return from_mapping(HostSpec, entry, "hosts")
+    except SettingsError as exc:
+        raise SettingsError(exc.key, f"host {label}: {exc.problem}", exc.fix) from None
 
 
 def validate(inv: Inventory) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, fields
@@ -80,6 +81,9 @@ class RunSettings:
 
     def validate(self) -> None:
         """Cross-field and range rules that need no knowledge of the fleet or the model."""
+        _check(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.name) is not None, "name",
+               f"must be 1-64 letters, digits, '_', '.' or '-' starting with a letter or digit, got {self.name!r}",
+               "it names the run directory, e.g. name = \"exp-1\"")
         _check(self.H >= 1, "H", f"must be >= 1, got {self.H}")
         _check(self.fragments >= 1, "fragments", f"must be >= 1, got {self.fragments}")
         _check(
@@ -186,12 +190,22 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], table: str = "") -> T:
             raise SettingsError(
                 f"{prefix}{key}",
                 f"must be {_type_name(hints[key])}, got {type(value).__name__} {value!r}",
+                _type_fix(cls, key, _type_name(hints[key])),
             )
         values[key] = coerced
     missing = [f.name for f in fields(cls) if f.name not in values and _required(f)]  # type: ignore[arg-type]
     if missing:
         raise SettingsError(f"{prefix}{missing[0]}", "is required", f"add {missing[0]} = ... to [{table or 'the table'}]")
     return cls(**values)
+
+
+def _type_fix(cls: type, key: str, kind: str) -> str:
+    """How to write `key` right: its type, with the default as an example where there is one."""
+    default = next((f.default for f in fields(cls) if f.name == key), dataclasses.MISSING)  # type: ignore[arg-type]
+    if default is dataclasses.MISSING or isinstance(default, (tuple, list, dict)):
+        return f"write {key} as {kind}"
+    example = json.dumps(default)   # TOML and JSON agree on strings, numbers and booleans
+    return f"write {key} as {kind}, e.g. {key} = {example}"
 
 
 def _required(f: dataclasses.Field) -> bool:

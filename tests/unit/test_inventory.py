@@ -61,6 +61,16 @@ def test_unknown_table_suggests(tmp_path: Path) -> None:
 def test_wrong_type_names_key_and_type(tmp_path: Path) -> None:
     exc = error(tmp_path, GOOD.replace("learners = 2", 'learners = "two"'))
     assert exc.key == "hosts.learners" and "must be int" in exc.line()
+    # which [[hosts]] entry, and how to write it
+    assert "host a: must be int" in exc.line() and "e.g. learners = 1" in exc.line()
+    exc = error(tmp_path, GOOD.replace("quorum = 2", 'quorum = "2"'))
+    assert exc.key == "run.quorum" and "write quorum as int, e.g. quorum = 1" in exc.line()
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "", "-x", "x y"])
+def test_run_name_must_be_a_simple_directory_name(tmp_path: Path, name: str) -> None:
+    exc = error(tmp_path, GOOD.replace('[run]\n', f'[run]\nname = "{name}"\n'))
+    assert exc.key == "run.name" and "names the run directory" in exc.line()
 
 
 def test_missing_host_address(tmp_path: Path) -> None:
