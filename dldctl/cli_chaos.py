@@ -13,7 +13,7 @@ from rich.console import Console
 from dldctl import rundir
 from dldctl.chaos import runner, verdict
 from dldctl.chaos.inject import Chaos
-from dldctl.chaos.plan import ACTIONS, PlanError, monkey_schedule, parse_experiment
+from dldctl.chaos.plan import ACTIONS, PlanError, monkey_schedule, parse_experiment, seconds
 from dldctl.errors import ConfigError, OperationError, UsageError
 
 app = typer.Typer(help="Break a live run on purpose: kill, pause, slow, partition, a monkey, experiments.",
@@ -35,59 +35,74 @@ def _confirm(question: str) -> bool:
 def kill(
     target: str = typer.Argument(..., help="learner-N or syncer"),
     signal: str = typer.Option("KILL", "--signal", help="KILL or TERM"),
-    down_for: Optional[float] = typer.Option(None, "--down-for", help="Seconds before the supervisor brings it back (default: its restart delay)."),
+    down_for: Optional[str] = typer.Option(None, "--down-for", help="How long until the supervisor brings it back, e.g. 30s or 2m (default: its restart delay)."),
     force: bool = ForceOpt, run: Optional[str] = RunOpt,
 ) -> None:
     """Signal a learner's (or the syncer's) process group; the supervisor restarts it.
 
-    Example: dldctl chaos kill learner-2 --down-for 30
+    Example: dldctl chaos kill learner-2 --down-for 30s
     """
     if signal.upper() not in ("KILL", "TERM"):
         raise UsageError(f"--signal {signal!r}: use KILL or TERM")
+    hold = None if down_for is None else _seconds("--down-for", down_for)
     chaos = _chaos(run)
     try:
         chaos.guard("kill", target, force, _confirm)
-        console.print(f"[red]killed {target}[/]: {chaos.kill(target, signal, down_for)}")
+        console.print(f"[red]killed {target}[/]: {chaos.kill(target, signal, hold)}")
     finally:
         chaos.close()
 
 
-def _timed(action: str, target: str, duration: float, factor: float, force: bool, run: Optional[str]) -> None:
+def _seconds(flag: str, text: str, positive: bool = False) -> float:
+    """A duration flag ("30", "30s", "5m", "800ms") in seconds, or a one-line usage error naming it."""
+    try:
+        value = seconds(text, flag)
+    except PlanError as exc:
+        raise UsageError(str(exc)) from None
+    if positive and value <= 0:
+        raise UsageError(f"{flag}: must be longer than 0 s, got {text!r}")
+    return value
+
+
+def _timed(action: str, target: str, duration: str, factor: float, force: bool, run: Optional[str]) -> None:
+    span = _seconds("--duration", duration, positive=True)
+    if action == "slow" and factor <= 1.0:
+        raise UsageError(f"--factor: must be > 1 (how many times slower), got {factor:g}")
     chaos = _chaos(run)
     try:
         chaos.guard(action, target, force, _confirm)
-        console.print(f"[red]{action} {target}[/]: {chaos.fault(action, target, duration, factor)} "
+        console.print(f"[red]{action} {target}[/]: {chaos.fault(action, target, span, factor)} "
                       f"(undone automatically; `dldctl chaos heal` ends it now)")
     finally:
         chaos.close()
 
 
 @app.command()
-def pause(target: str = typer.Argument(..., help="learner-N"), duration: float = typer.Option(..., "--duration", help="Seconds."),
+def pause(target: str = typer.Argument(..., help="learner-N"), duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."),
           force: bool = ForceOpt, run: Optional[str] = RunOpt) -> None:
     """SIGSTOP a learner (a hung straggler), SIGCONT after --duration.
 
-    Example: dldctl chaos pause learner-1 --duration 20
+    Example: dldctl chaos pause learner-1 --duration 20s
     """
     _timed("pause", target, duration, 1.0, force, run)
 
 
 @app.command()
 def slow(target: str = typer.Argument(..., help="learner-N"), factor: float = typer.Option(..., "--factor", help="How many times slower."),
-         duration: float = typer.Option(..., "--duration", help="Seconds."), run: Optional[str] = RunOpt) -> None:
+         duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."), run: Optional[str] = RunOpt) -> None:
     """Make a learner run F times slower for a while.
 
-    Example: dldctl chaos slow learner-3 --factor 4 --duration 60
+    Example: dldctl chaos slow learner-3 --factor 4 --duration 1m
     """
     _timed("slow", target, duration, factor, True, run)
 
 
 @app.command()
-def partition(target: str = typer.Argument(..., help="learner-N"), duration: float = typer.Option(..., "--duration", help="Seconds."),
+def partition(target: str = typer.Argument(..., help="learner-N"), duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."),
               force: bool = ForceOpt, run: Optional[str] = RunOpt) -> None:
     """Cut a learner off from the syncer both ways; it keeps training and reconnects after.
 
-    Example: dldctl chaos partition learner-0 --duration 30
+    Example: dldctl chaos partition learner-0 --duration 30s
     """
     _timed("partition", target, duration, 1.0, force, run)
 
@@ -124,29 +139,31 @@ def _targets(chaos: Chaos, targets: Optional[str]) -> list[str]:
 
 @app.command()
 def monkey(
-    mtbf: float = typer.Option(..., "--mtbf", help="Mean seconds between faults (exponential gaps)."),
-    duration: float = typer.Option(..., "--duration", help="Seconds to run."),
+    mtbf: str = typer.Option(..., "--mtbf", help="Mean time between faults (exponential gaps), e.g. 30s."),
+    duration: str = typer.Option(..., "--duration", help="How long to run, e.g. 10m."),
     seed: int = typer.Option(0, "--seed", help="Same seed, same schedule."),
     targets: Optional[str] = typer.Option(None, "--targets", help="Comma-separated learners (default: all)."),
     actions: str = typer.Option("kill", "--actions", help=f"Comma-separated, from {','.join(ACTIONS)}."),
-    fault_duration: float = typer.Option(10.0, "--fault-duration", help="Seconds a pause/slow/partition lasts."),
-    down_for: float = typer.Option(0.0, "--down-for", help="Seconds a killed learner stays down (0: restart delay)."),
+    fault_duration: str = typer.Option("10s", "--fault-duration", help="How long a pause/slow/partition lasts."),
+    down_for: str = typer.Option("0", "--down-for", help="How long a killed learner stays down (0: restart delay)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the schedule, inject nothing."),
     force: bool = ForceOpt, run: Optional[str] = RunOpt,
 ) -> None:
     """A chaos monkey: Poisson-distributed faults, reproducible with --seed.
 
-    Example: dldctl chaos monkey --mtbf 30 --duration 600 --seed 7 --actions kill,pause
+    Example: dldctl chaos monkey --mtbf 30s --duration 10m --seed 7 --actions kill,pause
     """
+    mtbf_s, duration_s = _seconds("--mtbf", mtbf, positive=True), _seconds("--duration", duration)
+    fault_s, down_s = _seconds("--fault-duration", fault_duration, positive=True), _seconds("--down-for", down_for)
     chaos = _chaos(run)
     try:
         try:
-            schedule = monkey_schedule(random.Random(seed), mtbf_s=mtbf, duration_s=duration,
+            schedule = monkey_schedule(random.Random(seed), mtbf_s=mtbf_s, duration_s=duration_s,
                                        targets=_targets(chaos, targets), actions=[a.strip() for a in actions.split(",")],
-                                       fault_s=fault_duration, down_for_s=down_for)
+                                       fault_s=fault_s, down_for_s=down_s)
         except PlanError as exc:
             raise UsageError(str(exc)) from None
-        console.print(f"monkey: {len(schedule)} faults over {duration:g} s (seed {seed})")
+        console.print(f"monkey: {len(schedule)} faults over {duration_s:g} s (seed {seed})")
         if dry_run:
             for fault in schedule:
                 console.print(fault.describe())

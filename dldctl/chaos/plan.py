@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from dldctl.sim.units import parse_duration
+
 ACTIONS = ("kill", "pause", "slow", "partition")
 SIGNALS = ("KILL", "TERM")
 _CHECK = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(>=|<=|==|!=|>|<)\s*(-?[\d.]+(?:e-?\d+)?|true|false)\s*$")
@@ -142,10 +144,35 @@ def _fault(entry: Any, i: int) -> Fault:
     signal = str(entry.get("signal", "KILL")).upper()
     if signal not in SIGNALS:
         raise PlanError(f"[[fault]] #{i + 1}: signal must be KILL or TERM")
-    duration = float(entry.get("down_for", entry.get("duration", 0.0 if action == "kill" else 10.0)))
+    where = f"[[fault]] #{i + 1}"
+    key = "down_for" if "down_for" in entry else "duration"
+    duration = seconds(entry.get(key, 0.0 if action == "kill" else 10.0), f"{where} {key}")
     if action != "kill" and duration <= 0:
-        raise PlanError(f"[[fault]] #{i + 1}: {action} needs duration > 0")
-    return Fault(float(entry["at"]), action, str(entry["target"]), duration, float(entry.get("factor", 3.0)), signal)
+        raise PlanError(f"{where}: {action} needs duration > 0")
+    factor = number(entry.get("factor", 3.0), f"{where} factor")
+    if action == "slow" and factor <= 1.0:
+        raise PlanError(f"{where} factor: a slow fault needs factor > 1 (how many times slower), got {factor:g}")
+    return Fault(seconds(entry["at"], f"{where} at"), action, str(entry["target"]), duration, factor, signal)
+
+
+def seconds(value: Any, where: str) -> float:
+    """A duration in seconds from a number or a string such as "30s", "5m", "800ms" (>= 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise PlanError(f"{where}: must be seconds or a duration such as \"30s\", got {value!r}")
+    try:
+        out = parse_duration(value) if isinstance(value, str) else float(value)
+    except ValueError as exc:
+        raise PlanError(f"{where}: {exc}") from None
+    if not 0.0 <= out < float("inf"):
+        raise PlanError(f"{where}: must be >= 0 seconds, got {value!r}")
+    return out
+
+
+def number(value: Any, where: str) -> float:
+    """A plain finite number, or a PlanError naming where it was wanted."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise PlanError(f"{where}: must be a number, got {value!r}")
+    return float(value)
 
 
 def _only(table: Any, known: set[str], where: str) -> None:
@@ -177,10 +204,13 @@ def parse_experiment(data: dict[str, Any], path: str = "") -> Experiment:
         raise PlanError("an experiment needs at least one [[fault]]")
     steady = tuple(_check_entry(e, "steady_state", i) for i, e in enumerate(data.get("steady_state", [])))
     aborts = tuple(_check_entry(e, "abort", i) for i, e in enumerate(data.get("abort", [])))
-    settle = float(head.get("settle", 20.0))
-    duration = float(head.get("duration", max(f.at + f.duration for f in faults) + settle))
+    settle = seconds(head.get("settle", 20.0), "[experiment] settle")
+    duration = seconds(head.get("duration", max(f.at + f.duration for f in faults) + settle), "[experiment] duration")
+    every = seconds(head.get("sample_every", 1.0), "[experiment] sample_every")
+    if every <= 0:
+        raise PlanError("[experiment] sample_every: must be > 0 seconds")
     return Experiment(str(head.get("name", "experiment")), duration, faults, steady, aborts, settle,
-                      float(head.get("sample_every", 1.0)), bool(data.get("rollback", {}).get("heal", True)), path)
+                      every, bool(data.get("rollback", {}).get("heal", True)), path)
 
 
 @dataclass

@@ -60,6 +60,14 @@ def test_experiment_parses_sorted_with_a_default_duration() -> None:
     assert exp.duration == 10 + 4 + 5 and exp.faults[0].duration == 3
 
 
+def test_experiment_durations_take_units() -> None:
+    exp = parse_experiment({"experiment": {"duration": "2m", "settle": "15s"},
+                            "fault": [{"at": "1m", "action": "pause", "target": "learner-0", "duration": "800ms"},
+                                      {"at": 5, "action": "kill", "target": "learner-1", "down_for": "30s"}]})
+    assert exp.duration == 120 and exp.settle_s == 15
+    assert [(f.at, f.duration) for f in exp.faults] == [(5, 30), (60, 0.8)]
+
+
 @pytest.mark.parametrize("change, message", [
     ({"fault": [{"at": 1, "action": "nuke", "target": "x"}]}, "action 'nuke'"),
     ({"fault": [{"at": 1, "action": "pause", "target": "x", "lenght": 3}]}, "unknown key 'lenght'"),
@@ -69,6 +77,11 @@ def test_experiment_parses_sorted_with_a_default_duration() -> None:
     ({"experiment": {"nmae": "x"}}, "[experiment]: unknown key 'nmae'"),
     ({"rollback": {"heal": True, "twice": 1}}, "[rollback]: unknown key"),
     ({"boom": {}}, "unknown table [boom]"),
+    ({"fault": [{"at": "soon", "action": "kill", "target": "x"}]}, "[[fault]] #1 at: 'soon' is not a duration"),
+    ({"fault": [{"at": 1, "action": "pause", "target": "x", "duration": -2}]}, "[[fault]] #1 duration: must be >= 0"),
+    ({"fault": [{"at": 1, "action": "slow", "target": "x", "factor": 0.5}]}, "[[fault]] #1 factor: a slow fault needs"),
+    ({"fault": [{"at": 1, "action": "slow", "target": "x", "factor": "x"}]}, "[[fault]] #1 factor: must be a number"),
+    ({"experiment": {"duration": "long"}}, "[experiment] duration: 'long' is not a duration"),
 ])
 def test_experiment_errors_name_the_key(change: dict, message: str) -> None:
     with pytest.raises(PlanError) as info:

@@ -55,6 +55,10 @@ def test_mistakes_exit_2_with_one_red_line(tmp_path) -> None:
     assert "Traceback" not in proc.stderr
     flag = subprocess.run([sys.executable, "-m", "dldctl", "chaos", "kill"], capture_output=True, text=True, timeout=120)
     assert flag.returncode == 2
+    # durations are checked before any run is looked up, and the error names the flag
+    bad_span = subprocess.run([sys.executable, "-m", "dldctl", "chaos", "monkey", "--mtbf", "soon", "--duration", "10m"],
+                              capture_output=True, text=True, timeout=120)
+    assert bad_span.returncode == 2 and bad_span.stderr.strip().startswith("error: --mtbf: 'soon' is not a duration")
 
 
 def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path) -> None:
