@@ -20,6 +20,7 @@ from typing import Any, Callable
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
+from zmq.utils.monitor import recv_monitor_message
 
 from syncer import checkpoint, faultpoints, jsonl, keys
 from syncer.config import SyncerConfig
@@ -28,6 +29,10 @@ from syncer.protocol import Message, ProtocolError, decode, encode
 from syncer.status import snapshot
 
 SAMPLE_EVERY_S = 2.0
+# Connection-level drops libzmq makes before a message reaches us, from the learner socket's monitor:
+# a failed handshake (garbage that is not ZMTP, a peer gone mid-handshake) is a rejection; a dropped
+# connection is also what a message over max_message_mb causes (libzmq does not say why).
+WATCHED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_DISCONNECTED
 CHECKPOINT_IDLE_S = 30.0     # also checkpoint this often if anything merged since the last one
 
 
@@ -105,6 +110,8 @@ class SyncerServer:
         self.stopping = threading.Event()
         self.learner_sock: zmq.Socket | None = None
         self.control_sock: zmq.Socket | None = None
+        self.monitor: zmq.Socket | None = None
+        self.disconnects = 0            # learner connections dropped, by a peer or by libzmq
 
     # -- set-up ------------------------------------------------------------------------------
     def open(self) -> None:
@@ -120,6 +127,7 @@ class SyncerServer:
             self.auth.configure_curve_callback("learners", _Provider(self.keyring, lambda n: n.startswith("learner-"), "learners"))
             self.auth.configure_curve_callback("control", _Provider(self.keyring, lambda n: n == "operator", "control"))
         self.learner_sock = self._bind(self.cfg.bind, "learners", server_keys)
+        self.monitor = self.learner_sock.get_monitor_socket(WATCHED)
         self.control_sock = self._bind(self.cfg.control_bind, "control", server_keys)
         self.event("syncer_start", "syncer", f"epoch {self.core.epoch}, pid {os.getpid()}, "
                    f"{'INSECURE (no CURVE)' if self.cfg.settings.insecure else 'CURVE'} on {self.cfg.bind}")
@@ -162,8 +170,11 @@ class SyncerServer:
         poller = zmq.Poller()
         poller.register(self.learner_sock, zmq.POLLIN)
         poller.register(self.control_sock, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
         while not self.stopping.is_set():
             ready = dict(poller.poll(timeout=20))
+            if self.monitor in ready:
+                self._connection_events()
             if self.learner_sock in ready:
                 self._drain(self.learner_sock, self._on_learner)
             if self.control_sock in ready:
@@ -180,6 +191,20 @@ class SyncerServer:
             except zmq.Again:
                 return
             handler(frames)
+
+    def _connection_events(self) -> None:
+        """Count what libzmq dropped at the connection level (see WATCHED)."""
+        while True:
+            try:
+                event = recv_monitor_message(self.monitor, flags=zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                return
+            if event == zmq.EVENT_DISCONNECTED:
+                self.disconnects += 1
+            else:
+                self.core.rejected["handshake_failed"] += 1
+                self._quiet_event("reject:handshake", "reject", "unknown", "a connection failed its handshake (not ZMTP, "
+                                  "or gone mid-handshake); dropped")
 
     def _tick(self) -> None:
         now = self.wall()
@@ -318,6 +343,7 @@ class SyncerServer:
         snap = snapshot(self.core, now)
         snap["syncer"]["address"] = self.cfg.bind
         snap["syncer"]["pid"] = os.getpid()
+        snap["syncer"]["disconnects"] = self.disconnects
         if self.keyring is not None:
             with self.keyring.lock:
                 for what, count in self.keyring.denied.items():
@@ -369,7 +395,9 @@ class SyncerServer:
         return path
 
     def close(self) -> None:
-        for sock in (self.learner_sock, self.control_sock):
+        if self.monitor is not None:
+            self.learner_sock.disable_monitor()
+        for sock in (self.monitor, self.learner_sock, self.control_sock):
             if sock is not None:
                 sock.close(linger=0)
         if self.auth is not None:

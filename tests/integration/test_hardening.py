@@ -48,13 +48,16 @@ def test_fuzz_a_live_syncer(tmp_path: Path) -> None:
             c.seq -= 1
             c.push(1, torch.full((a.plan.numel(1),), 1e-3), 1, 1)   # the same sequence number again: a replay
             big = ProtoClient(f"tcp://127.0.0.1:{port}", "learner-2", lr.cfg["run_id"], lr.dir / "keys")
-            big.send_raw([os.urandom(3 << 20)])                     # over max_message_mb: dropped by the socket
+            big.send_raw([encode(Message("heartbeat", {"step": 1, "tokens": 1, "state": "running"}))[0]])
+            dropped = lr.status()["syncer"]["disconnects"]
+            big.send_raw([os.urandom(3 << 20)])                     # over max_message_mb: libzmq drops the connection
+            lr.wait_for(lambda s: s["syncer"]["disconnects"] > dropped, 20, "the oversized message's connection dropped")
             big.close()
             time.sleep(1.0)
             assert [torch.equal(x, y) for x, y in zip(b.fetch(), before)] == [True] * len(before), "garbage moved the model"
             snap = lr.status()
             rejected = snap["syncer"]["rejected"]
-            for reason in ("codec", "future_version", "replay"):
+            for reason in ("codec", "future_version", "replay", "handshake_failed"):
                 assert rejected.get(reason, 0) >= 1, (reason, rejected)
             assert sum(rejected.values()) >= 100
             beat(cs, 0.3)
@@ -137,17 +140,25 @@ def test_syncer_sigkill_at_the_worst_moment(tmp_path: Path, point: str) -> None:
             lr.start_syncer(env={"DLDCTL_FAULT_POINTS": "serve_state=30"})
             lr.start_learner(1)  # joins: the syncer pauses while serving it
         else:
-            lr.start_syncer(env={"DLDCTL_FAULT_POINTS": f"{point}=30"})
+            # the 3rd checkpoint write, or the 13th merge (after 3 checkpoints): good ones exist before
+            lr.start_syncer(env={"DLDCTL_FAULT_POINTS": "checkpoint@3=30" if point == "checkpoint" else "merge@13=30"})
             lr.start_learner(0)
             lr.start_learner(1)
         lr.wait_log("syncer", f"fault point {point}", 150)
         lr.kill("syncer", signal.SIGKILL)
         good = [checkpoint.read(p) for p in checkpoint.list_checkpoints(tmp_path / "checkpoints")]
-        assert all(s["run_id"] == "testrun" for s in good), "every checkpoint on disk must be valid"
+        assert good and all(s["run_id"] == "testrun" for s in good), "the checkpoints on disk must be valid"
+        newest = max(s["outer_steps"] for s in good)
+        assert newest > 0
+        if point == "checkpoint":
+            assert list((tmp_path / "checkpoints").glob(".*.tmp")), "the write was cut off half way"
         lr.start_syncer()
         lr.expect_dead = set()
         snap = lr.wait_for(lambda s: s["syncer"]["initialized"], 60, "restarted syncer")
+        resumed = [e for e in lr.events() if e["kind"] == "syncer_resume"]
+        assert resumed and resumed[-1]["detail"].startswith(f"from outer step {newest},"), resumed
         steps = snap["syncer"]["outer_steps"]
+        assert steps >= newest
         lr.wait_for(lambda s: s["syncer"]["outer_steps"] > steps + 4 and s["quorum"]["live"] == 2, 120, "merging again")
 
 
