@@ -318,6 +318,30 @@ def test_fleet_scale_shrinks_a_partial_round() -> None:
     torch.testing.assert_close(h.core.model.theta[0], theta0 - d * (320 / 384), rtol=0, atol=1e-7)
 
 
+@pytest.mark.parametrize("clip", [10.0, 0.0])
+def test_one_huge_finite_contribution_cannot_wreck_the_model(clip: float) -> None:
+    """Robust clipping: a broken learner's (finite) outer gradient 10^4 x the others' is cut to
+    `robust_clip` x the median norm; without clipping it dominates the merge."""
+    h = Harness(make_settings(quorum=3, robust_clip=clip, compression="none", merge="mean", outer_lr=1.0,
+                              outer_momentum=0.0, fleet_scale=False))
+    h.join_all()
+    theta0 = h.core.model.theta[0].clone()
+    h.beat_all(10.0)
+    good = [h.delta(0, seed) for seed in (1, 2)]
+    h.push("a", 0, good[0], now=10.0)
+    h.push("b", 0, good[1], now=10.0)
+    h.push("c", 0, h.delta(0, 3, scale=10.0), now=10.0)          # 10^4 x the others
+    h.tick(10.0)
+    change = (h.core.model.theta[0] - theta0).norm().item()
+    typical = max(d.norm().item() for d in good)
+    if clip:
+        assert h.core.counters["clipped"] == 1
+        assert change <= (2 + clip) / 3 * typical * 1.01   # (two good + one clipped to 10 x median) / 3
+    else:
+        assert h.core.counters["clipped"] == 0
+        assert change > 1000 * typical
+
+
 # -- rejected pushes -------------------------------------------------------------------------------
 
 
