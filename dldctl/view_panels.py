@@ -167,23 +167,25 @@ def syncer_alive(snapshot: dict) -> bool:
 
 
 def quorum_colour(snapshot: dict) -> str:
-    """green: live >= min and the last round had every live learner (and at least min);
-    yellow: live >= min but the grace window ran to its end or some live learner was left out;
-    red: live < min, below_quorum, or the syncer is down."""
+    """green: live >= min and every declared learner is live; yellow: live >= min but some learner
+    is not (dead, restarting, partitioned), or no round has closed yet; red: live < min,
+    below_quorum, or the syncer is down. Rounds with fewer contributors than live learners are the
+    normal case with a small quorum (Decoupled DiLoCo does not wait): they do not colour it."""
     q = section(snapshot, "quorum")
-    live, minimum = num(dig(q, "live")), num(dig(q, "min"))
+    live, minimum, total = num(dig(q, "live")), num(dig(q, "min")), num(dig(q, "total"))
     if not syncer_alive(snapshot) or dig(q, "below_quorum") is True:
         return "red"
     if live is None or minimum is None:
         return "yellow"
     if live < minimum:
         return "red"
-    last = num(dig(q, "last_round_contributors"))
-    window, used = num(dig(q, "grace_window_s")), num(dig(q, "grace_used_s"))
-    grace_full = window is not None and used is not None and window > 0 and used >= 0.999 * window
-    if last is None or last < minimum or last < live or grace_full:
+    if (total is not None and live < total) or _no_rounds(q):
         return "yellow"
     return "green"
+
+
+def _no_rounds(q: dict) -> bool:
+    return not q.get("recent_contributors") and not num(q.get("last_round_contributors"))
 
 
 def quorum_label(snapshot: dict) -> str:
@@ -191,8 +193,7 @@ def quorum_label(snapshot: dict) -> str:
     if not syncer_alive(snapshot):
         return "syncer down"
     colour = quorum_colour(snapshot)
-    q = section(snapshot, "quorum")
-    if colour == "yellow" and not q.get("recent_contributors") and not num(q.get("last_round_contributors")):
+    if colour == "yellow" and _no_rounds(section(snapshot, "quorum")):
         return "NO ROUNDS YET"
     return {"green": "OK", "yellow": "DEGRADED", "red": "BELOW QUORUM"}[colour]
 
