@@ -13,10 +13,12 @@ from dldctl.provision import HostRuntime
 
 
 def _env(runtime: HostRuntime, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The process environment: the host's `env` on top, but a PYTHONPATH of the host's (e.g. where
+    a custom model lives) goes in front of ours (where dldctl's wheel is installed), not instead."""
     env = {"PYTHONUNBUFFERED": "1"}
-    if runtime.pythonpath:
-        env["PYTHONPATH"] = runtime.pythonpath
     env.update(extra or {})
+    if runtime.pythonpath:
+        env["PYTHONPATH"] = ":".join(filter(None, [env.get("PYTHONPATH", ""), runtime.pythonpath]))
     return env
 
 
