@@ -33,6 +33,7 @@ SAMPLE_EVERY_S = 2.0
 # a failed handshake (garbage that is not ZMTP, a peer gone mid-handshake) is a rejection; a dropped
 # connection is also what a message over max_message_mb causes (libzmq does not say why).
 WATCHED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_DISCONNECTED
+CHECKPOINT_EVENT_EVERY_S = 30.0   # routine checkpoints: at most one event per this (the header shows the latest)
 CHECKPOINT_IDLE_S = 30.0     # also checkpoint this often if anything merged since the last one
 
 
@@ -354,10 +355,10 @@ class SyncerServer:
     def event(self, kind: str, target: str, detail: str) -> None:
         jsonl.append(self.events_path, {"t": self.wall(), "kind": kind, "target": target, "detail": detail})
 
-    def _quiet_event(self, key: str, kind: str, target: str, detail: str) -> None:
-        """An event at most once per 10 s per key (garbage must not flood the log)."""
+    def _quiet_event(self, key: str, kind: str, target: str, detail: str, every_s: float = 10.0) -> None:
+        """An event at most once per `every_s` per key (garbage must not flood the log)."""
         now = self.wall()
-        if now - self._quiet.get(key, 0.0) >= 10.0:
+        if now - self._quiet.get(key, 0.0) >= every_s:
             self._quiet[key] = now
             self.event(kind, target, detail[:300])
 
@@ -391,7 +392,11 @@ class SyncerServer:
         self.core.since_checkpoint = 0
         self.core.checkpoint_outer_step = self.core.outer_steps
         self._last_ckpt = now
-        self.event("checkpoint", "syncer", f"outer step {self.core.outer_steps}{' (final)' if final else ''}: {path.name}")
+        detail = f"outer step {self.core.outer_steps}{' (final)' if final else ''}: {path.name}"
+        if final:
+            self.event("checkpoint", "syncer", detail)
+        else:   # a small model checkpoints many times a second: keep the event log for what matters
+            self._quiet_event("checkpoint", "checkpoint", "syncer", detail, every_s=CHECKPOINT_EVENT_EVERY_S)
         return path
 
     def close(self) -> None:
