@@ -1,0 +1,41 @@
+"""A user's own model through the real CLI: `model = "examples.custom_model:factory"`, made
+importable on the host by the inventory's `env = { PYTHONPATH = ... }` as docs/custom-model.md
+says, trained by real learner processes started by `dldctl up`; the exported final model holds
+the custom model's parameters, not a GPT's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.e2e.fleetutil import ROOT, Dl, run_table
+
+pytestmark = [pytest.mark.timeout(300)]
+
+
+def test_custom_model_trains_under_dldctl_up(tmp_path: Path) -> None:
+    inv = tmp_path / "inventory.toml"
+    inv.write_text(run_table("custom", model="examples.custom_model:factory", quorum=1) + f"""
+[[hosts]]
+name = "here"
+address = "local"
+learners = 2
+env = {{ PYTHONPATH = "{ROOT}" }}
+""")
+    home = tmp_path / "home"
+    dl = Dl(home)
+    try:
+        dl("up", str(inv), "-d")
+        snap = dl.wait(lambda s: s["syncer"]["outer_steps"] >= 12 and s["loss"]["eval"] is not None
+                       and all(r["state"] == "running" for r in s["learners"]), 150, "the custom model training")
+        assert len(snap["learners"]) == 2
+        out = json.loads(dl("down", "--json").stdout)
+        final = torch.load(out["final_model"], weights_only=True)["state_dict"]
+        assert any(name.startswith("rnn.") for name in final), sorted(final)
+        assert not any(name.startswith("transformer.") for name in final)
+        assert dl.leftovers() == []
+    finally:
+        dl.cleanup()
