@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
 
-from dldctl import converge, rundir
+from dldctl import converge, inventory, rundir
 
 app = typer.Typer(help="Add or remove learners of a live run.", no_args_is_help=True)
 console = Console(highlight=False)
@@ -16,15 +17,20 @@ RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: t
 
 @app.command("add")
 def add(
-    host: str = typer.Option(..., "--host", help="Name of an inventory host to run the new learners on."),
+    host: str = typer.Option(..., "--host", help="Name of the host to run the new learners on."),
     count: int = typer.Option(1, "--count", help="How many learners to add."),
+    inventory_file: Optional[Path] = typer.Option(
+        None, "--inventory", help="An inventory that declares --host, for a host the run does not have yet."),
     run: Optional[str] = RunOpt,
 ) -> None:
     """Add learners mid-run; they join by fetching the current global state.
 
-    Example: dldctl learner add --host gpu-c --count 2
+    Example: dldctl learner add --host gpu-c --count 2 --inventory inventory.toml
     """
-    converge.add(rundir.resolve(run), host, count, console)
+    live = rundir.resolve(run)
+    if inventory_file is not None:
+        converge.adopt_host(live, inventory.load(inventory_file).host(host))
+    converge.add(live, host, count, console)
 
 
 @app.command("remove")

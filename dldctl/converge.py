@@ -1,6 +1,7 @@
 """Changing a live run's fleet: `learner add`, `learner remove`, and `up` on a live run.
 
-Adding learners: new keys and config entries, the host prepared (idempotent), the syncer told
+Adding learners (on a host of the run, or on a new one taken from an inventory file: scavenged
+capacity): new keys and config entries, the host prepared (idempotent), the syncer told
 the new declared fleet, the learners put in the state as "pending" (the supervisor starts them;
 they join by fetching the global state). Removing: marked stopped (never restarted), SIGTERM
 (the learner sends its due fragments and says bye), the syncer told.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
@@ -18,7 +20,7 @@ from rich.console import Console
 from dldctl import inventory, plan, provision, reconcile, rundir, wheel
 from dldctl.errors import DldError, UsageError
 from dldctl.hosts import LocalHost, ProcRef
-from dldctl.inventory import Inventory
+from dldctl.inventory import HostSpec, Inventory
 from dldctl.rundir import RunDir
 from dldctl.syncerctl import SyncerControl
 
@@ -39,6 +41,22 @@ def _tell_syncer(run: RunDir, config: dict[str, Any]) -> None:
             ctl.control("fleet", learners=sorted(ids))
     except DldError as exc:
         run.event("fleet_update_failed", "syncer", f"{exc.line()} (it reads the fleet from config.json on restart)")
+
+
+def adopt_host(run: RunDir, spec: HostSpec) -> None:
+    """Make a host the live run does not have yet part of it, with no learners yet (`add` follows).
+
+    Scavenged capacity: the host comes from an inventory file (the one given to `up` or to
+    `learner add --inventory`); the run's other settings and hosts stay as they are."""
+    if not run.live():
+        raise UsageError(f"run {run.name} is not live", hint="start it with `dldctl up`")
+    inv = stored_inventory(run)
+    if any(h.name == spec.name for h in inv.hosts):
+        return
+    merged = replace(inv, hosts=inv.hosts + (replace(spec, learners=0),))
+    inventory.validate(merged)
+    _save_inventory(run, merged)
+    run.event("host_add", spec.name, f"{spec.address} joins run {run.name}")
 
 
 def add(run: RunDir, host_name: str, count: int, console: Console, wait_s: float = 120.0) -> list[str]:
@@ -135,9 +153,7 @@ def converge(run: RunDir, inv: Inventory, console: Console) -> None:
     for spec in inv.hosts:
         have = sorted(current.get(spec.name, []), key=lambda x: int(x.rsplit("-", 1)[1]))
         if spec.learners > len(have):
-            if spec.name not in {h.name for h in stored.hosts}:
-                raise UsageError(f"host {spec.name} is not part of run {run.name}",
-                                 hint="new hosts need a new run; or add it with the same name as a known host")
+            adopt_host(run, spec)
             add(run, spec.name, spec.learners - len(have), console)
             changed = True
         for lid in have[spec.learners:]:

@@ -43,15 +43,21 @@ class Supervisor:
     def __init__(self, run: RunDir) -> None:
         self.run = run
         self.stop = threading.Event()
-        self.inv: Inventory = parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
+        self.inv = self._read_inventory()
         self.hosts: dict[str, Host] = {}
         self._host_retry: dict[str, float] = {}
         self._mirrored = 0.0
 
     # -- hosts -------------------------------------------------------------------------------
+    def _read_inventory(self) -> Inventory:
+        return parse(json.loads((self.run.path / "inventory.json").read_text()), str(self.run.inventory))
+
     def host(self, name: str) -> Host:
         if name not in self.hosts:
             spec = next((h for h in self.inv.hosts if h.name == name), None)
+            if spec is None:   # a host added to the live run (learner add --inventory, up) since we started
+                self.inv = self._read_inventory()
+                spec = next((h for h in self.inv.hosts if h.name == name), None)
             self.hosts[name] = LocalHost(name) if spec is None or spec.local else open_host(spec, self.inv.ssh)
         return self.hosts[name]
 

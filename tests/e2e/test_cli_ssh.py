@@ -118,6 +118,30 @@ def test_learner_add_joins_on_a_remote_host(ssh_run: tuple[Dl, Path, Path]) -> N
             120, "learner-3 joined and merged")
 
 
+def test_learner_add_brings_in_a_host_the_run_did_not_have(ssh_run: tuple[Dl, Path, Path],
+                                                          ssh_fleet: SSHFleet) -> None:
+    """Scavenged capacity: a new [[hosts]] entry (another machine at h0's address) from a file."""
+    dl, inv, work = ssh_run
+    host = ssh_fleet.hosts[0]
+    more = inv.with_name("more.toml")
+    more.write_text(inv.read_text() + f"""
+[[hosts]]
+name = "h3"
+address = "{host.address}"
+port = {host.port}
+learners = 1
+python = "{sys.executable}"
+workdir = "{work / 'h3'}"
+""")
+    out = dl("learner", "add", "--host", "h3", "--count", "1", "--inventory", str(more), timeout=300).stdout
+    assert "h3:" in out and "learner-4" in out
+    snap = dl.wait(lambda s: any(r["id"] == "learner-4" and r["state"] == "running" and r["weight"] > 0
+                                 for r in s["learners"]), 120, "learner-4 joined from the new host and merged")
+    assert learner(snap, "learner-4")["host"] == "h3"
+    assert list((work / "h3" / "site").glob("*/dldctl/__init__.py")), "the new host was not provisioned"
+    assert "host_add" in [e["kind"] for e in jsonl.read(dl.run_dir() / "events.jsonl")]
+
+
 def test_down_leaves_nothing_running_on_any_host(ssh_run: tuple[Dl, Path, Path]) -> None:
     dl, _, _ = ssh_run
     summary = json.loads(dl("down", "--json", timeout=180).stdout)
