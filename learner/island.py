@@ -28,6 +28,7 @@ class Island:
     def __init__(self, rank: int, world: int, local_rank: int, device: torch.device) -> None:
         self.rank, self.world, self.local_rank = rank, world, local_rank
         self.device = device
+        self.stopped = False   # every rank has seen rank 0's stop (see close)
 
     @property
     def leader(self) -> bool:
@@ -70,6 +71,7 @@ class Island:
                 header[2 + 2 * i], header[3 + 2 * i] = p, version
         dist.broadcast(header, src=0)
         stop, n = bool(header[0]), int(header[1])
+        self.stopped = stop
         out: Applies = []
         for i in range(n):
             p, version = int(header[2 + 2 * i]), int(header[3 + 2 * i])
@@ -105,5 +107,12 @@ class Island:
         return len({int(t) for t in everyone}) == 1
 
     def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        """Leave the process group. Once every rank has seen rank 0's stop, they first wait for each
+        other: rank 1 tearing gloo down while rank 0 still sent its last fragments aborted rank 1
+        ("terminate called without an active exception") and torchrun failed the island. Without
+        that stop (an error, a failed join) there is no barrier: a rank may be inside a collective."""
+        if not dist.is_initialized():
+            return
+        if self.stopped:
+            dist.barrier()
+        dist.destroy_process_group()
