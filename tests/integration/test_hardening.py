@@ -101,9 +101,9 @@ def test_unwritable_checkpoints_are_an_event_and_training_goes_on(tmp_path: Path
 
 def test_disk_full_while_checkpointing_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ENOSPC mid write (simulated at the write seam; the real seam is exercised above)."""
-    from tests.unit.test_core import Harness, _settings
+    from tests.unit.coreharness import Harness, make_settings
 
-    h = Harness(_settings())
+    h = Harness(make_settings())
     h.join_all()
     real_open = open
 
