@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,6 +84,18 @@ class Dl:
                 os.killpg(rec["pid"], signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def steps_logged_between(dl: Dl, lid: str, t0: float, t1: float) -> list[int]:
+    """The steps a learner logged (every eval_every steps, "HH:MM:SS learner-N: step S ...")
+    between two wall-clock times: proof that it trained then, whatever the syncer saw."""
+    day = time.strftime("%Y-%m-%d ", time.localtime(t0))
+    out = []
+    for line in dl("logs", lid, "--tail", "2000").stdout.splitlines():
+        m = re.match(r"(\d\d:\d\d:\d\d) " + re.escape(lid) + r": step (\d+) ", line)
+        if m and t0 <= time.mktime(time.strptime(day + m.group(1), "%Y-%m-%d %H:%M:%S")) <= t1 - 1:
+            out.append(int(m.group(2)))
+    return out
 
 
 def learner(snap: dict[str, Any], lid: str) -> dict[str, Any]:

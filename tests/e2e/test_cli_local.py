@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Iterator
@@ -16,7 +18,7 @@ from typing import Iterator
 import pytest
 
 from syncer import jsonl
-from tests.e2e.fleetutil import Dl, kinds, learner, run_table
+from tests.e2e.fleetutil import DLDCTL, ROOT, Dl, kinds, learner, run_table, steps_logged_between
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -103,12 +105,16 @@ def test_pause_slow_partition_take_effect_and_undo_themselves(fleet: tuple[Dl, P
     dl, _ = fleet
     dl("chaos", "pause", "learner-2", "--duration", "10")
     dl("chaos", "slow", "learner-3", "--factor", "3", "--duration", "10")
+    cut = time.time()
     dl("chaos", "partition", "learner-0", "--duration", "10")
     snap = dl.status()
     states = {r["id"]: r["state"] for r in snap["learners"]}
     assert (states["learner-2"], states["learner-3"], states["learner-0"]) == ("paused", "slow", "partitioned"), states
     assert len(snap["faults"]) == 3
     dl.wait(lambda s: not s["faults"] and all(r["state"] == "running" for r in s["learners"]), 60, "faults undone")
+    # cut off from the syncer, learner-0 trained on: it logged its progress all through the partition
+    during = steps_logged_between(dl, "learner-0", cut + 2, cut + 9)
+    assert len(during) >= 2 and during == sorted(during), during
     undone = [(e["kind"], e["target"]) for e in all_events(dl) if e["kind"] == "fault_undo"]
     assert {("fault_undo", "learner-2"), ("fault_undo", "learner-3"), ("fault_undo", "learner-0")} <= set(undone)
     assert "learner_back" in kinds(dl.status(), "learner-0")
@@ -129,8 +135,14 @@ def test_kill_the_syncer_and_it_resumes_from_its_checkpoint(fleet: tuple[Dl, Pat
     dl, _ = fleet
     before = dl.wait(lambda s: s["syncer"]["checkpoint_outer_step"] > 0, 60, "a checkpoint")
     epoch = before["syncer"]["epoch"]
-    dl("chaos", "kill", "syncer")
+    killed = time.time()
+    dl("chaos", "kill", "syncer", "--down-for", "4s")
     snap = dl.wait(lambda s: s["syncer"]["alive"] and s["syncer"].get("epoch") == epoch + 1, 60, "syncer back")
+    back = time.time()
+    # while the syncer was away (held down 4 s) the learners kept training
+    assert back - killed >= 4
+    for lid in ("learner-0", "learner-2"):
+        assert steps_logged_between(dl, lid, killed + 0.5, back - 0.5), f"{lid} logged no step while the syncer was down"
     assert snap["syncer"]["outer_steps"] >= before["syncer"]["checkpoint_outer_step"]
     steps = snap["syncer"]["outer_steps"]
     dl.wait(lambda s: s["syncer"]["outer_steps"] > steps + 3 and s["quorum"]["live"] >= 3, 90, "merging again")
@@ -146,6 +158,25 @@ def test_monkey_schedule_is_reproducible_and_training_goes_on(fleet: tuple[Dl, P
              "--fault-duration", "2").stdout
     assert re.search(r"monkey done: \d+ of \d+ faults injected", out)
     dl.wait(lambda s: s["tokens"]["merged"] > merged and not s["faults"], 60, "merging after the monkey")
+
+
+def test_ctrl_c_stops_the_monkey_and_undoes_its_faults(fleet: tuple[Dl, Path]) -> None:
+    dl, _ = fleet
+    proc = subprocess.Popen([DLDCTL, "chaos", "monkey", "--mtbf", "1", "--duration", "10m", "--seed", "5",
+                             "--actions", "pause", "--fault-duration", "10m", "--targets", "learner-3", "--force"],
+                            env=dl.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        dl.wait(lambda s: learner(s, "learner-3")["state"] == "paused", 60, "the monkey's first pause")
+        proc.send_signal(signal.SIGINT)                  # Ctrl-C
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "monkey interrupted; healed its faults: pause learner-3" in out, out
+    # a 10-minute pause, undone at once
+    snap = dl.wait(lambda s: learner(s, "learner-3")["state"] == "running" and not s["faults"], 30, "learner-3 resumed")
+    assert "fault_undo" in kinds(snap, "learner-3")
 
 
 def test_experiment_runs_to_a_verdict_with_a_report(fleet: tuple[Dl, Path], tmp_path: Path) -> None:
