@@ -150,6 +150,7 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
     try:
         with run.update() as state:
             state["status"] = "down"
+            state["stopped_at"] = time.time()
             for proc in state.get("procs", {}).values():
                 proc["status"], proc["proc"] = "stopped", None
     except RunError:

@@ -7,6 +7,7 @@ syncer does not answer, the snapshot still comes back, with `syncer.alive` false
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -33,8 +34,10 @@ def _syncer_down(run: RunDir, config: dict[str, Any]) -> dict[str, Any]:
     """What we can say with the syncer down: the last sample it wrote, marked stale."""
     last = next((r for r in reversed(jsonl.tail(run.metrics, 50)) if r.get("kind") == "sample"), {})
     settings = config["run"]
-    return {"syncer": {"alive": False, "fragments": settings.get("fragments", 0), "outer_steps": last.get("outer_steps", 0),
-                       "checkpoint_outer_step": 0, "rejected": {}, "dropped_sends": 0},
+    ckpt = _last_checkpoint(run)   # may be newer than the last sample (the final checkpoint)
+    return {"syncer": {"alive": False, "fragments": settings.get("fragments", 0),
+                       "outer_steps": max(ckpt, last.get("outer_steps") or 0),
+                       "checkpoint_outer_step": ckpt, "rejected": {}, "dropped_sends": 0},
             "quorum": {"min": settings.get("quorum", 1), "live": 0, "total": len(config["learners"]),
                        "last_round_contributors": 0, "recent_contributors": [], "below_quorum": True},
             "goodput": last.get("goodput", 0.0), "goodput_window": 0.0,
@@ -42,7 +45,22 @@ def _syncer_down(run: RunDir, config: dict[str, Any]) -> dict[str, Any]:
             "bytes": {"up": last.get("bytes_up", 0), "down": last.get("bytes_down", 0),
                       "ddp_equivalent": last.get("ddp_equivalent", 0)},
             "loss": {"train": last.get("loss_train"), "eval": last.get("loss_eval")},
-            "stale_since": last.get("t"), "learners": []}
+            "stale_since": last.get("t"), "learners": [],
+            "stale_learners": last.get("learners") or {}}
+
+
+def _last_checkpoint(run: RunDir) -> int:
+    """The outer step of the newest checkpoint: from the file names (ckpt-EPOCH-STEP-MS.pt) in the
+    local run directory, else from the last `checkpoint` event (a syncer on another host)."""
+    steps = [int(m.group(1)) for p in run.checkpoints.glob("ckpt-*.pt")
+             if (m := re.fullmatch(r"ckpt-\d+-(\d+)-\d+\.pt", p.name))]
+    if steps:
+        return max(steps)
+    for event in reversed(jsonl.tail(run.events, 500)):
+        m = re.match(r"outer step (\d+)", str(event.get("detail", ""))) if event.get("kind") == "checkpoint" else None
+        if m:
+            return int(m.group(1))
+    return 0
 
 
 def learner_state(proc: dict[str, Any], syncer_row: dict[str, Any] | None, faults: list[dict[str, Any]]) -> str:
@@ -80,7 +98,8 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     snap = syncer_status(run, config) or _syncer_down(run, config)
     snap["run"] = run.name
     snap["now"] = now
-    snap["uptime_s"] = now - float(state.get("created", now))
+    ended = state.get("stopped_at") if state.get("status") == "down" else None
+    snap["uptime_s"] = float(ended or now) - float(state.get("created", now))   # a run that is down: how long it ran
     snap["status"] = state.get("status")
     snap["insecure"] = bool(config["run"].get("insecure"))
     procs = state.get("procs", {})
@@ -90,14 +109,16 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     snap["syncer"]["restarts"] = syncer_proc.get("restarts", 0)
     if not snap["syncer"].get("alive"):
         snap["syncer"]["pid"] = (syncer_proc.get("proc") or {}).get("pid")
-    snap["learners"] = _learner_rows(procs, snap.get("learners", []), state.get("faults", []), config)
+    snap["learners"] = _learner_rows(procs, snap.get("learners", []), state.get("faults", []), config,
+                                     snap.pop("stale_learners", {}))
     snap["faults"] = [f for f in state.get("faults", []) if not f.get("undone")]
     snap["events"] = jsonl.tail(run.events, EVENTS)
     return snap
 
 
 def _learner_rows(procs: dict[str, Any], syncer_rows: list[dict[str, Any]], faults: list[dict[str, Any]],
-                  config: dict[str, Any]) -> list[dict[str, Any]]:
+                  config: dict[str, Any], stale: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per learner process; with the syncer down, step/tokens/loss from its last sample."""
     by_id = {row["id"]: row for row in syncer_rows}
     devices = {e["id"]: e.get("device", "cpu") for e in config["learners"]}
     rows = []
@@ -116,6 +137,8 @@ def _learner_rows(procs: dict[str, Any], syncer_rows: list[dict[str, Any]], faul
                         "straggler", "loss", "eval_loss", "replica", "joins"):
                 if key in srow:
                     row[key] = srow[key]
+        elif isinstance(stale.get(lid), dict):
+            row.update({k: stale[lid][k] for k in ("step", "tokens", "loss") if stale[lid].get(k) is not None})
         rows.append(row)
     return rows
 

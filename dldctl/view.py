@@ -46,6 +46,7 @@ from dldctl.view_panels import (
     header_notes,
     header_panel,
     live_age,
+    run_uptime,
     loss_panel,
     num,
     pick_learners,
@@ -320,10 +321,12 @@ def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
     moved = (up or 0.0) + (down or 0.0)
     times = f" ({ddp / moved:,.0f}x ours)" if ddp is not None and moved else ""
     ratio = num(b.get("compression_ratio")) or None
-    uptime = live_age(snapshot, snapshot.get("uptime_s"), now)
+    down = snapshot.get("status") == "down"
+    if down:
+        syncer = "stopped (the run is down)"
     loss = section(snapshot, "loss")
     return [
-        ("run", f"{text_of(snapshot.get('run'))}  up {fmt_duration(uptime)}"),
+        ("run", f"{text_of(snapshot.get('run'))}  {'ran' if down else 'up'} {fmt_duration(run_uptime(snapshot, now))}"),
         ("syncer", syncer),
         ("outer", f"steps {fmt_int(s.get('outer_steps'))}  checkpoint {fmt_int(s.get('checkpoint_outer_step'))}"),
         ("quorum", f"{quorum_label(snapshot)}  live {fmt_int(q.get('live'))}/{fmt_int(q.get('total'))}"

@@ -264,6 +264,13 @@ def titled(title: str | Text, body: RenderableType, border: str = "blue") -> Pan
                  border_style=border, box=box.ROUNDED, padding=(0, 1))
 
 
+def run_uptime(snapshot: dict, now: float) -> float | None:
+    """How long the run has been up, advanced to `now`; a run that is down does not age."""
+    if snapshot.get("status") == "down":
+        return num(snapshot.get("uptime_s"))
+    return live_age(snapshot, snapshot.get("uptime_s"), now)
+
+
 def live_age(snapshot: dict, age: Any, now: float) -> float | None:
     """An age recorded in the snapshot, advanced to `now` (ages grow while a snapshot is shown)."""
     a = num(age)
@@ -300,7 +307,9 @@ def short_id(learner_id: Any) -> str:
 def header_notes(snapshot: dict, now: float) -> Text:
     """The header's second voice (its subtitle): warnings an operator should not miss."""
     notes: list[tuple[str, str]] = []
-    if not syncer_alive(snapshot):
+    if snapshot.get("status") == "down":
+        notes.append(("the run is down (`dldctl down`); `dldctl report` summarises it", "bold"))
+    elif not syncer_alive(snapshot):
         notes.append(("learners keep training; merges resume when the syncer is back", "red"))
     taken = num(snapshot.get("now"))
     if taken is not None and now - taken > 5:
@@ -324,9 +333,11 @@ def header_notes(snapshot: dict, now: float) -> Text:
 def header_panel(snapshot: dict, now: float, compact: bool = False) -> Panel:
     """Run, uptime, syncer health, outer steps, checkpoint (`compact`: leave out pid and epoch)."""
     s = section(snapshot, "syncer")
-    uptime = live_age(snapshot, snapshot.get("uptime_s"), now)
-    parts: list[Any] = [("up ", "dim"), (fmt_duration(uptime), "bold"), SEP]
-    if syncer_alive(snapshot):
+    down = snapshot.get("status") == "down"
+    parts: list[Any] = [("ran " if down else "up ", "dim"), (fmt_duration(run_uptime(snapshot, now)), "bold"), SEP]
+    if down:
+        parts += [(" RUN DOWN ", "bold"), " syncer stopped"]
+    elif syncer_alive(snapshot):
         parts += [("● ", "green"), "syncer ", text_of(s.get("address"))]
         if not compact:
             parts += [(" pid ", "dim"), fmt_int(s.get("pid")), (" epoch ", "dim"), fmt_int(s.get("epoch"))]
@@ -337,7 +348,7 @@ def header_panel(snapshot: dict, now: float, compact: bool = False) -> Panel:
     parts += [SEP, ("outer ", "dim"), (fmt_int(s.get("outer_steps")), "bold"),
               SEP, ("ckpt ", "dim"), fmt_int(s.get("checkpoint_outer_step")),
               SEP, fmt_int(s.get("fragments")), (" fragments", "dim")]
-    border = "green" if syncer_alive(snapshot) else "red"
+    border = "green" if syncer_alive(snapshot) else ("white" if down else "red")
     return Panel(line(*parts), title=Text.assemble(" dldctl ", (text_of(snapshot.get("run")), "bold"), " "),
                  title_align="left", subtitle=header_notes(snapshot, now) or None,
                  subtitle_align="right", border_style=border, box=box.HEAVY if border == "red" else box.ROUNDED)

@@ -122,6 +122,31 @@ def test_dead_syncer_is_said_not_failed_on() -> None:
     assert "syncer_death" in text and "chaos kill syncer --down-for 20" in text
 
 
+# Snapshots `dldctl status --json` printed for a real fleet (2 fast + 2 throttled gpt-tiny
+# learners, quorum 3): after a learner was killed and came back, with two learners paused, with
+# the syncer killed and held down, and after `dldctl down`.
+RECORDED = {
+    "recorded_healthy": ["quorum ● OK", "live 4/4  min 3", "learners 4/4 running", "rejoin", "learner-1"],
+    "recorded_below_quorum": ["quorum ● BELOW QUORUM", "live 2/4  min 3", "paused", "quorum_lost", "need 1 more"],
+    "recorded_syncer_dead": ["SYNCER DOWN", "quorum ● syncer down", "learners keep training", "ckpt 600",
+                             "syncer_death", "4475"],
+    "recorded_down": ["RUN DOWN", "ran 1m06s", "the run is down", "stopped", "ckpt 600"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_snapshots_recorded_from_a_live_fleet(name: str) -> None:
+    snap = load(name)
+    assert snap["run"].startswith("recorded-") and len(snap["learners"]) == 4
+    text = live_text(snap)
+    for expected in RECORDED[name]:
+        assert expected in text, (expected, text)
+    lines = text.splitlines()
+    assert len(lines) == 30 and all(len(line) <= 100 for line in lines)
+    plain = plain_text(snap)
+    assert "\x1b" not in plain and all(f"learner-{i}" in plain for i in range(4))
+
+
 def test_states_are_coloured() -> None:
     assert state_style("running") == "green"
     for state in ("slow", "paused", "joining", "starting"):
