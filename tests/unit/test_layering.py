@@ -89,6 +89,53 @@ def test_dldctl_talks_to_the_syncer_only_through_its_protocol(path: Path) -> Non
     assert {m for m in mods if m.startswith("syncer")} <= DLDCTL_MAY_USE
 
 
+# The pure core of ARCHITECTURE.md: no I/O (files, sockets, processes, clocks, sleeps); clocks and
+# RNGs come in as arguments. (`time` may be imported for a default clock argument, never called bare.)
+PURE_CORE = ("syncer/protocol.py", "syncer/codec.py", "syncer/fragments.py", "syncer/merge.py", "syncer/rounds.py",
+             "syncer/core.py", "syncer/status.py", "learner/outer.py", "learner/model.py", "dldctl/reconcile.py",
+             "dldctl/chaos/plan.py", "dldctl/chaos/verdict.py", *(f"dldctl/sim/{p.name}" for p in
+                                                                    sorted((ROOT / "dldctl" / "sim").glob("*.py"))))
+IO_MODULES = {"socket", "subprocess", "zmq", "paramiko", "shutil", "tempfile", "pathlib", "requests", "urllib",
+              "http", "multiprocessing", "asyncio", "signal", "fcntl"}
+IO_CALLS = {"open", "print", "input", "sleep", "time", "monotonic", "perf_counter", "system", "popen", "remove",
+            "unlink", "mkdir", "makedirs", "replace", "rename"}
+
+
+def io_calls(path: Path) -> set[str]:
+    """Names of I/O-looking calls in a file: open(), time.sleep(), os.remove(), ... (any receiver)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+            receiver = fn.value.id if isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) else ""
+            bare = receiver == "" and name in ("open", "print", "input")   # `replace` is dataclasses'
+            if bare or (name in IO_CALLS and receiver in ("os", "time", "sys", "builtins")):
+                found.add(f"{receiver + '.' if receiver else ''}{name}")
+    return found
+
+
+@pytest.mark.parametrize("rel", PURE_CORE)
+def test_the_pure_core_does_no_io(rel: str) -> None:
+    path = ROOT / rel
+    assert not {m for m in imports(path) if m.split(".")[0] in IO_MODULES}, rel
+    assert io_calls(path) == set(), rel
+
+
+def test_model_imports_only_torch_and_errors_is_a_leaf() -> None:
+    model = {m.split(".")[0] for m in imports(ROOT / "learner" / "model.py")} - {"__future__"}
+    assert model <= {"torch", "math", "dataclasses", "typing"}, model
+    assert project_imports(ROOT / "dldctl" / "errors.py") == set()
+
+
+def test_the_io_scan_catches_a_violation(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("import time, os\nx = time.time()\nopen('f')\nos.unlink('g')\n")
+    assert io_calls(probe) == {"time.time", "open", "os.unlink"}
+    probe.write_text("from dataclasses import replace\ndef f(clock, x):\n    return clock(), replace(x)\n")
+    assert io_calls(probe) == set()
+
+
 def test_the_scanner_catches_a_violation(tmp_path: Path) -> None:
     bad = ROOT / "syncer" / "_layering_probe.py"
     bad.write_text("from learner import trainer\nimport rich\n")
