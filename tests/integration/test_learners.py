@@ -89,6 +89,21 @@ def test_killed_learner_rejoins_and_contributes_again(tmp_path: Path) -> None:
         assert ("rejoin", "learner-1") in kinds
 
 
+def test_sigterm_sends_the_due_work_and_says_goodbye(tmp_path: Path) -> None:
+    with run_of(tmp_path, [{}, {}]) as lr:
+        lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 8, 120, "merges")
+        asked = time.time()
+        lr.kill("learner-1", signal.SIGTERM)
+        assert lr.procs["learner-1"].returncode == 0
+        assert "learner-1: stopped after" in lr.log("learner-1")
+        lr.wait_for(lambda s: any(e["kind"] == "leave" and e["target"] == "learner-1" for e in lr.events()), 20,
+                    "learner-1's goodbye")
+        # the work it had not sent yet reached the global model after the signal
+        late = [r for r in lr.metrics("round") if r["t"] >= asked and "learner-1" in r["contributors"]]
+        assert late, "no round merged learner-1's last work"
+        assert lr.procs["syncer"].poll() is None and lr.procs["learner-0"].poll() is None
+
+
 def test_throttled_learner_gets_a_smaller_weight(tmp_path: Path) -> None:
     with run_of(tmp_path, [{}, {"throttle": 4.0}], H=8) as lr:
         snap = lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 30, 150, "merges")
