@@ -21,7 +21,7 @@ import pytest
 
 from syncer import jsonl
 from tests.e2e.fleetutil import Dl, learner, run_table
-from tests.sshfleet import SSHFleet, free_port
+from tests.sshfleet import FleetHost, SSHFleet, free_port
 
 pytestmark = [pytest.mark.timeout(400)]
 
@@ -36,16 +36,21 @@ known_hosts = "{first.known_hosts}"
 use_ssh_config = false
 """
     for i, host in enumerate(fleet.hosts):
-        text += f"""
+        text += host_entry(f"h{i}", host, workdir)
+    return text + extra_hosts
+
+
+def host_entry(name: str, host: FleetHost, workdir: Path) -> str:
+    """A [[hosts]] entry with one learner on a test sshd host, its files under workdir/<name>."""
+    return f"""
 [[hosts]]
-name = "h{i}"
+name = "{name}"
 address = "{host.address}"
 port = {host.port}
 learners = 1
 python = "{sys.executable}"
-workdir = "{workdir / f'h{i}'}"
+workdir = "{workdir / name}"
 """
-    return text + extra_hosts
 
 
 @pytest.fixture(scope="module")
@@ -122,17 +127,8 @@ def test_learner_add_brings_in_a_host_the_run_did_not_have(ssh_run: tuple[Dl, Pa
                                                           ssh_fleet: SSHFleet) -> None:
     """Scavenged capacity: a new [[hosts]] entry (another machine at h0's address) from a file."""
     dl, inv, work = ssh_run
-    host = ssh_fleet.hosts[0]
     more = inv.with_name("more.toml")
-    more.write_text(inv.read_text() + f"""
-[[hosts]]
-name = "h3"
-address = "{host.address}"
-port = {host.port}
-learners = 1
-python = "{sys.executable}"
-workdir = "{work / 'h3'}"
-""")
+    more.write_text(inv.read_text() + host_entry("h3", ssh_fleet.hosts[0], work))
     out = dl("learner", "add", "--host", "h3", "--count", "1", "--inventory", str(more), timeout=300).stdout
     assert "h3:" in out and "learner-4" in out
     snap = dl.wait(lambda s: any(r["id"] == "learner-4" and r["state"] == "running" and r["weight"] > 0
