@@ -1,7 +1,8 @@
 """The `dldctl` command: one Typer app composed from one module per command group.
 
-Errors: every DldError is printed as one red line on stderr and exits with its code (1 failed,
-2 usage/configuration); anything else is a bug and keeps its traceback.
+Errors: every DldError, and every usage mistake the command line parser finds (a missing
+argument, an unknown option, a bad value), is printed as one red line on stderr and exits with
+its code (1 failed, 2 usage/configuration); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -33,11 +34,32 @@ app.add_typer(cli_learner.app, name="learner")
 app.add_typer(cli_simulate.app, name="simulate")
 
 
+try:   # typer >= 0.16 carries its own copy of click
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover - older typer on the real click
+    from click.exceptions import ClickException  # type: ignore[no-redef]
+
+
+def _error(text: str) -> None:
+    Console(stderr=True, soft_wrap=True, highlight=False).print(f"[bold red]error:[/] {escape(text)}")
+
+
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: one red line for every mistake, the help for a bare group."""
     command = typer.main.get_command(app)
     try:
-        command.main(prog_name="dldctl", standalone_mode=True)
+        code = command.main(prog_name="dldctl", standalone_mode=False)
     except DldError as exc:
-        Console(stderr=True, soft_wrap=True, highlight=False).print(f"[bold red]error:[/] {escape(exc.line())}")
+        _error(exc.line())
         sys.exit(exc.exit_code)
+    except ClickException as exc:
+        ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError":   # `dldctl` or `dldctl chaos` alone: the help
+            exc.show()
+        else:
+            _error(exc.format_message() + (f" (`{ctx.command_path} -h` for help)" if ctx is not None else ""))
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        _error("aborted")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -55,6 +55,10 @@ def test_mistakes_exit_2_with_one_red_line(tmp_path) -> None:
     assert "Traceback" not in proc.stderr
     flag = subprocess.run([sys.executable, "-m", "dldctl", "chaos", "kill"], capture_output=True, text=True, timeout=120)
     assert flag.returncode == 2
+    assert flag.stderr.strip() == "error: Missing argument 'target'. (`dldctl chaos kill -h` for help)"
+    typo = subprocess.run([sys.executable, "-m", "dldctl", "status", "--jsn"], capture_output=True, text=True, timeout=120)
+    assert typo.returncode == 2 and len(typo.stderr.strip().splitlines()) == 1
+    assert "No such option: --jsn" in typo.stderr and "--json" in typo.stderr
     # durations are checked before any run is looked up, and the error names the flag
     bad_span = subprocess.run([sys.executable, "-m", "dldctl", "chaos", "monkey", "--mtbf", "soon", "--duration", "10m"],
                               capture_output=True, text=True, timeout=120)
