@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 
 from dldctl import inventory, plan, provision, reconcile, rundir, wheel
-from dldctl.errors import DldError, UsageError
+from dldctl.errors import DldError, RunError, UsageError
 from dldctl.hosts import LocalHost, ProcRef
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.rundir import RunDir
@@ -49,7 +49,7 @@ def adopt_host(run: RunDir, spec: HostSpec) -> None:
     Scavenged capacity: the host comes from an inventory file (the one given to `up` or to
     `learner add --inventory`); the run's other settings and hosts stay as they are."""
     if not run.live():
-        raise UsageError(f"run {run.name} is not live", hint="start it with `dldctl up`")
+        raise RunError(f"run {run.name} is not live", hint="start it with `dldctl up`")
     inv = stored_inventory(run)
     if any(h.name == spec.name for h in inv.hosts):
         return
@@ -64,7 +64,7 @@ def add(run: RunDir, host_name: str, count: int, console: Console, wait_s: float
     if count < 1:
         raise UsageError(f"--count must be >= 1, got {count}")
     if not run.live():
-        raise UsageError(f"run {run.name} is not live", hint="start it with `dldctl up`")
+        raise RunError(f"run {run.name} is not live", hint="start it with `dldctl up`")
     inv = stored_inventory(run)
     spec = inv.host(host_name)
     config = plan.load_config(run)
