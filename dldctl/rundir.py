@@ -187,7 +187,8 @@ def resolve(run: str | None, *, live_only: bool = True) -> RunDir:
         runs = all_runs()
         if runs:
             return runs[0]
-    raise RunError("no live run", hint="start one with `dldctl up`, or name a finished one with --run")
+        raise RunError("no run yet", hint="start one with `dldctl up`")
+    raise RunError("no live run", hint="this command needs a run that is up: start one with `dldctl up`")
 
 
 def find_orphan(name: str) -> RunDir | None:
