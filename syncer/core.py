@@ -326,15 +326,18 @@ class SyncerCore:
         return closed
 
     def _liveness_events(self, live: set[str], now: float, out: Outbox) -> None:
-        """learner_lost when a training learner goes silent past liveness_s; learner_back when it returns."""
+        """learner_lost when a training learner goes silent past liveness_s; learner_back when it returns.
+        (One that is live no more because it is joining again, a restart quicker than liveness_s,
+        has its `rejoin` event instead.)"""
         for lid in sorted(self._live_prev - live):
             info = self.fleet.learners.get(lid)
-            if info is not None and not info.left:
+            if info is not None and not info.left and now - info.last_seen >= self.fleet.liveness_s:
                 out.event(now, "learner_lost", lid, f"silent for {now - info.last_seen:.1f} s")
+                self._lost_once.add(lid)
         for lid in sorted(live - self._live_prev):
             if lid in self._lost_once:
                 out.event(now, "learner_back", lid, "heard from again")
-        self._lost_once |= self._live_prev - live
+                self._lost_once.discard(lid)
         self._live_prev = live
 
     def _quorum_events(self, live: int, now: float, out: Outbox) -> None:

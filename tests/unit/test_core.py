@@ -431,6 +431,24 @@ def test_quorum_lost_and_regained_events() -> None:
     assert "2 live" in ev["detail"]
 
 
+def test_learner_lost_and_back_but_not_for_a_quick_rejoin() -> None:
+    h = Harness(make_settings(quorum=1, liveness_s=3.0))
+    h.join_all(now=1.0)
+    h.tick(1.0)
+    h.beat("a", 3.0)
+    h.beat("b", 3.0)
+    out = h.tick(4.5)                                             # c silent for 3.5 s
+    assert [(e["target"], e["detail"]) for e in events_of(out, "learner_lost")] == [("c", "silent for 3.5 s")]
+    h.beat("c", 5.0)
+    assert [e["target"] for e in events_of(h.tick(5.0), "learner_back")] == ["c"]
+    # b restarts within liveness_s (a warm spare): its new process says hello and is joining again
+    h.hello("b", 5.5, incarnation="i2")
+    out = h.tick(5.6)
+    assert not events_of(out, "learner_lost") and not events_of(out, "learner_back")
+    h.beat("b", 6.0)
+    assert not events_of(h.tick(6.0), "learner_back")
+
+
 def test_round_stays_open_below_quorum() -> None:
     h = Harness(make_settings(quorum=2))
     h.join_all(now=1.0)
