@@ -42,6 +42,7 @@ class Fleet:
         for record in self.procs:
             latest[record["target"]] = record
         self.latest = latest
+        self._taken = {(r["host"], r["pid"], r["start_ticks"]) for r in self.procs if not r["target"].startswith("spare-")}
         self.unreachable: dict[str, str] = {}   # host -> why: its processes may still run
 
     def host(self, name: str) -> Host:
@@ -49,6 +50,11 @@ class Fleet:
             spec = next((h for h in self.inv.hosts if h.name == name), None)
             self.hosts[name] = LocalHost(name) if spec is None or spec.local else open_host(spec, self.inv.ssh)
         return self.hosts[name]
+
+    def idle_spare(self, record: dict[str, Any]) -> bool:
+        """A warm spare's record whose process never became a learner (that one is stopped as one)."""
+        key = (record["host"], record["pid"], record["start_ticks"])
+        return record["target"].startswith("spare-") and key not in self._taken
 
     def refs(self, predicate: Any = None) -> list[tuple[dict[str, Any], ProcRef]]:
         return [(r, ProcRef(r["pid"], r["start_ticks"])) for r in self.procs if predicate is None or predicate(r)]
@@ -130,6 +136,7 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
     fleet = Fleet(run)
     try:
         killed = fleet.stop(lambda r: r["target"] == "supervisor", 10.0)
+        killed += fleet.stop(fleet.idle_spare, 5.0)            # warm spares that never became a learner
         config = load_config(run)
         before = _syncer_snapshot(run, config)
         console.print("stopping learners (they send their last fragments)...")

@@ -55,12 +55,18 @@ def start_syncer(host: Host, runtime: HostRuntime) -> ProcRef:
                       env=_env(runtime, SYNCER_MALLOC))
 
 
-def start_learner(host: Host, runtime: HostRuntime, entry: dict[str, Any], restarts: int) -> ProcRef:
-    lid = entry["id"]
-    host.mkdir(learner_workdir(runtime, lid))
+def learner_env(runtime: HostRuntime, entry: dict[str, Any], restarts: int) -> dict[str, str]:
+    """A learner's environment: its host's `env`, our PYTHONPATH, its restart count and threads."""
     env = _env(runtime, {k: str(v) for k, v in entry.get("env", {}).items()})
     env["DLDCTL_RESTARTS"] = str(restarts)
     env["OMP_NUM_THREADS"] = str(entry.get("threads", 1))
     if int(entry.get("nproc", 1)) > 1:
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # pytorch/pytorch#135712
+    return env
+
+
+def start_learner(host: Host, runtime: HostRuntime, entry: dict[str, Any], restarts: int) -> ProcRef:
+    lid = entry["id"]
+    host.mkdir(learner_workdir(runtime, lid))
+    env = learner_env(runtime, entry, restarts)
     return host.start(learner_argv(runtime, entry), cwd=runtime.run_dir, log=log_path(runtime, lid), env=env)

@@ -10,7 +10,6 @@ import json
 import secrets
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from dldctl.inventory import HostSpec, Inventory

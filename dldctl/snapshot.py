@@ -112,6 +112,7 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     snap["learners"] = _learner_rows(procs, snap.get("learners", []), state.get("faults", []), config,
                                      snap.pop("stale_learners", {}))
     snap["faults"] = [f for f in state.get("faults", []) if not f.get("undone")]
+    snap["spares"] = sorted(state.get("spares", {}))   # hosts with a warm spare ready
     snap["events"] = jsonl.tail(run.events, EVENTS)
     return snap
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dldctl import faults, launch, mirror, reconcile
+from dldctl import faults, launch, mirror, reconcile, spares
 from dldctl.errors import DldError, HostError
 from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.inventory import Inventory, parse
@@ -46,6 +46,8 @@ class Supervisor:
         self.inv = self._read_inventory()
         self.hosts: dict[str, Host] = {}
         self._host_retry: dict[str, float] = {}
+        self._spare_after: dict[str, float] = {}   # host -> monotonic time before which no new spare
+        self._born = time.monotonic()               # the first spares wait until the fleet has started
         self._mirrored = 0.0
 
     # -- hosts -------------------------------------------------------------------------------
@@ -75,6 +77,8 @@ class Supervisor:
             ref = proc_ref(entry.get("proc"))
             if ref is not None and entry["status"] in ("running", "unreachable"):
                 by_host.setdefault(entry["host"], []).append((name, ref))
+        for host_name, record in state.get("spares", {}).items():
+            by_host.setdefault(host_name, []).append((f"spare-{host_name}", proc_ref(record)))
         seen: dict[str, reconcile.Observation] = {}
         for host_name, items in by_host.items():
             if time.monotonic() < self._host_retry.get(host_name, 0.0):
@@ -87,7 +91,7 @@ class Supervisor:
                 seen.update({n: reconcile.Observation(None) for n, _ in items})
                 continue
             for name, ref in items:
-                finished = None if alive[ref.pid] else self._finished(state, name)
+                finished = None if alive[ref.pid] or name not in state["procs"] else self._finished(state, name)
                 seen[name] = reconcile.Observation(alive[ref.pid], finished)
         return seen
 
@@ -123,6 +127,7 @@ class Supervisor:
                 self.run.event(kind, target, detail)
             for action in actions:
                 self.act(action)
+            self.keep_spares(seen)
             self.mirror_syncer()
             self.stop.wait(POLL_S)
         self.run.event("supervisor_stop", "supervisor", f"pid {os.getpid()}")
@@ -158,6 +163,7 @@ class Supervisor:
         entry = state["procs"][name]
         runtime = self.runtime(state, entry["host"])
         host = self.host(entry["host"])
+        how = ""
         try:
             if entry["kind"] == "syncer":
                 ref = launch.start_syncer(host, runtime)
@@ -165,7 +171,10 @@ class Supervisor:
                 learner = next(e for e in self.config()["learners"] if e["id"] == name)
                 wd = launch.learner_workdir(runtime, name)
                 host.run("rm -f " + shlex.quote(f"{wd}/finished") + " " + shlex.quote(f"{wd}/refused"), check=False)
-                ref = launch.start_learner(host, runtime, learner, entry.get("restarts", 0) + (entry.get("started_at") is not None))
+                restarts = entry.get("restarts", 0) + (entry.get("started_at") is not None)
+                ref = self._from_spare(entry["host"], runtime, learner, restarts)
+                how = " (warm spare)" if ref is not None else ""
+                ref = ref or launch.start_learner(host, runtime, learner, restarts)
         except (DldError, StopIteration) as exc:
             s = settings_from_dict(self.config()["run"])
             with self.run.update() as st:
@@ -176,7 +185,69 @@ class Supervisor:
         self.run.record_proc(name, entry["host"], record)
         with self.run.update() as st:
             kind = reconcile.started(st["procs"][name], record, time.time())
-        self.run.event(kind, name, f"pid {ref.pid} on {entry['host']}")
+        self.run.event(kind, name, f"pid {ref.pid} on {entry['host']}{how if entry['kind'] == 'learner' else ''}")
+
+    # -- warm spares (dldctl/spares.py) ---------------------------------------------------------
+    def _from_spare(self, host_name: str, runtime: HostRuntime, learner: dict[str, Any], restarts: int) -> ProcRef | None:
+        """The host's live spare, now told to become `learner`; None to start a fresh process."""
+        if int(learner.get("nproc", 1)) != 1:
+            return None
+        with self.run.update() as st:
+            ref = proc_ref(st.get("spares", {}).pop(host_name, None))
+        self._spare_after[host_name] = time.monotonic() + spares.SPARE_DELAY_S
+        if ref is None:
+            return None
+        host = self.host(host_name)
+        try:
+            if host.alive([ref]).get(ref.pid):
+                spares.hand_over(host, runtime, host_name, learner, restarts)
+                return ref
+        except DldError as exc:
+            self.run.event("spare_failed", f"spare-{host_name}", f"hand-over: {exc.line()}; starting afresh")
+        self._signal_quietly(host, ref)
+        return None
+
+    def keep_spares(self, seen: dict[str, reconcile.Observation]) -> None:
+        """One live spare on every host that may need a learner (re)started, none elsewhere."""
+        state, config = self.run.read_state(), self.config()
+        have = dict(state.get("spares", {}))
+        for host_name in list(have):
+            if seen.get(f"spare-{host_name}", reconcile.Observation(True)).alive is False:
+                self._drop_spare(host_name, retry_s=10.0)   # it died: try again later
+                have.pop(host_name)
+        wanted = spares.hosts_wanting_spares(state, config) if settings_from_dict(config["run"]).warm_spares else set()
+        for host_name in set(have) - wanted:
+            self._signal_quietly(self.host(host_name), proc_ref(have[host_name]))
+            self._drop_spare(host_name, retry_s=0.0)
+        for host_name in sorted(wanted - set(have)):
+            if time.monotonic() >= self._spare_after.get(host_name, self._born + spares.FIRST_SPARE_S):
+                self._start_spare(state, config, host_name)
+
+    def _start_spare(self, state: dict[str, Any], config: dict[str, Any], host_name: str) -> None:
+        entry = next(e for e in config["learners"] if e["host"] == host_name and int(e.get("nproc", 1)) == 1)
+        self._spare_after[host_name] = time.monotonic() + 30.0   # if it fails (or dies soon), not again at once
+        try:
+            ref = spares.start_spare(self.host(host_name), self.runtime(state, host_name), host_name, entry)
+        except DldError as exc:
+            self.run.event("spare_failed", f"spare-{host_name}", f"{exc.line()}; next try in 30 s")
+            return
+        record = {"pid": ref.pid, "start_ticks": ref.start_ticks}
+        self.run.record_proc(f"spare-{host_name}", host_name, record)
+        with self.run.update() as st:
+            st.setdefault("spares", {})[host_name] = record
+
+    def _drop_spare(self, host_name: str, retry_s: float) -> None:
+        with self.run.update() as st:
+            st.get("spares", {}).pop(host_name, None)
+        self._spare_after[host_name] = time.monotonic() + retry_s
+
+    @staticmethod
+    def _signal_quietly(host: Host, ref: ProcRef | None) -> None:
+        try:
+            if ref is not None:
+                host.signal(ref, signal.SIGTERM, group=True)
+        except DldError:
+            pass
 
     def undo(self, fault: dict[str, Any]) -> None:
         """Undo an expired fault and drop it from the state."""

@@ -26,7 +26,7 @@ from rich.live import Live
 from rich.table import Table
 
 from dldctl import inventory, plan, provision, reconcile, rundir, wheel
-from dldctl.errors import DldError, HostError, OperationError
+from dldctl.errors import DldError, OperationError
 from dldctl.hosts import Host, LocalHost
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.rundir import RunDir

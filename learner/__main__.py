@@ -1,4 +1,5 @@
 """`python -m learner --config RESOLVED.json --id learner-N`: run one learner until stopped.
+(`--spare FILE` instead of `--id`: a warm spare that becomes the learner FILE names, see spare.py.)
 
 Under torchrun (WORLD_SIZE > 1) every rank runs this; rank 0 talks to the syncer and the island
 keeps the other ranks identical (see learner/island.py).
@@ -12,7 +13,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from learner import config
+from learner import config, spare
 from learner.trainer import Trainer, install_signal_handlers, log
 
 
@@ -20,9 +21,20 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments and train; exit 0 when stopped cleanly, 2 on a bad configuration."""
     parser = argparse.ArgumentParser(prog="python -m learner", description=__doc__)
     parser.add_argument("--config", required=True, type=Path, help="resolved run configuration (JSON)")
-    parser.add_argument("--id", required=True, help="this learner's name, e.g. learner-0")
+    parser.add_argument("--id", help="this learner's name, e.g. learner-0")
     parser.add_argument("--workdir", type=Path, default=None, help="where control.json lives (default: next to the config)")
+    parser.add_argument("--spare", type=Path, default=None, metavar="ASSIGNMENT",
+                        help="start as a warm spare: wait for this file to say which learner to become")
     args = parser.parse_args(argv)
+    if args.spare is not None:
+        spare.warm_up()
+        log(f"spare pid {os.getpid()} ready; waiting for {args.spare}")
+        data = spare.wait_for_assignment(args.spare)
+        spare.become(data)
+        log(f"{data['id']}: taking over from a warm spare (pid {os.getpid()})")
+        args.id, args.workdir = data["id"], Path(data["workdir"])
+    elif not args.id:
+        parser.error("--id is required (or --spare)")
     try:
         cfg = config.load(args.config, args.id, args.workdir)
     except ValueError as exc:

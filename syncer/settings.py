@@ -77,6 +77,7 @@ class RunSettings:
     max_message_mb: float = 512.0     # larger messages are refused by the socket itself
     restart_delay_s: float = 2.0
     restart_backoff_max_s: float = 60.0
+    warm_spares: bool = True          # keep one pre-started learner per host to replace the next that dies
     insecure: bool = False            # no CURVE: only for debugging on a trusted network
 
     def validate(self) -> None:

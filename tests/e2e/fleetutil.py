@@ -24,10 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_table(name: str, **extra: object) -> str:
-    """The [run] table of a small, fast test inventory (gpt-tiny; plain averaging, stable at H = 8)."""
+    """The [run] table of a small, fast test inventory (gpt-tiny; plain averaging, stable at H = 8;
+    no warm spares unless asked for: they are extra processes on a 2-core machine)."""
     settings: dict[str, object] = dict(name=name, model="gpt-tiny", seq_len=32, batch_size=8, H=8, outer_lr=1.0,
                                        outer_momentum=0.0, eval_every=20, eval_batches=2, heartbeat_s=0.25,
-                                       liveness_s=2.0, restart_delay_s=1.0)
+                                       liveness_s=2.0, restart_delay_s=1.0, warm_spares=False)
     settings.update(extra)
     return "[run]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items())
 

@@ -22,7 +22,7 @@ from tests.e2e.fleetutil import DLDCTL, ROOT, Dl, kinds, learner, run_table, ste
 
 pytestmark = [pytest.mark.timeout(300)]
 
-INVENTORY = run_table("e2e", quorum=2, checkpoint_every=10) + """
+INVENTORY = run_table("e2e", quorum=2, checkpoint_every=10, warm_spares=True) + """
 [[hosts]]
 name = "a"
 address = "local"
@@ -89,16 +89,29 @@ def test_logs_show_a_learner_and_the_syncer(fleet: tuple[Dl, Path]) -> None:
     assert bad.returncode == 2 and "no process named 'learner-9'" in bad.stderr
 
 
-def test_kill_a_learner_and_the_supervisor_brings_it_back(fleet: tuple[Dl, Path]) -> None:
+def spare_ready(dl: Dl, host: str) -> bool:
+    log = dl.run_dir() / "logs" / f"spare-{host}.log"
+    return host in dl.status()["spares"] and log.exists() and "ready; waiting" in log.read_text()
+
+
+def test_kill_a_learner_and_a_warm_spare_takes_its_place(fleet: tuple[Dl, Path]) -> None:
     dl, _ = fleet
+    deadline = time.monotonic() + 90
+    while not spare_ready(dl, "a") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert spare_ready(dl, "a"), "no warm spare on host a"
     merged = dl.status()["tokens"]["merged"]
     out = dl("chaos", "kill", "learner-1", "--down-for", "2")
     assert "killed learner-1" in out.stdout
-    snap = dl.wait(lambda s: learner(s, "learner-1")["restarts"] == 1 and learner(s, "learner-1")["state"] == "running",
+    dl.wait(lambda s: learner(s, "learner-1")["restarts"] == 1 and learner(s, "learner-1")["state"] == "running",
                    90, "learner-1 restarted and training")
     dl.wait(lambda s: s["tokens"]["merged"] > merged, 60, "merges going on")
-    seen = [e["kind"] for e in all_events(dl) if e["target"] == "learner-1"]
-    assert {"fault_inject", "restart", "rejoin"} <= set(seen), seen
+    events = [e for e in all_events(dl) if e["target"] == "learner-1"]
+    assert {"fault_inject", "restart", "rejoin"} <= {e["kind"] for e in events}, events
+    restart = next(e for e in events if e["kind"] == "restart")
+    assert restart["detail"].endswith("(warm spare)"), restart
+    assert "taking over from a warm spare" in dl("logs", "learner-1", "--tail", "200").stdout
+    dl.wait(lambda s: "a" in s["spares"], 60, "a new spare on host a")
 
 
 def test_pause_slow_partition_take_effect_and_undo_themselves(fleet: tuple[Dl, Path]) -> None:

@@ -8,6 +8,7 @@ checkpoint and the learners carry on with it.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -102,6 +103,24 @@ def test_sigterm_sends_the_due_work_and_says_goodbye(tmp_path: Path) -> None:
         late = [r for r in lr.metrics("round") if r["t"] >= asked and "learner-1" in r["contributors"]]
         assert late, "no round merged learner-1's last work"
         assert lr.procs["syncer"].poll() is None and lr.procs["learner-0"].poll() is None
+
+
+def test_a_warm_spare_becomes_the_learner_it_is_told_to(tmp_path: Path) -> None:
+    """learner/spare.py against a real syncer: warmed up, assigned by a renamed file, trains as learner-1."""
+    with run_of(tmp_path, [{}, {}]) as lr:   # only learner-0 runs: learner-1 is the spare's to be
+        lr.kill("learner-1")
+        assignment = tmp_path / "spare.json"
+        lr._spawn("spare", ["-m", "learner", "--config", str(lr.config), "--spare", str(assignment)])
+        lr.wait_log("spare", "ready; waiting for", 120)
+        tmp = tmp_path / "spare.json.tmp"
+        tmp.write_text(json.dumps({"id": "learner-1", "workdir": str(tmp_path / "learner-1-work"),
+                                   "log": str(tmp_path / "learner-1.log"), "restarts": 3}))
+        tmp.rename(assignment)
+        lr.wait_log("learner-1", "learner-1: taking over from a warm spare", 30)
+        lr.wait_for(lambda s: any(r["id"] == "learner-1" and r["step"] > 0 for r in s["learners"]), 60, "learner-1 training")
+        lr.wait_for(lambda s: any("learner-1" in r["contributors"] for r in lr.metrics("round")), 60, "learner-1 merged")
+        assert not assignment.exists(), "the spare consumes its assignment"
+        assert (tmp_path / "learner-1-work").is_dir() and lr.procs["spare"].poll() is None
 
 
 def test_throttled_learner_gets_a_smaller_weight(tmp_path: Path) -> None:

@@ -1,0 +1,56 @@
+"""Warm spares, the supervisor's side: one spare learner process per host, kept ready.
+
+A restarted learner spends most of its restart importing torch and torch._dynamo (see
+learner/spare.py). With `[run] warm_spares = true` the supervisor keeps one process per host
+that has done that already; when a learner of that host is to be (re)started, the supervisor
+writes the assignment and the spare becomes that learner, and a new spare is started a few
+seconds later (so it does not compete for the CPU with the learner that is joining).
+
+Islands (`nproc > 1`) run under torchrun and are always started fresh. A spare's record in
+`state["spares"][host]` is its ProcRef; it is also in procs.jsonl (target `spare-<host>`), so
+`dldctl down` stops it like every other process of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from dldctl import launch
+from dldctl.hosts import Host, ProcRef
+from dldctl.provision import HostRuntime
+
+SPARE_DELAY_S = 3.0   # after a handover (or a spare's death), before the next spare starts
+FIRST_SPARE_S = 15.0  # after the supervisor starts: the fleet itself starts first
+
+
+def assignment_path(runtime: HostRuntime, host_name: str) -> str:
+    return f"{runtime.run_dir}/spares/{host_name}.json"
+
+
+def hosts_wanting_spares(state: dict[str, Any], config: dict[str, Any]) -> set[str]:
+    """Hosts with at least one single-process learner that may still need a (re)start."""
+    nproc = {e["id"]: int(e.get("nproc", 1)) for e in config["learners"]}
+    return {e["host"] for name, e in state["procs"].items()
+            if e["kind"] == "learner" and e["status"] not in ("stopped", "finished") and nproc.get(name, 1) == 1}
+
+
+def start_spare(host: Host, runtime: HostRuntime, host_name: str, entry: dict[str, Any]) -> ProcRef:
+    """Start a spare with the environment of that host's learners (`entry`: one of them)."""
+    host.mkdir(f"{runtime.run_dir}/spares")
+    host.run("rm -f " + shlex.quote(assignment_path(runtime, host_name)), check=False)
+    env = launch.learner_env(runtime, entry, restarts=0)
+    argv = [runtime.python, "-m", "learner", "--config", runtime.config, "--spare", assignment_path(runtime, host_name)]
+    return host.start(argv, cwd=runtime.run_dir, log=launch.log_path(runtime, f"spare-{host_name}"), env=env)
+
+
+def hand_over(host: Host, runtime: HostRuntime, host_name: str, entry: dict[str, Any], restarts: int) -> None:
+    """Tell the host's spare to become learner `entry["id"]` (written aside, then renamed in place)."""
+    lid = entry["id"]
+    workdir = launch.learner_workdir(runtime, lid)
+    host.mkdir(workdir)
+    payload = {"id": lid, "workdir": workdir, "log": launch.log_path(runtime, lid), "restarts": restarts}
+    final = assignment_path(runtime, host_name)
+    host.put_bytes(json.dumps(payload).encode(), final + ".tmp", 0o600)
+    host.run(f"mv -f {shlex.quote(final + '.tmp')} {shlex.quote(final)}")
