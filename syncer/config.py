@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from syncer.settings import RunSettings, SettingsError, read_resolved, settings_from_dict
 

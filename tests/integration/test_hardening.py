@@ -22,7 +22,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from syncer import checkpoint, codec
+from syncer import checkpoint
 from syncer.protocol import Message, encode
 from tests.integration.test_syncer_server import beat, clients, close_all, start
 from tests.localrun import LocalRun, write_config
