@@ -58,13 +58,15 @@ STARTED_MARKER = "dldctl-started "
 
 # Runs inside the detached child: `$0` is the log file, `"$@"` the argv. The redirections apply
 # to the exec'd program, which closes the inherited stdout (so the launching channel sees EOF).
-_CHILD = 'read -r s < /proc/$$/stat; echo "dldctl-started $s"; exec "$@" >> "$0" 2>&1'
+# The detached child: writes its pid next to its log (LOG.pid, for whoever is on that host), tells
+# the launcher its stat line (pid and start time: how dldctl knows it later), then becomes the program.
+_CHILD = 'echo $$ > "$0.pid"; read -r s < /proc/$$/stat; echo "dldctl-started $s"; exec "$@" >> "$0" 2>&1'
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def launcher_script(argv: list[str], cwd: str, log: str) -> str:
-    """A POSIX sh script that starts `argv` detached and prints its stat line.
+    """A POSIX sh script that starts `argv` detached (pid file `log`.pid) and prints its stat line.
 
     `setsid -f` forks and calls setsid(2) in the child: the program gets its own session and
     process group (pgid == pid), is reparented away from us (no zombie for the caller to reap),

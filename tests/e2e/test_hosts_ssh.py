@@ -130,6 +130,7 @@ def test_start_survives_disconnect_and_group_signal(ssh_fleet: SSHFleet, rdir: s
         child = int(h.read_bytes(f"{rdir}/child"))
         assert h.alive([ref]) == {ref.pid: True}
         assert h.read_bytes(f"{rdir}/out") == b"got hunter2\n"
+        assert h.read_bytes(f"{rdir}/logs/p.log.pid") == f"{ref.pid}\n".encode()
         assert h.tail(f"{rdir}/logs/p.log").split("\n") == ["to-log", h.home()]
         ps = h.run(f"ps -o pid=,pgid=,sid= -p {ref.pid} {child}").stdout.split()
         assert ps == [str(ref.pid)] * 3 + [str(child), str(ref.pid), str(ref.pid)]

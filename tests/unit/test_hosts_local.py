@@ -121,6 +121,7 @@ def test_start_detached(host: LocalHost, tmp_path: Path, started: list[ProcRef])
     assert wait_for(lambda: out.exists() and "to-err" in log.read_text())
     assert out.read_text() == "got hunter2\n"
     assert "to-log" in log.read_text()
+    assert (tmp_path / "logs" / "p.log.pid").read_text() == f"{ref.pid}\n"   # the pid file, on the host
     assert os.getpgid(ref.pid) == ref.pid and os.getsid(ref.pid) == ref.pid
     st = read_stat(ref.pid)
     assert st is not None and st.start_ticks == ref.start_ticks
