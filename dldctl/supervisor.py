@@ -194,7 +194,7 @@ class Supervisor:
             return None
         with self.run.update() as st:
             ref = proc_ref(st.get("spares", {}).pop(host_name, None))
-        self._spare_after[host_name] = time.monotonic() + spares.SPARE_DELAY_S
+        self._spare_after[host_name] = max(self._next_spare(host_name), time.monotonic() + spares.SPARE_DELAY_S)
         if ref is None:
             return None
         host = self.host(host_name)
@@ -220,8 +220,12 @@ class Supervisor:
             self._signal_quietly(self.host(host_name), proc_ref(have[host_name]))
             self._drop_spare(host_name, retry_s=0.0)
         for host_name in sorted(wanted - set(have)):
-            if time.monotonic() >= self._spare_after.get(host_name, self._born + spares.FIRST_SPARE_S):
+            if time.monotonic() >= self._next_spare(host_name):
                 self._start_spare(state, config, host_name)
+
+    def _next_spare(self, host_name: str) -> float:
+        """When the host's next spare may start (the first ones wait for the fleet's own start)."""
+        return self._spare_after.get(host_name, self._born + spares.FIRST_SPARE_S)
 
     def _start_spare(self, state: dict[str, Any], config: dict[str, Any], host_name: str) -> None:
         entry = next(e for e in config["learners"] if e["host"] == host_name and int(e.get("nproc", 1)) == 1)
