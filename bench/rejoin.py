@@ -1,11 +1,14 @@
 """Benchmark: rejoin after kill -9, and state-transfer throughput (issue 9, item 6).
 
 **Rejoin.** A fleet of 4 local learners (gpt-tiny, seq 32, batch 8, H = 32, quorum 1,
-`restart_delay_s = 0.5`) is killed K times (`dldctl chaos kill learner-<i> --signal KILL`,
+`restart_delay_s = 0.5`) is killed K times, twice in the same run: restarts as fresh processes
+(`warm_spares = false`, the baseline) and restarts by a warm spare (the default; each kill waits
+until a spare is ready). It is killed (`dldctl chaos kill learner-<i> --signal KILL`,
 learners in turn, one kill every `--gap` seconds). For each kill, from the run's own records:
 
     fault_inject (chaos)   ->  restart (supervisor: new process)      "restart delay": detection + delay
     restart                ->  rejoin (syncer: hello, new incarnation) "process start": python, torch, workload
+                                                                       (a warm spare: only the workload)
     rejoin                 ->  first `round` in metrics.jsonl listing   "join until contributing": state fetch,
                                the learner as a contributor             H/P inner steps, push, merge
 
@@ -21,8 +24,8 @@ from `client.start()` to `client.ready` (connect, CURVE handshake, hello, every 
 the same run, the same bytes over loopback from another process: plain TCP (`sendall` /
 `recv_into`), and ZeroMQ DEALER/ROUTER with the same 4 MiB chunks and 4 in flight, no encryption.
 
-    .venv/bin/python bench/rejoin.py            # full: 8 kills, 5 transfers, ~3 min on 2 cores
-    .venv/bin/python bench/rejoin.py --quick    # 4 kills, 3 transfers, ~1.5 min
+    .venv/bin/python bench/rejoin.py            # full: 2 x 8 kills, 5 transfers, ~5 min on 2 cores
+    .venv/bin/python bench/rejoin.py --quick    # 2 x 4 kills, 3 transfers, ~2.5 min
 """
 
 from __future__ import annotations
@@ -68,17 +71,26 @@ def kill_phases(events: list[dict[str, Any]], rounds: list[dict[str, Any]], kill
             "total_s": gap(kill_t, contrib)}
 
 
-def measure_rejoins(kills: int, gap: float) -> list[dict[str, Any]]:
-    """Kill learners in turn on a running fleet, then read each comeback from events and rounds."""
-    with Fleet("rejoin") as fleet:
-        fleet.up(diloco_run(32), [local_host("here", LEARNERS)])
+def spares_ready(fleet: Fleet) -> int:
+    """How many warm spares of host `here` have said they are ready so far."""
+    log = fleet.run_dir / "logs" / "spare-here.log" if fleet.run_dir else None
+    return log.read_text().count("ready; waiting") if log is not None and log.exists() else 0
+
+
+def measure_rejoins(kills: int, gap: float, warm: bool) -> list[dict[str, Any]]:
+    """Kill learners in turn on a running fleet, then read each comeback from events and rounds.
+
+    With `warm`, each kill waits (up to 60 s) for a warm spare to be ready, so every restart is a
+    hand-over; without, every restart is a fresh process (warm_spares = false)."""
+    with Fleet("rejoin-warm" if warm else "rejoin-fresh") as fleet:
+        fleet.up(diloco_run(32, warm_spares=warm), [local_host("here", LEARNERS)])
         fleet.wait_training(LEARNERS)
         time.sleep(3.0)
-        done = []
         for i in range(kills):
             target = f"learner-{i % LEARNERS}"
+            if warm:
+                fleet.wait_for(lambda: spares_ready(fleet) > i, 60, "a warm spare", every=0.25)
             fleet.wait_for(lambda: fleet.kill(target), 60, f"{target} to be killable", every=0.5)
-            done.append(target)
             time.sleep(gap)
         time.sleep(max(0.0, 12.0 - gap))
         events, rounds = fleet.events(), fleet.rounds()
@@ -241,9 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     args = common.parse_args("rejoin", __doc__, _extra, argv)
     kills = args.kills or (4 if args.quick else 8)
     times = args.transfers or (3 if args.quick else 5)
-    phases = measure_rejoins(kills, args.gap)
-    stages = summarize(phases)
-    common.print_table(f"Rejoin after kill -9: {len(phases)} kills, 4 gpt-tiny learners, H=32, restart delay 0.5 s", stages)
+    phases = {"fresh process": measure_rejoins(kills, args.gap, warm=False),
+              "warm spare": measure_rejoins(kills, args.gap, warm=True)}
+    stages = {how: summarize(p) for how, p in phases.items()}
+    for how, rows in stages.items():
+        common.print_table(f"Rejoin after kill -9, {how}: {len(phases[how])} kills, 4 gpt-tiny learners, H=32, "
+                           "restart delay 0.5 s", rows)
     xfer = measure_transfer(times)
     rows = transfer_rows(xfer, baseline("tcp", xfer["bytes"], times), baseline("zmq", xfer["bytes"], times))
     common.print_table(f"State transfer: gpt-medium, {xfer['params']:,} params, {xfer['bytes'] / 1e6:.1f} MB fp32", rows)
