@@ -46,11 +46,9 @@ def start_spare(host: Host, runtime: HostRuntime, host_name: str, entry: dict[st
 
 
 def hand_over(host: Host, runtime: HostRuntime, host_name: str, entry: dict[str, Any], restarts: int) -> None:
-    """Tell the host's spare to become learner `entry["id"]` (written aside, then renamed in place)."""
+    """Tell the host's spare to become learner `entry["id"]` (put_bytes renames it into place whole)."""
     lid = entry["id"]
     workdir = launch.learner_workdir(runtime, lid)
     host.mkdir(workdir)
     payload = {"id": lid, "workdir": workdir, "log": launch.log_path(runtime, lid), "restarts": restarts}
-    final = assignment_path(runtime, host_name)
-    host.put_bytes(json.dumps(payload).encode(), final + ".tmp", 0o600)
-    host.run(f"mv -f {shlex.quote(final + '.tmp')} {shlex.quote(final)}")
+    host.put_bytes(json.dumps(payload).encode(), assignment_path(runtime, host_name), 0o600)

@@ -185,7 +185,7 @@ class Supervisor:
         self.run.record_proc(name, entry["host"], record)
         with self.run.update() as st:
             kind = reconcile.started(st["procs"][name], record, time.time())
-        self.run.event(kind, name, f"pid {ref.pid} on {entry['host']}{how if entry['kind'] == 'learner' else ''}")
+        self.run.event(kind, name, f"pid {ref.pid} on {entry['host']}{how}")
 
     # -- warm spares (dldctl/spares.py) ---------------------------------------------------------
     def _from_spare(self, host_name: str, runtime: HostRuntime, learner: dict[str, Any], restarts: int) -> ProcRef | None:
