@@ -84,7 +84,8 @@ class Island:
         """The loop of a rank other than 0: train, then do what rank 0 says."""
         trainer.build()
         values = self.share_start([torch.empty(n, device=self.device) for n in trainer.plan.sizes()])
-        outer = OuterState.start(trainer.plan, trainer.s.H, trainer.s.alpha, [(0, v) for v in values], trainer.params)
+        outer = OuterState.start(trainer.plan, trainer.s.H, trainer.s.alpha, [(0, v) for v in values], trainer.params,
+                                 rebase=trainer.s.rebase)
         opt = trainer.optimizer()
         while True:
             trainer._train_step(opt, outer)

@@ -10,6 +10,10 @@ whichever came later. Right after an apply mark = the global value, so this is D
 `global - local`; and a second push before the reply to the first (a round still waiting for
 its quorum) carries only the work done since the first, so no step is ever sent twice.
 Counters (steps, tokens, time) run over the same span as the delta.
+
+Applying a global fragment: overwrite (alpha = 0, ALGORITHM.md's default) drops the work done
+between the push and the reply; `rebase` keeps it, local := global + (local - mark), so that
+work is sent with the next push instead of lost (no step is lost, none is sent twice).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class OuterState:
     plan: FragmentPlan
     H: int
     alpha: float
+    rebase: bool = False
     mark: list[torch.Tensor] = field(default_factory=list)
     base_version: list[int] = field(default_factory=list)
     base_epoch: list[int] = field(default_factory=list)
@@ -87,10 +92,18 @@ class OuterState:
     @torch.no_grad()
     def apply(self, p: int, version: int, value: torch.Tensor, params: Mapping[str, torch.Tensor],
               epoch: int = 0) -> None:
-        """Take a global fragment: overwrite (alpha = 0) or mix; that becomes the new mark.
+        """Take a global fragment: overwrite (alpha = 0), mix, or rebase; it becomes the new mark.
 
-        Local work since the last push is dropped by an overwrite (the price of the overlap)."""
-        if self.alpha == 0.0:
+        Overwrite drops the local work since the last push (the price of the overlap); rebase
+        keeps it on top of the global value and keeps its counters, so the next push carries it."""
+        keep = False
+        if self.rebase:
+            local = self.plan.gather(p, params)
+            local.sub_(self.mark[p].to(local.device)).add_(value.to(local.device))
+            self.plan.scatter(p, local, params)
+            self.mark[p] = value.to(local.device, copy=True)
+            keep = True
+        elif self.alpha == 0.0:
             self.plan.scatter(p, value, params)
             self.mark[p] = value.clone()
         else:
@@ -100,14 +113,15 @@ class OuterState:
             self.mark[p] = mixed
         self.base_version[p] = version
         self.base_epoch[p] = epoch
-        self.counters[p].reset()
+        if not keep:
+            self.counters[p].reset()
         self.awaiting[p] = False
 
     @classmethod
     def start(cls, plan: FragmentPlan, H: int, alpha: float, values: list[tuple[int, torch.Tensor]],
-              params: Mapping[str, torch.Tensor], epoch: int = 0) -> "OuterState":
+              params: Mapping[str, torch.Tensor], epoch: int = 0, rebase: bool = False) -> "OuterState":
         """Load the fetched global state into the model and make it every fragment's mark."""
-        state = cls(plan, H, alpha)
+        state = cls(plan, H, alpha, rebase)
         for p, (version, value) in enumerate(values):
             with torch.no_grad():
                 plan.scatter(p, value, params)

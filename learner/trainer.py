@@ -81,7 +81,7 @@ class Trainer:
         values = [client.latest(p) for p in range(self.plan.count)]
         values = [(v, t.to(self.device)) for v, t in values]
         client.take_updates()
-        return OuterState.start(self.plan, self.s.H, self.s.alpha, values, self.params, client.epoch())
+        return OuterState.start(self.plan, self.s.H, self.s.alpha, values, self.params, client.epoch(), self.s.rebase)
 
     def optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.wl.model.parameters(), lr=self.s.lr, weight_decay=self.s.weight_decay)

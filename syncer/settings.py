@@ -64,6 +64,7 @@ class RunSettings:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     alpha: float = 0.0                # 0 = overwrite the local fragment with the global one
+    rebase: bool = False              # apply a reply on top of the work done since the push (none lost)
     robust_clip: float = 10.0         # >0: clip each contribution's norm to this x median (0 = off)
     fleet_scale: bool = True          # scale each round by its share of the fleet's period tokens
     overlap: bool = True              # False: a learner waits for each merge (synchronous DiLoCo)
@@ -102,6 +103,8 @@ class RunSettings:
         _check(self.outer_lr > 0, "outer_lr", f"must be > 0, got {self.outer_lr}")
         _check(0.0 <= self.outer_momentum < 1.0, "outer_momentum", f"must be in [0, 1), got {self.outer_momentum}")
         _check(0.0 <= self.alpha < 1.0, "alpha", f"must be in [0, 1), got {self.alpha}")
+        _check(not (self.rebase and self.alpha > 0), "rebase", "cannot be combined with alpha > 0",
+               "choose one: rebase = true (keep local work) or alpha = 0.5 (mix)")
         _check(self.robust_clip >= 0, "robust_clip", f"must be >= 0 (0 = off), got {self.robust_clip}")
         for key in ("seq_len", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "max_queue"):
             _check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")

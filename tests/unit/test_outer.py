@@ -21,12 +21,13 @@ def _params(seed: int = 0) -> dict[str, torch.nn.Parameter]:
     return {s.name: torch.nn.Parameter(torch.randn(s.shape, generator=g)) for s in SPECS}
 
 
-def _state(count: int = 2, H: int = 8, alpha: float = 0.0) -> tuple[OuterState, dict[str, torch.nn.Parameter]]:
+def _state(count: int = 2, H: int = 8, alpha: float = 0.0,
+           rebase: bool = False) -> tuple[OuterState, dict[str, torch.nn.Parameter]]:
     plan = fragments.plan(SPECS, count)
     params = _params()
     g = torch.Generator().manual_seed(1)
     values = [(7 + p, torch.randn(plan.numel(p), generator=g)) for p in range(count)]
-    return OuterState.start(plan, H, alpha, values, params), params
+    return OuterState.start(plan, H, alpha, values, params, rebase=rebase), params
 
 
 # -- schedule --------------------------------------------------------------------------------------
@@ -135,6 +136,31 @@ def test_apply_alpha_zero_overwrites() -> None:
     delta, counters = state.take_outer_gradient(0, params)
     assert torch.equal(delta, torch.zeros_like(delta)) and counters.steps == 0
     assert state.awaiting[0] is True
+
+
+def test_rebase_keeps_the_work_done_since_the_push_and_sends_it_next() -> None:
+    state, params = _state(rebase=True)
+    _train(params, -1.0)
+    state.count_step(tokens=100, seconds=0.5)
+    pushed, _ = state.take_outer_gradient(0, params)      # mark = local at the push
+    at_push = state.mark[0].clone()
+    _train(params, -0.25)                                  # two steps while the reply is in flight
+    state.count_step(tokens=100, seconds=0.5)
+    state.count_step(tokens=100, seconds=0.5)
+    since = state.plan.gather(0, params) - at_push
+    value = torch.arange(state.plan.numel(0), dtype=torch.float32)
+    state.apply(0, 9, value, params)
+    torch.testing.assert_close(state.plan.gather(0, params), value + since)   # nothing dropped
+    assert torch.equal(state.mark[0], value) and state.base_version[0] == 9 and not state.awaiting[0]
+    delta, counters = state.take_outer_gradient(0, params)
+    torch.testing.assert_close(delta, -since)              # the in-flight work goes with the next push
+    assert (counters.steps, counters.tokens) == (2, 200)   # and its counters with it
+
+
+def test_rebase_with_alpha_is_refused() -> None:
+    from syncer.settings import RunSettings, SettingsError
+    with pytest.raises(SettingsError, match="rebase"):
+        RunSettings(rebase=True, alpha=0.5).validate()
 
 
 def test_apply_resets_the_awaiting_flag_and_counters() -> None:
