@@ -267,6 +267,75 @@ def decode(blob: bytes, expect_numel: int | None = None) -> torch.Tensor:
     return dequantize(decode_quantized(blob, expect_numel))
 
 
+def values_into(q: Quantized, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+    """fp32 values [start, stop) of `q` written into `out` (fp32, contiguous); returns that view.
+
+    The same `code * scale` products as `dequantize`, a slice at a time, so a caller can work on
+    cache-sized pieces of a fragment without ever holding all of it in fp32. `start` must be a
+    multiple of the block (int modes); `out` needs room for `stop - start` values rounded up to
+    a whole block.
+    """
+    if q.mode not in _QMAX:
+        dst = out[: stop - start]
+        dst.copy_(q.codes[start:stop])
+        return dst
+    if start % q.block:
+        raise ValueError(f"slice start {start} is not a multiple of the block {q.block}")
+    padded = -(-(stop - start) // q.block) * q.block  # codes are stored padded to whole blocks
+    dst = out[:padded]
+    dst.copy_(q.codes[start : start + padded])
+    first = start // q.block
+    dst.view(-1, q.block).mul_(q.scales[first : first + padded // q.block, None])
+    return dst[: stop - start]
+
+
+class ChunkEncoder:
+    """`encode(x)` built a slice at a time: `put` quantizes and packs x[start:stop] in place in
+    the payload and returns its dequantized values; `finish` compresses. The blob is byte for
+    byte the one `encode` makes of the whole tensor (slices must start on a block boundary)."""
+
+    def __init__(self, mode: str, numel: int, block: int) -> None:
+        if mode not in MODES:
+            raise CodecError(f"unknown compression mode {mode!r}; use one of {', '.join(MODES)}")
+        self.mode, self.numel, self.block = mode, numel, block
+        self.raw = torch.empty(raw_length(mode, numel, block), dtype=torch.uint8)
+        self.nblocks = -(-numel // block)
+        self.scales = self.raw[: 4 * self.nblocks].view(torch.float32) if mode in _QMAX else None
+        self.codes = self.raw[4 * self.nblocks :] if mode in _QMAX else None
+
+    def put(self, start: int, x: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
+        """Quantize x (values start .. start + len(x)) into the payload; `work`, fp32 scratch of
+        at least len(x) rounded up to a block (not overlapping x), holds the returned values."""
+        stop = start + x.numel()
+        if self.mode == "none":
+            dst = self.raw.view(torch.float32)[start:stop]
+            return dst.copy_(x)
+        if self.mode == "bf16":
+            dst = self.raw.view(torch.bfloat16)[start:stop]
+            dst.copy_(x)
+            return work[: x.numel()].copy_(dst)
+        if start % self.block:
+            raise ValueError(f"slice start {start} is not a multiple of the block {self.block}")
+        q, values = _quantize(x, self.mode, self.block, want_values=True, out=work)
+        first, count = start // self.block, q.scales.numel()
+        self.scales[first : first + count] = q.scales
+        if self.mode == "int8":
+            self.codes.view(torch.int8)[first * self.block : (first + count) * self.block] = q.codes
+        else:
+            half = self.block // 2
+            rows = self.codes.view(self.nblocks, half)[first : first + count]
+            u = q.codes.view(torch.uint8).view(-1, 2, half)
+            torch.bitwise_left_shift(u[:, 1], 4, out=rows)
+            rows.bitwise_or_(u[:, 0].bitwise_and(15))
+        assert values is not None
+        return values
+
+    def finish(self) -> bytes:
+        """The blob: header + zstd of the payload."""
+        header = _HEADER.pack(MAGIC, FORMAT, MODES.index(self.mode), self.numel, self.block, self.raw.numel())
+        return header + _zstd()[0].compress(memoryview(self.raw.numpy()))
+
+
 def blob_info(blob: bytes) -> tuple[str, int]:
     """(mode, numel) of a blob without decompressing it."""
     mode, numel, _block, _raw = _header(blob, None)

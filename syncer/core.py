@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from syncer import codec, fragments, merge
+from syncer import codec, fragments, fused, merge
 from syncer.fleet import Fleet
 from syncer.protocol import Message, ProtocolError, check_fragment_index, check_raw_fragment
 from syncer.rounds import Contribution, GraceFn, Round
@@ -255,7 +255,7 @@ class SyncerCore:
         if len(msg.payloads) != 1 or msg["c_steps"] < 1 or msg["c_tokens"] < 0 or msg["c_time"] < 0:
             raise ProtocolError("schema", "push: needs one payload, c_steps >= 1, c_tokens >= 0, c_time >= 0")
         try:
-            delta = codec.decode(msg.payloads[0], expect_numel=self.model.theta[p].numel())
+            delta = codec.decode_quantized(msg.payloads[0], expect_numel=self.model.theta[p].numel())
         except codec.CodecError as exc:
             reason = "nan" if "NaN" in str(exc) or "non-finite" in str(exc) else "codec"
             self.reject(reason, learner, f"fragment {p}: {exc}", now, out)
@@ -271,7 +271,7 @@ class SyncerCore:
         rnd = self.rounds.setdefault(p, Round(p))
         rnd.add(contribution, self.s.quorum, GraceFn(self.s.grace_gamma, self.s.tau, self.t_sync or 0.0))
         self.counters["pushes"] += 1
-        self.counters["push_raw_bytes"] += 4 * delta.numel()
+        self.counters["push_raw_bytes"] += 4 * delta.numel
         self.counters["push_wire_bytes"] += len(msg.payloads[0])
         self._bound_queue(now, out)
 
@@ -356,11 +356,10 @@ class SyncerCore:
             self.on_merge(p)
         contribs = sorted(rnd.contributions.values(), key=lambda c: c.learner)
         self._keep_previous(p, now)
-        blob = self._step(p, contribs, now)
+        blob, self._crcs[p] = self._step(p, contribs, now)
         m = self.model
         m.versions[p] += 1
         recipients = list(self.fleet.connected(now))
-        self._crcs[p] = m.crc(p)
         out.broadcast(recipients, Message("update", {
             "fragment": p, "version": m.versions[p], "from_version": m.versions[p] - 1,
             "epoch": self.epoch, "contributors": [c.learner for c in contribs], "crc": self._crcs[p]}, [blob]))
@@ -376,32 +375,53 @@ class SyncerCore:
         else:
             self._previous.pop(p, None)
 
-    def _step(self, p: int, contribs: list[Contribution], now: float) -> bytes:
-        """Merge, Nesterov and publish fragment p in place; returns the update blob.
+    def _step(self, p: int, contribs: list[Contribution], now: float) -> tuple[bytes, int]:
+        """Merge, Nesterov and publish fragment p in place; returns the update blob and the new crc32.
 
-        Every buffer is updated in place (one pass per operation, no fragment-sized temporaries
-        beyond the merged gradient and the published change):
+        Cache-blocked (syncer/fused.py): the contributions stay in their wire precision, one pass
+        takes their Gram matrices (norms for clipping and RDA), a second merges, steps and
+        publishes a slice at a time. Values too large for an fp32 Gram take the reference path.
+        """
+        m = self.model
+        deltas = [c.delta for c in contribs]
+        segments = m.plan.segments(p)
+        need_norms = (self.s.merge == "rda" and len(deltas) > 1) or self.s.robust_clip > 0
+        grams = fused.gram(deltas, segments, self.s.block) if need_norms else None
+        if need_norms and grams is None:
+            return self._step_reference(p, contribs, now)
+        sqnorms = [[float(g[i, i]) for g in grams] for i in range(len(deltas))] if grams is not None else None
+        factors = self._clipped(p, sqnorms)
+        scale = min(1.0, self._fleet_scale(contribs, now))
+        kinds = [kind for _, _, kind in segments]
+        if grams is None:  # plain mean, no clipping: the diagonal is all the coefficients need
+            grams = [torch.zeros(len(deltas), len(deltas), dtype=torch.float64)] * len(segments)
+        coefs = merge.coefficients(grams, [c.weight for c in contribs], kinds, self.s.merge, factors=factors, scale=scale)
+        return fused.publish(deltas, coefs, segments, m.theta[p], m.momentum[p], m.residual[p], self.s.outer_lr,
+                             self.s.outer_momentum, self.s.compression, self.s.block)
+
+    def _step_reference(self, p: int, contribs: list[Contribution], now: float) -> tuple[bytes, int]:
+        """`_step` on whole fp32 fragments (merge.merge, nesterov_change_, quantize_roundtrip).
+
+        Every buffer is updated in place:
             residual <- residual + (theta' - theta)      the change to publish, then
             theta    <- theta + dequantize(q)            what every learner computes from the blob
             residual <- change - dequantize(q)           error feedback for the next round
         """
         m = self.model
-        deltas = [c.delta for c in contribs]
+        deltas = [codec.dequantize(c.delta).contiguous() for c in contribs]
         segments = m.plan.segments(p)
         rda = self.s.merge == "rda" and len(deltas) > 1
         sqnorms = merge.segment_sqnorms(deltas, segments) if rda or self.s.robust_clip > 0 else None
         factors = self._clipped(p, sqnorms)
         scale = self._fleet_scale(contribs, now)
-        # merged into the first delta's memory: the round is closing, nothing reads the deltas again
         merged = merge.merge(deltas, [c.weight for c in contribs], segments, self.s.merge,
                              factors=factors, scale=min(1.0, scale), sqnorms=sqnorms, out=deltas[0])
         change = merge.nesterov_change_(m.residual[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum)
-        # `merged` is dead after the outer step: quantization works in its memory
         q, applied = codec.quantize_roundtrip(change, self.s.compression, self.s.block, out=merged)
         blob = codec.encode_quantized(q)  # before `change` moves on: q may share its memory ("none")
         m.theta[p].add_(applied)          # a separate fp32 add, exactly as learners apply the blob
         change.sub_(applied)              # m.residual[p] is `change`: now the carried residual
-        return blob
+        return blob, m.crc(p)
 
     def _fleet_scale(self, contribs: list[Contribution], now: float) -> float:
         """This round's share of the live fleet's tokens per sync period (1.0 when disabled)."""

@@ -90,6 +90,35 @@ def merge(
     return out
 
 
+def coefficients(grams: Sequence[torch.Tensor], weights: Sequence[float], kinds: Sequence[str], rule: str = "rda",
+                 *, factors: Sequence[float] | None = None, scale: float = 1.0) -> torch.Tensor:
+    """(segments, M) fp32: merged segment s = sum_m coef[s, m] * v_m, the same merge as `merge`.
+
+    `grams[s]` is the Gram matrix <v_m, v_n> of the contributions on segment s: its diagonal
+    gives the norms, and the RDA direction sum_m c_m v_m has norm sqrt(c^T G c), so the final
+    scaling folds into the coefficients and the merge is one weighted sum per element.
+    """
+    count = len(weights)
+    if float(sum(weights)) <= 0:
+        weights = [1.0] * count
+    factors = [1.0] * count if factors is None else list(factors)
+    total = float(sum(weights))
+    mean = [w * f * scale / total for w, f in zip(weights, factors)]
+    rows = []
+    for g, kind in zip(grams, kinds):
+        if rule == "mean" or count == 1 or kind == "embedding":
+            rows.append(mean)
+            continue
+        if rule != "rda":
+            raise ValueError(f"unknown merge rule {rule!r}")
+        norms = [math.sqrt(max(0.0, float(g[m, m]))) for m in range(count)]
+        mean_norm = sum(w * f * n for w, f, n in zip(weights, factors, norms)) / total
+        c = torch.tensor([w / (n * total) if n > 0 else 0.0 for w, n in zip(weights, norms)], dtype=torch.float64)
+        dnorm = math.sqrt(max(0.0, float(c @ g.to(torch.float64) @ c)))
+        rows.append([0.0] * count if dnorm == 0 or mean_norm == 0 else (c * (mean_norm * scale / dnorm)).tolist())
+    return torch.tensor(rows, dtype=torch.float32).view(len(rows), count)
+
+
 def segment_sqnorms(deltas: Sequence[torch.Tensor], segments: Segments) -> list[list[float]]:
     """[m][s]: squared L2 norm of delta m on segment s (one read of every delta, no temporaries)."""
     return [[_sqnorm(d[o : o + n]) for o, n, _ in segments] for d in deltas]

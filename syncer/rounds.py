@@ -10,15 +10,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from syncer import merge
+from syncer import codec, merge
 
 
 @dataclass
 class Contribution:
-    """One learner's (possibly summed) outer gradient for one fragment in one round."""
+    """One learner's (possibly summed) outer gradient for one fragment in one round, kept as it
+    came on the wire (int4 codes held as int8 + block scales: 1 byte a value, not 4)."""
 
     learner: str
-    delta: torch.Tensor
+    delta: codec.Quantized
     c_steps: int
     c_tokens: int
     c_time: float
@@ -32,8 +33,9 @@ class Contribution:
         return merge.token_weight(self.c_tokens, self.c_steps)
 
     def add(self, other: "Contribution") -> None:
-        """Sum a second contribution of the same learner into this one."""
-        self.delta.add_(other.delta)
+        """Sum a second contribution of the same learner into this one (the sum is kept in fp32)."""
+        total = torch.add(codec.dequantize(self.delta), codec.dequantize(other.delta))
+        self.delta = codec.Quantized("none", total.numel(), self.delta.block, total, total.new_empty(0))
         self.c_steps += other.c_steps
         self.c_tokens += other.c_tokens
         self.c_time += other.c_time

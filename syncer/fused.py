@@ -1,0 +1,115 @@
+"""The round step of one fragment, cache-blocked: merge, Nesterov outer step and publish, slice by slice.
+
+The reference arithmetic (merge.merge, merge.nesterov_change_, codec.quantize_roundtrip) walks
+whole fragments: ten-odd passes over fragment-sized fp32 vectors, every contribution decoded to
+fp32 first. Here contributions stay in their wire precision (`codec.Quantized`: int8 codes and
+block scales for int4/int8, one byte a value) and the fragment is walked twice in slices small
+enough to stay in the core's L2 cache:
+
+  1. `gram`: per tensor segment, G[m, n] = <v_m, v_n> over the contributions (one small matmul
+     per slice piece). Its diagonal gives the norms (robust clipping, RDA); the norm of the RDA
+     direction sum_m c_m v_m is sqrt(c^T G c), known before that sum is formed.
+  2. `publish`: per slice, decode the contributions, merged = coef^T V (one matmul per segment
+     piece, coefficients from merge.coefficients), Nesterov on the slice of the momentum and
+     residual, quantize and pack it into the update payload (codec.ChunkEncoder), theta +=
+     the dequantized values (a separate fp32 add, as every learner does), residual -= them, and
+     the running crc32 of the new theta.
+
+The published values are bit-identical to what a learner decodes from the blob; the merged
+gradient agrees with the reference to fp32 rounding (the sums run in another order).
+Pure: torch, zlib.crc32 and the codec (no I/O).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Iterator, Sequence
+
+import torch
+
+from syncer import codec
+
+SLICE = 1 << 18   # values per slice: big enough that per-op overhead is small, M + 4 slices stay in L3
+Segments = Sequence[tuple[int, int, str]]
+
+
+def slice_size(deltas: Sequence[codec.Quantized], block: int, numel: int) -> int:
+    """A slice length near SLICE that every block size (inputs and the output's) divides."""
+    step = block
+    for d in deltas:
+        if d.mode in ("int4", "int8"):
+            step = math.lcm(step, d.block)
+    size = max(step, SLICE // step * step)
+    return min(size, -(-max(numel, 1) // step) * step)
+
+
+def _pieces(segments: Segments, numel: int, size: int) -> Iterator[tuple[int, int, list[tuple[int, int, int]]]]:
+    """(start, stop, [(segment, lo, hi), ...]) per slice, lo/hi relative to the slice start."""
+    s = 0
+    for start in range(0, numel, size):
+        stop = min(numel, start + size)
+        parts = []
+        while s < len(segments) and segments[s][0] < stop:
+            offset, n, _ = segments[s]
+            lo, hi = max(offset, start), min(offset + n, stop)
+            if hi > lo:
+                parts.append((s, lo - start, hi - start))
+            if offset + n > stop:
+                break
+            s += 1
+        yield start, stop, parts
+
+
+def _decode(deltas: Sequence[codec.Quantized], start: int, stop: int, rows: torch.Tensor) -> torch.Tensor:
+    """rows[m, :stop - start] = values [start, stop) of contribution m; returns that (M, L) view."""
+    for m, d in enumerate(deltas):
+        codec.values_into(d, start, stop, rows[m])
+    return rows[:, : stop - start]
+
+
+def gram(deltas: Sequence[codec.Quantized], segments: Segments, block: int) -> list[torch.Tensor] | None:
+    """Per segment, the (M, M) float64 Gram matrix of the contributions; None if any entry
+    overflowed fp32 (values near 1e19: the caller falls back to the reference path)."""
+    numel = deltas[0].numel
+    size = slice_size(deltas, block, numel)
+    rows = torch.empty(len(deltas), size, dtype=torch.float32)
+    grams = [torch.zeros(len(deltas), len(deltas), dtype=torch.float64) for _ in segments]
+    for start, stop, parts in _pieces(segments, numel, size):
+        v = _decode(deltas, start, stop, rows)
+        for s, lo, hi in parts:
+            piece = v[:, lo:hi]
+            grams[s] += torch.mm(piece, piece.t()).double()
+    if not all(bool(torch.isfinite(g).all()) for g in grams):
+        return None
+    return grams
+
+
+def publish(deltas: Sequence[codec.Quantized], coefs: torch.Tensor, segments: Segments,
+            theta: torch.Tensor, momentum: torch.Tensor, residual: torch.Tensor,
+            lr: float, beta: float, mode: str, block: int) -> tuple[bytes, int]:
+    """Merge (coefs: (segments, M) fp32), outer step and publish; returns (blob, crc32 of theta).
+
+    In place, slice by slice:  g = merged gradient;  momentum <- g + beta * momentum;
+    residual <- residual - lr * g - lr * beta * momentum  (the change to publish);
+    theta <- theta + dequantize(quantize(residual));  residual <- residual - that.
+    """
+    numel = theta.numel()
+    size = slice_size(deltas, block, numel)
+    rows = torch.empty(len(deltas), size, dtype=torch.float32)
+    merged = torch.empty(size, dtype=torch.float32)
+    encoder = codec.ChunkEncoder(mode, numel, block)
+    crc = 0
+    for start, stop, parts in _pieces(segments, numel, size):
+        v = _decode(deltas, start, stop, rows)
+        g = merged[: stop - start]
+        for s, lo, hi in parts:
+            torch.mm(coefs[s : s + 1], v[:, lo:hi], out=g[lo:hi].view(1, -1))
+        buf, change, values = momentum[start:stop], residual[start:stop], theta[start:stop]
+        torch.add(g, buf, alpha=beta, out=buf)
+        change.add_(g, alpha=-lr).add_(buf, alpha=-lr * beta)
+        applied = encoder.put(start, change, merged)   # g is dead: its memory is the work area
+        values.add_(applied)
+        change.sub_(applied)
+        crc = zlib.crc32(memoryview(values.numpy()), crc)
+    return encoder.finish(), crc
