@@ -66,6 +66,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from learner import data as data_mod  # noqa: E402
+from learner.schedule import learning_rate  # noqa: E402
 from learner.workload import Workload, WorkloadContext, build_workload  # noqa: E402
 from syncer.settings import settings_from_dict  # noqa: E402
 
@@ -288,7 +289,8 @@ class Job:
         return 0
 
     def _lr(self) -> float:
-        return float(self.s["lr"]) * min(1.0, (self.c.step + 1) / max(1, int(self.s["warmup"])))
+        return learning_rate(self.c.step, float(self.s["lr"]), int(self.s["warmup"]), self.s.get("lr_schedule", "constant"),
+                             int(self.s.get("steps") or 0))
 
     def _train_step(self) -> bool:
         """One DDP step and the control all-reduce; True when the job should stop."""

@@ -26,6 +26,7 @@ import torch
 from learner.client import PushItem, SyncerClient
 from learner.config import LearnerConfig
 from learner.outer import OuterState
+from learner.schedule import learning_rate
 from learner.workload import Workload, WorkloadContext, build_workload
 from syncer import fragments
 from syncer.merge import ema
@@ -132,7 +133,7 @@ class Trainer:
         return bool(self.s.duration) and time.monotonic() - started >= self.s.duration
 
     def _lr(self) -> float:
-        return self.s.lr * min(1.0, (self.step + 1) / max(1, self.s.warmup))
+        return learning_rate(self.step, self.s.lr, self.s.warmup, self.s.lr_schedule, self.s.steps)
 
     def _train_step(self, opt: torch.optim.Optimizer, outer: OuterState) -> None:
         t0 = time.perf_counter()

@@ -48,6 +48,7 @@ class RunSettings:
     batch_size: int = 16              # default per learner; a host may override it
     lr: float = 3e-3
     warmup: int = 50
+    lr_schedule: str = "constant"     # constant | cosine (to 10% of lr at `steps`; needs steps)
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     eval_every: int = 50
@@ -99,6 +100,9 @@ class RunSettings:
         _check(0.0 <= self.grace_gamma < 1.0, "grace_gamma", f"must be in [0, 1), got {self.grace_gamma}")
         _one_of(self.compression, COMPRESSIONS, "compression")
         _one_of(self.merge, MERGES, "merge")
+        _one_of(self.lr_schedule, ("constant", "cosine"), "lr_schedule")
+        _check(self.lr_schedule != "cosine" or self.steps > 0, "lr_schedule",
+               "cosine decays over the step budget, but steps = 0 (no budget)", "set steps, e.g. steps = 5000")
         _check(self.block >= 8 and self.block % 2 == 0, "block", f"must be an even number >= 8, got {self.block}")
         _check(self.outer_lr > 0, "outer_lr", f"must be > 0, got {self.outer_lr}")
         _check(0.0 <= self.outer_momentum < 1.0, "outer_momentum", f"must be in [0, 1), got {self.outer_momentum}")

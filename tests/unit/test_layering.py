@@ -91,8 +91,8 @@ def test_dldctl_talks_to_the_syncer_only_through_its_protocol(path: Path) -> Non
 
 # The pure core of ARCHITECTURE.md: no I/O (files, sockets, processes, clocks, sleeps); clocks and
 # RNGs come in as arguments. (`time` may be imported for a default clock argument, never called bare.)
-PURE_CORE = ("syncer/protocol.py", "syncer/codec.py", "syncer/fragments.py", "syncer/merge.py", "syncer/rounds.py",
-             "syncer/core.py", "syncer/status.py", "learner/outer.py", "learner/model.py", "dldctl/reconcile.py",
+PURE_CORE = ("syncer/protocol.py", "syncer/codec.py", "syncer/fragments.py", "syncer/merge.py", "syncer/fused.py", "syncer/rounds.py",
+             "syncer/core.py", "syncer/status.py", "learner/outer.py", "learner/schedule.py", "learner/model.py", "dldctl/reconcile.py",
              "dldctl/chaos/plan.py", "dldctl/chaos/verdict.py", *(f"dldctl/sim/{p.name}" for p in
                                                                     sorted((ROOT / "dldctl" / "sim").glob("*.py"))))
 IO_MODULES = {"socket", "subprocess", "zmq", "paramiko", "shutil", "tempfile", "pathlib", "requests", "urllib",
