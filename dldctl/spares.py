@@ -3,8 +3,8 @@
 A restarted learner spends most of its restart importing torch and torch._dynamo (see
 learner/spare.py). With `[run] warm_spares = true` the supervisor keeps one process per host
 that has done that already; when a learner of that host is to be (re)started, the supervisor
-writes the assignment and the spare becomes that learner, and a new spare is started a few
-seconds later (so it does not compete for the CPU with the learner that is joining).
+writes the assignment and the spare becomes that learner, and a new spare is started a
+second later (so it does not compete for the CPU with the learner that is joining).
 
 Islands (`nproc > 1`) run under torchrun and are always started fresh. A spare's record in
 `state["spares"][host]` is its ProcRef; it is also in procs.jsonl (target `spare-<host>`), so
@@ -21,8 +21,8 @@ from dldctl import launch
 from dldctl.hosts import Host, ProcRef
 from dldctl.provision import HostRuntime
 
-SPARE_DELAY_S = 3.0   # after a handover (or a spare's death), before the next spare starts
-FIRST_SPARE_S = 15.0  # after the supervisor starts: the fleet itself starts first
+SPARE_DELAY_S = 1.0   # after a handover (or a spare's death): the new learner joins from a spare in ~0.2 s
+FIRST_SPARE_S = 5.0   # after the supervisor starts: the fleet itself imports torch first
 
 
 def assignment_path(runtime: HostRuntime, host_name: str) -> str:
