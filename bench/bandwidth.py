@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(rows, dp, png)
     common.write_json(args.out, {"benchmark": "bandwidth", "quick": args.quick, "steps_per_learner": steps,
                                  "learners": LEARNERS, "params": params, "dp": dp, "dp_run": dp_raw, "rows": rows,
-                                 "runs": results, "verdict": verdict, "plot": str(png.relative_to(common.ROOT))})
+                                 "runs": results, "verdict": verdict, "plot": common.shown(png)})
     print(f"wrote {args.out} and {png}")
     return 0
 

@@ -190,6 +190,12 @@ def _cpu_model() -> str | None:
     return None
 
 
+def shown(path: Path) -> str:
+    """`path` relative to the repository when inside it (as results record it), else absolute."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def write_json(path: Path | str, payload: Mapping[str, Any]) -> Path:
     """Write `payload` plus machine info, the command line and a UTC timestamp to `path` (JSON)."""
     path = Path(path)

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     common.write_json(args.out, {"benchmark": "goodput", "quick": args.quick, "duration_s": duration,
                                  "mtbf_s": MTBF, "seed": args.seed, "schedule": schedule, "settings": settings,
                                  "rows": rows, "verdict": result, "runs": runs,
-                                 "plot": str(png.relative_to(common.ROOT))})
+                                 "plot": common.shown(png)})
     print(f"wrote {args.out} and {png}")
     return 0
 

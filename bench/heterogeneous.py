@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     png = args.out.with_suffix(".png")
     plot(results, png)
     common.write_json(args.out, {"benchmark": "heterogeneous", "quick": args.quick, "duration_s": duration,
-                                 "rows": rows, "runs": results, "plot": str(png.relative_to(common.ROOT))})
+                                 "rows": rows, "runs": results, "plot": common.shown(png)})
     print(f"wrote {args.out} and {png}")
     return 0
 

@@ -50,13 +50,15 @@ def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE,...",
                         help="also run a fleet with these [run] overrides, e.g. H=64,outer_lr=0.7 (repeatable)")
     parser.add_argument("--extra-only", action="store_true", help="DP and the --extra fleets only (a tuning sweep)")
+    parser.add_argument("--set", default="", metavar="KEY=VALUE,...",
+                        help="[run] overrides for every strategy, data-parallel included, e.g. lr_schedule=cosine")
 
 
 def plans(args: argparse.Namespace, steps: int) -> list[tuple[str, Plan]]:
     """(strategy, plan) of the three DiLoCo fleets."""
     hosts = [local_host("here", LEARNERS)]
-    sync = diloco_run(args.H, quorum=LEARNERS, overlap=False, steps=steps)
-    dec = diloco_run(args.H, steps=steps)
+    sync = diloco_run(args.H, quorum=LEARNERS, overlap=False, steps=steps, **overrides(args.set))
+    dec = diloco_run(args.H, steps=steps, **overrides(args.set))
     budget = LEARNERS * steps * tokens_per_step(dec)
 
     def monkey(fleet: Any, start: float, stop: Any) -> dict[str, Any]:
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args = common.parse_args("quality", __doc__, _extra, argv)
     steps = args.steps or (400 if args.quick else 1500)
     todo = plans(args, steps)
-    settings = diloco_run(args.H, steps=steps)
+    settings = diloco_run(args.H, steps=steps, **overrides(args.set))
     budget = LEARNERS * steps * tokens_per_step(settings)
     dp = run_dp(settings, LEARNERS, budget_tokens=budget, checkpoint_every_s=600)
     dp_loss = dp["eval_loss_shared"]
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(rows, png)
     common.write_json(args.out, {"benchmark": "quality", "quick": args.quick, "steps_per_learner": steps,
                                  "budget_tokens": budget, "settings": settings, "rows": rows, "verdict": result,
-                                 "runs": runs, "plot": str(png.relative_to(common.ROOT))})
+                                 "runs": runs, "plot": common.shown(png)})
     print(f"wrote {args.out} and {png}")
     return 0
 

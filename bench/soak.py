@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(runs, png)
     common.write_json(args.out, {"benchmark": "soak", "quick": args.quick, "duration_s": duration, "seed": args.seed,
                                  "rows": [row(r) for r in runs], "verdict": result, "runs": runs,
-                                 "plot": str(png.relative_to(common.ROOT))})
+                                 "plot": common.shown(png)})
     print(f"wrote {args.out} and {png}")
     return 0 if all(result["checks"].values()) else 1
 
