@@ -27,19 +27,23 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import resource
 import sys
 import time
 from pathlib import Path
 
+from typing import Callable
+
 import torch
+import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
 from learner.model import param_shapes  # noqa: E402
-from syncer import codec, fragments  # noqa: E402
+from syncer import codec, fragments, native  # noqa: E402
 from syncer.core import Outbox, SyncerCore  # noqa: E402
 from syncer.protocol import Message  # noqa: E402
 from syncer.settings import RunSettings  # noqa: E402
@@ -48,6 +52,7 @@ LEARNERS = ("l0", "l1", "l2", "l3")
 EMBEDDINGS = {"transformer.wte.weight", "transformer.wpe.weight"}
 TARGET_MBS = 500.0
 TARGET_RATIO = 0.25
+KERNEL = None if os.environ.get("DLDCTL_NATIVE") == "0" else native.load()
 
 
 def manifest(model: str) -> list[fragments.TensorSpec]:
@@ -57,7 +62,7 @@ def manifest(model: str) -> list[fragments.TensorSpec]:
 
 def build_core(model: str, settings: RunSettings) -> SyncerCore:
     """A SyncerCore with 4 live learners and the model's weights uploaded (as a run starts)."""
-    core = SyncerCore(settings, "bench", list(LEARNERS), now=0.0)
+    core = SyncerCore(settings, "bench", list(LEARNERS), now=0.0, kernel=KERNEL)
     specs = manifest(model)
     out = Outbox()
     for lid in LEARNERS:
@@ -129,6 +134,21 @@ class Rounds:
             assert [m.kind for _, m in out.sends] == ["update"], f"the round did not close: {out.sends} {out.events}"
 
 
+def zstd_floor(blobs: list[list[bytes]]) -> Callable[[], None]:
+    """What zstd alone costs a round: decompress the 4 pushes and compress one update payload
+    of the same size, per fragment (no decode, merge or anything else)."""
+    d = zstandard.ZstdDecompressor()
+    c = zstandard.ZstdCompressor(level=1, write_content_size=True)
+    raws = [d.decompress(memoryview(row[0])[codec.HEADER_SIZE :]) for row in blobs]
+
+    def run() -> None:
+        for row, raw in zip(blobs, raws):
+            for blob in row:
+                d.decompress(memoryview(blob)[codec.HEADER_SIZE :])
+            c.compress(raw)
+    return run
+
+
 def memcpy(core: SyncerCore) -> None:
     """The baseline: one copy of every fragment (the same fp32 bytes the rounds process)."""
     for theta in core.model.theta:
@@ -141,10 +161,11 @@ def bench_model(model: str, fragments_count: int, repeat: int) -> dict:
     settings.validate()
     core = build_core(model, settings)
     nbytes = 4 * core.model.numel
-    rounds = Rounds(core, make_blobs(core, settings), settings.H)
+    blobs = make_blobs(core, settings)
+    rounds, floor_fn = Rounds(core, blobs, settings.H), zstd_floor(blobs)
     rounds()  # warm-up (first-touch allocations, caches)
     rounds.push_s = rounds.close_s = 0.0
-    pipe = base = common.Timing()
+    pipe = base = floor = common.Timing()
     faults = sys_s = cpu_s = 0.0
     for _ in range(repeat):
         before = resource.getrusage(resource.RUSAGE_SELF)
@@ -154,7 +175,9 @@ def bench_model(model: str, fragments_count: int, repeat: int) -> dict:
         sys_s += after.ru_stime - before.ru_stime
         cpu_s += after.ru_stime - before.ru_stime + after.ru_utime - before.ru_utime
         base += common.measure(lambda: memcpy(core), repeat=3, warmup=1)
+        floor += common.measure(floor_fn, repeat=1, warmup=0)
     mbs, mbs_base = common.mb_per_s(nbytes, pipe.cpu.median), common.mb_per_s(nbytes, base.cpu.median)
+    mbs_zstd = common.mb_per_s(nbytes, floor.cpu.median)
     return {
         "model": model, "fragments": fragments_count, "fragment_MB": nbytes / fragments_count / 1e6,
         "segments": sum(len(core.model.plan.segments(p)) for p in range(fragments_count)),
@@ -162,6 +185,8 @@ def bench_model(model: str, fragments_count: int, repeat: int) -> dict:
         "MB/s": mbs, "best_MB/s": common.mb_per_s(nbytes, pipe.cpu.best), "spread": pipe.cpu.spread,
         "wall_MB/s": common.mb_per_s(nbytes, pipe.median), "wall_spread": pipe.spread,
         "memcpy_MB/s": mbs_base, "memcpy_spread": base.cpu.spread, "ratio": mbs / mbs_base,
+        "zstd_only_MB/s": mbs_zstd, "zstd_only_ratio": mbs_zstd / mbs_base,
+        "input_MB/s": mbs * len(LEARNERS),
         "push_share": rounds.push_s / (rounds.push_s + rounds.close_s),
         "faults/round": faults / (repeat * fragments_count), "kernel_share": sys_s / cpu_s if cpu_s else 0.0,
         "verdict": "PASS" if mbs >= TARGET_MBS and mbs / mbs_base >= TARGET_RATIO else "FAIL",
@@ -198,7 +223,7 @@ def main() -> None:
     repeat = 10 if args.quick else 60
     rows = [bench_model(model, 4, repeat) for model in args.models.split(",")]
     columns = ["model", "fragment_MB", "segments", "round_ms", "MB/s", "best_MB/s", "spread", "wall_MB/s",
-               "wall_spread", "memcpy_MB/s", "memcpy_spread", "ratio", "push_share", "faults/round",
+               "wall_spread", "memcpy_MB/s", "memcpy_spread", "ratio", "zstd_only_MB/s", "zstd_only_ratio", "input_MB/s", "push_share", "faults/round",
                "kernel_share", "verdict"]
     common.print_table(f"Syncer round throughput, 4 learners, int4+zstd, 1 thread "
                        f"(CPU time, median of {repeat}; wall_ = wall clock)", rows, columns)

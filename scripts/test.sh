@@ -15,6 +15,17 @@ if [ ! -x /usr/sbin/sshd ] || ! command -v ssh-keygen >/dev/null; then
     || { apt-get update -qq >/dev/null && apt-get install -y -qq openssh-server openssh-client >/dev/null; }
 fi
 
+# the syncer's native merge kernel is compiled with the host's C compiler (its tests need one)
+if ! command -v cc >/dev/null && ! command -v gcc >/dev/null; then
+  if [ "$(id -u)" -eq 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq gcc libc6-dev >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null && apt-get install -y -qq gcc libc6-dev >/dev/null; }
+  else
+    echo "scripts/test.sh: no C compiler; the native-kernel tests will fail (apt-get install gcc)" >&2
+  fi
+fi
+
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
 

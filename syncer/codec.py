@@ -26,6 +26,7 @@ from __future__ import annotations
 import struct
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import zstandard
@@ -34,6 +35,7 @@ MAGIC = b"DQ"
 FORMAT = 2
 MODES = ("none", "bf16", "int8", "int4")
 _HEADER = struct.Struct("<2sBBQIQ")
+HEADER_SIZE = _HEADER.size   # bytes before the zstd frame
 _QMAX = {"int8": 127, "int4": 7}
 MAX_NUMEL = 1 << 34  # a sanity bound: no fragment is 64 GiB of fp32
 _ROUNDER = 1.5 * 2.0**23  # y + R - R rounds an fp32 |y| < 2^22 to the nearest integer (ties to even)
@@ -192,8 +194,10 @@ def _header(blob: bytes, expect_numel: int | None) -> tuple[str, int, int, int]:
     return mode, numel, block, raw_len
 
 
-def decode_quantized(blob: bytes, expect_numel: int | None = None) -> Quantized:
-    """Inverse of `encode_quantized`; raises CodecError on anything malformed or non-finite."""
+def decode_quantized(blob: bytes, expect_numel: int | None = None, kernel: Any = None) -> Quantized:
+    """Inverse of `encode_quantized`; raises CodecError on anything malformed or non-finite.
+
+    `kernel` (syncer.native.Kernel) unpacks int4 codes in one pass instead of three."""
     mode, numel, block, raw_len = _header(blob, expect_numel)
     payload = memoryview(blob)[_HEADER.size :]
     try:
@@ -201,16 +205,16 @@ def decode_quantized(blob: bytes, expect_numel: int | None = None) -> Quantized:
         declared = zstandard.frame_content_size(payload)
         if declared not in (-1, raw_len):
             raise CodecError(f"compressed frame declares {declared} bytes, header says {raw_len}")
-        raw = _zstd()[1].decompress(payload, max_output_size=raw_len)
+        raw = _decompress(payload, raw_len)
     except zstandard.ZstdError as exc:
         raise CodecError(f"corrupt compressed payload: {exc}") from exc
-    if len(raw) != raw_len:
-        raise CodecError(f"payload decompressed to {len(raw)} bytes, header says {raw_len}")
-    if mode == "int4":
+    if mode == "int4" and kernel is not None and raw:
+        q = _unpack_int4_native(raw, numel, block, kernel)
+    elif mode == "int4":
         q = _unpack_int4(raw, numel, block)
     else:
         # torch.frombuffer refuses an empty buffer (a 0-value tensor is legal)
-        buf = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        buf = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
         empty = torch.empty(0, dtype=torch.float32)
         if mode == "none":
             q = Quantized(mode, numel, block, buf.view(torch.float32), empty)
@@ -223,11 +227,28 @@ def decode_quantized(blob: bytes, expect_numel: int | None = None) -> Quantized:
     return q
 
 
-def _unpack_int4(raw: bytes, numel: int, block: int) -> Quantized:
+def _decompress(payload: memoryview, raw_len: int) -> bytearray:
+    """The frame's content, read straight into a new buffer of exactly raw_len bytes (no copy
+    after); CodecError if it holds fewer or more."""
+    raw = bytearray(raw_len)
+    view, got = memoryview(raw), 0
+    with _zstd()[1].stream_reader(payload, read_across_frames=False) as reader:
+        while got < raw_len:
+            n = reader.readinto(view[got:])
+            if n == 0:
+                break
+            got += n
+        extra = reader.read(1) if got == raw_len else b""
+    if got != raw_len or extra:
+        raise CodecError(f"payload decompressed to {got + len(extra)}{'+' if extra else ''} bytes, header says {raw_len}")
+    return raw
+
+
+def _unpack_int4(raw: bytearray, numel: int, block: int) -> Quantized:
     """Scales and int8 codes of an int4 payload; refuses the never-produced nibble -8."""
     nblocks = -(-numel // block)
     # torch.frombuffer refuses an empty buffer (a 0-value tensor is legal)
-    buf = torch.frombuffer(bytearray(raw), dtype=torch.int8) if raw else torch.empty(0, dtype=torch.int8)
+    buf = torch.frombuffer(raw, dtype=torch.int8) if raw else torch.empty(0, dtype=torch.int8)
     scales = buf[: 4 * nblocks].view(torch.float32)
     packed = buf[4 * nblocks :].view(nblocks, block // 2)
     codes = torch.empty(nblocks, 2, block // 2, dtype=torch.int8)
@@ -238,6 +259,16 @@ def _unpack_int4(raw: bytes, numel: int, block: int) -> Quantized:
     torch.bitwise_right_shift(packed, 4, out=codes[:, 1])
     codes = codes.view(-1)
     if nblocks and int(codes.min()) < -7:
+        raise CodecError("int4 code out of range (nibble 0b1000 = -8)")
+    return Quantized("int4", numel, block, codes, scales)
+
+
+def _unpack_int4_native(raw: bytearray, numel: int, block: int, kernel: Any) -> Quantized:
+    """`_unpack_int4` by the native kernel, reading the decompressed bytes in place."""
+    nblocks = -(-numel // block)
+    scales = torch.frombuffer(raw, dtype=torch.float32, count=nblocks)
+    codes = torch.empty(nblocks * block, dtype=torch.int8)
+    if not kernel.unpack4(raw, 4 * nblocks, nblocks, block, codes):
         raise CodecError("int4 code out of range (nibble 0b1000 = -8)")
     return Quantized("int4", numel, block, codes, scales)
 

@@ -78,8 +78,9 @@ class SyncerCore:
 
     def __init__(self, settings: RunSettings, run_id: str, declared: list[str], now: float,
                  epoch: int = 1, clock: Callable[[], float] = time.perf_counter,
-                 on_merge: Callable[[int], None] | None = None) -> None:
+                 on_merge: Callable[[int], None] | None = None, kernel: Any = None) -> None:
         self.s = settings
+        self.kernel = kernel          # syncer.native.Kernel or None (torch round step)
         self.on_merge = on_merge
         self.run_id = run_id
         self.epoch = epoch
@@ -255,7 +256,7 @@ class SyncerCore:
         if len(msg.payloads) != 1 or msg["c_steps"] < 1 or msg["c_tokens"] < 0 or msg["c_time"] < 0:
             raise ProtocolError("schema", "push: needs one payload, c_steps >= 1, c_tokens >= 0, c_time >= 0")
         try:
-            delta = codec.decode_quantized(msg.payloads[0], expect_numel=self.model.theta[p].numel())
+            delta = codec.decode_quantized(msg.payloads[0], expect_numel=self.model.theta[p].numel(), kernel=self.kernel)
         except codec.CodecError as exc:
             reason = "nan" if "NaN" in str(exc) or "non-finite" in str(exc) else "codec"
             self.reject(reason, learner, f"fragment {p}: {exc}", now, out)
@@ -386,18 +387,18 @@ class SyncerCore:
         deltas = [c.delta for c in contribs]
         segments = m.plan.segments(p)
         need_norms = (self.s.merge == "rda" and len(deltas) > 1) or self.s.robust_clip > 0
-        grams = fused.gram(deltas, segments, self.s.block) if need_norms else None
+        grams = fused.gram(deltas, segments, self.s.block, self.kernel) if need_norms else None
         if need_norms and grams is None:
             return self._step_reference(p, contribs, now)
-        sqnorms = [[float(g[i, i]) for g in grams] for i in range(len(deltas))] if grams is not None else None
+        sqnorms = torch.diagonal(grams, dim1=1, dim2=2).t().tolist() if grams is not None else None
         factors = self._clipped(p, sqnorms)
         scale = min(1.0, self._fleet_scale(contribs, now))
         kinds = [kind for _, _, kind in segments]
-        if grams is None:  # plain mean, no clipping: the diagonal is all the coefficients need
-            grams = [torch.zeros(len(deltas), len(deltas), dtype=torch.float64)] * len(segments)
+        if grams is None:  # plain mean, no clipping: the coefficients need no norms
+            grams = torch.zeros(len(segments), len(deltas), len(deltas), dtype=torch.float64)
         coefs = merge.coefficients(grams, [c.weight for c in contribs], kinds, self.s.merge, factors=factors, scale=scale)
         return fused.publish(deltas, coefs, segments, m.theta[p], m.momentum[p], m.residual[p], self.s.outer_lr,
-                             self.s.outer_momentum, self.s.compression, self.s.block)
+                             self.s.outer_momentum, self.s.compression, self.s.block, self.kernel)
 
     def _step_reference(self, p: int, contribs: list[Contribution], now: float) -> tuple[bytes, int]:
         """`_step` on whole fp32 fragments (merge.merge, nesterov_change_, quantize_roundtrip).

@@ -17,6 +17,10 @@ enough to stay in the core's L2 cache:
 
 The published values are bit-identical to what a learner decodes from the blob; the merged
 gradient agrees with the reference to fp32 rounding (the sums run in another order).
+
+`kernel` (syncer/native: the same two loops in C, injected by the server) takes over when every
+contribution is int4/int8 coded with the output's block: one pass per loop instead of a dozen
+torch operations per slice. Its Gram matrices are exact (integer dot products of the codes).
 Pure: torch, zlib.crc32 and the codec (no I/O).
 """
 
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -68,26 +72,38 @@ def _decode(deltas: Sequence[codec.Quantized], start: int, stop: int, rows: torc
     return rows[:, : stop - start]
 
 
-def gram(deltas: Sequence[codec.Quantized], segments: Segments, block: int) -> list[torch.Tensor] | None:
-    """Per segment, the (M, M) float64 Gram matrix of the contributions; None if any entry
-    overflowed fp32 (values near 1e19: the caller falls back to the reference path)."""
+def native_fits(deltas: Sequence[codec.Quantized], block: int, mode: str | None = None) -> bool:
+    """Whether the native kernel handles these contributions (and this output mode)."""
+    return (all(d.mode in ("int4", "int8") and d.block == block for d in deltas) and block <= 4096
+            and len(deltas) <= 16 and (mode is None or mode in ("int4", "int8")))
+
+
+def _bounds(segments: Segments, numel: int) -> torch.Tensor:
+    return torch.tensor([o for o, _, _ in segments] + [numel], dtype=torch.int64)
+
+
+def gram(deltas: Sequence[codec.Quantized], segments: Segments, block: int,
+         kernel: Any = None) -> torch.Tensor | None:
+    """(segments, M, M) float64: per segment, the Gram matrix of the contributions; None if any
+    entry overflowed fp32 (values near 1e19: the caller falls back to the reference path)."""
     numel = deltas[0].numel
+    grams = torch.zeros(len(segments), len(deltas), len(deltas), dtype=torch.float64)
+    if kernel is not None and native_fits(deltas, block):
+        kernel.gram([d.codes for d in deltas], [d.scales for d in deltas], block, _bounds(segments, numel), grams)
+        return grams if bool(torch.isfinite(grams).all()) else None
     size = slice_size(deltas, block, numel)
     rows = torch.empty(len(deltas), size, dtype=torch.float32)
-    grams = [torch.zeros(len(deltas), len(deltas), dtype=torch.float64) for _ in segments]
     for start, stop, parts in _pieces(segments, numel, size):
         v = _decode(deltas, start, stop, rows)
         for s, lo, hi in parts:
             piece = v[:, lo:hi]
             grams[s] += torch.mm(piece, piece.t()).double()
-    if not all(bool(torch.isfinite(g).all()) for g in grams):
-        return None
-    return grams
+    return grams if bool(torch.isfinite(grams).all()) else None
 
 
 def publish(deltas: Sequence[codec.Quantized], coefs: torch.Tensor, segments: Segments,
             theta: torch.Tensor, momentum: torch.Tensor, residual: torch.Tensor,
-            lr: float, beta: float, mode: str, block: int) -> tuple[bytes, int]:
+            lr: float, beta: float, mode: str, block: int, kernel: Any = None) -> tuple[bytes, int]:
     """Merge (coefs: (segments, M) fp32), outer step and publish; returns (blob, crc32 of theta).
 
     In place, slice by slice:  g = merged gradient;  momentum <- g + beta * momentum;
@@ -95,6 +111,12 @@ def publish(deltas: Sequence[codec.Quantized], coefs: torch.Tensor, segments: Se
     theta <- theta + dequantize(quantize(residual));  residual <- residual - that.
     """
     numel = theta.numel()
+    if kernel is not None and native_fits(deltas, block, mode):
+        encoder = codec.ChunkEncoder(mode, numel, block)
+        kernel.publish([d.codes for d in deltas], [d.scales for d in deltas], block, coefs.contiguous(),
+                       _bounds(segments, numel), theta, momentum, residual, lr, beta, 7 if mode == "int4" else 127,
+                       encoder.scales, encoder.codes)
+        return encoder.finish(), zlib.crc32(memoryview(theta.numpy()))
     size = slice_size(deltas, block, numel)
     rows = torch.empty(len(deltas), size, dtype=torch.float32)
     merged = torch.empty(size, dtype=torch.float32)

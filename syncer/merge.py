@@ -90,33 +90,35 @@ def merge(
     return out
 
 
-def coefficients(grams: Sequence[torch.Tensor], weights: Sequence[float], kinds: Sequence[str], rule: str = "rda",
+def coefficients(grams: torch.Tensor, weights: Sequence[float], kinds: Sequence[str], rule: str = "rda",
                  *, factors: Sequence[float] | None = None, scale: float = 1.0) -> torch.Tensor:
     """(segments, M) fp32: merged segment s = sum_m coef[s, m] * v_m, the same merge as `merge`.
 
-    `grams[s]` is the Gram matrix <v_m, v_n> of the contributions on segment s: its diagonal
-    gives the norms, and the RDA direction sum_m c_m v_m has norm sqrt(c^T G c), so the final
-    scaling folds into the coefficients and the merge is one weighted sum per element.
+    `grams` (segments, M, M) holds the Gram matrix <v_m, v_n> of the contributions per segment:
+    its diagonal gives the norms, and the RDA direction sum_m c_m v_m has norm sqrt(c^T G c), so
+    the final scaling folds into the coefficients and the merge is one weighted sum per element.
+    All segments at once, in float64.
     """
     count = len(weights)
     if float(sum(weights)) <= 0:
         weights = [1.0] * count
-    factors = [1.0] * count if factors is None else list(factors)
-    total = float(sum(weights))
-    mean = [w * f * scale / total for w, f in zip(weights, factors)]
-    rows = []
-    for g, kind in zip(grams, kinds):
-        if rule == "mean" or count == 1 or kind == "embedding":
-            rows.append(mean)
-            continue
-        if rule != "rda":
-            raise ValueError(f"unknown merge rule {rule!r}")
-        norms = [math.sqrt(max(0.0, float(g[m, m]))) for m in range(count)]
-        mean_norm = sum(w * f * n for w, f, n in zip(weights, factors, norms)) / total
-        c = torch.tensor([w / (n * total) if n > 0 else 0.0 for w, n in zip(weights, norms)], dtype=torch.float64)
-        dnorm = math.sqrt(max(0.0, float(c @ g.to(torch.float64) @ c)))
-        rows.append([0.0] * count if dnorm == 0 or mean_norm == 0 else (c * (mean_norm * scale / dnorm)).tolist())
-    return torch.tensor(rows, dtype=torch.float32).view(len(rows), count)
+    w = torch.tensor(weights, dtype=torch.float64)
+    f = torch.ones(count, dtype=torch.float64) if factors is None else torch.tensor(factors, dtype=torch.float64)
+    total = float(w.sum())
+    mean = (w * f * (scale / total)).expand(len(kinds), count)
+    if rule == "mean" or count == 1:
+        return mean.to(torch.float32).contiguous()
+    if rule != "rda":
+        raise ValueError(f"unknown merge rule {rule!r}")
+    g = grams.to(torch.float64)
+    norms = torch.diagonal(g, dim1=1, dim2=2).clamp_min(0).sqrt()                  # (S, M)
+    mean_norm = (norms * (w * f)).sum(dim=1) / total                                # (S,)
+    c = torch.where(norms > 0, w / (norms * total).clamp_min(1e-300), torch.zeros_like(norms))
+    dnorm = torch.einsum("sm,smn,sn->s", c, g, c).clamp_min(0).sqrt()
+    ok = (dnorm > 0) & (mean_norm > 0)
+    rda = torch.where(ok[:, None], c * (mean_norm * scale / torch.where(ok, dnorm, 1.0))[:, None], 0.0)
+    embedding = torch.tensor([k == "embedding" for k in kinds], dtype=torch.bool)
+    return torch.where(embedding[:, None], mean, rda).to(torch.float32).contiguous()
 
 
 def segment_sqnorms(deltas: Sequence[torch.Tensor], segments: Segments) -> list[list[float]]:

@@ -22,7 +22,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
-from syncer import checkpoint, faultpoints, jsonl, keys
+from syncer import checkpoint, faultpoints, jsonl, keys, native
 from syncer.config import SyncerConfig
 from syncer.core import Outbox, SyncerCore
 from syncer.protocol import Message, ProtocolError, decode, encode
@@ -99,8 +99,9 @@ class SyncerServer:
         self.metrics = jsonl.Writer(cfg.run_dir / "metrics.jsonl")
         self.events_path = cfg.run_dir / "events.jsonl"
         epoch = _next_epoch(cfg.run_dir / "syncer.epoch")
+        self.kernel = native.load()
         self.core = SyncerCore(cfg.settings, cfg.run_id, list(cfg.learners), wall(), epoch=epoch,
-                               on_merge=lambda p: faultpoints.hit("merge"))
+                               on_merge=lambda p: faultpoints.hit("merge"), kernel=self.kernel)
         self.routes: dict[bytes, str] = {}     # routing id -> learner id (after hello)
         self.peers: dict[str, bytes] = {}      # learner id -> newest routing id
         self._last_sample = 0.0
@@ -117,6 +118,8 @@ class SyncerServer:
     # -- set-up ------------------------------------------------------------------------------
     def open(self) -> None:
         """Resume from the newest valid checkpoint, start authentication, bind both sockets."""
+        if self.kernel is None:
+            self.event("native_kernel", "syncer", f"not used ({native.problem}): merging with torch, 2-3x slower")
         self._resume()
         server_keys = None
         if not self.cfg.settings.insecure:

@@ -159,6 +159,8 @@ def test_published_value_is_bit_exact(syncer3: LocalRun) -> None:
         for p, msg in updates.items():
             rebuilt = before[p] + codec.decode(msg.payloads[0], before[p].numel())
             torch.testing.assert_close(rebuilt, after[p], rtol=0, atol=0)
+        # and these merges ran in the native kernel (it reports only when it could not be built)
+        assert not [e for e in syncer3.events() if e["kind"] == "native_kernel"]
     finally:
         close_all(cs)
 
