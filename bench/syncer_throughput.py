@@ -5,22 +5,28 @@ model (`learner.model.param_shapes` + `syncer.fragments.plan`, default settings:
 block 128, RDA, robust clip, fleet scale, Nesterov). One round of fragment p is what production
 runs when 4 learners push it:
 
-    4 x push (zstd decompress + int4 unpack + dequantize + finite checks)
-    tick -> close: token weights, robust clip, RDA per tensor segment (plain mean for embeddings),
-            fleet scale, Nesterov step, publish (quantize change + residual, dequantize, add),
-            encode the update blob (int4 pack + zstd), crc32 of the new fragment.
+    4 x push (zstd decompress, int4 unpack to int8 codes, finite checks)
+    tick -> close: token weights, Gram matrices (norms for robust clipping and RDA), RDA per
+            tensor segment (plain mean for embeddings), fleet scale, Nesterov step, publish
+            (quantize change + residual, dequantize, add), encode the update blob (int4 pack +
+            zstd), crc32 of the new fragment.
+
+Each model runs twice: with the native kernel (syncer/native, what the syncer uses when the
+host has a C compiler) and with the torch round step (syncer/fused.py, its fallback).
 
 A sample closes one round of every fragment of the model; throughput = fp32 bytes of the whole
-model / sample time. Baseline, same run, same bytes: `clone()` of every fragment (memcpy),
-interleaved with the samples. Single thread (`torch.set_num_threads(1)`); the headline MB/s
-uses this thread's CPU time (per core, robust to a shared machine), wall-clock MB/s is shown
-next to it. `faults/round` and `kernel_share` (share of the CPU time spent in the kernel) show
-what fresh fragment-sized allocations cost: glibc returns freed memory to the kernel, and every
-new tensor page-faults again (try MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432).
+model / sample time (`input_MB/s` counts the 4 learners' fp32 parameters received instead, 4x).
+Baselines, same run, interleaved with the samples: `clone()` of every fragment (memcpy of the same
+bytes), and `zstd_only`: just the zstd work of a round (4 decompressions + 1 compression of the
+same blobs), which bounds what any implementation of this pipeline can reach. Single thread
+(`torch.set_num_threads(1)`); the headline MB/s uses this thread's CPU time (per core, robust to a
+shared machine), wall-clock MB/s is shown next to it. `faults/round` and `kernel_share` (share of
+the CPU time spent in the OS kernel) show what fresh fragment-sized allocations cost.
 
 Targets (issue): at least 500 MB/s and at least 25% of memcpy.
 
     .venv/bin/python bench/syncer_throughput.py [--quick] [--out PATH] [--models a,b] [--profile]
+    DLDCTL_NATIVE=0 ...   # the torch round step only
 """
 
 from __future__ import annotations
@@ -60,9 +66,9 @@ def manifest(model: str) -> list[fragments.TensorSpec]:
     return [fragments.TensorSpec(n, s, "embedding" if n in EMBEDDINGS else "dense") for n, s in param_shapes(model)]
 
 
-def build_core(model: str, settings: RunSettings) -> SyncerCore:
+def build_core(model: str, settings: RunSettings, kernel: native.Kernel | None = KERNEL) -> SyncerCore:
     """A SyncerCore with 4 live learners and the model's weights uploaded (as a run starts)."""
-    core = SyncerCore(settings, "bench", list(LEARNERS), now=0.0, kernel=KERNEL)
+    core = SyncerCore(settings, "bench", list(LEARNERS), now=0.0, kernel=kernel)
     specs = manifest(model)
     out = Outbox()
     for lid in LEARNERS:
@@ -155,11 +161,11 @@ def memcpy(core: SyncerCore) -> None:
         theta.clone()
 
 
-def bench_model(model: str, fragments_count: int, repeat: int) -> dict:
+def bench_model(model: str, fragments_count: int, repeat: int, kernel: native.Kernel | None = KERNEL) -> dict:
     """Time `repeat` samples of the pipeline and of memcpy, interleaved so both see the same load."""
     settings = RunSettings(model=model, fragments=fragments_count, H=16 * fragments_count)
     settings.validate()
-    core = build_core(model, settings)
+    core = build_core(model, settings, kernel)
     nbytes = 4 * core.model.numel
     blobs = make_blobs(core, settings)
     rounds, floor_fn = Rounds(core, blobs, settings.H), zstd_floor(blobs)
@@ -179,7 +185,7 @@ def bench_model(model: str, fragments_count: int, repeat: int) -> dict:
     mbs, mbs_base = common.mb_per_s(nbytes, pipe.cpu.median), common.mb_per_s(nbytes, base.cpu.median)
     mbs_zstd = common.mb_per_s(nbytes, floor.cpu.median)
     return {
-        "model": model, "fragments": fragments_count, "fragment_MB": nbytes / fragments_count / 1e6,
+        "model": model, "kernel": "native" if kernel is not None else "torch", "fragments": fragments_count, "fragment_MB": nbytes / fragments_count / 1e6,
         "segments": sum(len(core.model.plan.segments(p)) for p in range(fragments_count)),
         "round_ms": 1e3 * pipe.cpu.median / fragments_count,
         "MB/s": mbs, "best_MB/s": common.mb_per_s(nbytes, pipe.cpu.best), "spread": pipe.cpu.spread,
@@ -221,8 +227,11 @@ def main() -> None:
         profile(args.models.split(",")[-1], 4, 5)
         return
     repeat = 10 if args.quick else 60
-    rows = [bench_model(model, 4, repeat) for model in args.models.split(",")]
-    columns = ["model", "fragment_MB", "segments", "round_ms", "MB/s", "best_MB/s", "spread", "wall_MB/s",
+    kernels = [KERNEL, None] if KERNEL is not None else [None]
+    if KERNEL is None:
+        print(f"native kernel not available ({native.problem}): torch round step only")
+    rows = [bench_model(model, 4, repeat, k) for model in args.models.split(",") for k in kernels]
+    columns = ["model", "kernel", "fragment_MB", "segments", "round_ms", "MB/s", "best_MB/s", "spread", "wall_MB/s",
                "wall_spread", "memcpy_MB/s", "memcpy_spread", "ratio", "zstd_only_MB/s", "zstd_only_ratio", "input_MB/s", "push_share", "faults/round",
                "kernel_share", "verdict"]
     common.print_table(f"Syncer round throughput, 4 learners, int4+zstd, 1 thread "
