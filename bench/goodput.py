@@ -7,8 +7,9 @@ the same window of D seconds under the same seeded failure schedule,
 average every 20 s), with the same seeded choice of victim (`random.Random(seed)`, as `run_ddp`
 draws ranks):
 
-- **Decoupled DiLoCo** (quorum 1, overlap; H = 32 as in bench/quality.py and, in full mode, also
-  H = 128, which spends less work on the overwrite of replies, see BENCHMARKS.md): `dldctl chaos kill learner-<i> --signal KILL --force`
+- **Decoupled DiLoCo** (quorum 1, overlap; H = 32 as in bench/quality.py, overwriting replies
+  (the default) and with `rebase = true` (a reply lands on top of the steps trained since the
+  push, so none is lost), and in full mode also rebasing at H = 128): `dldctl chaos kill learner-<i> --signal KILL --force`
   at each time; the supervisor restarts the learner after `restart_delay_s = 0.5` (the default is
   2 s) and it rejoins by fetching the global state;
 - **synchronous DiLoCo** (quorum 4, overlap off): the same kills; every learner waits for every
@@ -33,7 +34,7 @@ start, torch import, first join) is excluded for all; every restart inside the w
 
 Targets: Decoupled DiLoCo goodput >= 0.9 and >= 1.5x the data-parallel goodput.
 
-    .venv/bin/python bench/goodput.py            # full: D = 100 s, + Decoupled at H = 128, ~9 min on 2 cores
+    .venv/bin/python bench/goodput.py            # full: D = 100 s, + Decoupled rebase at H = 128, ~11 min on 2 cores
     .venv/bin/python bench/goodput.py --quick    # D = 40 s, ~3 min
 """
 
@@ -66,10 +67,11 @@ def _extra(parser: argparse.ArgumentParser) -> None:
 
 
 def strategies(H: int, long_h: int) -> list[tuple[str, dict[str, Any]]]:
-    """(name, [run] table): Decoupled at H (and at long_h unless 0), synchronous at H."""
-    out = [("Decoupled DiLoCo", diloco_run(H))]
+    """(name, [run] table): Decoupled at H, overwriting (the default) and rebasing replies (and
+    rebasing at long_h unless 0), synchronous at H."""
+    out = [("Decoupled DiLoCo", diloco_run(H)), ("Decoupled DiLoCo, rebase", diloco_run(H, rebase=True))]
     if long_h:
-        out.append((f"Decoupled DiLoCo, H={long_h}", diloco_run(long_h)))
+        out.append((f"Decoupled DiLoCo, rebase, H={long_h}", diloco_run(long_h, rebase=True)))
     return out + [("synchronous DiLoCo", diloco_run(H, quorum=LEARNERS, overlap=False))]
 
 
