@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -397,7 +398,7 @@ def run_diloco(plan: Plan) -> dict[str, Any]:
         stop, box = threading.Event(), []
         worker = None
         if plan.chaos is not None:
-            worker = threading.Thread(target=lambda: box.append(plan.chaos(fleet, start, stop)), daemon=True)
+            worker = threading.Thread(target=_run_chaos, args=(plan.chaos, fleet, start, stop, box), daemon=True)
             worker.start()
         fleet.wait_for(lambda: _ended(fleet, plan, start), plan.timeout_s, f"{plan.name} to end", every=0.5)
         end = time.time()
@@ -407,10 +408,18 @@ def run_diloco(plan: Plan) -> dict[str, Any]:
         summary = fleet.down()
         out = summarize_run(fleet, plan, summary, start, end)
         out["eval_loss"] = evaluate.eval_file(summary["final_model"], plan.eval_settings or plan.run)
-        out["chaos"] = box[0] if box else None
+        out["chaos"] = box[0] if box else {"error": "the chaos thread had not returned 120 s after the run ended"}
         out["inspect"] = plan.inspect(fleet) if plan.inspect else None
         out["leftovers"] = fleet.leftovers()
         return out
+
+
+def _run_chaos(chaos: Any, fleet: Fleet, start: float, stop: threading.Event, box: list) -> None:
+    """The plan's chaos function; what it returns, or the error it raised, goes into `box`."""
+    try:
+        box.append(chaos(fleet, start, stop))
+    except Exception as exc:  # noqa: BLE001 - recorded in the results instead of lost with the thread
+        box.append({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]})
 
 
 def summarize_run(fleet: Fleet, plan: Plan, summary: dict[str, Any], start: float, end: float) -> dict[str, Any]:
