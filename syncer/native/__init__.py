@@ -1,11 +1,11 @@
 """The native round-step kernel (fused.c): built with the host's C compiler on first use, loaded
 with ctypes, and used by syncer/fused.py when every contribution is int4/int8 coded.
 
-The C source ships with the package and is compiled where the syncer runs (a few hundred ms,
+The C source ships with the package and is compiled where the syncer runs (1-3 s on 2 cores,
 once per source version: the library is cached under ~/.cache/dldctl/native/<hash>/), so the
 wheel stays pure Python and installs on any learner host. Without a C compiler, or if the build
 fails, `load()` returns None and the syncer uses the torch implementation (same results to fp32
-rounding, about 2-3x slower); `DLDCTL_NATIVE=0` turns the kernel off.
+rounding, about 1.7x slower); `DLDCTL_NATIVE=0` turns the kernel off.
 """
 
 from __future__ import annotations
