@@ -408,7 +408,8 @@ def run_diloco(plan: Plan) -> dict[str, Any]:
         summary = fleet.down()
         out = summarize_run(fleet, plan, summary, start, end)
         out["eval_loss"] = evaluate.eval_file(summary["final_model"], plan.eval_settings or plan.run)
-        out["chaos"] = box[0] if box else {"error": "the chaos thread had not returned 120 s after the run ended"}
+        out["chaos"] = box[0] if box else None if worker is None else \
+            {"error": "the chaos thread had not returned 120 s after the run ended"}
         out["inspect"] = plan.inspect(fleet) if plan.inspect else None
         out["leftovers"] = fleet.leftovers()
         return out
