@@ -210,12 +210,15 @@ class SyncerCore:
         return max(1024, int(self.s.state_chunk_mb * (1 << 20)) // 4)
 
     def _crc(self, p: int) -> int:
-        if p not in self._crcs:
+        """crc32 of fragment p's current version, computed once per version when first needed."""
+        if self._crcs.get(p) is None:
             self._crcs[p] = self.model.crc(p)
         return self._crcs[p]
 
-    def crcs(self) -> list[int]:
-        return [self._crc(p) for p in range(self.model.plan.count)] if self.model else []
+    def crcs(self) -> list[int | None]:
+        """The crc32 of each fragment's current version where known (never computed here: a
+        status request must not cost a pass over the model); None where not computed."""
+        return [self._crcs.get(p) for p in range(self.model.plan.count)] if self.model else []
 
     def versions(self) -> list[int]:
         return list(self.model.versions) if self.model else []
@@ -357,8 +360,9 @@ class SyncerCore:
             self.on_merge(p)
         contribs = sorted(rnd.contributions.values(), key=lambda c: c.learner)
         self._keep_previous(p, now)
-        blob, self._crcs[p] = self._step(p, contribs, now)
         m = self.model
+        blob, crc = self._step(p, contribs, now, want_crc=(m.versions[p] + 1) % self.s.checksum_every == 0)
+        self._crcs[p] = crc   # None: computed only if a state transfer needs it (`_crc`)
         m.versions[p] += 1
         recipients = list(self.fleet.connected(now))
         out.broadcast(recipients, Message("update", {
@@ -376,8 +380,9 @@ class SyncerCore:
         else:
             self._previous.pop(p, None)
 
-    def _step(self, p: int, contribs: list[Contribution], now: float) -> tuple[bytes, int]:
-        """Merge, Nesterov and publish fragment p in place; returns the update blob and the new crc32.
+    def _step(self, p: int, contribs: list[Contribution], now: float, want_crc: bool = True) -> tuple[bytes, int | None]:
+        """Merge, Nesterov and publish fragment p in place; returns the update blob and the new
+        crc32 (None unless `want_crc`: updates carry it every `checksum_every` versions).
 
         Cache-blocked (syncer/fused.py): the contributions stay in their wire precision, one pass
         takes their Gram matrices (norms for clipping and RDA), a second merges, steps and
@@ -389,7 +394,7 @@ class SyncerCore:
         need_norms = (self.s.merge == "rda" and len(deltas) > 1) or self.s.robust_clip > 0
         grams = fused.gram(deltas, segments, self.s.block, self.kernel) if need_norms else None
         if need_norms and grams is None:
-            return self._step_reference(p, contribs, now)
+            return self._step_reference(p, contribs, now, want_crc)
         sqnorms = torch.diagonal(grams, dim1=1, dim2=2).t().tolist() if grams is not None else None
         factors = self._clipped(p, sqnorms)
         scale = min(1.0, self._fleet_scale(contribs, now))
@@ -398,9 +403,10 @@ class SyncerCore:
             grams = torch.zeros(len(segments), len(deltas), len(deltas), dtype=torch.float64)
         coefs = merge.coefficients(grams, [c.weight for c in contribs], kinds, self.s.merge, factors=factors, scale=scale)
         return fused.publish(deltas, coefs, segments, m.theta[p], m.momentum[p], m.residual[p], self.s.outer_lr,
-                             self.s.outer_momentum, self.s.compression, self.s.block, self.kernel)
+                             self.s.outer_momentum, self.s.compression, self.s.block, self.kernel, want_crc)
 
-    def _step_reference(self, p: int, contribs: list[Contribution], now: float) -> tuple[bytes, int]:
+    def _step_reference(self, p: int, contribs: list[Contribution], now: float,
+                        want_crc: bool = True) -> tuple[bytes, int | None]:
         """`_step` on whole fp32 fragments (merge.merge, nesterov_change_, quantize_roundtrip).
 
         Every buffer is updated in place:
@@ -422,7 +428,7 @@ class SyncerCore:
         blob = codec.encode_quantized(q)  # before `change` moves on: q may share its memory ("none")
         m.theta[p].add_(applied)          # a separate fp32 add, exactly as learners apply the blob
         change.sub_(applied)              # m.residual[p] is `change`: now the carried residual
-        return blob, m.crc(p)
+        return blob, m.crc(p) if want_crc else None
 
     def _fleet_scale(self, contribs: list[Contribution], now: float) -> float:
         """This round's share of the live fleet's tokens per sync period (1.0 when disabled)."""

@@ -103,8 +103,10 @@ def gram(deltas: Sequence[codec.Quantized], segments: Segments, block: int,
 
 def publish(deltas: Sequence[codec.Quantized], coefs: torch.Tensor, segments: Segments,
             theta: torch.Tensor, momentum: torch.Tensor, residual: torch.Tensor,
-            lr: float, beta: float, mode: str, block: int, kernel: Any = None) -> tuple[bytes, int]:
-    """Merge (coefs: (segments, M) fp32), outer step and publish; returns (blob, crc32 of theta).
+            lr: float, beta: float, mode: str, block: int, kernel: Any = None,
+            want_crc: bool = True) -> tuple[bytes, int | None]:
+    """Merge (coefs: (segments, M) fp32), outer step and publish; returns (blob, crc32 of theta,
+    or None unless `want_crc`).
 
     In place, slice by slice:  g = merged gradient;  momentum <- g + beta * momentum;
     residual <- residual - lr * g - lr * beta * momentum  (the change to publish);
@@ -116,7 +118,7 @@ def publish(deltas: Sequence[codec.Quantized], coefs: torch.Tensor, segments: Se
         kernel.publish([d.codes for d in deltas], [d.scales for d in deltas], block, coefs.contiguous(),
                        _bounds(segments, numel), theta, momentum, residual, lr, beta, 7 if mode == "int4" else 127,
                        encoder.scales, encoder.codes)
-        return encoder.finish(), zlib.crc32(memoryview(theta.numpy()))
+        return encoder.finish(), zlib.crc32(memoryview(theta.numpy())) if want_crc else None
     size = slice_size(deltas, block, numel)
     rows = torch.empty(len(deltas), size, dtype=torch.float32)
     merged = torch.empty(size, dtype=torch.float32)
@@ -133,5 +135,6 @@ def publish(deltas: Sequence[codec.Quantized], coefs: torch.Tensor, segments: Se
         applied = encoder.put(start, change, merged)   # g is dead: its memory is the work area
         values.add_(applied)
         change.sub_(applied)
-        crc = zlib.crc32(memoryview(values.numpy()), crc)
-    return encoder.finish(), crc
+        if want_crc:
+            crc = zlib.crc32(memoryview(values.numpy()), crc)
+    return encoder.finish(), crc if want_crc else None

@@ -66,6 +66,7 @@ class RunSettings:
     outer_momentum: float = 0.9
     alpha: float = 0.0                # 0 = overwrite the local fragment with the global one
     rebase: bool = False              # apply a reply on top of the work done since the push (none lost)
+    checksum_every: int = 8           # updates carry the fragment's crc32 every N versions (1 = always)
     robust_clip: float = 10.0         # >0: clip each contribution's norm to this x median (0 = off)
     fleet_scale: bool = True          # scale each round by its share of the fleet's period tokens
     overlap: bool = True              # False: a learner waits for each merge (synchronous DiLoCo)
@@ -110,7 +111,8 @@ class RunSettings:
         _check(not (self.rebase and self.alpha > 0), "rebase", "cannot be combined with alpha > 0",
                "choose one: rebase = true (keep local work) or alpha = 0.5 (mix)")
         _check(self.robust_clip >= 0, "robust_clip", f"must be >= 0 (0 = off), got {self.robust_clip}")
-        for key in ("seq_len", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "max_queue"):
+        for key in ("seq_len", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "max_queue",
+                    "checksum_every"):
             _check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         for key in ("lr", "heartbeat_s", "liveness_s", "state_chunk_mb", "max_message_mb"):
             _check(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")

@@ -72,9 +72,16 @@ def _with_replicas(core: SyncerCore, rows: list[dict[str, Any]]) -> list[dict[st
         info = core.fleet.learners[row["id"]]
         same = [p for p, v in enumerate(info.versions[: len(versions)]) if v == versions[p]]
         row["replica"] = {"versions": list(info.versions), "current": len(same),
-                          "identical": sum(1 for p in same if p < len(info.crcs) and info.crcs[p] == crcs[p]),
+                          "identical": sum(1 for p in same if _agree(info.crcs, crcs, p)),
                           "crc_mismatches": info.crc_mismatches}
     return rows
+
+
+def _agree(theirs: list[Any], ours: list[Any], p: int) -> bool:
+    """A fragment at our version is identical unless the checksums contradict each other: between
+    two checked versions (`checksum_every`) neither side has one, and that counts as identical."""
+    mine, other = ours[p], theirs[p] if p < len(theirs) else None
+    return mine is None or other is None or mine == other
 
 
 def _ratio(core: SyncerCore) -> float:

@@ -412,6 +412,31 @@ def test_published_theta_is_previous_plus_decoded_blob_bit_exact(mode: str) -> N
         assert any(float(r.abs().max()) > 0 for r in h.core.model.residual)  # error feedback in use
 
 
+def test_updates_carry_the_checksum_every_n_versions_and_a_replica_catches_a_drift_there() -> None:
+    h = Harness(make_settings(quorum=1, checksum_every=3))
+    h.join_all()
+    replica = Replica(h.plan.sizes())
+    replica.epoch = 1
+    replica.latest[0], replica.versions[0] = h.core.model.theta[0].clone(), 0
+    now, carried = 10.0, []
+    for r in range(6):
+        h.push("a", 0, h.delta(0, r, scale=1e-2), now=now)
+        h.beat_all(now + 4.0)
+        (_, update), = sent_of(h.tick(now + 5.0), "update")
+        now += 10.0
+        carried.append(update["crc"])
+        if r == 3:                                   # the learner's copy drifts (a value off by 1e-3)
+            replica.latest[0][0] += 1e-3
+        result = replica.on_update(0, update["from_version"], update["version"], wire(update).payloads[0], update["crc"])
+        assert result == ("mismatch" if r == 5 else "applied"), r   # caught at the next checked version
+        if update["crc"] is None:
+            assert h.core.crcs()[0] is None           # status never pays for a checksum
+    assert [c is not None for c in carried] == [False, False, True, False, False, True]
+    assert carried[2] is not None and h.core.crcs()[0] == carried[5] == h.core.model.crc(0)
+    h.core._crcs[0] = None                            # between checked versions, a state transfer computes it
+    assert h.core._crc(0) == h.core.model.crc(0)
+
+
 # -- quorum events ---------------------------------------------------------------------------------
 
 
