@@ -34,6 +34,7 @@ class ProtoClient:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDTIMEO, 5000)   # a refused handshake leaves no pipe: never block a test
         if keydir is not None:
             name = key_name or learner
             self.sock.curve_publickey, self.sock.curve_secretkey = keys.load_pair(keydir / f"{name}.key_secret")
