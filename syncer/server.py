@@ -119,7 +119,7 @@ class SyncerServer:
     def open(self) -> None:
         """Resume from the newest valid checkpoint, start authentication, bind both sockets."""
         if self.kernel is None:
-            self.event("native_kernel", "syncer", f"not used ({native.problem}): merging with torch, about 1.7x slower")
+            self.event("native_kernel", "syncer", f"not used ({native.problem}): merging with torch, 2-2.7x slower")
         self._resume()
         server_keys = None
         if not self.cfg.settings.insecure:

@@ -5,7 +5,7 @@ The C source ships with the package and is compiled where the syncer runs (1-3 s
 once per source version: the library is cached under ~/.cache/dldctl/native/<hash>/), so the
 wheel stays pure Python and installs on any learner host. Without a C compiler, or if the build
 fails, `load()` returns None and the syncer uses the torch implementation (same results to fp32
-rounding, about 1.7x slower); `DLDCTL_NATIVE=0` turns the kernel off.
+rounding, 2-2.7x slower); `DLDCTL_NATIVE=0` turns the kernel off.
 """
 
 from __future__ import annotations
