@@ -97,28 +97,35 @@ def coefficients(grams: torch.Tensor, weights: Sequence[float], kinds: Sequence[
     `grams` (segments, M, M) holds the Gram matrix <v_m, v_n> of the contributions per segment:
     its diagonal gives the norms, and the RDA direction sum_m c_m v_m has norm sqrt(c^T G c), so
     the final scaling folds into the coefficients and the merge is one weighted sum per element.
-    All segments at once, in float64.
+    Plain Python floats (double precision): a few hundred multiplications per round.
     """
     count = len(weights)
     if float(sum(weights)) <= 0:
         weights = [1.0] * count
-    w = torch.tensor(weights, dtype=torch.float64)
-    f = torch.ones(count, dtype=torch.float64) if factors is None else torch.tensor(factors, dtype=torch.float64)
-    total = float(w.sum())
-    mean = (w * f * (scale / total)).expand(len(kinds), count)
-    if rule == "mean" or count == 1:
-        return mean.to(torch.float32).contiguous()
-    if rule != "rda":
+    factors = [1.0] * count if factors is None else list(factors)
+    total = float(sum(weights))
+    mean = [w * f * scale / total for w, f in zip(weights, factors)]
+    if rule not in ("mean", "rda"):
         raise ValueError(f"unknown merge rule {rule!r}")
-    g = grams.to(torch.float64)
-    norms = torch.diagonal(g, dim1=1, dim2=2).clamp_min(0).sqrt()                  # (S, M)
-    mean_norm = (norms * (w * f)).sum(dim=1) / total                                # (S,)
-    c = torch.where(norms > 0, w / (norms * total).clamp_min(1e-300), torch.zeros_like(norms))
-    dnorm = torch.einsum("sm,smn,sn->s", c, g, c).clamp_min(0).sqrt()
-    ok = (dnorm > 0) & (mean_norm > 0)
-    rda = torch.where(ok[:, None], c * (mean_norm * scale / torch.where(ok, dnorm, 1.0))[:, None], 0.0)
-    embedding = torch.tensor([k == "embedding" for k in kinds], dtype=torch.bool)
-    return torch.where(embedding[:, None], mean, rda).to(torch.float32).contiguous()
+    rows = []
+    for g, kind in zip(grams.tolist(), kinds):
+        rows.append(mean if rule == "mean" or count == 1 or kind == "embedding"
+                    else _rda_coefficients(g, weights, factors, total, scale))
+    return torch.tensor(rows, dtype=torch.float32).view(len(rows), count)
+
+
+def _rda_coefficients(g: list[list[float]], weights: Sequence[float], factors: Sequence[float], total: float,
+                      scale: float) -> list[float]:
+    """RDA of one segment from its Gram matrix: c_m = w_m / (|v_m| total), times mean norm / |sum c v|."""
+    count = len(weights)
+    norms = [math.sqrt(max(0.0, g[m][m])) for m in range(count)]
+    mean_norm = sum(w * f * n for w, f, n in zip(weights, factors, norms)) / total
+    c = [w / (n * total) if n > 0 else 0.0 for w, n in zip(weights, norms)]
+    dnorm = math.sqrt(max(0.0, sum(c[i] * c[j] * g[i][j] for i in range(count) for j in range(count))))
+    if dnorm == 0 or mean_norm == 0:
+        return [0.0] * count
+    k = mean_norm * scale / dnorm
+    return [x * k for x in c]
 
 
 def segment_sqnorms(deltas: Sequence[torch.Tensor], segments: Segments) -> list[list[float]]:
