@@ -96,13 +96,11 @@ class OuterState:
 
         Overwrite drops the local work since the last push (the price of the overlap); rebase
         keeps it on top of the global value and keeps its counters, so the next push carries it."""
-        keep = False
         if self.rebase:
             local = self.plan.gather(p, params)
             local.sub_(self.mark[p].to(local.device)).add_(value.to(local.device))
             self.plan.scatter(p, local, params)
             self.mark[p] = value.to(local.device, copy=True)
-            keep = True
         elif self.alpha == 0.0:
             self.plan.scatter(p, value, params)
             self.mark[p] = value.clone()
@@ -113,7 +111,7 @@ class OuterState:
             self.mark[p] = mixed
         self.base_version[p] = version
         self.base_epoch[p] = epoch
-        if not keep:
+        if not self.rebase:   # rebase keeps the work since the push, and its counters
             self.counters[p].reset()
         self.awaiting[p] = False
 

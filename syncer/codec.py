@@ -147,10 +147,17 @@ def _pack(q: Quantized) -> bytes:
         return q.codes.view(torch.int16).numpy().tobytes()
     if q.mode == "int8":
         return q.scales.numpy().tobytes() + q.codes.numpy().tobytes()
-    # int4: two's complement nibbles, per block code k low and code k + block/2 high (module docstring)
-    u = q.codes.view(torch.uint8).view(-1, 2, q.block // 2)
-    packed = torch.bitwise_left_shift(u[:, 1], 4).bitwise_or_(u[:, 0].bitwise_and(15))
+    packed = torch.empty(q.codes.numel() // q.block, q.block // 2, dtype=torch.uint8)
+    _pack_int4(q.codes, q.block, packed)
     return q.scales.numpy().tobytes() + packed.numpy().tobytes()
+
+
+def _pack_int4(codes: torch.Tensor, block: int, out: torch.Tensor) -> None:
+    """int8 codes of whole blocks -> out (blocks, block/2) uint8: two's complement nibbles, per
+    block code k low and code k + block/2 high (module docstring)."""
+    u = codes.view(torch.uint8).view(-1, 2, block // 2)
+    torch.bitwise_left_shift(u[:, 1], 4, out=out)
+    out.bitwise_or_(u[:, 0].bitwise_and(15))
 
 
 def raw_length(mode: str, numel: int, block: int) -> int:
@@ -353,11 +360,7 @@ class ChunkEncoder:
         if self.mode == "int8":
             self.codes.view(torch.int8)[first * self.block : (first + count) * self.block] = q.codes
         else:
-            half = self.block // 2
-            rows = self.codes.view(self.nblocks, half)[first : first + count]
-            u = q.codes.view(torch.uint8).view(-1, 2, half)
-            torch.bitwise_left_shift(u[:, 1], 4, out=rows)
-            rows.bitwise_or_(u[:, 0].bitwise_and(15))
+            _pack_int4(q.codes, self.block, self.codes.view(self.nblocks, self.block // 2)[first : first + count])
         assert values is not None
         return values
 

@@ -35,6 +35,8 @@ import torch
 from syncer import codec
 
 SLICE = 1 << 18   # values per slice: big enough that per-op overhead is small, M + 4 slices stay in L3
+NATIVE_MAX_BLOCK = 4096          # fused.c MAX_BLOCK
+NATIVE_MAX_CONTRIBUTIONS = 16    # fused.c MAX_M
 Segments = Sequence[tuple[int, int, str]]
 
 
@@ -74,8 +76,8 @@ def _decode(deltas: Sequence[codec.Quantized], start: int, stop: int, rows: torc
 
 def native_fits(deltas: Sequence[codec.Quantized], block: int, mode: str | None = None) -> bool:
     """Whether the native kernel handles these contributions (and this output mode)."""
-    return (all(d.mode in ("int4", "int8") and d.block == block for d in deltas) and block <= 4096
-            and len(deltas) <= 16 and (mode is None or mode in ("int4", "int8")))
+    return (all(d.mode in ("int4", "int8") and d.block == block for d in deltas) and block <= NATIVE_MAX_BLOCK
+            and len(deltas) <= NATIVE_MAX_CONTRIBUTIONS and (mode is None or mode in ("int4", "int8")))
 
 
 def _bounds(segments: Segments, numel: int) -> torch.Tensor:

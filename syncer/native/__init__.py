@@ -28,10 +28,6 @@ _cache: dict[str, "Kernel | None"] = {}
 problem = ""   # why load() returned None, for the syncer's log
 
 
-MAX_CONTRIBUTIONS = 16   # fused.c MAX_M
-MAX_BLOCK = 4096         # fused.c MAX_BLOCK
-
-
 class Kernel:
     """ctypes bindings of fused.c, taking torch CPU tensors."""
 
