@@ -26,6 +26,7 @@ from syncer import codec, faultpoints, keys
 from syncer.protocol import Message, ProtocolError, check_raw_fragment, decode, encode
 
 FETCH_WINDOW = 4
+FINAL_LINGER_MS = 2000   # at exit, how long the bye and the last pushes may take to leave (then dropped)
 
 
 @dataclass
@@ -138,7 +139,7 @@ class SyncerClient(threading.Thread):
             if self._sock is not None and self._welcomed and not self._partitioned:
                 self._send(Message("bye", {"reason": "learner stopping"}))
         finally:
-            self._close_socket()
+            self._close_socket(linger_ms=FINAL_LINGER_MS)  # the bye and the last pushes still queued go out
             self._ctx.term()
 
     def _cycle(self) -> None:
@@ -204,9 +205,10 @@ class SyncerClient(threading.Thread):
         self._hello_at = self._heard_at = now
         self._backoff = 0.1
 
-    def _close_socket(self) -> None:
+    def _close_socket(self, linger_ms: int = 0) -> None:
+        """Drop the socket; what is still queued is discarded unless linger_ms lets it go out first."""
         if self._sock is not None:
-            self._sock.close(linger=0)
+            self._sock.close(linger=linger_ms)
             self._sock = None
             self._welcomed = False
 
