@@ -26,6 +26,7 @@ from syncer import codec, faultpoints, keys
 from syncer.protocol import Message, ProtocolError, check_raw_fragment, decode, encode
 
 FETCH_WINDOW = 4
+GOODBYE_WAIT_S = 2.0   # at exit, how long to wait for the syncer's receipt of the bye
 FINAL_LINGER_MS = 2000   # at exit, how long the bye and the last pushes may take to leave (then dropped)
 
 
@@ -56,6 +57,7 @@ class SyncerClient(threading.Thread):
         self.lock = threading.Lock()
         self.ready = threading.Event()
         self.fatal: str | None = None
+        self.goodbye_confirmed = False
         self.bytes_sent = self.bytes_received = 0
         self.counters: dict[str, int] = {"pushes_sent": 0, "updates": 0, "refetches": 0, "reconnects": 0, "bad_messages": 0}
         self._pending: dict[int, PushItem] = {}
@@ -137,10 +139,27 @@ class SyncerClient(threading.Thread):
             while not self._halt.is_set() and self.fatal is None:
                 self._cycle()
             if self._sock is not None and self._welcomed and not self._partitioned:
-                self._send(Message("bye", {"reason": "learner stopping"}))
+                self._say_goodbye()
         finally:
             self._close_socket(linger_ms=FINAL_LINGER_MS)  # the bye and the last pushes still queued go out
             self._ctx.term()
+
+    def _say_goodbye(self) -> None:
+        """Send bye and wait for the syncer's receipt. The socket closes with LINGER 0, which drops
+        whatever libzmq has not written yet; the receipt says the bye, and every push queued before
+        it on the same connection, arrived."""
+        if not self._send(Message("bye", {"reason": "learner stopping"})):
+            return
+        deadline = time.monotonic() + GOODBYE_WAIT_S
+        while (left := deadline - time.monotonic()) > 0:
+            if not self._sock.poll(max(1, int(left * 1000)), zmq.POLLIN):
+                return
+            try:
+                if decode(self._sock.recv_multipart(copy=False)).kind == "bye":
+                    self.goodbye_confirmed = True
+                    return
+            except ProtocolError:
+                self.counters["bad_messages"] += 1
 
     def _cycle(self) -> None:
         if self._partitioned:

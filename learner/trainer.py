@@ -270,6 +270,9 @@ class Trainer:
             log(f"{self.cfg.spec.id}: the syncer refused this learner: {client.fatal}")
             (self.cfg.workdir / "refused").write_text(client.fatal + "\n")  # restarting cannot help
             return 2
+        if outer is not None and not client.goodbye_confirmed:
+            log(f"{self.cfg.spec.id}: the syncer did not confirm the goodbye; it will see this learner "
+                "as unreachable, not as gone, and may have missed the last pushes")
         log(f"{self.cfg.spec.id}: stopped after {self.step} steps, {self.tokens} tokens")
         return 0
 

@@ -194,6 +194,7 @@ class SyncerCore:
     def _bye(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
         self.fleet.leave(learner)
         out.event(now, "leave", learner, str(msg["reason"])[:200])
+        out.send(learner, Message("bye", {"reason": "receipt"}))  # lets the learner close with LINGER 0
 
     def _heartbeat(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
         self.fleet.heartbeat(learner, msg.meta, now)

@@ -41,7 +41,7 @@ SCHEMAS: dict[str, tuple[int, dict[str, tuple[type, ...]]]] = {
     "push": (4, {"fragment": (int,), "base_version": (int,), "seq": (int,), "epoch": (int,),
                  "c_steps": (int,), "c_tokens": (int,), "c_time": _NUM, "step_time": _NUM}),
     "heartbeat": (5, {"step": (int,), "tokens": (int,), "state": (str,)}),
-    "bye": (6, {"reason": (str,)}),
+    "bye": (6, {"reason": (str,)}),       # the syncer echoes it back as a receipt
     # syncer -> learner
     "welcome": (10, {"epoch": (int,), "initialized": (bool,), "init_owner": (bool,),
                      "versions": (list,), "chunk_numel": (int,)}),

@@ -104,6 +104,7 @@ def test_sigterm_sends_the_due_work_and_says_goodbye(tmp_path: Path) -> None:
         lr.kill("learner-1", signal.SIGTERM)
         assert lr.procs["learner-1"].returncode == 0
         assert "learner-1: stopped after" in lr.log("learner-1")
+        assert "did not confirm the goodbye" not in lr.log("learner-1")
         lr.wait_for(lambda s: any(e["kind"] == "leave" and e["target"] == "learner-1" for e in lr.events()), 20,
                     "learner-1's goodbye")
         # the work it had not sent yet reached the global model after the signal

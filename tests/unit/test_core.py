@@ -231,6 +231,7 @@ def test_learner_that_left_is_not_waited_for() -> None:
     h.beat_all(9.0)
     bye = h.send("c", Message("bye", {"reason": "stopping"}), 9.0)
     assert events_of(bye, "leave")[0]["target"] == "c"
+    assert [to for to, _ in sent_of(bye, "bye")] == [["c"]], "the bye is echoed as a receipt"
     h.push("a", 0, h.delta(0, 1), now=10.0, step_time=10.0)
     h.push("b", 0, h.delta(0, 2), now=10.0, step_time=10.0)
     assert sent_of(h.tick(10.0), "update")  # a and b are every live learner: no grace wait
