@@ -1,7 +1,7 @@
 """The learner's link to the syncer: one background thread that owns the ZeroMQ DEALER socket.
 
 The training thread never waits on the network: it hands outer gradients to `push()` (newest
-wins per fragment while the syncer is away), reads replica changes with `take_updates()`, and
+wins per fragment while the syncer is away), reads the replies to its pushes with `take_updates()`, and
 publishes its progress with `set_stats()`. This thread joins (hello, init upload if first, state
 fetch in chunks), sends pushes and heartbeats, applies update blobs to the replica, and follows
 the Paranoid Pirate pattern: heartbeats both ways, a liveness deadline on the syncer, socket
@@ -61,7 +61,7 @@ class SyncerClient(threading.Thread):
         self.bytes_sent = self.bytes_received = 0
         self.counters: dict[str, int] = {"pushes_sent": 0, "updates": 0, "refetches": 0, "reconnects": 0, "bad_messages": 0}
         self._pending: dict[int, PushItem] = {}
-        self._updated: set[int] = set()
+        self._replies: set[int] = set()   # fragments whose new global value answers one of our pushes
         self._forced: set[int] = set()
         self._stats: dict[str, Any] = {"step": 0, "tokens": 0, "state": "joining"}
         self._partitioned = False
@@ -84,11 +84,16 @@ class SyncerClient(threading.Thread):
             self._pending[item.fragment] = item
 
     def take_updates(self) -> tuple[set[int], set[int]]:
-        """(fragments whose global value changed, fragments the syncer wants overwritten)."""
+        """(fragments with a reply to our push, fragments the syncer wants overwritten).
+
+        A reply is an update whose round merged this learner's push (it is in the update's
+        contributors), or a fetched state (after a gap; who it merged is not known). An update of
+        a round without our push is kept in the replica but is no reply: applying it would drop
+        the pushed work, still in flight, from the model until the next reply."""
         with self.lock:
-            updated, forced = self._updated, self._forced
-            self._updated, self._forced = set(), set()
-        return updated, forced
+            replies, forced = self._replies, self._forced
+            self._replies, self._forced = set(), set()
+        return replies, forced
 
     def latest(self, p: int) -> tuple[int, torch.Tensor]:
         """(version, a private copy) of the global fragment p."""
@@ -309,7 +314,7 @@ class SyncerClient(threading.Thread):
         values = check_raw_fragment(msg, self.replica.sizes)
         with self.lock:
             if self.replica.on_state(msg["fragment"], msg["version"], msg["offset"], values, msg.get("crc")):
-                self._updated.add(msg["fragment"])
+                self._replies.add(msg["fragment"])
                 if self.replica.complete():
                     self.ready.set()
 
@@ -320,7 +325,8 @@ class SyncerClient(threading.Thread):
         with self.lock:
             result = self.replica.on_update(p, msg["from_version"], msg["version"], msg.payloads[0], msg.get("crc"))
             if result == "applied":
-                self._updated.add(p)
+                if self.cfg.spec.id in msg["contributors"]:
+                    self._replies.add(p)
                 self.counters["updates"] += 1
             elif result in ("gap", "mismatch"):
                 self.counters["refetches"] += 1

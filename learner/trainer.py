@@ -165,10 +165,11 @@ class Trainer:
 
     # -- sync --------------------------------------------------------------------------------
     def _collect(self, client: SyncerClient, outer: OuterState, opt: torch.optim.Optimizer) -> list[tuple[int, int, torch.Tensor]]:
-        """Global fragments to apply now: replies to our pushes, forced resyncs, or all of them
-        after a non-finite loss (local progress is thrown away, the optimizer state reset)."""
-        updated, forced = client.take_updates()
-        wanted = {p for p in updated if outer.awaiting[p]} | forced
+        """Global fragments to apply now: replies to our pushes (rounds that merged them), forced
+        resyncs, or all of them after a non-finite loss (local progress is thrown away, the
+        optimizer state reset)."""
+        replies, forced = client.take_updates()
+        wanted = replies | forced
         if getattr(self, "_diverged", False):
             log(f"{self.cfg.spec.id}: non-finite loss at step {self.step}; reloading the global model")
             wanted = set(range(self.plan.count))
