@@ -95,6 +95,15 @@ class SyncerClient(threading.Thread):
             self._replies, self._forced = set(), set()
         return replies, forced
 
+    def has_reply(self, p: int) -> bool:
+        """Whether a reply for fragment p is waiting to be taken (see take_updates)."""
+        with self.lock:
+            return p in self._replies or p in self._forced
+
+    def linked(self) -> bool:
+        """Whether the syncer is reachable now (welcomed, not cut off by a chaos partition)."""
+        return self._welcomed and not self._partitioned
+
     def latest(self, p: int) -> tuple[int, torch.Tensor]:
         """(version, a private copy) of the global fragment p."""
         with self.lock:

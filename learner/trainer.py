@@ -1,10 +1,12 @@
-"""The learner's inner loop: AdamW on its own shard, never waiting for the network.
+"""The learner's inner loop: AdamW on its own shard, never waiting for the network (unless
+`overlap = false`, or `max_lag` bounds how late a reply may be).
 
 Reads straight through, nanoGPT style:
     join    build the workload, cut it into fragments, fetch the global state (or upload the
             initial one if this is the run's first learner), start from it
     step    forward, backward, clip, AdamW; count tokens and time per fragment; (throttle)
-    sync    apply global fragments that arrived in reply to our pushes (overwrite or mix);
+    sync    apply global fragments that arrived in reply to our pushes (overwrite, mix or rebase;
+            with max_lag, first wait for a reply that is max_lag steps late);
             hand the outer gradient of each fragment that is due to the sender thread
     report  eval loss every eval_every steps; progress to the syncer with every heartbeat
 Chaos hooks: `control.json` in the work dir can slow this learner or cut its link to the syncer.
@@ -47,6 +49,7 @@ class Trainer:
         self.step_time: float | None = None
         self.tokens_per_s = 0.0
         self.blocked_s = self.busy_s = 0.0
+        self.unanswered: dict[int, int | None] = {}   # fragment -> step of its unanswered push (None: waited for)
         self._control_mtime = 0.0
         self._control: dict[str, float] = {}
         self.wl: Workload | None = None
@@ -114,11 +117,14 @@ class Trainer:
             self._train_step(opt, outer)
             t0 = time.perf_counter()
             stop = self._budget_spent(started) or client.fatal is not None
+            if not stop:
+                self._bound_lag(client)
             applies = self._collect(client, outer, opt)
             if self.island is not None:
                 stop, applies = self.island.share(stop, applies, outer)
             for p, version, value in applies:
                 outer.apply(p, version, value, self.params, client.epoch())
+                self.unanswered.pop(p, None)
             if not stop:
                 self._push_due(client, outer)
             self.blocked_s += time.perf_counter() - t0
@@ -189,8 +195,25 @@ class Trainer:
             delta, c = outer.take_outer_gradient(p, self.params)
             client.push(PushItem(p, delta, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0,
                                  outer.base_epoch[p]))
+            self.unanswered.setdefault(p, self.step)
             if not self.s.overlap:
                 self._wait_for_merge(client, p, pushed_at)
+
+    def _bound_lag(self, client: SyncerClient) -> None:
+        """max_lag > 0 (bounded staleness): wait for a reply that is max_lag steps late, so no
+        learner trains on far ahead of a merge it belongs to. Each wait ends after liveness_s,
+        and none starts or lasts while the syncer is unreachable: a learner never waits on a
+        syncer that is gone. A push is waited for once."""
+        if not self.s.max_lag or not self.s.overlap:
+            return
+        for p in [p for p, since in self.unanswered.items() if since is not None and self.step - since >= self.s.max_lag]:
+            deadline = time.monotonic() + self.s.liveness_s
+            while (client.linked() and not client.has_reply(p) and time.monotonic() < deadline
+                   and not self.stop.is_set() and client.fatal is None):
+                time.sleep(0.002)
+                self._read_control(client)
+                self._publish(client)
+            self.unanswered[p] = None   # waited for: not again until its reply
 
     def _wait_for_merge(self, client: SyncerClient, p: int, pushed_at: int) -> None:
         """Synchronous DiLoCo (overlap = false): block until the merge of p has come back;

@@ -70,6 +70,7 @@ class RunSettings:
     robust_clip: float = 10.0         # >0: clip each contribution's norm to this x median (0 = off)
     fleet_scale: bool = True          # scale each round by its share of the fleet's period tokens
     overlap: bool = True              # False: a learner waits for each merge (synchronous DiLoCo)
+    max_lag: int = 0                  # >0: a learner waits for a reply this many steps late (at most liveness_s)
     # operations
     checkpoint_every: int = 20        # merges between syncer checkpoints
     keep_checkpoints: int = 3
@@ -97,6 +98,7 @@ class RunSettings:
             f"so one fragment leaves every H/fragments steps, e.g. H = {self.fragments * max(1, round(self.H / self.fragments))}",
         )
         _check(self.tau >= 0, "tau", f"must be >= 0, got {self.tau}")
+        _check(self.max_lag >= 0, "max_lag", f"must be >= 0 (0 = never wait), got {self.max_lag}")
         _check(self.quorum >= 1, "quorum", f"must be >= 1, got {self.quorum}")
         _check(0.0 <= self.grace_gamma < 1.0, "grace_gamma", f"must be in [0, 1), got {self.grace_gamma}")
         _one_of(self.compression, COMPRESSIONS, "compression")

@@ -157,6 +157,7 @@ def test_H_must_be_a_multiple_of_fragments_and_fix_proposes_one() -> None:
         ({"H": 0}, "H"),
         ({"fragments": 0}, "fragments"),
         ({"tau": -1}, "tau"),
+        ({"max_lag": -1}, "max_lag"),
         ({"quorum": 0}, "quorum"),
         ({"quorum": -3}, "quorum"),
         ({"grace_gamma": 1.0}, "grace_gamma"),

@@ -1,0 +1,77 @@
+"""max_lag (bounded staleness): a learner waits for a reply that is max_lag steps late, but never
+on a syncer it cannot reach and never longer than liveness_s, and only once per push.
+
+A real Trainer and a real SyncerClient object (no socket, no thread): the reply arrives through
+the client's own update handler, from another thread, as the link thread would deliver it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from learner.client import SyncerClient
+from learner.config import LearnerConfig, LearnerSpec
+from learner.trainer import Trainer
+from syncer import codec
+from syncer.protocol import Message
+from syncer.settings import RunSettings
+
+N = 64
+
+
+def _setup(tmp_path: Path, **run: object) -> tuple[Trainer, SyncerClient]:
+    settings = RunSettings(liveness_s=1.0, **run)
+    cfg = LearnerConfig("run", settings, LearnerSpec("learner-1"), "tcp://127.0.0.1:1", None, None, tmp_path)
+    client = SyncerClient(cfg, [], [N], lambda: [], "inc")
+    client.replica.epoch = 1
+    client.replica.latest[0], client.replica.versions[0] = torch.zeros(N), 0
+    client._welcomed = True
+    return Trainer(cfg, "inc"), client
+
+
+def _reply_after(client: SyncerClient, seconds: float) -> threading.Timer:
+    meta = {"fragment": 0, "version": 1, "from_version": 0, "epoch": 1, "contributors": ["learner-1"]}
+    timer = threading.Timer(seconds, client._on_update, [Message("update", meta, [codec.encode(torch.ones(N))])])
+    timer.start()
+    return timer
+
+
+def _timed(trainer: Trainer, client: SyncerClient) -> float:
+    t0 = time.monotonic()
+    trainer._bound_lag(client)
+    return time.monotonic() - t0
+
+
+def test_a_late_reply_is_waited_for_once(tmp_path: Path) -> None:
+    trainer, client = _setup(tmp_path, max_lag=2)
+    trainer.unanswered, trainer.step = {0: 10}, 11
+    assert _timed(trainer, client) < 0.05, "1 step late: no wait yet"
+    trainer.step = 12
+    timer = _reply_after(client, 0.3)
+    took = _timed(trainer, client)
+    timer.join()
+    assert 0.25 <= took < 0.9, f"waited {took:.2f} s for a reply sent after 0.3 s"
+    assert client.has_reply(0), "the reply is left for _collect to apply"
+    assert trainer.unanswered == {0: None}
+    assert _timed(trainer, client) < 0.05, "a push is waited for once"
+
+
+def test_no_wait_when_off_or_the_syncer_is_unreachable(tmp_path: Path) -> None:
+    trainer, client = _setup(tmp_path, max_lag=0)
+    trainer.unanswered, trainer.step = {0: 0}, 50
+    assert _timed(trainer, client) < 0.05, "max_lag = 0: never waits"
+    trainer, client = _setup(tmp_path, max_lag=2)
+    trainer.unanswered, trainer.step = {0: 0}, 50
+    client.set_partitioned(True)
+    assert _timed(trainer, client) < 0.05, "cut off from the syncer: no wait"
+
+
+def test_a_reply_that_never_comes_costs_at_most_liveness(tmp_path: Path) -> None:
+    trainer, client = _setup(tmp_path, max_lag=2)
+    trainer.unanswered, trainer.step = {0: 0}, 50
+    took = _timed(trainer, client)
+    assert 0.9 <= took < 2.0, f"waited {took:.2f} s with liveness_s = 1"
