@@ -36,6 +36,7 @@ Targets: Decoupled DiLoCo goodput >= 0.9 and >= 1.5x the data-parallel goodput.
 
     .venv/bin/python bench/goodput.py            # full: D = 100 s, + Decoupled rebase at H = 128, ~11 min on 2 cores
     .venv/bin/python bench/goodput.py --quick    # D = 40 s, ~3 min
+    .venv/bin/python bench/goodput.py --extra quorum=2,rebase=true,max_lag=2   # one more Decoupled fleet
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common  # noqa: E402
 from bench.ddp_baseline import failure_schedule  # noqa: E402
 from bench.fleet import Plan, diloco_run, local_host, run_diloco, run_dp  # noqa: E402
+from bench.quality import overrides  # noqa: E402
 
 LEARNERS = 4
 MTBF = 20.0
@@ -64,14 +66,17 @@ def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--H", type=int, default=32)
     parser.add_argument("--long-h", type=int, default=None,
                         help="also run Decoupled DiLoCo at this H (default 128 in full mode, none in quick; 0 = none)")
+    parser.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE,...",
+                        help="also run Decoupled DiLoCo with these [run] overrides, e.g. quorum=2,max_lag=2 (repeatable)")
 
 
-def strategies(H: int, long_h: int) -> list[tuple[str, dict[str, Any]]]:
+def strategies(H: int, long_h: int, extra: list[str] = ()) -> list[tuple[str, dict[str, Any]]]:
     """(name, [run] table): Decoupled at H, overwriting (the default) and rebasing replies (and
-    rebasing at long_h unless 0), synchronous at H."""
+    rebasing at long_h unless 0, and with each `extra` override), synchronous at H."""
     out = [("Decoupled DiLoCo", diloco_run(H)), ("Decoupled DiLoCo, rebase", diloco_run(H, rebase=True))]
     if long_h:
         out.append((f"Decoupled DiLoCo, rebase, H={long_h}", diloco_run(long_h, rebase=True)))
+    out += [(f"Decoupled DiLoCo, {spec}", {**diloco_run(H), **overrides(spec)}) for spec in extra]
     return out + [("synchronous DiLoCo", diloco_run(H, quorum=LEARNERS, overlap=False))]
 
 
@@ -152,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     hosts = [local_host("here", LEARNERS)]
     keep = lambda fleet: fleet.samples()  # noqa: E731 - the samples, for the plot
     runs: dict[str, Any] = {}
-    for name, run in strategies(args.H, args.long_h):
-        res = run_diloco(Plan(f"gp-q{run['quorum']}-h{run['H']}", run, hosts, LEARNERS, duration_s=duration,
+    for i, (name, run) in enumerate(strategies(args.H, args.long_h, args.extra)):
+        res = run_diloco(Plan(f"gp{i}-q{run['quorum']}-h{run['H']}", run, hosts, LEARNERS, duration_s=duration,
                               chaos=kills(schedule, args.seed), inspect=keep))
         res["samples"] = res.pop("inspect")
         runs[name] = res
