@@ -9,7 +9,8 @@ optimizer (AdamW, cosine learning rate to 10% at the budget, `--set` to change) 
 - **synchronous DiLoCo**: the same 4 learners with `quorum = 4`, `overlap = false` (every learner
   waits for every merge of its fragment), `steps` inner steps each;
 - **Decoupled DiLoCo**: `quorum = 1`, overlap on, replies overwrite (the defaults), `steps` inner
-  steps each; and with `rebase = true, quorum = 2` (the tuning guide's recommendation);
+  steps each; and with `rebase = true, quorum = 2, max_lag = 2` (the tuning guide's choice for
+  quality: no work lost to the overlap, fuller rounds, a reply at most 2 steps late);
 - **Decoupled DiLoCo under a chaos monkey**, both settings: the same, while `dldctl chaos monkey
   --actions kill,pause,slow,partition` injects faults (mean 15 s apart, 5 s each, seeded); a killed
   learner restarts and trains a fresh `steps` budget, so this run is stopped once the fleet has
@@ -70,14 +71,15 @@ def plans(args: argparse.Namespace, steps: int) -> list[tuple[str, Plan]]:
               for i, spec in enumerate(args.extra)]
     if args.extra_only:
         return extras
-    rebase = {**dec, "rebase": True, "quorum": 2}
+    tuned = {**dec, "rebase": True, "quorum": 2, "max_lag": 2}
+    name = "Decoupled DiLoCo, rebase, quorum 2, max_lag 2"
     return [("synchronous DiLoCo", Plan("q-sync", sync, hosts, LEARNERS)),
             ("Decoupled DiLoCo", Plan("q-dec", dec, hosts, LEARNERS)),
             ("Decoupled DiLoCo + chaos monkey", Plan("q-chaos", dec, hosts, LEARNERS, budget_tokens=budget,
                                                       chaos=monkey)),
-            ("Decoupled DiLoCo, rebase, quorum 2", Plan("q-reb", rebase, hosts, LEARNERS)),
-            ("Decoupled DiLoCo, rebase, quorum 2 + chaos monkey",
-             Plan("q-reb-chaos", rebase, hosts, LEARNERS, budget_tokens=budget, chaos=monkey))] + extras
+            (name, Plan("q-tuned", tuned, hosts, LEARNERS)),
+            (f"{name} + chaos monkey", Plan("q-tuned-chaos", tuned, hosts, LEARNERS, budget_tokens=budget,
+                                            chaos=monkey))] + extras
 
 
 def overrides(spec: str) -> dict[str, Any]:
