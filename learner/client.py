@@ -27,7 +27,6 @@ from syncer.protocol import Message, ProtocolError, check_raw_fragment, decode, 
 
 FETCH_WINDOW = 4
 GOODBYE_WAIT_S = 2.0   # at exit, how long to wait for the syncer's receipt of the bye
-FINAL_LINGER_MS = 2000   # at exit, how long the bye and the last pushes may take to leave (then dropped)
 
 
 @dataclass
@@ -155,7 +154,7 @@ class SyncerClient(threading.Thread):
             if self._sock is not None and self._welcomed and not self._partitioned:
                 self._say_goodbye()
         finally:
-            self._close_socket(linger_ms=FINAL_LINGER_MS)  # the bye and the last pushes still queued go out
+            self._close_socket()
             self._ctx.term()
 
     def _say_goodbye(self) -> None:
@@ -238,10 +237,10 @@ class SyncerClient(threading.Thread):
         self._hello_at = self._heard_at = now
         self._backoff = 0.1
 
-    def _close_socket(self, linger_ms: int = 0) -> None:
-        """Drop the socket; what is still queued is discarded unless linger_ms lets it go out first."""
+    def _close_socket(self) -> None:
+        """Drop the socket with LINGER 0: what is still queued is discarded (see _say_goodbye)."""
         if self._sock is not None:
-            self._sock.close(linger=linger_ms)
+            self._sock.close(linger=0)
             self._sock = None
             self._welcomed = False
 

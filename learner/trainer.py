@@ -119,7 +119,7 @@ class Trainer:
             stop = self._budget_spent(started) or client.fatal is not None
             if not stop:
                 self._bound_lag(client)
-            applies = self._collect(client, outer, opt)
+            applies = self._collect(client, opt)
             if self.island is not None:
                 stop, applies = self.island.share(stop, applies, outer)
             for p, version, value in applies:
@@ -170,7 +170,7 @@ class Trainer:
             self._diverged = True
 
     # -- sync --------------------------------------------------------------------------------
-    def _collect(self, client: SyncerClient, outer: OuterState, opt: torch.optim.Optimizer) -> list[tuple[int, int, torch.Tensor]]:
+    def _collect(self, client: SyncerClient, opt: torch.optim.Optimizer) -> list[tuple[int, int, torch.Tensor]]:
         """Global fragments to apply now: replies to our pushes (rounds that merged them), forced
         resyncs, or all of them after a non-finite loss (local progress is thrown away, the
         optimizer state reset)."""
