@@ -47,6 +47,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dldctl.hosts.local import read_stat  # noqa: E402
+from syncer import jsonl  # noqa: E402
 
 DLDCTL = str(Path(sys.executable).parent / "dldctl")
 
@@ -62,7 +63,7 @@ WORKLOAD: dict[str, Any] = {"model": "gpt-tiny", "data": "builtin", "seq_len": 3
 # default Nesterov (0.7, 0.9) diverged here at H <= 32, plain averaging (1.0, 0.0) did not.
 OUTER: dict[int, tuple[float, float]] = {}
 DEFAULT_OUTER = (1.0, 0.0)
-STOP_LEAD_S = 2.5   # a token budget is called reached this many seconds of training early (sample lag + down)
+STOP_LEAD_S, RATE_WINDOW_S = 2.5, 6.0   # a token budget is called reached STOP_LEAD_S of training early (sample lag + down)
 
 
 def diloco_run(H: int = 32, *, compression: str = "int4", quorum: int = 1, overlap: bool = True,
@@ -112,18 +113,8 @@ def local_host(name: str, learners: int, **extra: Any) -> dict[str, Any]:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete JSON line of a file (a torn last line is skipped); [] if it is missing."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    """Every complete JSON record of a file (a torn last line is skipped); [] if it is missing."""
+    return list(jsonl.read(path))
 
 
 # --------------------------------------------------------------------------- the fleet
@@ -381,11 +372,18 @@ def _ended(fleet: Fleet, plan: Plan, start: float) -> bool:
         return True
     if plan.budget_tokens is not None:
         samples = fleet.samples()
-        if not samples:
-            return False
-        last = samples[-1]   # samples lag by up to 2 s, and `down` takes a second or two to stop the learners
-        return last["tokens_trained"] + STOP_LEAD_S * float(last.get("tokens_per_s") or 0.0) >= plan.budget_tokens
+        return bool(samples) and budget_reached(samples, plan.budget_tokens)
     return False
+
+
+def budget_reached(samples: list[dict[str, Any]], budget: int) -> bool:
+    """`budget` tokens trained, counting STOP_LEAD_S more at the rate of the last RATE_WINDOW_S of
+    samples (the learners' own tokens/s ignores waits, pauses, restarts: chaos runs ended short)."""
+    last = samples[-1]
+    ref = next((s for s in reversed(samples) if last["t"] - s["t"] >= RATE_WINDOW_S), None)
+    rate = ((last["tokens_trained"] - ref["tokens_trained"]) / (last["t"] - ref["t"]) if ref is not None
+            else float(last.get("tokens_per_s") or 0.0))
+    return last["tokens_trained"] + STOP_LEAD_S * max(0.0, rate) >= budget
 
 
 def run_diloco(plan: Plan) -> dict[str, Any]:
