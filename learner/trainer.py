@@ -49,7 +49,7 @@ class Trainer:
         self.step_time: float | None = None
         self.tokens_per_s = 0.0
         self.blocked_s = self.busy_s = 0.0
-        self.unanswered: dict[int, int | None] = {}   # fragment -> step of its unanswered push (None: waited for)
+        self.waited: set[int] = set()   # max_lag: fragments whose unanswered push was waited for
         self._control_mtime = 0.0
         self._control: dict[str, float] = {}
         self.wl: Workload | None = None
@@ -118,13 +118,13 @@ class Trainer:
             t0 = time.perf_counter()
             stop = self._budget_spent(started) or client.fatal is not None
             if not stop:
-                self._bound_lag(client)
+                self._bound_lag(client, outer)
             applies = self._collect(client, opt)
             if self.island is not None:
                 stop, applies = self.island.share(stop, applies, outer)
             for p, version, value in applies:
                 outer.apply(p, version, value, self.params, client.epoch())
-                self.unanswered.pop(p, None)
+                self.waited.discard(p)
             if not stop:
                 self._push_due(client, outer)
             self.blocked_s += time.perf_counter() - t0
@@ -195,25 +195,26 @@ class Trainer:
             delta, c = outer.take_outer_gradient(p, self.params)
             client.push(PushItem(p, delta, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0,
                                  outer.base_epoch[p]))
-            self.unanswered.setdefault(p, self.step)
             if not self.s.overlap:
                 self._wait_for_merge(client, p, pushed_at)
 
-    def _bound_lag(self, client: SyncerClient) -> None:
-        """max_lag > 0 (bounded staleness): wait for a reply that is max_lag steps late, so no
-        learner trains on far ahead of a merge it belongs to. Each wait ends after liveness_s,
-        and none starts or lasts while the syncer is unreachable: a learner never waits on a
-        syncer that is gone. A push is waited for once."""
+    def _bound_lag(self, client: SyncerClient, outer: OuterState) -> None:
+        """max_lag > 0 (bounded staleness): wait for a reply that is max_lag steps late (steps
+        counted since the push, by the fragment's counters), so no learner trains on far ahead of
+        a merge it belongs to. Each wait ends after liveness_s, and none starts or lasts while the
+        syncer is unreachable: a learner never waits on a syncer that is gone. Once per reply."""
         if not self.s.max_lag or not self.s.overlap:
             return
-        for p in [p for p, since in self.unanswered.items() if since is not None and self.step - since >= self.s.max_lag]:
+        late = [p for p in range(outer.plan.count)
+                if outer.awaiting[p] and p not in self.waited and outer.counters[p].steps >= self.s.max_lag]
+        for p in late:
             deadline = time.monotonic() + self.s.liveness_s
             while (client.linked() and not client.has_reply(p) and time.monotonic() < deadline
                    and not self.stop.is_set() and client.fatal is None):
                 time.sleep(0.002)
                 self._read_control(client)
                 self._publish(client)
-            self.unanswered[p] = None   # waited for: not again until its reply
+            self.waited.add(p)   # not again until its reply is applied
 
     def _wait_for_merge(self, client: SyncerClient, p: int, pushed_at: int) -> None:
         """Synchronous DiLoCo (overlap = false): block until the merge of p has come back;

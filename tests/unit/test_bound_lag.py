@@ -15,8 +15,9 @@ import torch
 
 from learner.client import SyncerClient
 from learner.config import LearnerConfig, LearnerSpec
+from learner.outer import OuterState
 from learner.trainer import Trainer
-from syncer import codec
+from syncer import codec, fragments
 from syncer.protocol import Message
 from syncer.settings import RunSettings
 
@@ -33,6 +34,18 @@ def _setup(tmp_path: Path, **run: object) -> tuple[Trainer, SyncerClient]:
     return Trainer(cfg, "inc"), client
 
 
+def _pushed(steps_since: int) -> OuterState:
+    """A real outer state with fragment 0 pushed `steps_since` steps ago and not answered yet."""
+    plan = fragments.plan([fragments.TensorSpec("w", (N,))], 1)
+    params = {"w": torch.zeros(N)}
+    outer = OuterState.start(plan, 8, 0.0, [(0, torch.zeros(N))], params)
+    outer.count_step(8, 0.01)
+    outer.take_outer_gradient(0, params)
+    for _ in range(steps_since):
+        outer.count_step(8, 0.01)
+    return outer
+
+
 def _reply_after(client: SyncerClient, seconds: float) -> threading.Timer:
     meta = {"fragment": 0, "version": 1, "from_version": 0, "epoch": 1, "contributors": ["learner-1"]}
     timer = threading.Timer(seconds, client._on_update, [Message("update", meta, [codec.encode(torch.ones(N))])])
@@ -40,38 +53,35 @@ def _reply_after(client: SyncerClient, seconds: float) -> threading.Timer:
     return timer
 
 
-def _timed(trainer: Trainer, client: SyncerClient) -> float:
+def _timed(trainer: Trainer, client: SyncerClient, outer: OuterState) -> float:
     t0 = time.monotonic()
-    trainer._bound_lag(client)
+    trainer._bound_lag(client, outer)
     return time.monotonic() - t0
 
 
 def test_a_late_reply_is_waited_for_once(tmp_path: Path) -> None:
     trainer, client = _setup(tmp_path, max_lag=2)
-    trainer.unanswered, trainer.step = {0: 10}, 11
-    assert _timed(trainer, client) < 0.05, "1 step late: no wait yet"
-    trainer.step = 12
+    assert _timed(trainer, client, _pushed(1)) < 0.05, "1 step late: no wait yet"
+    outer = _pushed(2)
     timer = _reply_after(client, 0.3)
-    took = _timed(trainer, client)
+    took = _timed(trainer, client, outer)
     timer.join()
     assert 0.25 <= took < 0.9, f"waited {took:.2f} s for a reply sent after 0.3 s"
     assert client.has_reply(0), "the reply is left for _collect to apply"
-    assert trainer.unanswered == {0: None}
-    assert _timed(trainer, client) < 0.05, "a push is waited for once"
+    assert trainer.waited == {0}
+    client.take_updates()
+    assert _timed(trainer, client, outer) < 0.05, "a push is waited for once"
 
 
 def test_no_wait_when_off_or_the_syncer_is_unreachable(tmp_path: Path) -> None:
     trainer, client = _setup(tmp_path, max_lag=0)
-    trainer.unanswered, trainer.step = {0: 0}, 50
-    assert _timed(trainer, client) < 0.05, "max_lag = 0: never waits"
+    assert _timed(trainer, client, _pushed(50)) < 0.05, "max_lag = 0: never waits"
     trainer, client = _setup(tmp_path, max_lag=2)
-    trainer.unanswered, trainer.step = {0: 0}, 50
     client.set_partitioned(True)
-    assert _timed(trainer, client) < 0.05, "cut off from the syncer: no wait"
+    assert _timed(trainer, client, _pushed(50)) < 0.05, "cut off from the syncer: no wait"
 
 
 def test_a_reply_that_never_comes_costs_at_most_liveness(tmp_path: Path) -> None:
     trainer, client = _setup(tmp_path, max_lag=2)
-    trainer.unanswered, trainer.step = {0: 0}, 50
-    took = _timed(trainer, client)
+    took = _timed(trainer, client, _pushed(50))
     assert 0.9 <= took < 2.0, f"waited {took:.2f} s with liveness_s = 1"
