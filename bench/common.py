@@ -12,6 +12,8 @@ Every benchmark in this folder follows the same shape, and these helpers make th
 - `write_json(path, payload)`: write the results together with machine info (cpu count, torch
   and python versions, `platform.processor()`, allocator/thread-pool environment variables), the
   command line and a timestamp.
+- `overrides("H=64,rebase=true")`: `[run]` overrides from the command line, typed like the
+  RunSettings defaults (the fleet benchmarks' `--set` / `--extra`).
 
 A benchmark also runs its baseline in the same process and reports its result as a ratio to it,
 so numbers stay comparable across machines. Typical use:
@@ -208,3 +210,15 @@ def write_json(path: Path | str, payload: Mapping[str, Any]) -> Path:
     }
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return path
+
+
+def overrides(spec: str) -> dict[str, Any]:
+    """"H=64,outer_lr=0.7" -> {"H": 64, "outer_lr": 0.7}, typed like the RunSettings defaults."""
+    from syncer.settings import RunSettings
+    defaults = RunSettings().to_dict()
+    out: dict[str, Any] = {}
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        kind = type(defaults[key])
+        out[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    return out

@@ -52,7 +52,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common  # noqa: E402
 from bench.ddp_baseline import failure_schedule  # noqa: E402
 from bench.fleet import Plan, diloco_run, local_host, run_diloco, run_dp  # noqa: E402
-from bench.quality import overrides  # noqa: E402
 
 LEARNERS = 4
 MTBF = 20.0
@@ -76,7 +75,7 @@ def strategies(H: int, long_h: int, extra: list[str] = ()) -> list[tuple[str, di
     out = [("Decoupled DiLoCo", diloco_run(H)), ("Decoupled DiLoCo, rebase", diloco_run(H, rebase=True))]
     if long_h:
         out.append((f"Decoupled DiLoCo, rebase, H={long_h}", diloco_run(long_h, rebase=True)))
-    out += [(f"Decoupled DiLoCo, {spec}", {**diloco_run(H), **overrides(spec)}) for spec in extra]
+    out += [(f"Decoupled DiLoCo, {spec}", {**diloco_run(H), **common.overrides(spec)}) for spec in extra]
     return out + [("synchronous DiLoCo", diloco_run(H, quorum=LEARNERS, overlap=False))]
 
 

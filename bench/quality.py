@@ -37,6 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
+from bench.common import overrides  # noqa: E402
 from bench.evaluate import relative_gap  # noqa: E402
 from bench.fleet import Plan, diloco_run, local_host, run_diloco, run_dp, tokens_per_step  # noqa: E402
 
@@ -80,18 +81,6 @@ def plans(args: argparse.Namespace, steps: int) -> list[tuple[str, Plan]]:
             (name, Plan("q-tuned", tuned, hosts, LEARNERS)),
             (f"{name} + chaos monkey", Plan("q-tuned-chaos", tuned, hosts, LEARNERS, budget_tokens=budget,
                                             chaos=monkey))] + extras
-
-
-def overrides(spec: str) -> dict[str, Any]:
-    """"H=64,outer_lr=0.7" -> {"H": 64, "outer_lr": 0.7}, typed like the RunSettings defaults."""
-    from syncer.settings import RunSettings
-    defaults = RunSettings().to_dict()
-    out: dict[str, Any] = {}
-    for item in filter(None, spec.split(",")):
-        key, _, value = item.partition("=")
-        kind = type(defaults[key])
-        out[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
-    return out
 
 
 def row(strategy: str, tokens: int, loss: float, dp_loss: float, extra: dict[str, Any]) -> dict[str, Any]:
