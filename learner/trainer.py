@@ -49,6 +49,7 @@ class Trainer:
         self.step_time: float | None = None
         self.tokens_per_s = 0.0
         self.blocked_s = self.busy_s = 0.0
+        self.train_started = self.train_ended = 0.0   # monotonic seconds: the training loop
         self.waited: set[int] = set()   # max_lag: fragments whose unanswered push was waited for
         self._control_mtime = 0.0
         self._control: dict[str, float] = {}
@@ -111,7 +112,7 @@ class Trainer:
             self.island.share_start(list(outer.mark))
         self.phase = 0 if self.s.overlap else outer.lockstep_phase()
         opt = self.optimizer()
-        started = time.monotonic()
+        started = self.train_started = time.monotonic()
         stop = False
         while not stop:
             self._train_step(opt, outer)
@@ -129,6 +130,7 @@ class Trainer:
                 self._push_due(client, outer)
             self.blocked_s += time.perf_counter() - t0
             self._report(client)
+        self.train_ended = time.monotonic()
         return self._finish(client, outer)
 
     def _budget_spent(self, started: float) -> bool:
@@ -278,6 +280,13 @@ class Trainer:
             return max(1.0, float(self._control.get("slow_factor", 1.0)))
         return 1.0
 
+    def _write_finished(self) -> None:
+        """The marker that says the budget is spent (the supervisor does not restart it), with what
+        the loop did: steps, tokens, wall seconds of the loop, and its compute and blocked parts."""
+        record = {"steps": self.step, "tokens": self.tokens, "device": str(self.device),
+                  "train_s": self.train_ended - self.train_started, "busy_s": self.busy_s, "blocked_s": self.blocked_s}
+        (self.cfg.workdir / "finished").write_text(json.dumps(record) + "\n")
+
     def _finish(self, client: SyncerClient, outer: OuterState | None) -> int:
         """Send the due fragments, say bye, stop the sender."""
         if outer is not None and client.fatal is None:
@@ -290,7 +299,7 @@ class Trainer:
         if outer is not None:
             torch.save(client.replica_snapshot(), self.cfg.workdir / "replica.pt")
         if outer is not None and client.fatal is None and not self.stop.is_set():
-            (self.cfg.workdir / "finished").write_text(f"{self.step} steps\n")  # budget spent: do not restart
+            self._write_finished()  # budget spent: do not restart
         if client.fatal:
             log(f"{self.cfg.spec.id}: the syncer refused this learner: {client.fatal}")
             (self.cfg.workdir / "refused").write_text(client.fatal + "\n")  # restarting cannot help

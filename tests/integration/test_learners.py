@@ -171,3 +171,7 @@ def test_torchrun_island_keeps_its_ranks_identical(tmp_path: Path) -> None:
         assert "island of world 2" in log
         # every eval_every (20) steps the ranks compare crc32s of all their parameters
         assert log.count("island of 2 ranks identical") >= 2 and "DIVERGED" not in log
+        # the budget marker says what the loop did (bench/learner_throughput.py reads it)
+        done = json.loads((tmp_path / "learner-1" / "finished").read_text())
+        assert (done["steps"], done["tokens"], done["device"]) == (60, 60 * 8 * 32, "cpu")
+        assert 0 < done["busy_s"] and 0 <= done["blocked_s"] and done["busy_s"] + done["blocked_s"] <= done["train_s"] * 1.01
