@@ -20,14 +20,16 @@ Cases: CPU (one torch thread, as in the fleet benchmarks) and, where `torch.cuda
 CUDA (`device = "cuda"`), from small to gpt2-124m.
 
     .venv/bin/python bench/learner_throughput.py            # full: every case of each device
-    .venv/bin/python bench/learner_throughput.py --quick    # one case per device, fewer steps
+    .venv/bin/python bench/learner_throughput.py --quick    # fewer cases and steps
     .venv/bin/python bench/learner_throughput.py --devices cuda
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import multiprocessing
 import sys
 import time
 from pathlib import Path
@@ -48,7 +50,7 @@ CASES: dict[str, list[tuple[str, int, int, int, int]]] = {
     "cuda": [("gpt-small", 128, 64, 600, 200), ("gpt-medium", 256, 32, 400, 200),
              ("gpt2-124m", 512, 16, 100, 50)],
 }
-QUICK = {"cpu": "gpt-small", "cuda": "gpt-medium"}
+QUICK = {"cpu": ("gpt-small",), "cuda": ("gpt-medium", "gpt2-124m")}
 THREADS = {"cpu": 1, "cuda": 2}
 
 
@@ -88,11 +90,17 @@ def plain_loop(run: dict[str, Any], device: str, threads: int, read_loss: bool =
     _sync(device)
     seconds = time.perf_counter() - t0
     params = sum(p.numel() for p in wl.model.parameters())
-    del wl, opt
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
+    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "final_loss": final,
-            "parameters": params}
+            "parameters": params, "device_name": name}
+
+
+def plain_loop_apart(run: dict[str, Any], device: str, threads: int, read_loss: bool = False) -> dict[str, Any]:
+    """`plain_loop` in a fresh process: this one never holds the GPU (a GPU in exclusive-process
+    mode would refuse the learner a context), and the learner's run starts from a clean device."""
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        return pool.submit(plain_loop, run, device, threads, read_loss).result()
 
 
 def _sync(device: str) -> None:
@@ -104,13 +112,29 @@ def learner_run(run: dict[str, Any], device: str, threads: int) -> dict[str, Any
     """One real learner process in a real fleet; its `finished` record."""
     with Fleet("throughput") as fleet:
         fleet.up(run, [local_host("here", 1, device=device, threads=threads)])
-        fleet.wait_for(lambda: _finished(fleet) is not None, 900, "the learner to finish its steps", every=0.5)
+        try:
+            fleet.wait_for(lambda: _finished(fleet) is not None, 120 + 2.0 * int(run["steps"]),
+                           "the learner to finish its steps", every=0.5)
+        except TimeoutError:
+            _show_logs(fleet)
+            raise
         record = _finished(fleet)
         fleet.down()
     assert record is not None
     record["tokens_per_s"] = record["tokens"] / record["train_s"]
     record["blocked_frac"] = record["blocked_s"] / record["train_s"]
     return record
+
+
+def _show_logs(fleet: Fleet) -> None:
+    """What a stuck run left: the events and the tails of the learner's and syncer's logs."""
+    assert fleet.run_dir is not None
+    for event in fleet.events()[-12:]:
+        print("   event:", json.dumps(event)[:300])
+    for name in ("learner-0", "syncer"):
+        path = fleet.run_dir / "logs" / f"{name}.log"
+        text = path.read_text(errors="replace") if path.exists() else "(no log)"
+        print(f"   --- {path}:\n" + text[-3000:], flush=True)
 
 
 def _finished(fleet: Fleet) -> dict[str, Any] | None:
@@ -127,10 +151,11 @@ def case(device: str, model: str, seq_len: int, batch: int, steps: int) -> dict[
     run = settings(model, seq_len, batch, steps)
     threads = THREADS["cuda" if device.startswith("cuda") else "cpu"]
     print(f"  {device} {model} seq {seq_len} batch {batch}: {steps} steps ...", flush=True)
-    plain = plain_loop(run, device, threads)
-    synced = plain_loop(run, device, threads, read_loss=True) if device.startswith("cuda") else None
+    plain = plain_loop_apart(run, device, threads)
+    synced = plain_loop_apart(run, device, threads, read_loss=True) if device.startswith("cuda") else None
+    print(f"    plain loop {plain['tokens_per_s']:,.0f} tok/s; now the learner", flush=True)
     ours = learner_run(run, device, threads)
-    row = {"device": device, "model": model, "parameters": plain["parameters"], "seq_len": seq_len,
+    row = {"device": device, "device_name": plain["device_name"], "model": model, "parameters": plain["parameters"], "seq_len": seq_len,
            "batch": batch, "steps": steps, "threads": threads,
            "plain_tok_s": plain["tokens_per_s"], "learner_tok_s": ours["tokens_per_s"],
            "ratio": ours["tokens_per_s"] / plain["tokens_per_s"], "blocked": ours["blocked_frac"],
@@ -154,13 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     for device in devices(args.devices):
         kind = "cuda" if device.startswith("cuda") else "cpu"
         for model, seq_len, batch, steps, quick_steps in CASES[kind]:
-            if args.quick and model != QUICK[kind]:
+            if args.quick and model not in QUICK[kind]:
                 continue
             rows.append(case(device, model, seq_len, batch, quick_steps if args.quick else steps))
     common.print_table("Learner throughput: a real learner process vs a plain PyTorch loop", rows,
                        ["device", "model", "parameters", "seq_len", "batch", "steps", "plain_tok_s",
                         "plain_read_loss_tok_s", "learner_tok_s", "ratio", "blocked"])
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    gpu = next((r["device_name"] for r in rows if r["device"].startswith("cuda")), None)
     common.write_json(args.out, {"benchmark": "learner_throughput", "quick": args.quick, "gpu": gpu,
                                  "torch": torch.__version__, "rows": rows})
     return 0

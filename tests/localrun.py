@@ -79,7 +79,8 @@ class LocalRun:
 
     def _spawn(self, name: str, argv: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "ab")
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **(extra_env or {}))
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))  # keep the caller's
+        env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", **(extra_env or {}))
         proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                 env=env, start_new_session=True)
         log.close()
