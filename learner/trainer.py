@@ -329,8 +329,8 @@ def resolve_device(name: str, island: Any = None) -> torch.device:
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise RuntimeError(f"device {name!r} requested but torch.cuda.is_available() is False on this host")
-        if name == "cuda" and island is not None:
-            name = f"cuda:{island.local_rank}"
+        if name == "cuda":   # set_device needs an index: "cuda" alone raises in torch >= 2.11
+            name = f"cuda:{island.local_rank if island is not None else torch.cuda.current_device()}"
         device = torch.device(name)
         torch.cuda.set_device(device)
         return device
