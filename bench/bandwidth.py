@@ -19,6 +19,8 @@ held-out batches. Target: >= 400x less than DP with int4, at an eval loss within
 
     .venv/bin/python bench/bandwidth.py            # full: 7 fleets + DP, ~8 min on 2 cores
     .venv/bin/python bench/bandwidth.py --quick    # int4 and none at H = 32 + DP, ~2 min
+    .venv/bin/python bench/bandwidth.py --extra-only --set lr_schedule=cosine --extra quorum=4,rebase=true,max_lag=2
+        # only the --extra fleets (int4, H = --ref-h, each KEY=VALUE on top) + DP; --set applies to all
 """
 
 from __future__ import annotations
@@ -43,6 +45,19 @@ TARGET_RATIO, TARGET_GAP = 400.0, 0.03
 def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, help="inner steps per learner (default 1500, quick 400)")
     parser.add_argument("--ref-h", type=int, default=32, help="H of the compression sweep")
+    parser.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE,...",
+                        help="one more int4 fleet at H = --ref-h with these settings on top (repeatable)")
+    parser.add_argument("--extra-only", action="store_true", help="DP and the --extra fleets only")
+    parser.add_argument("--set", default="", metavar="KEY=VALUE,...", help="settings for every fleet and DP")
+
+
+def fleets(args: argparse.Namespace, steps: int) -> list[tuple[str, dict[str, Any]]]:
+    """(label, [run] table) of every fleet: the sweep unless --extra-only, then each --extra."""
+    base = common.overrides(args.set)
+    out = [] if args.extra_only else [("defaults", diloco_run(h, compression=c, steps=steps, **base))
+                                      for c, h in cases(args.quick, args.ref_h)]
+    return out + [(spec, {**diloco_run(args.ref_h, steps=steps, **base), **common.overrides(spec)})
+                  for spec in args.extra]
 
 
 def cases(quick: bool, ref_h: int) -> list[tuple[str, int]]:
@@ -63,16 +78,20 @@ def dp_closed_form(params: int, workers: int, tok_per_worker_step: int) -> float
     return 2 * 2 * (workers - 1) / workers * 4 * params / tok_per_worker_step
 
 
-def row(res: dict[str, Any], params: int, dp: dict[str, Any]) -> dict[str, Any]:
+def row(label: str, res: dict[str, Any], params: int, dp: dict[str, Any]) -> dict[str, Any]:
     run = res["run"]
     closed_up = params * BITS[run["compression"]] / 8 / run["H"] / tokens_per_step(run)
     dp_bpt = dp["bytes_per_token"]
-    return {"compression": run["compression"], "H": run["H"], "tokens": res["tokens_trained"],
+    return {"fleet": label, "compression": run["compression"], "H": run["H"], "tokens": res["tokens_trained"],
             "up B/tok": res["up_per_token"], "down B/tok": res["down_per_token"],
             "total B/tok": res["bytes_per_token"], "steady B/tok": res["steady_bytes_per_token"] or float("nan"),
             "closed up B/tok": closed_up, "DP B/tok": dp_bpt, "x less than DP": dp_bpt / res["bytes_per_token"],
             "contrib/round": res["mean_contributors"] or 0.0, "eval": res["eval_loss"],
             "vs DP": relative_gap(res["eval_loss"], dp["eval_loss"])}
+
+
+def _label(r: dict[str, Any]) -> str:
+    return f"{r['compression']} H={r['H']}" + ("" if r["fleet"] == "defaults" else f" {r['fleet']}")
 
 
 def plot(rows: list[dict[str, Any]], dp: dict[str, Any], path: Path) -> None:
@@ -83,7 +102,7 @@ def plot(rows: list[dict[str, Any]], dp: dict[str, Any], path: Path) -> None:
     fig = Figure(figsize=(11, 4.2))
     FigureCanvasAgg(fig)
     ax, ax2 = fig.subplots(1, 2)
-    labels = ["DP (gloo)"] + [f"{r['compression']} H={r['H']}" for r in rows]
+    labels = ["DP (gloo)"] + [_label(r) for r in rows]
     values = [dp["bytes_per_token"]] + [r["total B/tok"] for r in rows]
     ax.bar(range(len(values)), values, color=["tab:red"] + ["tab:blue"] * len(rows))
     ax.set_yscale("log")
@@ -92,7 +111,7 @@ def plot(rows: list[dict[str, Any]], dp: dict[str, Any], path: Path) -> None:
     ax.set_title("Wire bytes per token trained")
     for r in rows:
         ax2.scatter(r["total B/tok"], r["eval"], color="tab:blue")
-        ax2.annotate(f"{r['compression']} H={r['H']}", (r["total B/tok"], r["eval"]), fontsize=7)
+        ax2.annotate(_label(r), (r["total B/tok"], r["eval"]), fontsize=7)
     ax2.scatter(dp["bytes_per_token"], dp["eval_loss"], color="tab:red", label="DP")
     ax2.axhline(dp["eval_loss"] * (1 + TARGET_GAP), color="tab:red", ls=":", label="DP + 3%")
     ax2.set_xscale("log")
@@ -106,17 +125,18 @@ def plot(rows: list[dict[str, Any]], dp: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = common.parse_args("bandwidth", __doc__, _extra, argv)
     steps = args.steps or (400 if args.quick else 1500)
-    runs = [diloco_run(h, compression=c, steps=steps) for c, h in cases(args.quick, args.ref_h)]
-    params = n_params(runs[0]["model"], runs[0]["seq_len"])
-    budget = LEARNERS * steps * tokens_per_step(runs[0])
-    dp_raw = run_dp(runs[0], LEARNERS, budget_tokens=budget, checkpoint_every_s=600)
+    todo = fleets(args, steps)
+    shared = diloco_run(args.ref_h, steps=steps, **common.overrides(args.set))
+    params = n_params(shared["model"], shared["seq_len"])
+    budget = LEARNERS * steps * tokens_per_step(shared)
+    dp_raw = run_dp(shared, LEARNERS, budget_tokens=budget, checkpoint_every_s=600)
     dp = {"bytes_per_token": 2 * (dp_raw["wire_bytes_per_token"] or 0.0), "eval_loss": dp_raw["eval_loss_shared"],
-          "closed_form": dp_closed_form(params, LEARNERS, tokens_per_step(runs[0])), "tokens": dp_raw["tokens"]}
+          "closed_form": dp_closed_form(params, LEARNERS, tokens_per_step(shared)), "tokens": dp_raw["tokens"]}
     results = []
-    for run in runs:
-        results.append(run_diloco(Plan(f"bw-{run['compression']}-h{run['H']}", run, [local_host("here", LEARNERS)],
+    for i, (_, run) in enumerate(todo):
+        results.append(run_diloco(Plan(f"bw{i}-{run['compression']}-h{run['H']}", run, [local_host("here", LEARNERS)],
                                        LEARNERS, timeout_s=900)))
-    rows = [row(r, params, dp) for r in results]
+    rows = [row(label, r, params, dp) for (label, _), r in zip(todo, results)]
     common.print_table(f"Bandwidth: {LEARNERS} learners, gpt-tiny ({params} params), {steps} steps each, "
                        f"DP {dp['bytes_per_token']:.0f} B/token measured, {dp['closed_form']:.0f} closed form, "
                        f"DP eval {dp['eval_loss']:.4f}", rows)
@@ -125,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     png = args.out.with_suffix(".png")
     plot(rows, dp, png)
     common.write_json(args.out, {"benchmark": "bandwidth", "quick": args.quick, "steps_per_learner": steps,
+                                 "set": common.overrides(args.set),
                                  "learners": LEARNERS, "params": params, "dp": dp, "dp_run": dp_raw, "rows": rows,
                                  "runs": results, "verdict": verdict, "plot": common.shown(png)})
     print(f"wrote {args.out} and {png}")
@@ -138,7 +159,7 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     best = max(ok or int4, key=lambda r: r["x less than DP"]) if int4 else None
     met = bool(best and best in ok and best["x less than DP"] >= TARGET_RATIO)
     text = ("no int4 case" if best is None else
-            f"int4 H={best['H']}: {best['x less than DP']:.0f}x less than DP at eval {best['eval']:.4f} "
+            f"int4 H={best['H']} ({best['fleet']}): {best['x less than DP']:.0f}x less than DP at eval {best['eval']:.4f} "
             f"({100 * best['vs DP']:+.1f}% vs DP): target {'MET' if met else 'MISSED'} "
             f"(>= {TARGET_RATIO:.0f}x within {100 * TARGET_GAP:.0f}%)")
     return {"met": met, "best": best, "text": text}
