@@ -26,6 +26,7 @@ class Observation:
 
     alive: bool | None
     finished: str | None = None  # "finished" (budget spent) or "refused: why": do not restart
+    last_words: str = ""         # a dead process's last log line (its error, when it crashed)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ def _died(name: str, e: dict[str, Any], obs: Observation, now: float, base: floa
         events.append(("refused", name, f"{obs.finished}; not restarted (fix the cause, then `dldctl learner add`)"))
         return
     lived = now - (e["started_at"] if e.get("started_at") is not None else now)
-    if e.get("chaos_kill"):
+    killed = bool(e.get("chaos_kill"))   # killed on purpose: its log says nothing about why
+    if killed:
         e["chaos_kill"] = False
     elif lived < FAST_DEATH_S:
         e["fast_deaths"] = e.get("fast_deaths", 0) + 1
@@ -101,7 +103,8 @@ def _died(name: str, e: dict[str, Any], obs: Observation, now: float, base: floa
     e["next_start"] = max(now + delay, e.get("hold_until") or 0.0)
     e["status"] = "dead"
     kind = "syncer_death" if e["kind"] == "syncer" else "death"
-    events.append((kind, name, f"process gone after {lived:.1f} s; restart in {e['next_start'] - now:.1f} s"))
+    said = f"; its log ends: {obs.last_words}" if obs.last_words and not killed else ""
+    events.append((kind, name, f"process gone after {lived:.1f} s; restart in {e['next_start'] - now:.1f} s{said}"))
 
 
 def started(e: dict[str, Any], proc: dict[str, int], now: float) -> str:

@@ -92,8 +92,19 @@ class Supervisor:
                 continue
             for name, ref in items:
                 finished = None if alive[ref.pid] or name not in state["procs"] else self._finished(state, name)
-                seen[name] = reconcile.Observation(alive[ref.pid], finished)
+                last = "" if alive[ref.pid] or finished or name not in state["procs"] else self._last_words(state, name)
+                seen[name] = reconcile.Observation(alive[ref.pid], finished, last)
         return seen
+
+    def _last_words(self, state: dict[str, Any], name: str) -> str:
+        """The last line of a dead process's log (a crash's error), at most 300 characters."""
+        entry = state["procs"][name]
+        try:
+            text = self.host(entry["host"]).tail(launch.log_path(self.runtime(state, entry["host"]), name), 5)
+        except (DldError, OSError):
+            return ""
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return lines[-1][:300] if lines else ""
 
     def _finished(self, state: dict[str, Any], name: str) -> str | None:
         """'finished' (budget spent) or 'refused: why' (the syncer refused it), from the marker

@@ -39,3 +39,28 @@ env = {{ PYTHONPATH = "{ROOT}" }}
         assert dl.leftovers() == []
     finally:
         dl.cleanup()
+
+
+def test_a_learner_that_crashes_at_start_says_why_in_the_events(tmp_path: Path) -> None:
+    """A factory that does not exist kills every learner at start; the supervisor's death events
+    carry the error from the learner's log, so `dldctl status` shows why, not only that."""
+    inv = tmp_path / "inventory.toml"
+    inv.write_text(run_table("broken", model="examples.custom_model:no_such_factory", quorum=1) + f"""
+[[hosts]]
+name = "here"
+address = "local"
+learners = 1
+env = {{ PYTHONPATH = "{ROOT}" }}
+""")
+    dl = Dl(tmp_path / "home")
+    try:
+        dl("up", str(inv), "-d")
+        snap = dl.wait(lambda s: any(e["kind"] == "death" and "its log ends" in e["detail"] for e in s["events"]),
+                       90, "a death event with the learner's last log line")
+        death = next(e for e in snap["events"] if e["kind"] == "death")
+        assert death["target"] == "learner-0"
+        assert "has no attribute 'no_such_factory'" in death["detail"], death["detail"]
+        dl("down")
+        assert dl.leftovers() == []
+    finally:
+        dl.cleanup()

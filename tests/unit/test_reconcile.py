@@ -47,6 +47,19 @@ def test_crash_loop_backs_off_but_chaos_kills_do_not_count() -> None:
     assert backoff_delay(10, 2.0, 60.0) == 60.0
 
 
+def test_a_crash_says_its_last_log_line_a_chaos_kill_does_not() -> None:
+    e = new_proc("learner", "a")
+    st = state(**{"learner-0": e})
+    started(e, {"pid": 1, "start_ticks": 1}, 0.0)
+    error = "ValueError: Expected a torch.device with a specified index or an integer, but got:cuda"
+    _, events = decide(st, {"learner-0": Observation(False, None, error)}, 3.0, 2.0, 60.0)
+    assert events[0][0] == "death" and events[0][2].endswith(f"its log ends: {error}")
+    started(e, {"pid": 2, "start_ticks": 2}, 10.0)
+    e["chaos_kill"] = True
+    _, events = decide(st, {"learner-0": Observation(False, None, "learner-0: step 40 loss 3.1")}, 20.0, 2.0, 60.0)
+    assert "its log ends" not in events[0][2]
+
+
 def test_finished_and_refused_learners_are_not_restarted() -> None:
     a, b = new_proc("learner", "x"), new_proc("learner", "x")
     started(a, {"pid": 1, "start_ticks": 1}, 0.0)
