@@ -16,15 +16,21 @@ from tests.e2e.fleetutil import ROOT, Dl, run_table
 pytestmark = [pytest.mark.timeout(300)]
 
 
-def test_custom_model_trains_under_dldctl_up(tmp_path: Path) -> None:
+def inventory(tmp_path: Path, name: str, model: str, learners: int) -> Path:
+    """One local host whose learners can import `examples` (the repository root on PYTHONPATH)."""
     inv = tmp_path / "inventory.toml"
-    inv.write_text(run_table("custom", model="examples.custom_model:factory", quorum=1) + f"""
+    inv.write_text(run_table(name, model=model, quorum=1) + f"""
 [[hosts]]
 name = "here"
 address = "local"
-learners = 2
+learners = {learners}
 env = {{ PYTHONPATH = "{ROOT}" }}
 """)
+    return inv
+
+
+def test_custom_model_trains_under_dldctl_up(tmp_path: Path) -> None:
+    inv = inventory(tmp_path, "custom", "examples.custom_model:factory", 2)
     home = tmp_path / "home"
     dl = Dl(home)
     try:
@@ -44,14 +50,7 @@ env = {{ PYTHONPATH = "{ROOT}" }}
 def test_a_learner_that_crashes_at_start_says_why_in_the_events(tmp_path: Path) -> None:
     """A factory that does not exist kills every learner at start; the supervisor's death events
     carry the error from the learner's log, so `dldctl status` shows why, not only that."""
-    inv = tmp_path / "inventory.toml"
-    inv.write_text(run_table("broken", model="examples.custom_model:no_such_factory", quorum=1) + f"""
-[[hosts]]
-name = "here"
-address = "local"
-learners = 1
-env = {{ PYTHONPATH = "{ROOT}" }}
-""")
+    inv = inventory(tmp_path, "broken", "examples.custom_model:no_such_factory", 1)
     dl = Dl(tmp_path / "home")
     try:
         dl("up", str(inv), "-d")
