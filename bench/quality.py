@@ -8,22 +8,29 @@ optimizer (AdamW, cosine learning rate to 10% at the budget, `--set` to change) 
   (`bench.ddp_baseline.run_ddp`);
 - **synchronous DiLoCo**: the same 4 learners with `quorum = 4`, `overlap = false` (every learner
   waits for every merge of its fragment), `steps` inner steps each;
-- **Decoupled DiLoCo**: `quorum = 1`, overlap on, replies overwrite (the defaults), `steps` inner
-  steps each; and with `rebase = true, quorum = 2, max_lag = 2` (the tuning guide's choice for
-  quality: no work lost to the overlap, fuller rounds, a reply at most 2 steps late);
-- **Decoupled DiLoCo under a chaos monkey**, both settings: the same, while `dldctl chaos monkey
-  --actions kill,pause,slow,partition` injects faults (mean 15 s apart, 5 s each, seeded); a killed
-  learner restarts and trains a fresh `steps` budget, so this run is stopped once the fleet has
-  trained the same token budget (read from the syncer's 2 s samples: it may overshoot by one sample).
+- **Decoupled DiLoCo, quorum 4, rebase, max_lag 2**: overlap on (learners train on while their
+  push is merged), every round waits for every live learner's contribution (`quorum = 4`), a
+  reply lands on top of the steps trained since the push (`rebase`), and a learner waits for a
+  reply only once it is 2 steps late (`max_lag = 2`, at most `liveness_s`): the tuning guide's
+  choice for quality;
+- **the same under a chaos monkey**: `dldctl chaos monkey --actions kill,pause,slow,partition`
+  injects faults (mean 15 s apart, 5 s each, seeded); a killed learner restarts and trains a fresh
+  `steps` budget, so this run is stopped once the fleet has trained the same token budget (read
+  from the syncer's 2 s samples: it may overshoot by one sample);
+- with `--defaults`, also the spec's defaults (`quorum = 1`, overwrite), with and without the
+  monkey (about 5 minutes more).
 
-The DiLoCo fleets are not deterministic (merge order and timing), so full mode runs each twice
-and reports the mean eval loss and its range; data-parallel (gloo, fixed seeds) repeats itself.
+The budget is 8,000 steps per learner (8.2 M tokens): at 1,500 steps even synchronous DiLoCo is
+5-7% above data-parallel on this model (BENCHMARKS.md). The Decoupled fleets are not
+deterministic (merge order and timing): `--repeats N` runs each N times and reports the mean eval
+loss and its range; data-parallel (gloo, fixed seeds) and the synchronous fleet repeat themselves.
 Every run's *final global model* (`final_model.pt`, DP: its final checkpoint) is scored by one
 function (`bench.evaluate.eval_loss`) on the learners' 16 held-out eval batches. Targets: within
 3% of data-parallel without failures, within 5% with failures.
 
-    .venv/bin/python bench/quality.py            # full: 1500 steps per learner, 2 runs of each fleet, ~12 min
-    .venv/bin/python bench/quality.py --quick    # 400 steps, ~2.5 min
+    .venv/bin/python bench/quality.py            # full: 8000 steps per learner, one run of each fleet, ~11 min
+    .venv/bin/python bench/quality.py --quick    # 400 steps, ~2 min
+    .venv/bin/python bench/quality.py --steps 1500 --repeats 2 --defaults   # the previous set-up, ~12 min
 """
 
 from __future__ import annotations
@@ -46,11 +53,13 @@ TARGET_CLEAN, TARGET_CHAOS = 0.03, 0.05
 
 
 def _extra(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=None, help="inner steps per learner (default 1500, quick 400)")
+    parser.add_argument("--steps", type=int, default=None, help="inner steps per learner (default 8000, quick 400)")
     parser.add_argument("--H", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1, help="chaos monkey seed")
     parser.add_argument("--mtbf", type=float, default=15.0, help="chaos monkey: mean seconds between faults")
-    parser.add_argument("--repeats", type=int, default=None, help="runs of each DiLoCo fleet (default 2, quick 1)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each DiLoCo fleet")
+    parser.add_argument("--defaults", action="store_true",
+                        help="also the default Decoupled fleet (quorum 1, overwrite), with and without the monkey")
     parser.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE,...",
                         help="also run a fleet with these [run] overrides, e.g. H=64,outer_lr=0.7 (repeatable)")
     parser.add_argument("--extra-only", action="store_true", help="DP and the --extra fleets only (a tuning sweep)")
@@ -58,8 +67,13 @@ def _extra(parser: argparse.ArgumentParser) -> None:
                         help="[run] overrides for every strategy, data-parallel included, e.g. lr_schedule=cosine")
 
 
+TUNED = {"rebase": True, "quorum": LEARNERS, "max_lag": 2}
+TUNED_NAME = f"Decoupled DiLoCo, quorum {LEARNERS}, rebase, max_lag 2"
+
+
 def plans(args: argparse.Namespace, steps: int) -> list[tuple[str, Plan]]:
-    """(strategy, plan) of the three DiLoCo fleets."""
+    """(strategy, plan) of the DiLoCo fleets: synchronous, tuned Decoupled with and without the
+    monkey, the defaults with --defaults, then the --extra fleets."""
     hosts = [local_host("here", LEARNERS)]
     sync = diloco_run(args.H, quorum=LEARNERS, overlap=False, steps=steps, **overrides(args.set))
     dec = diloco_run(args.H, steps=steps, **overrides(args.set))
@@ -68,19 +82,19 @@ def plans(args: argparse.Namespace, steps: int) -> list[tuple[str, Plan]]:
     def monkey(fleet: Any, start: float, stop: Any) -> dict[str, Any]:
         return fleet.monkey(args.mtbf, 3600, args.seed, "kill,pause,slow,partition", stop, fault_duration=5.0)
 
+    def pair(name: str, tag: str, run: dict[str, Any]) -> list[tuple[str, Plan]]:
+        return [(name, Plan(f"q-{tag}", run, hosts, LEARNERS)),
+                (f"{name} + chaos monkey", Plan(f"q-{tag}-chaos", run, hosts, LEARNERS, budget_tokens=budget,
+                                                 chaos=monkey))]
+
     extras = [(f"DiLoCo {spec}", Plan(f"q-x{i}", {**dec, **overrides(spec)}, hosts, LEARNERS))
               for i, spec in enumerate(args.extra)]
     if args.extra_only:
         return extras
-    tuned = {**dec, "rebase": True, "quorum": 2, "max_lag": 2}
-    name = "Decoupled DiLoCo, rebase, quorum 2, max_lag 2"
-    return [("synchronous DiLoCo", Plan("q-sync", sync, hosts, LEARNERS)),
-            ("Decoupled DiLoCo", Plan("q-dec", dec, hosts, LEARNERS)),
-            ("Decoupled DiLoCo + chaos monkey", Plan("q-chaos", dec, hosts, LEARNERS, budget_tokens=budget,
-                                                      chaos=monkey)),
-            (name, Plan("q-tuned", tuned, hosts, LEARNERS)),
-            (f"{name} + chaos monkey", Plan("q-tuned-chaos", tuned, hosts, LEARNERS, budget_tokens=budget,
-                                            chaos=monkey))] + extras
+    out = [("synchronous DiLoCo", Plan("q-sync", sync, hosts, LEARNERS))] + pair(TUNED_NAME, "tuned", {**dec, **TUNED})
+    if args.defaults:
+        out += pair("Decoupled DiLoCo (defaults: quorum 1, overwrite)", "dec", dec)
+    return out + extras
 
 
 def row(strategy: str, tokens: int, loss: float, dp_loss: float, extra: dict[str, Any]) -> dict[str, Any]:
@@ -134,7 +148,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = common.parse_args("quality", __doc__, _extra, argv)
-    steps = args.steps or (400 if args.quick else 1500)
+    steps = args.steps or (400 if args.quick else 8000)
     todo = plans(args, steps)
     settings = diloco_run(args.H, steps=steps, **overrides(args.set))
     budget = LEARNERS * steps * tokens_per_step(settings)
@@ -145,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                  "train_s": dp.get("train_window_s") or dp["wall_s"], "runs": 1})]
     runs: dict[str, Any] = {"data-parallel": dp}
     for strategy, plan in todo:
-        runs[strategy] = [run_diloco(plan) for _ in range(args.repeats or (1 if args.quick else 2))]
+        runs[strategy] = [run_diloco(plan) for _ in range(max(1, args.repeats))]
         rows.append(diloco_row(strategy, runs[strategy], dp_loss))
     common.print_table(f"Quality at equal tokens: {LEARNERS} learners/workers, gpt-tiny seq 32 batch 8, "
                        f"{steps} steps each, H={args.H}", rows)
