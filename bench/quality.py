@@ -113,8 +113,9 @@ def diloco_row(strategy: str, runs: list[dict[str, Any]], dp_loss: float) -> dic
                 "train_s": mean(lambda r: r["train_s"]), "runs": len(runs)})
 
 
-def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The targets, for the best Decoupled fleet without and with the chaos monkey."""
+def verdict(rows: list[dict[str, Any]], budget: int) -> dict[str, Any]:
+    """The targets, for the best Decoupled fleet without and with the chaos monkey (a chaos run
+    that trained more than 5% over the token budget is said to have, next to its result)."""
     decoupled = [r for r in rows if r["strategy"].startswith("Decoupled") and r["vs DP"] is not None]
     clean = min((r for r in decoupled if not r["strategy"].endswith("chaos monkey")), key=lambda r: r["vs DP"])
     chaos = min((r for r in decoupled if r["strategy"].endswith("chaos monkey")), key=lambda r: r["vs DP"])
@@ -123,6 +124,9 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
     text = (f"no failures: {100 * clean['vs DP']:+.1f}% vs DP, {clean['strategy']} (target <= +3%: "
             f"{'MET' if ok_clean else 'MISSED'}); chaos monkey: {100 * chaos['vs DP']:+.1f}%, {chaos['strategy']} "
             f"(target <= +5%: {'MET' if ok_chaos else 'MISSED'})")
+    over = chaos["tokens"] / budget - 1.0
+    if over > 0.05:
+        text += f"; that chaos run trained {100 * over:.0f}% more tokens than the budget"
     return {"clean_met": ok_clean, "chaos_met": ok_chaos, "text": text}
 
 
@@ -163,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(diloco_row(strategy, runs[strategy], dp_loss))
     common.print_table(f"Quality at equal tokens: {LEARNERS} learners/workers, gpt-tiny seq 32 batch 8, "
                        f"{steps} steps each, H={args.H}", rows)
-    result = verdict(rows) if not args.extra_only else {"text": "tuning sweep: no verdict"}
+    result = verdict(rows, budget) if not args.extra_only else {"text": "tuning sweep: no verdict"}
     print(result["text"])
     png = args.out.with_suffix(".png")
     plot(rows, png)
