@@ -28,7 +28,7 @@ Every run's *final global model* (`final_model.pt`, DP: its final checkpoint) is
 function (`bench.evaluate.eval_loss`) on the learners' 16 held-out eval batches. Targets: within
 3% of data-parallel without failures, within 5% with failures.
 
-    .venv/bin/python bench/quality.py            # full: 8000 steps per learner, one run of each fleet, ~11 min
+    .venv/bin/python bench/quality.py            # full: 8000 steps per learner, one run of each fleet, ~14 min
     .venv/bin/python bench/quality.py --quick    # 400 steps, ~2 min
     .venv/bin/python bench/quality.py --steps 1500 --repeats 2 --defaults   # the previous set-up, ~12 min
 """
