@@ -5,7 +5,8 @@ inventory of local hosts (`address = "local"`), brings the run up (`up -d`), inj
 (`chaos kill`, `chaos monkey`), stops it with `dldctl down --json`, and always cleans up:
 `close()` runs `dldctl down` if the run may still be up, then SIGKILLs every process recorded in
 the run's `procs.jsonl` that is still alive *and* still has the recorded start time (pid reuse is
-checked, nothing is ever killed by name), then deletes the home.
+checked, nothing is ever killed by name), then deletes the home (kept, and its path printed,
+when the environment sets `DLD_BENCH_KEEP=1`: for a post-mortem of a run's records and logs).
 
 The benchmarks read what the run wrote rather than polling `dldctl status` (each call is a
 Python start-up, about a second of CPU on a 2-core machine shared with the fleet):
@@ -231,7 +232,9 @@ class Fleet:
 
     def monkey(self, mtbf: float, duration: float, seed: int, actions: str, stop: threading.Event,
                fault_duration: float = 10.0) -> dict[str, Any]:
-        """`dldctl chaos monkey ... --force` until it ends or `stop` is set (then SIGINT: it heals)."""
+        """`dldctl chaos monkey ... --force` until it ends or `stop` is set (then SIGTERM: it heals its
+        faults and exits; not SIGINT, which a shell's background job ignores: the monkey ran on, and
+        the fleet trained on past its budget while this waited for it)."""
         log = self.home / f"monkey-{seed}.log"
         cmd = [DLDCTL, "chaos", "monkey", "--mtbf", str(mtbf), "--duration", str(duration), "--seed", str(seed),
                "--actions", actions, "--fault-duration", str(fault_duration), "--force"]
@@ -244,10 +247,10 @@ class Fleet:
                     pass
                 if proc.poll() is None:
                     interrupted_at = time.monotonic()
-                    proc.send_signal(signal.SIGINT)   # Ctrl-C: the monkey heals its faults and exits
-                    proc.wait(timeout=60)
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                pass                                  # reported below as `sigint_ignored`
+                pass                                  # reported below as `sigterm_ignored`
             finally:
                 hung = proc.poll() is None
                 if hung:
@@ -255,7 +258,7 @@ class Fleet:
                     proc.wait()
         text = log.read_text(errors="replace")
         return {"returncode": proc.returncode, "injected": _injected(text), "log": text[-4000:],
-                "sigint_ignored": hung, "exit_after_sigint_s": None if interrupted_at is None or hung
+                "sigterm_ignored": hung, "exit_after_sigterm_s": None if interrupted_at is None or hung
                 else time.monotonic() - interrupted_at}
 
     # -- the end -----------------------------------------------------------------------------
@@ -294,6 +297,8 @@ class Fleet:
                     pass
         if not self.keep:
             shutil.rmtree(self.home, ignore_errors=True)
+        else:
+            print(f"{self.name}: home kept at {self.home}", file=sys.stderr)
         return killed
 
 
@@ -390,7 +395,7 @@ def run_diloco(plan: Plan) -> dict[str, Any]:
     """Run `plan` on a fresh fleet (always cleaned up) and summarise it; see `summarize_run`."""
     from bench import evaluate
 
-    with Fleet(plan.name) as fleet:
+    with Fleet(plan.name, keep=bool(os.environ.get("DLD_BENCH_KEEP"))) as fleet:
         fleet.up(plan.run, plan.hosts)
         start = fleet.wait_training(plan.learners)
         stop, box = threading.Event(), []

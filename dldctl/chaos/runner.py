@@ -1,17 +1,22 @@
 """The foreground loops: the chaos monkey and experiment runs (sleep, inject, sample, judge).
 
-Both print each fault as it happens. Interrupting either heals the faults it started (the
-supervisor would undo them at their expiry anyway). An experiment samples `dldctl status
+Both print each fault as it happens. Interrupting either (Ctrl-C, or SIGTERM from `kill`,
+`timeout` or a service manager: the way to stop one started in the background, where a shell
+leaves SIGINT ignored) heals the faults it started (the supervisor would undo them at their
+expiry anyway). An experiment samples `dldctl status
 --json` snapshots, aborts (and rolls back) when an abort check fires, and ends with a verdict
 and a report written to the run directory (chaos/<name>-<time>.json and .md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
 
@@ -34,19 +39,37 @@ def inject(chaos: Chaos, fault: Fault, *, force: bool) -> str:
     return chaos.fault(fault.action, fault.target, fault.duration, fault.factor)
 
 
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Inside, SIGTERM raises KeyboardInterrupt as Ctrl-C does (main thread only; restored after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def monkey(chaos: Chaos, schedule: list[Fault], console: Console, *, force: bool, sleep: Sleep = time.sleep) -> int:
     """Run a schedule; returns how many faults were injected."""
     start = time.monotonic()
     injected = 0
     try:
-        for fault in schedule:
-            sleep(max(0.0, start + fault.at - time.monotonic()))
-            try:
-                detail = inject(chaos, fault, force=force)
-                injected += 1
-                console.print(f"[red]{fault.describe()}[/]  {detail}", highlight=False)
-            except DldError as exc:
-                console.print(f"[yellow]{fault.describe()}  skipped: {exc.line()}[/]", highlight=False)
+        with sigterm_interrupts():
+            for fault in schedule:
+                sleep(max(0.0, start + fault.at - time.monotonic()))
+                try:
+                    detail = inject(chaos, fault, force=force)
+                    injected += 1
+                    console.print(f"[red]{fault.describe()}[/]  {detail}", highlight=False)
+                except DldError as exc:
+                    console.print(f"[yellow]{fault.describe()}  skipped: {exc.line()}[/]", highlight=False)
     except KeyboardInterrupt:
         healed = chaos.heal(own=True)
         console.print(f"monkey interrupted; healed its faults: {', '.join(healed) or 'nothing'}")
@@ -62,18 +85,19 @@ def run_experiment(chaos: Chaos, run: RunDir, exp: Experiment, console: Console,
     aborted = None
     pending = list(enumerate(exp.faults))
     try:
-        while time.time() - t0 < exp.duration:
-            elapsed = time.time() - t0
-            while pending and pending[0][1].at <= elapsed:
-                i, fault = pending.pop(0)
-                aborted = _inject_one(chaos, fault, console) or aborted
-                injected[i] = time.time()
-            sleep(exp.sample_every)
-            samples.append(collect(run))
-            fired = [c.text for c in exp.aborts if c.holds(samples[-1], samples[0])]
-            if fired or aborted:
-                aborted = aborted or f"abort condition {fired[0]}"
-                break
+        with sigterm_interrupts():
+            while time.time() - t0 < exp.duration:
+                elapsed = time.time() - t0
+                while pending and pending[0][1].at <= elapsed:
+                    i, fault = pending.pop(0)
+                    aborted = _inject_one(chaos, fault, console) or aborted
+                    injected[i] = time.time()
+                sleep(exp.sample_every)
+                samples.append(collect(run))
+                fired = [c.text for c in exp.aborts if c.holds(samples[-1], samples[0])]
+                if fired or aborted:
+                    aborted = aborted or f"abort condition {fired[0]}"
+                    break
     except KeyboardInterrupt:
         aborted = "interrupted"
     if aborted and exp.heal_on_abort:

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -173,14 +173,27 @@ def test_monkey_schedule_is_reproducible_and_training_goes_on(fleet: tuple[Dl, P
     dl.wait(lambda s: s["tokens"]["merged"] > merged and not s["faults"], 60, "merging after the monkey")
 
 
-def test_ctrl_c_stops_the_monkey_and_undoes_its_faults(fleet: tuple[Dl, Path]) -> None:
+def _sigint(disposition: signal.Handlers) -> Callable[[], None]:
+    """A preexec_fn giving the child this SIGINT disposition whatever the test runner's is (a
+    shell starts background jobs, and so maybe this suite, with SIGINT ignored)."""
+    def preexec() -> None:
+        signal.signal(signal.SIGINT, disposition)
+    return preexec
+
+
+@pytest.mark.parametrize("sig, sigint", [(signal.SIGINT, signal.SIG_DFL),      # Ctrl-C in a terminal
+                                         (signal.SIGTERM, signal.SIG_IGN)],    # kill, from a background job
+                         ids=["ctrl-c", "sigterm-in-background"])
+def test_interrupt_stops_the_monkey_and_undoes_its_faults(fleet: tuple[Dl, Path], sig: int,
+                                                          sigint: signal.Handlers) -> None:
     dl, _ = fleet
     proc = subprocess.Popen([DLDCTL, "chaos", "monkey", "--mtbf", "1", "--duration", "10m", "--seed", "5",
                              "--actions", "pause", "--fault-duration", "10m", "--targets", "learner-3", "--force"],
-                            env=dl.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=dl.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_sigint(sigint))
     try:
         dl.wait(lambda s: learner(s, "learner-3")["state"] == "paused", 60, "the monkey's first pause")
-        proc.send_signal(signal.SIGINT)                  # Ctrl-C
+        proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

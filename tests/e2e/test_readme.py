@@ -65,6 +65,7 @@ def test_first_command_shows_a_learning_run_and_ctrl_c_leaves_it_running(tmp_pat
     dl = Dl(tmp_path / "home")
     pid, fd = pty.fork()
     if pid == 0:  # the child: a login-like shell in the repo, in a real terminal
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # as a terminal's shell has it, however this suite was started
         os.chdir(ROOT)
         os.execvpe("bash", ["bash", "-c", first], dict(dl.env, TERM="xterm-256color", LINES="30", COLUMNS="100"))
     seen = bytearray()
