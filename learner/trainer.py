@@ -88,6 +88,15 @@ class Trainer:
         client.take_updates()
         return OuterState.start(self.plan, self.s.H, self.s.alpha, values, self.params, client.epoch(), self.s.rebase)
 
+    def schedule_phase(self, outer: OuterState) -> int:
+        """Steps added to a (re)joining learner's counter for its push schedule. Where learners
+        wait for merges (`overlap = false`, or `max_lag`) its pushes must follow the fleet's
+        fragment order, or it waits for one fragment while the others wait for its push of
+        another: a deadlock (lock-step), or (max_lag) a stall broken only by each wait's
+        liveness_s limit until the counters drift into line (about 20 s at quorum 4 on 2 cores).
+        Otherwise nothing waits on the order, and the counter starts at 0."""
+        return outer.lockstep_phase() if not self.s.overlap or self.s.max_lag else 0
+
     def optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.wl.model.parameters(), lr=self.s.lr, weight_decay=self.s.weight_decay)
 
@@ -110,7 +119,7 @@ class Trainer:
         log(f"{self.cfg.spec.id}: joined at versions {client.versions()}")
         if self.island is not None:
             self.island.share_start(list(outer.mark))
-        self.phase = 0 if self.s.overlap else outer.lockstep_phase()
+        self.phase = self.schedule_phase(outer)
         opt = self.optimizer()
         started = self.train_started = time.monotonic()
         stop = False

@@ -85,3 +85,17 @@ def test_a_reply_that_never_comes_costs_at_most_liveness(tmp_path: Path) -> None
     trainer, client = _setup(tmp_path, max_lag=2)
     took = _timed(trainer, client, _pushed(50))
     assert 0.9 <= took < 2.0, f"waited {took:.2f} s with liveness_s = 1"
+
+
+def test_a_rejoiner_follows_the_fleets_fragment_order_when_learners_wait(tmp_path: Path) -> None:
+    # H = 8, P = 4, fragments 0 and 1 merged once more than 2 and 3: fragment 2 merges next
+    plan = fragments.plan([fragments.TensorSpec(f"t{i}", (3,)) for i in range(4)], 4)
+    outer = OuterState(plan, 8, 0.0, base_version=[5, 5, 4, 4])
+    cases = {(True, 2): 4, (False, 0): 4, (True, 0): 0}   # (overlap, max_lag) -> phase
+    for (overlap, max_lag), phase in cases.items():
+        trainer, _ = _setup(tmp_path, overlap=overlap, max_lag=max_lag)
+        assert trainer.schedule_phase(outer) == phase, (overlap, max_lag)
+    # with max_lag, the rejoiner's first push (after H/P = 2 steps) is fragment 2, the open round
+    trainer, _ = _setup(tmp_path, max_lag=2)
+    phase = trainer.schedule_phase(outer)
+    assert next((step, outer.due(step + phase)) for step in range(1, 9) if outer.due(step + phase)) == (2, [2])
