@@ -43,6 +43,20 @@ class PushItem:
     base_epoch: int = 0          # the syncer epoch in which base_version was applied
 
 
+def coalesce(older: PushItem | None, newer: PushItem) -> PushItem:
+    """The one push to send for a fragment whose earlier push has not left yet.
+
+    Outer gradients taken from the same base telescope, (mark0 - x1) + (x1 - x2) = mark0 - x2,
+    so the sum, with the counters summed, is exactly the outer gradient of all the steps since
+    that base: the work of a learner cut off from the syncer reaches the model when it is back
+    (the fragment "stays due", ALGORITHM.md). If a global value was applied in between (another
+    base), the older one is dropped: newest wins."""
+    if older is None or (older.base_version, older.base_epoch) != (newer.base_version, newer.base_epoch):
+        return newer
+    return PushItem(newer.fragment, older.delta + newer.delta, newer.base_version, older.c_steps + newer.c_steps,
+                    older.c_tokens + newer.c_tokens, older.c_time + newer.c_time, newer.step_time, newer.base_epoch)
+
+
 class SyncerClient(threading.Thread):
     """Background syncer client; all public methods are safe to call from the training thread."""
 
@@ -60,6 +74,7 @@ class SyncerClient(threading.Thread):
         self.bytes_sent = self.bytes_received = 0
         self.counters: dict[str, int] = {"pushes_sent": 0, "updates": 0, "refetches": 0, "reconnects": 0, "bad_messages": 0}
         self._pending: dict[int, PushItem] = {}
+        self._sending = 0               # a push taken off _pending while it is sent
         self._replies: set[int] = set()   # fragments whose new global value answers one of our pushes
         self._forced: set[int] = set()
         self._stats: dict[str, Any] = {"step": 0, "tokens": 0, "state": "joining"}
@@ -78,9 +93,9 @@ class SyncerClient(threading.Thread):
 
     # -- training-thread API -----------------------------------------------------------------
     def push(self, item: PushItem) -> None:
-        """Queue an outer gradient; replaces an unsent one of the same fragment (newest wins)."""
+        """Queue an outer gradient; an unsent one of the same fragment is folded in (`coalesce`)."""
         with self.lock:
-            self._pending[item.fragment] = item
+            self._pending[item.fragment] = coalesce(self._pending.get(item.fragment), item)
 
     def take_updates(self) -> tuple[set[int], set[int]]:
         """(fragments with a reply to our push, fragments the syncer wants overwritten).
@@ -135,7 +150,7 @@ class SyncerClient(threading.Thread):
 
     def pending(self) -> int:
         with self.lock:
-            return len(self._pending)
+            return len(self._pending) + self._sending
 
     def stop(self, flush_s: float = 2.0) -> None:
         """Send what is pending (up to flush_s), say bye, close."""
@@ -369,17 +384,35 @@ class SyncerClient(threading.Thread):
             self._init_queue.pop(0)
 
     def _send_pushes(self) -> None:
-        with self.lock:
-            items = sorted(self._pending.values(), key=lambda i: i.fragment)
-        for item in items:
-            blob = codec.encode(item.delta, self.s.compression, self.s.block)
-            meta = {"fragment": item.fragment, "base_version": item.base_version, "seq": self.counters["pushes_sent"],
-                    "epoch": item.base_epoch, "c_steps": item.c_steps, "c_tokens": item.c_tokens,
-                    "c_time": item.c_time, "step_time": item.step_time}
-            faultpoints.hit("push")
-            if not self._send(Message("push", meta, [blob])):
-                return  # not connected: keep it (newest wins)
+        """Send the queued pushes, lowest fragment first. Each is taken off the queue while it is
+        encoded and sent (a push queued meanwhile cannot fold it in and send it twice); one that
+        cannot leave goes back, the newer one for its fragment folded onto it."""
+        sent: set[int] = set()
+        while True:
             with self.lock:
-                if self._pending.get(item.fragment) is item:
-                    del self._pending[item.fragment]
+                waiting = sorted(p for p in self._pending if p not in sent)
+                if not waiting:
+                    return
+                item = self._pending.pop(waiting[0])
+                self._sending = 1
+            ok = False
+            try:
+                ok = self._send_push(item)
+            finally:
+                with self.lock:
+                    self._sending = 0
+                    if not ok:   # not connected: keep it for when the link is back
+                        self._pending[item.fragment] = coalesce(item, self._pending[item.fragment]) \
+                            if item.fragment in self._pending else item
+            if not ok:
+                return
+            sent.add(item.fragment)
             self.counters["pushes_sent"] += 1
+
+    def _send_push(self, item: PushItem) -> bool:
+        blob = codec.encode(item.delta, self.s.compression, self.s.block)
+        meta = {"fragment": item.fragment, "base_version": item.base_version, "seq": self.counters["pushes_sent"],
+                "epoch": item.base_epoch, "c_steps": item.c_steps, "c_tokens": item.c_tokens,
+                "c_time": item.c_time, "step_time": item.step_time}
+        faultpoints.hit("push")
+        return self._send(Message("push", meta, [blob]))
