@@ -3,9 +3,9 @@
 Both print each fault as it happens. Interrupting either (Ctrl-C, or SIGTERM from `kill`,
 `timeout` or a service manager: the way to stop one started in the background, where a shell
 leaves SIGINT ignored) heals the faults it started (the supervisor would undo them at their
-expiry anyway). An experiment samples `dldctl status
---json` snapshots, aborts (and rolls back) when an abort check fires, and ends with a verdict
-and a report written to the run directory (chaos/<name>-<time>.json and .md).
+expiry anyway). An experiment samples `dldctl status --json` snapshots, aborts (and rolls back)
+when an abort check fires, and ends with a verdict and a report written to the run directory
+(chaos/<name>-<time>.json and .md).
 """
 
 from __future__ import annotations
