@@ -91,8 +91,9 @@ class Supervisor:
                 seen.update({n: reconcile.Observation(None) for n, _ in items})
                 continue
             for name, ref in items:
-                finished = None if alive[ref.pid] or name not in state["procs"] else self._finished(state, name)
-                last = "" if alive[ref.pid] or finished or name not in state["procs"] else self._last_words(state, name)
+                dead = not alive[ref.pid] and name in state["procs"]
+                finished = self._finished(state, name) if dead else None
+                last = self._last_words(state, name) if dead and not finished else ""
                 seen[name] = reconcile.Observation(alive[ref.pid], finished, last)
         return seen
 
