@@ -77,6 +77,7 @@ class SyncerClient(threading.Thread):
         self._sending = 0               # a push taken off _pending while it is sent
         self._replies: set[int] = set()   # fragments whose new global value answers one of our pushes
         self._forced: set[int] = set()
+        self._calls: set[int] = set()     # fragments whose round the syncer has called (round_clock = syncer)
         self._stats: dict[str, Any] = {"step": 0, "tokens": 0, "state": "joining"}
         self._partitioned = False
         self._halt = threading.Event()
@@ -108,6 +109,12 @@ class SyncerClient(threading.Thread):
             replies, forced = self._replies, self._forced
             self._replies, self._forced = set(), set()
         return replies, forced
+
+    def take_calls(self) -> set[int]:
+        """Fragments whose round the syncer called since the last take: push them now."""
+        with self.lock:
+            calls, self._calls = self._calls, set()
+        return calls
 
     def has_reply(self, p: int) -> bool:
         """Whether a reply for fragment p is waiting to be taken (see take_updates)."""
@@ -298,7 +305,8 @@ class SyncerClient(threading.Thread):
 
     def _dispatch(self, msg: Message) -> None:
         handler = {"welcome": self._on_welcome, "ack": self._on_ack, "state": self._on_state,
-                   "update": self._on_update, "resync": self._on_resync, "error": self._on_error}.get(msg.kind)
+                   "update": self._on_update, "resync": self._on_resync, "error": self._on_error,
+                   "call": self._on_call}.get(msg.kind)
         if handler is None:
             raise ProtocolError("unexpected_kind", f"syncer sent {msg.kind!r}")
         handler(msg)
@@ -353,6 +361,12 @@ class SyncerClient(threading.Thread):
                 self.counters["updates"] += 1
             elif result in ("gap", "mismatch"):
                 self.counters["refetches"] += 1
+
+    def _on_call(self, msg: Message) -> None:
+        p = msg["fragment"]
+        if msg["epoch"] == self.replica.epoch and 0 <= p < self.replica.count and self.ready.is_set():
+            with self.lock:
+                self._calls.add(p)
 
     def _on_resync(self, msg: Message) -> None:
         p = msg["fragment"]

@@ -61,16 +61,22 @@ class Island:
             dist.broadcast(t, src=0)
         return values
 
-    def share(self, stop: bool, applies: Applies, outer: OuterState) -> tuple[bool, Applies]:
-        """Rank 0's decision for this step (stop? which fragments to apply), on every rank."""
+    def share(self, stop: bool, applies: Applies, outer: OuterState,
+              pushes: list[int] | None = None) -> tuple[bool, Applies, list[int]]:
+        """Rank 0's decision for this step (stop? which fragments to apply, which to push), on
+        every rank. A pushed fragment's mark moves on every rank, so that a rebase (local :=
+        global + local - mark) lands the same on all of them."""
         count = outer.plan.count
-        header = torch.zeros(2 + 2 * count, dtype=torch.int64, device=self.device)
+        header = torch.zeros(2 + 3 * count, dtype=torch.int64, device=self.device)
         if self.leader:
             header[0], header[1] = int(stop), len(applies)
             for i, (p, version, _) in enumerate(applies):
                 header[2 + 2 * i], header[3 + 2 * i] = p, version
+            for p in pushes or []:
+                header[2 + 2 * count + p] = 1
         dist.broadcast(header, src=0)
         stop, n = bool(header[0]), int(header[1])
+        pushed = [p for p in range(count) if int(header[2 + 2 * count + p])]
         self.stopped = stop
         out: Applies = []
         for i in range(n):
@@ -78,7 +84,7 @@ class Island:
             value = applies[i][2] if self.leader else torch.empty(outer.plan.numel(p), device=self.device)
             dist.broadcast(value, src=0)
             out.append((p, version, value))
-        return stop, out
+        return stop, out, pushed
 
     def follow(self, trainer: Any) -> int:
         """The loop of a rank other than 0: train, then do what rank 0 says."""
@@ -89,9 +95,11 @@ class Island:
         opt = trainer.optimizer()
         while True:
             trainer._train_step(opt, outer)
-            stop, applies = self.share(False, [], outer)
+            stop, applies, pushed = self.share(False, [], outer)
             for p, version, value in applies:
                 outer.apply(p, version, value, trainer.params)
+            for p in pushed:   # rank 0 sent it: the work up to here is no longer local-only
+                outer.take_outer_gradient(p, trainer.params)
             if trainer.step % trainer.s.eval_every == 0:
                 self.identical(trainer.params)
             if stop:

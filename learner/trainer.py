@@ -95,6 +95,8 @@ class Trainer:
         another: a deadlock (lock-step), or (max_lag) a stall broken only by each wait's
         liveness_s limit until the counters drift into line (about 20 s at quorum 4 on 2 cores).
         Otherwise nothing waits on the order, and the counter starts at 0."""
+        if self.s.syncer_clock:
+            return 0   # the syncer calls the rounds: no schedule of its own
         return outer.lockstep_phase() if not self.s.overlap or self.s.max_lag else 0
 
     def optimizer(self) -> torch.optim.Optimizer:
@@ -130,13 +132,14 @@ class Trainer:
             if not stop:
                 self._bound_lag(client, outer)
             applies = self._collect(client, opt)
-            if self.island is not None:
-                stop, applies = self.island.share(stop, applies, outer)
+            due = self._due(client, outer) if not stop else []
+            if self.island is not None:   # every rank applies, and moves its marks for, the same fragments
+                stop, applies, due = self.island.share(stop, applies, outer, due)
             for p, version, value in applies:
                 outer.apply(p, version, value, self.params, client.epoch())
                 self.waited.discard(p)
             if not stop:
-                self._push_due(client, outer)
+                self._push(client, outer, due)
             self.blocked_s += time.perf_counter() - t0
             self._report(client)
         self.train_ended = time.monotonic()
@@ -198,10 +201,15 @@ class Trainer:
             out.append((p, version, value.to(self.device)))
         return out
 
-    def _push_due(self, client: SyncerClient, outer: OuterState) -> None:
-        for p in outer.due(self.step + self.phase):
-            if outer.counters[p].steps == 0:
-                continue
+    def _due(self, client: SyncerClient, outer: OuterState) -> list[int]:
+        """The fragments to push after this step, with work to send: those whose round the syncer
+        called (round_clock = syncer), or those at their point of this learner's own schedule."""
+        due = sorted(client.take_calls()) if self.s.syncer_clock else outer.due(self.step + self.phase)
+        return [p for p in due if outer.counters[p].steps > 0]
+
+    def _push(self, client: SyncerClient, outer: OuterState, due: list[int]) -> None:
+        """Hand the due fragments' outer gradients to the sender (synchronous mode: and wait)."""
+        for p in due:
             pushed_at = client.versions()[p]
             delta, c = outer.take_outer_gradient(p, self.params)
             client.push(PushItem(p, delta, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0,

@@ -15,62 +15,17 @@ from __future__ import annotations
 import collections
 import math
 import time
-import zlib
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from syncer import codec, fragments, fused, merge
+from syncer.clock import RoundClock
 from syncer.fleet import Fleet
+from syncer.globalmodel import GlobalModel, Outbox
 from syncer.protocol import Message, ProtocolError, check_fragment_index, check_raw_fragment
 from syncer.rounds import Contribution, GraceFn, Round
 from syncer.settings import RunSettings
-
-
-@dataclass
-class Outbox:
-    """What a handler wants done: messages to send, events and metrics to record."""
-
-    sends: list[tuple[list[str], Message]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-
-    def send(self, learner: str, msg: Message) -> None:
-        self.sends.append(([learner], msg))
-
-    def broadcast(self, learners: list[str], msg: Message) -> None:
-        if learners:
-            self.sends.append((sorted(learners), msg))
-
-    def event(self, now: float, kind: str, target: str, detail: str = "") -> None:
-        self.events.append({"t": now, "kind": kind, "target": target, "detail": detail})
-
-
-@dataclass
-class GlobalModel:
-    """The global parameters, one flat fp32 vector per fragment, and the outer-optimizer state."""
-
-    manifest: list[fragments.TensorSpec]
-    plan: fragments.FragmentPlan
-    theta: list[torch.Tensor]
-    versions: list[int]
-    momentum: list[torch.Tensor]
-    residual: list[torch.Tensor]
-
-    @classmethod
-    def fresh(cls, manifest: list[fragments.TensorSpec], plan: fragments.FragmentPlan,
-              theta: list[torch.Tensor]) -> "GlobalModel":
-        zeros = [torch.zeros_like(t) for t in theta]
-        return cls(manifest, plan, theta, [0] * plan.count, zeros, [torch.zeros_like(t) for t in theta])
-
-    @property
-    def numel(self) -> int:
-        return sum(t.numel() for t in self.theta)
-
-    def crc(self, p: int) -> int:
-        """crc32 of fragment p's fp32 bytes: learners check their replica against it."""
-        return zlib.crc32(memoryview(self.theta[p].numpy()))
 
 
 class SyncerCore:
@@ -88,6 +43,7 @@ class SyncerCore:
         self.fleet = Fleet(declared, settings.liveness_s, now)
         self.model: GlobalModel | None = None
         self.rounds: dict[int, Round] = {}
+        self.round_clock = RoundClock(settings.H, settings.fragments)
         self.outer_steps = 0
         self.since_checkpoint = 0
         self.checkpoint_outer_step = 0
@@ -312,11 +268,32 @@ class SyncerCore:
         self._quorum_events(len(live), now, out)
         if self.model is None:
             return
+        if self.s.syncer_clock:
+            self._call_rounds(now, live, out)
         for p in sorted(self.rounds):
             rnd = self.rounds[p]
-            if rnd.contributions and rnd.ready(now, self.s.quorum, live):
+            if rnd.contributions and rnd.ready(now, self.s.quorum, live, called=self.s.syncer_clock):
                 self._close(rnd, now, out)
                 del self.rounds[p]
+
+    def _call_rounds(self, now: float, live: set[str], out: Outbox) -> None:
+        """The syncer's round clock (syncer/clock.py): call the rounds that are due, every
+        connected learner at once, unless that fragment's last call is still open (below quorum)."""
+        assert self.model is not None
+        times = [self.fleet.learners[lid].seconds_per_step() for lid in live]
+        due = self.round_clock.advance(now, times)
+        if not due:
+            return
+        window = self.round_clock.window(self.s.tau, self.s.grace_gamma)
+        recipients = list(self.fleet.connected(now))
+        for p in due:
+            rnd = self.rounds.setdefault(p, Round(p))
+            if rnd.called_at is not None:
+                continue
+            rnd.call(now, window)
+            out.broadcast(recipients, Message("call", {"fragment": p, "epoch": self.epoch,
+                                                       "version": self.model.versions[p]}))
+            self.counters["calls"] += 1
 
     def flush(self, now: float, out: Outbox) -> int:
         """Close every round that holds anything, quorum or not (the run is going down)."""
@@ -360,6 +337,12 @@ class SyncerCore:
         if self.on_merge is not None:
             self.on_merge(p)
         contribs = sorted(rnd.contributions.values(), key=lambda c: c.learner)
+        for c in contribs:
+            c.backlog = self._backlog(c)
+            if c.backlog < 1.0:
+                self.counters["backlog_capped"] += 1
+                out.event(now, "backlog", c.learner, f"fragment {p}: {c.c_steps} steps since its last merge, "
+                          f"counted as {c.backlog * c.c_steps:.0f} (max_backlog {self.s.max_backlog:g} periods)")
         self._keep_previous(p, now)
         m = self.model
         blob, crc = self._step(p, contribs, now, want_crc=(m.versions[p] + 1) % self.s.checksum_every == 0)
@@ -397,7 +380,7 @@ class SyncerCore:
         if need_norms and grams is None:
             return self._step_reference(p, contribs, now, want_crc)
         sqnorms = torch.diagonal(grams, dim1=1, dim2=2).t().tolist() if grams is not None else None
-        factors = self._clipped(p, sqnorms)
+        factors = self._clipped(p, sqnorms, [c.backlog for c in contribs])
         scale = min(1.0, self._fleet_scale(contribs, now))
         kinds = [kind for _, _, kind in segments]
         if grams is None:  # plain mean, no clipping: the coefficients need no norms
@@ -420,7 +403,7 @@ class SyncerCore:
         segments = m.plan.segments(p)
         rda = self.s.merge == "rda" and len(deltas) > 1
         sqnorms = merge.segment_sqnorms(deltas, segments) if rda or self.s.robust_clip > 0 else None
-        factors = self._clipped(p, sqnorms)
+        factors = self._clipped(p, sqnorms, [c.backlog for c in contribs])
         scale = self._fleet_scale(contribs, now)
         merged = merge.merge(deltas, [c.weight for c in contribs], segments, self.s.merge,
                              factors=factors, scale=min(1.0, scale), sqnorms=sqnorms, out=deltas[0])
@@ -435,30 +418,40 @@ class SyncerCore:
         """This round's share of the live fleet's tokens per sync period (1.0 when disabled)."""
         for c in contribs:
             self.fleet.observe_rate(c.learner, c.c_tokens / c.c_steps)
-        if not self.s.fleet_scale:
+        if not self.s.fleet_scale or self.s.syncer_clock:   # one round per period: nothing to share out
             return 1.0
         members = self.fleet.live(now) | {c.learner for c in contribs}
         period = sum(self.fleet.tokens_per_step(m, self.s.seq_len) for m in members) * self.s.H
         return merge.fleet_fraction(sum(c.c_tokens for c in contribs), period)
 
-    def _clipped(self, p: int, sqnorms: list[list[float]] | None) -> list[float] | None:
-        """Robust-clip factors per contribution (None when clipping is off), from per-segment norms.
-
-        The factors are folded into the merge (merge.merge(factors=...)): no delta is copied.
-        """
+    def _clipped(self, p: int, sqnorms: list[list[float]] | None, backlog: list[float]) -> list[float] | None:
+        """Factors per contribution, folded into the merge (merge.merge(factors=...)): no delta is
+        copied. The backlog factors (`_backlog`), then robust clipping of the norms they leave,
+        from per-segment norms; None when neither changes anything."""
         if self.s.robust_clip <= 0 or sqnorms is None:
-            return None
-        norms = [math.sqrt(sum(sq)) for sq in sqnorms]
+            return backlog if any(b < 1.0 for b in backlog) else None
+        norms = [math.sqrt(sum(sq)) * b for sq, b in zip(sqnorms, backlog)]
         factors = merge.clip_factors(norms, list(self._norm_history[p]), self.s.robust_clip)
         self.counters["clipped"] += sum(1 for f in factors if f < 1.0)
         self._norm_history[p].extend(n * min(1.0, f) for n, f in zip(norms, factors))
-        return factors
+        return [b * f for b, f in zip(backlog, factors)]
+
+    def _backlog(self, c: Contribution) -> float:
+        """The share of a contribution that counts: a learner's work over more than `max_backlog`
+        of its sync periods (after an outage or a partition) is taken as that many periods' worth
+        (its outer gradient scaled down, its weight too), not applied as one giant step."""
+        if self.s.max_backlog <= 0:
+            return 1.0
+        info = self.fleet.learners.get(c.learner)
+        own = info.seconds_per_step() if info is not None else c.step_time
+        period = self.round_clock.steps_per_period(own) if self.s.syncer_clock else float(self.s.H)
+        return min(1.0, self.s.max_backlog * period / c.c_steps)
 
     def _account(self, rnd: Round, contribs: list[Contribution], weights: list[float], now: float,
                  out: Outbox, blob_bytes: int, t0: float) -> None:
         total_w = sum(weights) or 1.0
         for c, w in zip(contribs, weights):
-            self.fleet.merged(c.learner, c.c_tokens, c.c_time, self.s.fragments, w, now)
+            self.fleet.merged(c.learner, round(c.c_tokens * c.backlog), c.c_time * c.backlog, self.s.fragments, w, now)
         self.outer_steps += 1
         self.since_checkpoint += 1
         dt = self.clock() - t0
@@ -470,7 +463,7 @@ class SyncerCore:
             "contributors": [c.learner for c in contribs],
             "weights": {c.learner: round(w / total_w, 4) for c, w in zip(contribs, weights)},
             "tokens": sum(c.c_tokens for c in contribs),
-            "wait_quorum_s": (rnd.quorum_at or now) - (rnd.first_at or now),
+            "wait_quorum_s": max(0.0, (rnd.quorum_at or now) - (rnd.called_at or rnd.first_at or now)),
             "grace_s": rnd.grace_s, "grace_used_s": grace_used,
             "bytes_in": sum(c.nbytes for c in contribs), "bytes_out": blob_bytes, "merge_s": dt,
             "live": len(self.fleet.live(now)), "quorum": self.s.quorum,

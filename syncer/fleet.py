@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 WEIGHT_WINDOW_S = 60.0
+RATE_WINDOW_S = 2.0      # a learner's step rate is measured over heartbeats at least this far apart
 
 
 @dataclass
@@ -44,6 +45,24 @@ class LearnerInfo:
     joins: int = 0
     merged_tokens: float = 0.0
     step_tokens: float = 0.0        # tokens per inner step, as its contributions show
+    step_rate: float = 0.0          # inner steps per second, measured from its heartbeats
+    rate_anchor: tuple[int, float] | None = None   # (step, time) the rate is measured from
+
+    def seconds_per_step(self) -> float:
+        """Wall time per inner step: measured (waits, evals and syncs included) once known,
+        else the reported step time (compute only)."""
+        return 1.0 / self.step_rate if self.step_rate > 0 else self.step_time
+
+    def measure_rate(self, step: int, now: float) -> None:
+        """Update the step rate over at least RATE_WINDOW_S (restarted when the counter goes back)."""
+        if self.rate_anchor is None or step < self.rate_anchor[0]:
+            self.rate_anchor = (step, now)
+            return
+        step0, t0 = self.rate_anchor
+        if now - t0 >= RATE_WINDOW_S:
+            rate = (step - step0) / (now - t0)
+            self.step_rate = rate if self.step_rate <= 0 else 0.5 * self.step_rate + 0.5 * rate
+            self.rate_anchor = (step, now)
 
     @property
     def total_tokens(self) -> int:
@@ -79,6 +98,7 @@ class Fleet:
         if fresh:
             info.tokens_base += info.tokens
             info.tokens, info.step, info.state = 0, 0, "joining"
+            info.rate_anchor, info.step_rate = None, 0.0
             info.incarnation = meta["incarnation"]
             info.joins += 1
         info.host, info.device = meta["host"], meta["device"]
@@ -93,6 +113,10 @@ class Fleet:
         self.steps_total += max(0, step - info.step)
         info.step, info.tokens = step, int(meta["tokens"])
         info.state = str(meta["state"])[:16]
+        if info.state == "running":
+            info.measure_rate(step, now)
+        else:   # joining, slow, paused: the rate starts over when it trains normally again
+            info.rate_anchor = None
         for key in ("tokens_per_s", "step_time", "blocked_frac"):
             value = meta.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:

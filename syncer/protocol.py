@@ -52,6 +52,7 @@ SCHEMAS: dict[str, tuple[int, dict[str, tuple[type, ...]]]] = {
     "ack": (13, {"epoch": (int,), "versions": (list,), "initialized": (bool,)}),
     "resync": (14, {"fragment": (int,), "reason": (str,)}),
     "error": (15, {"reason": (str,), "fatal": (bool,)}),
+    "call": (16, {"fragment": (int,), "epoch": (int,), "version": (int,)}),   # the round clock: push p now
     # operator <-> syncer (control socket)
     "status_req": (20, {}),
     "status": (21, {"snapshot": (dict,)}),

@@ -1,7 +1,10 @@
 """One fragment's open round: contributions collected until quorum and grace say it may close.
 
 Pure bookkeeping (no I/O, clock passed in). A learner that contributes twice to one round has its
-outer gradients summed and its counters added up.
+outer gradients summed and its counters added up. With the syncer's round clock (syncer/clock.py)
+a round closes only once it has been called, and then within its window; with the learners'
+own clocks (`round_clock = "learner"`) the first contribution starts it and the grace window of
+ALGORITHM.md, counted from quorum, ends it.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ class Contribution:
     base_version: int
     arrived: float
     nbytes: int
+    backlog: float = 1.0     # < 1: the contribution spans more sync periods than max_backlog allows
 
     @property
     def weight(self) -> float:
-        return merge.token_weight(self.c_tokens, self.c_steps)
+        """The token weight of the work that counts (a backlog is weighted as `backlog` of it)."""
+        return merge.token_weight(self.c_tokens, self.c_steps) * self.backlog
 
     def add(self, other: "Contribution") -> None:
         """Sum a second contribution of the same learner into this one (the sum is kept in fp32)."""
@@ -53,6 +58,12 @@ class Round:
     first_at: float | None = None
     quorum_at: float | None = None
     grace_s: float = 0.0
+    called_at: float | None = None     # syncer clock: when the round was called
+    deadline: float | None = None      # syncer clock: when it closes with whoever is in (>= quorum)
+
+    def call(self, now: float, window: float) -> None:
+        """The syncer's clock calls this round: it may close from now on, at the latest at now + window."""
+        self.called_at, self.deadline = now, now + window
 
     def add(self, c: Contribution, quorum: int, grace_fn: "GraceFn") -> None:
         """Add (or sum in) a contribution; start the grace window when quorum is first reached."""
@@ -67,9 +78,15 @@ class Round:
             t_step = sum(x.step_time for x in self.contributions.values()) / len(self.contributions)
             self.grace_s = grace_fn(t_step, self.quorum_at - self.first_at)
 
-    def ready(self, now: float, quorum: int, live: set[str]) -> bool:
-        """Whether the round may close now (quorum + grace expired, or every live learner in)."""
+    def ready(self, now: float, quorum: int, live: set[str], called: bool = False) -> bool:
+        """Whether the round may close now: every live learner in, or (learner clocks) quorum +
+        grace expired, or (`called`, the syncer clock) its window since the call has passed.
+        Never below quorum; a syncer-clock round that was not called never closes by itself."""
         all_in = bool(live) and live.issubset(self.contributions)
+        if called:
+            if self.called_at is None or len(self.contributions) < quorum:
+                return False
+            return all_in or now >= (self.deadline or now)
         return merge.should_close(now, len(self.contributions), quorum, self.quorum_at, self.grace_s, all_in)
 
     def recount(self, quorum: int, now: float) -> None:

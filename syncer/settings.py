@@ -19,6 +19,7 @@ from typing import Any, Mapping, TypeVar
 T = TypeVar("T")
 
 COMPRESSIONS = ("int4", "int8", "bf16", "none")
+ROUND_CLOCKS = ("syncer", "learner")
 MERGES = ("rda", "mean")
 
 
@@ -57,6 +58,7 @@ class RunSettings:
     H: int = 64                       # inner steps between two syncs of one fragment
     fragments: int = 4                # P; one fragment leaves every H/P steps
     tau: int = 2                      # overlap: a reply may be applied up to tau steps late
+    round_clock: str = "syncer"       # syncer: it calls each fragment's round for the whole fleet; learner: own steps
     quorum: int = 1                   # K: minimum distinct learners to close a round
     grace_gamma: float = 0.5          # safety factor of the adaptive grace window
     compression: str = "int4"         # int4 | int8 | bf16 | none
@@ -65,10 +67,11 @@ class RunSettings:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     alpha: float = 0.0                # 0 = overwrite the local fragment with the global one
-    rebase: bool = False              # apply a reply on top of the work done since the push (none lost)
+    rebase: bool = True               # apply a reply on top of the work done since the push (none lost)
     checksum_every: int = 8           # updates carry the fragment's crc32 every N versions (1 = always)
     robust_clip: float = 10.0         # >0: clip each contribution's norm to this x median (0 = off)
-    fleet_scale: bool = True          # scale each round by its share of the fleet's period tokens
+    fleet_scale: bool = True          # round_clock = learner: scale each round by its share of the period's tokens
+    max_backlog: float = 2.0          # a contribution counts for at most this many of its sync periods (0 = off)
     overlap: bool = True              # False: a learner waits for each merge (synchronous DiLoCo)
     max_lag: int = 0                  # >0: a learner waits for a reply this many steps late (at most liveness_s)
     # operations
@@ -101,6 +104,9 @@ class RunSettings:
         _check(self.max_lag >= 0, "max_lag", f"must be >= 0 (0 = never wait), got {self.max_lag}")
         _check(self.quorum >= 1, "quorum", f"must be >= 1, got {self.quorum}")
         _check(0.0 <= self.grace_gamma < 1.0, "grace_gamma", f"must be in [0, 1), got {self.grace_gamma}")
+        _one_of(self.round_clock, ROUND_CLOCKS, "round_clock")
+        _check(self.max_backlog == 0 or self.max_backlog >= 1, "max_backlog",
+               f"must be 0 (off) or >= 1 sync period, got {self.max_backlog}")
         _one_of(self.compression, COMPRESSIONS, "compression")
         _one_of(self.merge, MERGES, "merge")
         _one_of(self.lr_schedule, ("constant", "cosine"), "lr_schedule")
@@ -110,8 +116,8 @@ class RunSettings:
         _check(self.outer_lr > 0, "outer_lr", f"must be > 0, got {self.outer_lr}")
         _check(0.0 <= self.outer_momentum < 1.0, "outer_momentum", f"must be in [0, 1), got {self.outer_momentum}")
         _check(0.0 <= self.alpha < 1.0, "alpha", f"must be in [0, 1), got {self.alpha}")
-        _check(not (self.rebase and self.alpha > 0), "rebase", "cannot be combined with alpha > 0",
-               "choose one: rebase = true (keep local work) or alpha = 0.5 (mix)")
+        _check(not (self.rebase and self.alpha > 0), "rebase", "rebase (on by default) cannot be combined with alpha > 0",
+               "to mix with alpha, also set rebase = false")
         _check(self.robust_clip >= 0, "robust_clip", f"must be >= 0 (0 = off), got {self.robust_clip}")
         for key in ("seq_len", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "max_queue",
                     "checksum_every"):
@@ -124,6 +130,12 @@ class RunSettings:
         _check(self.restart_backoff_max_s >= self.restart_delay_s, "restart_backoff_max_s",
                "must be >= restart_delay_s")
         _check(self.steps >= 0 and self.duration >= 0, "steps", "steps and duration must be >= 0 (0 = unlimited)")
+
+    @property
+    def syncer_clock(self) -> bool:
+        """Whether the syncer calls the rounds (round_clock = "syncer" with overlap; the
+        synchronous mode, overlap = false, always runs on each learner's own step counter)."""
+        return self.round_clock == "syncer" and self.overlap
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict."""

@@ -175,3 +175,19 @@ def test_torchrun_island_keeps_its_ranks_identical(tmp_path: Path) -> None:
         done = json.loads((tmp_path / "learner-1" / "finished").read_text())
         assert (done["steps"], done["tokens"], done["device"]) == (60, 60 * 8 * 32, "cpu")
         assert 0 < done["busy_s"] and 0 <= done["blocked_s"] and done["busy_s"] + done["blocked_s"] <= done["train_s"] * 1.01
+
+
+def test_the_syncer_calls_rounds_that_gather_the_whole_fleet(tmp_path: Path) -> None:
+    """At the defaults (quorum 1, overlap, the syncer's round clock) rounds gather every live
+    learner; on each learner's own clock (round_clock = learner) most pushes close a round alone."""
+    def mean_contributors(lr: LocalRun) -> float:
+        rounds = lr.metrics("round")[4:]   # the first calls may find a learner still joining
+        return sum(len(r["contributors"]) for r in rounds) / max(1, len(rounds))
+
+    with run_of(tmp_path / "syncer", [{}, {}, {}], H=16, quorum=1) as lr:
+        lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 40, 150, "40 merges")
+        gathered = mean_contributors(lr)
+    with run_of(tmp_path / "learner", [{}, {}, {}], H=16, quorum=1, round_clock="learner") as lr:
+        lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 40, 150, "40 merges")
+        alone = mean_contributors(lr)
+    assert gathered >= 2.5 > alone + 0.5, (gathered, alone)

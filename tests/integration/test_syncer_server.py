@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def start(tmp_path: Path, learners: int, **run: object) -> LocalRun:
-    config = write_config(tmp_path, [{} for _ in range(learners)], run={"liveness_s": 1.5, **run})
+    config = write_config(tmp_path, [{} for _ in range(learners)], run={"liveness_s": 1.5, "round_clock": "learner", **run})
     lr = LocalRun(tmp_path, config)
     lr.start_syncer()
     lr.wait_for(lambda s: s["syncer"]["alive"], 20, "syncer up")

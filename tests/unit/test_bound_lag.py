@@ -25,7 +25,7 @@ N = 64
 
 
 def _setup(tmp_path: Path, **run: object) -> tuple[Trainer, SyncerClient]:
-    settings = RunSettings(liveness_s=1.0, **run)
+    settings = RunSettings(liveness_s=1.0, **{"round_clock": "learner", **run})
     cfg = LearnerConfig("run", settings, LearnerSpec("learner-1"), "tcp://127.0.0.1:1", None, None, tmp_path)
     client = SyncerClient(cfg, [], [N], lambda: [], "inc")
     client.replica.epoch = 1

@@ -1,0 +1,58 @@
+"""The syncer's plain state holders: the `Outbox` a handler fills and the `GlobalModel` it merges
+into (no I/O; syncer/core.py drives them, syncer/checkpoint.py saves them)."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from syncer import fragments
+from syncer.protocol import Message
+
+
+@dataclass
+class Outbox:
+    """What a handler wants done: messages to send, events and metrics to record."""
+
+    sends: list[tuple[list[str], Message]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    def send(self, learner: str, msg: Message) -> None:
+        self.sends.append(([learner], msg))
+
+    def broadcast(self, learners: list[str], msg: Message) -> None:
+        if learners:
+            self.sends.append((sorted(learners), msg))
+
+    def event(self, now: float, kind: str, target: str, detail: str = "") -> None:
+        self.events.append({"t": now, "kind": kind, "target": target, "detail": detail})
+
+
+@dataclass
+class GlobalModel:
+    """The global parameters, one flat fp32 vector per fragment, and the outer-optimizer state."""
+
+    manifest: list[fragments.TensorSpec]
+    plan: fragments.FragmentPlan
+    theta: list[torch.Tensor]
+    versions: list[int]
+    momentum: list[torch.Tensor]
+    residual: list[torch.Tensor]
+
+    @classmethod
+    def fresh(cls, manifest: list[fragments.TensorSpec], plan: fragments.FragmentPlan,
+              theta: list[torch.Tensor]) -> "GlobalModel":
+        zeros = [torch.zeros_like(t) for t in theta]
+        return cls(manifest, plan, theta, [0] * plan.count, zeros, [torch.zeros_like(t) for t in theta])
+
+    @property
+    def numel(self) -> int:
+        return sum(t.numel() for t in self.theta)
+
+    def crc(self, p: int) -> int:
+        """crc32 of fragment p's fp32 bytes: learners check their replica against it."""
+        return zlib.crc32(memoryview(self.theta[p].numpy()))

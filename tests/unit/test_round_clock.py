@@ -1,0 +1,146 @@
+"""The syncer's round clock (round_clock = "syncer"): calls on the fleet's phase, rounds that
+wait for the called fleet, and the backlog bound, driven through the pure core."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from syncer.clock import LINK_S, RoundClock
+from syncer.protocol import Message
+from tests.unit.coreharness import Harness, events_of, make_settings, rounds_of, sent_of
+
+
+def test_the_clock_calls_each_fragment_every_H_fleet_steps_staggered_by_H_over_P() -> None:
+    clock = RoundClock(H=8, fragments=4)
+    calls: list[tuple[int, int]] = []   # (tick, fragment)
+    for tick in range(0, 41):           # half a step a tick (exact in binary): 20 fleet steps
+        for p in clock.advance(tick * 0.25, [0.5, 0.5, 0.5]):
+            calls.append((tick, p))
+    # fragment p at phase (p + 1) * 2 + 8k: ticks 4, 8, 12, 16, then again 8 steps (16 ticks) later
+    assert calls[:6] == [(4, 0), (8, 1), (12, 2), (16, 3), (20, 0), (24, 1)]
+    assert [p for _, p in calls].count(0) == 3   # phases 2, 10, 18 within 20 steps
+
+
+def test_the_clock_runs_at_the_median_step_time_and_stands_still_without_learners() -> None:
+    clock = RoundClock(H=4, fragments=1)
+    assert clock.advance(0.0, [0.1, 0.1, 10.0]) == []
+    assert clock.advance(0.39, [0.1, 0.1, 10.0]) == []      # 3.9 steps of the median learner
+    assert clock.advance(0.41, [0.1, 0.1, 10.0]) == [0]
+    assert clock.advance(5.0, []) == []                      # nobody training: no phase, no call
+    assert clock.phase == pytest.approx(4.1)
+    assert clock.advance(5.1, [0.1]) == []                   # resumes from where it stood
+    # a long gap calls each fragment once, not once per period missed
+    assert clock.advance(50.0, [0.1]) == [0]
+
+
+def test_the_window_is_tau_fleet_steps_with_gamma_as_margin() -> None:
+    clock = RoundClock(H=8, fragments=2)
+    assert clock.window(tau=2, gamma=0.5) == LINK_S             # no step time known yet
+    clock.advance(0.0, [0.1, 0.1, 5.0])
+    assert clock.window(tau=2, gamma=0.5) == pytest.approx(1.5 * 2 * 0.1 + LINK_S)
+    assert clock.steps_per_period(0.2) == pytest.approx(4.0)   # half the fleet's speed: H/2 steps
+
+
+def test_a_learners_seconds_per_step_are_measured_from_its_heartbeats() -> None:
+    """Step time alone leaves out what a learner does between steps; the clock uses the real rate."""
+    h = Harness(make_settings(round_clock="syncer"))
+    h.join_all()
+    for i, now in enumerate((1.0, 2.0, 3.0, 4.0)):
+        h.send("a", Message("heartbeat", {"step": 50 * i, "tokens": 0, "state": "running", "step_time": 0.01}), now)
+    info = h.core.fleet.learners["a"]
+    assert info.seconds_per_step() == pytest.approx(0.02)       # 50 steps a second, not 100
+    h.send("a", Message("heartbeat", {"step": 3, "tokens": 0, "state": "running", "step_time": 0.01}), 5.0)
+    h.send("a", Message("heartbeat", {"step": 103, "tokens": 0, "state": "running", "step_time": 0.01}), 7.0)
+    assert info.seconds_per_step() == pytest.approx(0.02)       # measured again after the counter restarted
+
+
+def _fleet(**changes: object) -> Harness:
+    """Three learners a, b, c at 10 ms a step, live and training, on the syncer's clock."""
+    h = Harness(make_settings(round_clock="syncer", quorum=1, H=8, fragments=2, compression="none", merge="mean",
+                              outer_lr=1.0, outer_momentum=0.0, **changes))
+    h.join_all()
+    for lid in ("a", "b", "c"):
+        _beat(h, lid, 1.0)
+    return h
+
+
+def _beat(h: Harness, learner: str, now: float, step_time: float = 0.01) -> None:
+    h.send(learner, Message("heartbeat", {"step": 10, "tokens": 160, "state": "running", "step_time": step_time}), now)
+
+
+def _call_fragment(h: Harness, p: int, start: float) -> float:
+    """Tick in 1 ms steps until fragment p is called; the time of the call."""
+    now = start
+    while now < start + 1.0:
+        now += 0.001
+        calls = sent_of(h.tick(now), "call")
+        if any(m["fragment"] == p for _, m in calls):
+            assert calls[0][0] == ["a", "b", "c"]   # every connected learner is called at once
+            return now
+    raise AssertionError(f"fragment {p} was never called")
+
+
+def test_a_push_before_the_call_waits_for_the_fleet_instead_of_closing_alone() -> None:
+    h = _fleet()
+    h.tick(1.0)
+    h.push("a", 0, h.delta(0, 1), now=1.001, c_steps=2, c_tokens=32, step_time=0.01)   # quorum 1 is met
+    assert not rounds_of(h.tick(1.002))
+    called = _call_fragment(h, 0, 1.002)
+    assert not any(rounds_of(o) for o in h.outs)
+    h.push("b", 0, h.delta(0, 2), now=called + 0.005, c_steps=8, c_tokens=128, step_time=0.01)
+    assert not rounds_of(h.tick(called + 0.006))            # c is live and inside the window
+    h.push("c", 0, h.delta(0, 3), now=called + 0.01, c_steps=8, c_tokens=128, step_time=0.01)
+    (record,) = rounds_of(h.tick(called + 0.011))            # every live learner in: closes at once
+    assert record["contributors"] == ["a", "b", "c"]
+
+
+def test_a_called_round_closes_at_its_window_without_the_straggler_whose_push_waits_for_the_next() -> None:
+    h = _fleet()
+    h.tick(1.0)
+    called = _call_fragment(h, 0, 1.0)
+    deadline = h.core.rounds[0].deadline
+    assert deadline == pytest.approx(called + 1.5 * 2 * 0.01 + LINK_S)
+    h.push("a", 0, h.delta(0, 1), now=called + 0.005, step_time=0.01)
+    h.push("b", 0, h.delta(0, 2), now=called + 0.006, step_time=0.01)
+    assert not rounds_of(h.tick(deadline - 0.001))
+    (record,) = rounds_of(h.tick(deadline + 0.001))
+    assert record["contributors"] == ["a", "b"]
+    h.push("c", 0, h.delta(0, 3), now=deadline + 0.002, step_time=0.01)   # late: kept, not a round
+    assert not rounds_of(h.tick(deadline + 0.003))
+    assert h.core.rounds[0].contributions.keys() == {"c"}
+
+
+def test_on_the_syncer_clock_a_partial_round_is_not_shrunk_by_fleet_scale() -> None:
+    h = _fleet(fleet_scale=True, seq_len=1)
+    theta0 = h.core.model.theta[0].clone()
+    called = _call_fragment(h, 0, 1.0)
+    d = h.delta(0, 1)
+    h.push("a", 0, d, now=called + 0.001, c_steps=8, c_tokens=128, step_time=0.01)
+    h.tick(h.core.rounds[0].deadline + 0.001)
+    torch.testing.assert_close(h.core.model.theta[0], theta0 - d, rtol=0, atol=1e-7)   # one whole outer step
+
+
+def test_a_backlog_of_many_periods_counts_as_max_backlog_periods() -> None:
+    """After an outage a learner's push spans 40 sync periods: it is merged as 2 periods' worth
+    (max_backlog), its outer gradient and its weight scaled by 2/40, and an event says so."""
+    h = _fleet(max_backlog=2.0, robust_clip=0.0)
+    theta0 = h.core.model.theta[0].clone()
+    called = _call_fragment(h, 0, 1.0)
+    d = h.delta(0, 1)
+    h.push("a", 0, d, now=called + 0.001, c_steps=320, c_tokens=320 * 16, step_time=0.01)   # 40 x H = 8
+    out = h.tick(h.core.rounds[0].deadline + 0.001)
+    torch.testing.assert_close(h.core.model.theta[0], theta0 - d * (16 / 320), rtol=0, atol=1e-7)
+    (event,) = events_of(out, "backlog")
+    assert event["target"] == "a" and "320 steps" in event["detail"] and "counted as 16" in event["detail"]
+    assert h.core.fleet.learners["a"].merged_tokens == pytest.approx(16 * 16 / 2)   # 16 steps over P = 2
+    assert h.core.counters["backlog_capped"] == 1
+
+
+def test_on_the_learners_clocks_nothing_is_called() -> None:
+    h = Harness(make_settings(round_clock="learner", quorum=1))
+    h.join_all()
+    for now in (1.0, 2.0, 3.0, 4.0):
+        for lid in ("a", "b", "c"):
+            _beat(h, lid, now)
+        assert not sent_of(h.tick(now), "call")
