@@ -342,6 +342,16 @@ def window_goodput(samples: list[dict[str, Any]], t0: float, learners: int, star
             "tokens_trained_per_s": (b["tokens_trained"] - a["tokens_trained"]) / dt}
 
 
+def blocked_share(samples: list[dict[str, Any]]) -> float | None:
+    """The learners' mean share of their loop time spent blocked (the last sample that has one)."""
+    for sample in reversed(samples):
+        values = [row.get("blocked_frac") for row in (sample.get("learners") or {}).values()]
+        values = [v for v in values if isinstance(v, (int, float))]
+        if values:
+            return sum(values) / len(values)
+    return None
+
+
 def finished_learners(fleet: Fleet, learners: int) -> int:
     """How many learners wrote `finished` (their step budget is spent; never restarted)."""
     assert fleet.run_dir is not None
@@ -458,6 +468,8 @@ def summarize_run(fleet: Fleet, plan: Plan, summary: dict[str, Any], start: floa
         "steady_bytes_per_token": steady_bpt,
         "goodput_syncer": summary.get("goodput"), "window": win,
         "rounds": len(rounds), "mean_contributors": sum(contributors) / len(contributors) if contributors else None,
+        "contributors_hist": {str(k): v for k, v in sorted(collections.Counter(contributors).items())},
+        "blocked_share": blocked_share(samples),
         "event_counts": dict(collections.Counter(e.get("kind") for e in events)),
     }
 
@@ -493,6 +505,8 @@ def run_dp(settings: dict[str, Any], workers: int, *, budget_tokens: int | None 
             res["train_window_s"] = span
             res["window_goodput"] = final["compute_s"] / (workers * span) if span > 0 else None
             res["window_tokens_per_s"] = final["tokens"] / span if span > 0 else None
+        res["curve"] = [{"t": e["time"] - first, "tokens": e.get("tokens"), "eval_loss": e.get("eval_loss")}
+                        for e in progress if e.get("event") == "eval" and first is not None]
         return res
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
