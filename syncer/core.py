@@ -24,7 +24,7 @@ from syncer.clock import RoundClock
 from syncer.fleet import Fleet
 from syncer.globalmodel import GlobalModel, Outbox
 from syncer.protocol import Message, ProtocolError, check_fragment_index, check_raw_fragment
-from syncer.rounds import Contribution, GraceFn, Round
+from syncer.rounds import Contribution, GraceFn, Round, backlog_factor
 from syncer.settings import RunSettings
 
 
@@ -273,8 +273,7 @@ class SyncerCore:
         for p in sorted(self.rounds):
             rnd = self.rounds[p]
             if rnd.contributions and rnd.ready(now, self.s.quorum, live, called=self.s.syncer_clock):
-                self._close(rnd, now, out)
-                del self.rounds[p]
+                self._replace(p, self._close(rnd, now, out))
 
     def _call_rounds(self, now: float, live: set[str], out: Outbox) -> None:
         """The syncer's round clock (syncer/clock.py): call the rounds that are due, every
@@ -300,12 +299,20 @@ class SyncerCore:
         if self.model is None:
             return 0
         closed = 0
-        for p in sorted(self.rounds):
-            if self.rounds[p].contributions:
-                self._close(self.rounds[p], now, out)
+        while closed < 10_000 and any(r.contributions for r in self.rounds.values()):   # carried backlogs too
+            for p in sorted(p for p, r in self.rounds.items() if r.contributions):
+                self._replace(p, self._close(self.rounds[p], now, out))
                 closed += 1
         self.rounds.clear()
         return closed
+
+    def _replace(self, p: int, carried: list[Contribution]) -> None:
+        """After a close: fragment p's next round, holding what the close carried over, if anything."""
+        del self.rounds[p]
+        if carried:
+            rnd = self.rounds[p] = Round(p)
+            for c in carried:
+                rnd.add(c, self.s.quorum, GraceFn(self.s.grace_gamma, self.s.tau, self.t_sync or 0.0))
 
     def _liveness_events(self, live: set[str], now: float, out: Outbox) -> None:
         """learner_lost when a training learner goes silent past liveness_s; learner_back when it returns.
@@ -329,20 +336,16 @@ class SyncerCore:
             out.event(now, kind, "syncer", f"{live} live learners, minimum quorum {self.s.quorum}")
         self._quorum_ok = ok
 
-    def _close(self, rnd: Round, now: float, out: Outbox) -> None:
-        """Merge, outer step, publish (bit-exact), broadcast, account."""
+    def _close(self, rnd: Round, now: float, out: Outbox) -> list[Contribution]:
+        """Merge, outer step, publish (bit-exact), broadcast, account; returns the shares of
+        capped backlogs carried over to the fragment's next round."""
         assert self.model is not None
         t0 = self.clock()
         p = rnd.fragment
         if self.on_merge is not None:
             self.on_merge(p)
         contribs = sorted(rnd.contributions.values(), key=lambda c: c.learner)
-        for c in contribs:
-            c.backlog = self._backlog(c)
-            if c.backlog < 1.0:
-                self.counters["backlog_capped"] += 1
-                out.event(now, "backlog", c.learner, f"fragment {p}: {c.c_steps} steps since its last merge, "
-                          f"counted as {c.backlog * c.c_steps:.0f} (max_backlog {self.s.max_backlog:g} periods)")
+        carried = self._cap_backlogs(p, contribs, now, out)
         self._keep_previous(p, now)
         m = self.model
         blob, crc = self._step(p, contribs, now, want_crc=(m.versions[p] + 1) % self.s.checksum_every == 0)
@@ -354,6 +357,21 @@ class SyncerCore:
             "epoch": self.epoch, "contributors": [c.learner for c in contribs], "crc": self._crcs[p]}, [blob]))
         weights = [c.weight for c in contribs]
         self._account(rnd, contribs, weights, now, out, blob_bytes=len(blob) * len(recipients), t0=t0)
+        return carried
+
+    def _cap_backlogs(self, p: int, contribs: list[Contribution], now: float, out: Outbox) -> list[Contribution]:
+        """Set each contribution's backlog factor (`_backlog`); the rest of a capped one is carried."""
+        carried = []
+        for c in contribs:
+            c.backlog = self._backlog(c)
+            rest = c.remainder(now)
+            if rest is not None:
+                carried.append(rest)
+                self.counters["backlog_capped"] += 1
+                out.event(now, "backlog", c.learner, f"fragment {p}: {c.c_steps} steps since its last merge, "
+                          f"{c.backlog * c.c_steps:.0f} counted now (max_backlog {self.s.max_backlog:g} periods), "
+                          f"the rest carried to the next round")
+        return carried
 
     def _keep_previous(self, p: int, now: float) -> None:
         """While a state transfer of p is under way (a chunk served in the last 30 s), keep a copy
@@ -437,15 +455,12 @@ class SyncerCore:
         return [b * f for b, f in zip(backlog, factors)]
 
     def _backlog(self, c: Contribution) -> float:
-        """The share of a contribution that counts: a learner's work over more than `max_backlog`
-        of its sync periods (after an outage or a partition) is taken as that many periods' worth
-        (its outer gradient scaled down, its weight too), not applied as one giant step."""
-        if self.s.max_backlog <= 0:
-            return 1.0
+        """The share of a contribution that counts now (rounds.backlog_factor), from the steps its
+        learner trains per sync period: H on its own clock, by its measured speed on the syncer's."""
         info = self.fleet.learners.get(c.learner)
         own = info.seconds_per_step() if info is not None else c.step_time
         period = self.round_clock.steps_per_period(own) if self.s.syncer_clock else float(self.s.H)
-        return min(1.0, self.s.max_backlog * period / c.c_steps)
+        return backlog_factor(c.c_steps, period, self.s.max_backlog)
 
     def _account(self, rnd: Round, contribs: list[Contribution], weights: list[float], now: float,
                  out: Outbox, blob_bytes: int, t0: float) -> None:

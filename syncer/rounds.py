@@ -37,6 +37,19 @@ class Contribution:
         """The token weight of the work that counts (a backlog is weighted as `backlog` of it)."""
         return merge.token_weight(self.c_tokens, self.c_steps) * self.backlog
 
+    def remainder(self, now: float) -> "Contribution | None":
+        """The share `1 - backlog` that a capped contribution could not count this round, as a
+        contribution of its own for the fragment's next round (outer gradient and counters scaled
+        alike), so a backlog is absorbed over several rounds instead of lost. Take it before the
+        merge: the merge may reuse the delta's memory."""
+        if self.backlog >= 1.0:
+            return None
+        rest = 1.0 - self.backlog
+        values = torch.mul(codec.dequantize(self.delta), rest)
+        return Contribution(self.learner, codec.Quantized("none", values.numel(), self.delta.block, values, values.new_empty(0)),
+                            max(1, round(self.c_steps * rest)), round(self.c_tokens * rest), self.c_time * rest,
+                            self.step_time, self.base_version, now, 0)
+
     def add(self, other: "Contribution") -> None:
         """Sum a second contribution of the same learner into this one (the sum is kept in fp32)."""
         total = torch.add(codec.dequantize(self.delta), codec.dequantize(other.delta))
@@ -98,6 +111,16 @@ class Round:
 
     def oldest(self) -> Contribution | None:
         return min(self.contributions.values(), key=lambda c: c.arrived, default=None)
+
+
+def backlog_factor(c_steps: int, period_steps: float, max_backlog: float) -> float:
+    """The share of a contribution of `c_steps` inner steps that counts in one round: at most
+    `max_backlog` sync periods of `period_steps` (0 = no bound). A learner's work piled up over an
+    outage or a partition enters as that many periods' worth of its average direction per round
+    (the rest is carried, `Contribution.remainder`), not as one giant step."""
+    if max_backlog <= 0 or c_steps <= 0:
+        return 1.0
+    return min(1.0, max_backlog * period_steps / c_steps)
 
 
 class GraceFn:

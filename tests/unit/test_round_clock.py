@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from syncer import codec
 from syncer.clock import LINK_S, RoundClock
+from syncer.core import Outbox
 from syncer.protocol import Message
 from tests.unit.coreharness import Harness, events_of, make_settings, rounds_of, sent_of
 
@@ -132,9 +134,16 @@ def test_a_backlog_of_many_periods_counts_as_max_backlog_periods() -> None:
     out = h.tick(h.core.rounds[0].deadline + 0.001)
     torch.testing.assert_close(h.core.model.theta[0], theta0 - d * (16 / 320), rtol=0, atol=1e-7)
     (event,) = events_of(out, "backlog")
-    assert event["target"] == "a" and "320 steps" in event["detail"] and "counted as 16" in event["detail"]
+    assert event["target"] == "a" and "320 steps" in event["detail"] and "16 counted now" in event["detail"]
     assert h.core.fleet.learners["a"].merged_tokens == pytest.approx(16 * 16 / 2)   # 16 steps over P = 2
     assert h.core.counters["backlog_capped"] == 1
+    # the rest waits in the fragment's next round, to be absorbed 2 periods a round, never lost
+    rest = h.core.rounds[0].contributions["a"]
+    assert (rest.c_steps, rest.c_tokens) == (304, 304 * 16)
+    torch.testing.assert_close(codec.dequantize(rest.delta), d * (304 / 320), rtol=0, atol=1e-7)
+    flushed = h.core.flush(10.0, Outbox())
+    assert flushed == 304 // 16 and h.core.fleet.learners["a"].merged_tokens == pytest.approx(320 * 16 / 2)
+    torch.testing.assert_close(h.core.model.theta[0], theta0 - d, rtol=0, atol=1e-6)   # all of it, in the end
 
 
 def test_on_the_learners_clocks_nothing_is_called() -> None:
