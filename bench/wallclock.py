@@ -44,7 +44,7 @@ import torch  # noqa: E402
 from bench import common, evaluate  # noqa: E402
 from bench.ddp_baseline import failure_schedule  # noqa: E402
 from bench.fleet import Fleet, Plan, diloco_run, local_host, run_diloco, run_dp  # noqa: E402
-from bench.quality import DLDCTL_OUTER  # noqa: E402
+from bench.quality import DLDCTL_OUTER, SYNC_OUTER  # noqa: E402
 from syncer import checkpoint, fragments  # noqa: E402
 
 LEARNERS = 4
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     duration = args.duration or (60.0 if args.quick else 120.0)
     schedule = failure_schedule(duration, MTBF, args.seed)
     dec = settings(args.H)
-    sync = {**dec, "quorum": LEARNERS, "overlap": False}
+    sync = {**dec, "quorum": LEARNERS, "overlap": False, **SYNC_OUTER}
     runs: dict[str, Any] = {
         DEFAULTS: run_fleet("wc-dec", dec, duration, schedule, args.seed),
         f"{DEFAULTS}, clean": run_fleet("wc-dec-clean", dec, duration, [], args.seed),

@@ -64,8 +64,8 @@ class RunSettings:
     compression: str = "int4"         # int4 | int8 | bf16 | none
     block: int = 128                  # values per absmax quantization block
     merge: str = "rda"                # rda | mean
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
+    outer_lr: float = 1.0             # plain averaging of the outer gradients (DiLoCo's Nesterov: 0.7, 0.9)
+    outer_momentum: float = 0.0
     alpha: float = 0.0                # 0 = overwrite the local fragment with the global one
     rebase: bool = True               # apply a reply on top of the work done since the push (none lost)
     checksum_every: int = 8           # updates carry the fragment's crc32 every N versions (1 = always)

@@ -45,7 +45,7 @@ def small_manifest() -> list[fragments.TensorSpec]:
 def make_settings(**changes: Any) -> RunSettings:
     base = dict(H=8, fragments=2, quorum=2, tau=2, grace_gamma=0.5, compression="int4", merge="rda",
                 liveness_s=3.0, heartbeat_s=0.5, state_chunk_mb=0.001, fleet_scale=False, max_queue=256,
-                checksum_every=1, round_clock="learner", max_backlog=0.0)
+                checksum_every=1, round_clock="learner", max_backlog=0.0, outer_lr=0.7, outer_momentum=0.9)
     base.update(changes)
     s = RunSettings(**base)
     s.validate()
