@@ -116,8 +116,10 @@ def test_kill_a_learner_and_a_warm_spare_takes_its_place(fleet: tuple[Dl, Path])
 
 def test_pause_slow_partition_take_effect_and_undo_themselves(fleet: tuple[Dl, Path]) -> None:
     dl, _ = fleet
-    dl("chaos", "pause", "learner-2", "--duration", "10")
-    dl("chaos", "slow", "learner-3", "--factor", "3", "--duration", "10")
+    # 20 s: each dldctl command takes seconds on a loaded 2-core host, and all three faults must
+    # still be active when the status below is read
+    dl("chaos", "pause", "learner-2", "--duration", "20")
+    dl("chaos", "slow", "learner-3", "--factor", "3", "--duration", "20")
     cut = time.time()
     dl("chaos", "partition", "learner-0", "--duration", "10")
     snap = dl.status()
