@@ -66,6 +66,7 @@ class SyncerCore:
         self._live_prev: set[str] = set()
         self._last_seq: dict[tuple[str, str], int] = {}
         self._lost_once: set[str] = set()
+        self._backlogged: set[tuple[str, int]] = set()
 
     # -- dispatch ----------------------------------------------------------------------------
     def handle(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
@@ -365,12 +366,16 @@ class SyncerCore:
         for c in contribs:
             c.backlog = self._backlog(c)
             rest = c.remainder(now)
-            if rest is not None:
-                carried.append(rest)
-                self.counters["backlog_capped"] += 1
+            if rest is None:
+                self._backlogged.discard((c.learner, p))
+                continue
+            carried.append(rest)
+            self.counters["backlog_capped"] += 1
+            if (c.learner, p) not in self._backlogged:   # once per backlog, not once per round that absorbs it
+                self._backlogged.add((c.learner, p))
                 out.event(now, "backlog", c.learner, f"fragment {p}: {c.c_steps} steps since its last merge, "
                           f"{c.backlog * c.c_steps:.0f} counted now (max_backlog {self.s.max_backlog:g} periods), "
-                          f"the rest carried to the next round")
+                          f"the rest carried to the next rounds")
         return carried
 
     def _keep_previous(self, p: int, now: float) -> None:

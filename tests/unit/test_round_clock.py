@@ -141,7 +141,9 @@ def test_a_backlog_of_many_periods_counts_as_max_backlog_periods() -> None:
     rest = h.core.rounds[0].contributions["a"]
     assert (rest.c_steps, rest.c_tokens) == (304, 304 * 16)
     torch.testing.assert_close(codec.dequantize(rest.delta), d * (304 / 320), rtol=0, atol=1e-7)
-    flushed = h.core.flush(10.0, Outbox())
+    drained = Outbox()
+    flushed = h.core.flush(10.0, drained)
+    assert not events_of(drained, "backlog")   # one event per backlog, not one per round that absorbs it
     assert flushed == 304 // 16 and h.core.fleet.learners["a"].merged_tokens == pytest.approx(320 * 16 / 2)
     torch.testing.assert_close(h.core.model.theta[0], theta0 - d, rtol=0, atol=1e-6)   # all of it, in the end
 
