@@ -300,10 +300,11 @@ class SyncerCore:
         if self.model is None:
             return 0
         closed = 0
-        while closed < 10_000 and any(r.contributions for r in self.rounds.values()):   # carried backlogs too
-            for p in sorted(p for p, r in self.rounds.items() if r.contributions):
-                self._replace(p, self._close(self.rounds[p], now, out))
-                closed += 1
+        for p in sorted(p for p, r in self.rounds.items() if r.contributions):
+            # once: draining carried backlogs here would apply them all at once, the giant step the
+            # bound exists to prevent (a 30 s outage's backlog took the final model from 1.87 to 3.34)
+            self._close(self.rounds[p], now, out)
+            closed += 1
         self.rounds.clear()
         return closed
 
