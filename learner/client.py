@@ -79,6 +79,7 @@ class SyncerClient(threading.Thread):
         self._forced: set[int] = set()
         self._calls: set[int] = set()     # fragments whose round the syncer has called (round_clock = syncer)
         self._stats: dict[str, Any] = {"step": 0, "tokens": 0, "state": "joining"}
+        self.resume_step = 0            # where the syncer says this incarnation's step counter starts
         self._partitioned = False
         self._halt = threading.Event()
         self._flush = threading.Event()
@@ -315,6 +316,7 @@ class SyncerClient(threading.Thread):
         self._welcomed = True
         self._backoff = 0.1
         self._chunk = max(1024, int(msg["chunk_numel"]))
+        self.resume_step = max(0, int(msg["step"]))
         self._set_link("up")
         self._sync_epoch(msg["epoch"], msg["initialized"], msg["versions"])
         if msg["init_owner"] and not msg["initialized"]:

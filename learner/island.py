@@ -55,11 +55,13 @@ class Island:
         ids = [self.local_rank] if self.device.type == "cuda" else None
         return DDP(model, device_ids=ids)
 
-    def share_start(self, values: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Rank 0's fetched global state, on every rank (tensors are filled in place)."""
+    def share_start(self, values: list[torch.Tensor], step: int = 0) -> int:
+        """Rank 0's fetched global state (tensors are filled in place) and resume step, on every rank."""
         for t in values:
             dist.broadcast(t, src=0)
-        return values
+        counter = torch.tensor([step], dtype=torch.int64, device=self.device)
+        dist.broadcast(counter, src=0)
+        return int(counter)
 
     def share(self, stop: bool, applies: Applies, outer: OuterState,
               pushes: list[int] | None = None) -> tuple[bool, Applies, list[int]]:
@@ -89,7 +91,8 @@ class Island:
     def follow(self, trainer: Any) -> int:
         """The loop of a rank other than 0: train, then do what rank 0 says."""
         trainer.build()
-        values = self.share_start([torch.empty(n, device=self.device) for n in trainer.plan.sizes()])
+        values = [torch.empty(n, device=self.device) for n in trainer.plan.sizes()]
+        trainer.resume(self.share_start(values))
         outer = OuterState.start(trainer.plan, trainer.s.H, trainer.s.alpha, [(0, v) for v in values], trainer.params,
                                  rebase=trainer.s.rebase)
         opt = trainer.optimizer()

@@ -44,6 +44,7 @@ class Trainer:
         self.stop = threading.Event()
         self.device = resolve_device(cfg.spec.device, island)
         self.step = self.tokens = 0
+        self.resumed_at = 0   # the step this incarnation started at (resume)
         self.loss_ema: float | None = None
         self.eval_loss: float | None = None
         self.step_time: float | None = None
@@ -119,8 +120,9 @@ class Trainer:
         if outer is None:
             return self._finish(client, None)
         log(f"{self.cfg.spec.id}: joined at versions {client.versions()}")
+        self.resume(client.resume_step)
         if self.island is not None:
-            self.island.share_start(list(outer.mark))
+            self.island.share_start(list(outer.mark), self.step)
         self.phase = self.schedule_phase(outer)
         opt = self.optimizer()
         started = self.train_started = time.monotonic()
@@ -152,8 +154,17 @@ class Trainer:
             return True
         return bool(self.s.duration) and time.monotonic() - started >= self.s.duration
 
+    def resume(self, step: int) -> None:
+        """Start the step counter where the syncer says: a restarted learner continues its own
+        place on the lr schedule (and in its `steps` budget), a late joiner takes up the fleet's.
+        Restarting at 0 put a learner killed late in a cosine run back at the peak rate while the
+        others were near the floor, and its deltas cost the global model (ALGORITHM.md)."""
+        self.step = self.resumed_at = max(0, step)
+        if step:
+            log(f"{self.cfg.spec.id}: resuming at step {step} of the lr schedule")
+
     def _lr(self) -> float:
-        return learning_rate(self.step, self.s.lr, self.s.warmup, self.s.lr_schedule, self.s.steps)
+        return learning_rate(self.step, self.s.lr, self.s.warmup, self.s.lr_schedule, self.s.steps, self.resumed_at)
 
     def _train_step(self, opt: torch.optim.Optimizer, outer: OuterState) -> None:
         t0 = time.perf_counter()

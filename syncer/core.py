@@ -106,7 +106,7 @@ class SyncerCore:
         owner = self._claim_init(learner, manifest, now)
         out.send(learner, Message("welcome", {
             "epoch": self.epoch, "initialized": self.model is not None, "init_owner": owner,
-            "versions": self.versions(), "chunk_numel": self.chunk_numel()}))
+            "versions": self.versions(), "chunk_numel": self.chunk_numel(), "step": info.step}))
 
     def _manifest_problem(self, manifest: list[fragments.TensorSpec], count: int) -> str | None:
         if count != self.s.fragments:

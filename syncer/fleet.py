@@ -95,9 +95,10 @@ class Fleet:
         if info is None:
             info = self.learners[lid] = LearnerInfo(id=lid)
         fresh = info.incarnation != meta["incarnation"]
-        if fresh:
+        if fresh:   # its step counter (the inner lr schedule's position) resumes; see resume_step
+            resume = info.step if info.joins else self.resume_step(lid, now)
             info.tokens_base += info.tokens
-            info.tokens, info.step, info.state = 0, 0, "joining"
+            info.tokens, info.step, info.state = 0, resume, "joining"
             info.rate_anchor, info.step_rate = None, 0.0
             info.incarnation = meta["incarnation"]
             info.joins += 1
@@ -106,12 +107,24 @@ class Fleet:
         info.left, info.last_seen = False, now
         return info, fresh
 
+    def resume_step(self, lid: str, now: float) -> int:
+        """Where a new learner's inner step counter starts: the median counter of the other live,
+        training learners (0 at the start of a run). A learner that joins a fleet under way (a
+        spare, a late host) so takes up the fleet's place on the lr schedule instead of warming
+        up to the peak rate while the others decay. A rejoining learner (a new incarnation of a
+        known id) continues its own counter instead (hello)."""
+        steps = [i.step for i in self.learners.values()
+                 if i.id != lid and i.state != "joining" and i.live(now, self.liveness_s)]
+        return int(statistics.median(steps)) if steps else 0
+
     def heartbeat(self, lid: str, meta: dict[str, Any], now: float) -> None:
         """Fold a heartbeat's progress report into the learner's record."""
         info = self.learners[lid]
         step = int(meta["step"])
-        self.steps_total += max(0, step - info.step)
-        info.step, info.tokens = step, int(meta["tokens"])
+        if step >= info.step:   # below it: a new incarnation still joining, before its resume step
+            self.steps_total += step - info.step
+            info.step = step
+        info.tokens = int(meta["tokens"])
         info.state = str(meta["state"])[:16]
         if info.state == "running":
             info.measure_rate(step, now)

@@ -44,7 +44,7 @@ SCHEMAS: dict[str, tuple[int, dict[str, tuple[type, ...]]]] = {
     "bye": (6, {"reason": (str,)}),       # the syncer echoes it back as a receipt
     # syncer -> learner
     "welcome": (10, {"epoch": (int,), "initialized": (bool,), "init_owner": (bool,),
-                     "versions": (list,), "chunk_numel": (int,)}),
+                     "versions": (list,), "chunk_numel": (int,), "step": (int,)}),
     "state": (11, {"fragment": (int,), "version": (int,), "offset": (int,), "numel": (int,),
                    "total": (int,), "epoch": (int,)}),
     "update": (12, {"fragment": (int,), "version": (int,), "from_version": (int,),

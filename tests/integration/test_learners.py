@@ -87,10 +87,16 @@ def test_loss_falls_and_replicas_are_bit_identical(tmp_path: Path, n: int) -> No
 def test_killed_learner_rejoins_and_contributes_again(tmp_path: Path) -> None:
     with run_of(tmp_path, [{}, {}], H=8) as lr:
         lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 10, 120, "merges")
+        step = next(r for r in lr.status()["learners"] if r["id"] == "learner-1")["step"]
         lr.kill("learner-1", signal.SIGKILL)
         killed_at = time.time()
         lr.start_learner(1)
         lr.wait_for(lambda s: next(r for r in s["learners"] if r["id"] == "learner-1")["joins"] == 2, 60, "rejoin")
+        # it continues its own step counter (its place on the lr schedule), it does not start over
+        lr.wait_for(lambda s: "resuming at step" in lr.log("learner-1"), 30, "the resumed counter logged")
+        resumed = int(lr.log("learner-1").split("resuming at step ")[-1].split()[0])
+        assert resumed >= step > 0
+        assert next(r for r in lr.status()["learners"] if r["id"] == "learner-1")["step"] >= resumed
         lr.wait_for(lambda s: any(r["t"] > killed_at and "learner-1" in r["contributors"] for r in lr.metrics("round")),
                     90, "learner-1 contributing after its restart")
         kinds = [(e["kind"], e["target"]) for e in lr.events()]

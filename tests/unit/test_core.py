@@ -73,6 +73,27 @@ def test_init_chunk_with_nan_or_bad_layout_is_refused() -> None:
     assert h.core.model is None
 
 
+def test_the_welcome_says_where_a_step_counter_resumes() -> None:
+    """A restarted learner continues its own counter (lr schedule, steps budget); a learner new
+    to a fleet under way takes the live learners' median; heartbeats of a new incarnation still
+    at 0 neither rewind the counter nor count its steps twice."""
+    h = Harness(make_settings())
+    assert sent_of(h.hello("a", 1.0), "welcome")[0][1]["step"] == 0
+    h.upload_init("a", 1.1)
+    for lid, step in (("b", 0), ("c", 0)):
+        assert sent_of(h.hello(lid, 1.2), "welcome")[0][1]["step"] == step
+    for lid, step in (("a", 600), ("b", 500), ("c", 700)):
+        h.beat(lid, 2.0, step=step)
+    total = h.core.fleet.steps_total
+    assert sent_of(h.hello("a", 2.1, incarnation="i2"), "welcome")[0][1]["step"] == 600   # rejoin: its own
+    h.beat("a", 2.2, state="joining", step=0)
+    assert h.core.fleet.learners["a"].step == 600 and h.core.fleet.steps_total == total
+    h.beat("a", 2.3, step=610)
+    assert h.core.fleet.steps_total == total + 10
+    assert sent_of(h.hello("d", 2.4), "welcome")[0][1]["step"] == 610   # late joiner: median of a, b, c
+    assert sent_of(h.hello("d", 2.5), "welcome")[0][1]["step"] == 610   # a reconnect: unchanged
+
+
 def test_hello_problems() -> None:
     h = Harness(make_settings())
     out = h.hello("a", 1.0, run="other-run")

@@ -33,3 +33,14 @@ def test_cosine_without_a_step_budget_is_refused() -> None:
     RunSettings(lr_schedule="cosine", steps=100).validate()
     with pytest.raises(SettingsError, match="lr_schedule"):
         RunSettings(lr_schedule="linear").validate()
+
+
+def test_a_resumed_learner_warms_up_again_to_the_schedule_not_to_the_peak() -> None:
+    lr, warmup, steps, at = 2e-3, 10, 1000, 800
+    there = learning_rate(at + warmup, lr, warmup, "cosine", steps)
+    assert there < 0.3 * lr                                    # late in the cosine: near the floor
+    assert learning_rate(at, lr, warmup, "cosine", steps, resumed_at=at) == pytest.approx(
+        learning_rate(at, lr, warmup, "cosine", steps) / warmup)
+    assert learning_rate(at + warmup, lr, warmup, "cosine", steps, resumed_at=at) == pytest.approx(there)
+    ramp = [learning_rate(s, lr, warmup, "cosine", steps, resumed_at=at) for s in range(at, at + warmup)]
+    assert all(a < b for a, b in zip(ramp, ramp[1:])) and max(ramp) <= there * 1.01
