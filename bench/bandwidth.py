@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common  # noqa: E402
 from bench.evaluate import relative_gap  # noqa: E402
 from bench.fleet import Plan, diloco_run, local_host, run_diloco, run_dp, tokens_per_step  # noqa: E402
-from learner.model import param_shapes  # noqa: E402
+from workload.gpt import param_shapes  # noqa: E402
 
 LEARNERS = 4
 BITS = {"none": 32.0, "bf16": 16.0, "int8": 8.25, "int4": 4.25}

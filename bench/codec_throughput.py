@@ -9,7 +9,7 @@ For each tensor and mode, single thread (`torch.set_num_threads(1)`), CPU time:
 
 Tensors: an outer-gradient-like synthetic one (Gaussian noise, 0.1% outliers x20, the size of a
 gpt-medium fragment) and a real outer gradient: gpt-small's parameters before minus after a few
-AdamW steps on random tokens (`learner.model`).
+AdamW steps on random tokens (`workload.gpt`).
 
 Baselines, same run, same bytes: `clone()` of the fp32 tensor (memcpy), and zstd level 1 on the
 raw fp32 bytes (compress / decompress, and its ratio).
@@ -29,7 +29,7 @@ import zstandard
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
-from learner.model import build  # noqa: E402
+from workload.gpt import build  # noqa: E402
 from syncer import codec  # noqa: E402
 
 BLOCK = 128

@@ -65,9 +65,9 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from learner import data as data_mod  # noqa: E402
+from workload import data as data_mod  # noqa: E402
 from learner.schedule import learning_rate  # noqa: E402
-from learner.workload import Workload, WorkloadContext, build_workload  # noqa: E402
+from workload import Workload, WorkloadContext, build_workload  # noqa: E402
 from syncer.settings import settings_from_dict  # noqa: E402
 
 _BOOT: dict[str, float] = {"imported": time.time()}   # when each start-up stage ended (restart cost)

@@ -3,7 +3,7 @@
 Decoupled and synchronous DiLoCo leave `final_model.pt` (`{"state_dict": {name: tensor}}`, the
 syncer's global parameters, without `lm_head.weight`, which is tied to the token embedding); the
 data-parallel baseline leaves `checkpoint.pt` (`{"model": state_dict, ...}`). Both are loaded into
-the same freshly built model (`learner.workload.build_workload` with the run's settings, which
+the same freshly built model (`workload.build_workload` with the run's settings, which
 also yields the learners' fixed, evenly spaced held-out `eval_batches`) and scored by the same
 function, in eval mode, on one CPU thread:
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from learner.workload import Workload, WorkloadContext, build_workload  # noqa: E402
+from workload import Workload, WorkloadContext, build_workload  # noqa: E402
 from syncer.settings import settings_from_dict  # noqa: E402
 
 TIED = {"lm_head.weight"}   # the GPT's LM head is the token embedding (weight tying)

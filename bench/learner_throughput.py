@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
 from bench.fleet import Fleet, diloco_run, local_host  # noqa: E402
-from learner.workload import WorkloadContext, build_workload  # noqa: E402
+from workload import WorkloadContext, build_workload  # noqa: E402
 from syncer.settings import settings_from_dict  # noqa: E402
 
 # (model, seq_len, batch_size, steps, quick steps) per device; threads per device below

@@ -1,7 +1,7 @@
 """Benchmark: the syncer's per-round hot path, in MB of fp32 fragment parameters per second.
 
 Drives the real `SyncerCore` (no sockets, fake wall clock) with the fragment plan of a real
-model (`learner.model.param_shapes` + `syncer.fragments.plan`, default settings: int4 + zstd,
+model (`workload.gpt.param_shapes` + `syncer.fragments.plan`, default settings: int4 + zstd,
 block 128, RDA, robust clip, fleet scale, Nesterov). One round of fragment p is what production
 runs when 4 learners push it:
 
@@ -51,7 +51,7 @@ import zstandard
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
-from learner.model import param_shapes  # noqa: E402
+from workload.gpt import param_shapes  # noqa: E402
 from syncer import codec, fragments, native  # noqa: E402
 from syncer.core import Outbox, SyncerCore  # noqa: E402
 from syncer.protocol import Message  # noqa: E402

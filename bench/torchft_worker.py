@@ -64,7 +64,7 @@ from torchft.local_sgd import DiLoCo  # noqa: E402
 
 from bench.evaluate import eval_loss  # noqa: E402
 from learner.schedule import learning_rate  # noqa: E402
-from learner.workload import Workload, WorkloadContext, build_workload  # noqa: E402
+from workload import Workload, WorkloadContext, build_workload  # noqa: E402
 from syncer.settings import settings_from_dict  # noqa: E402
 
 HOST = "127.0.0.1"

@@ -225,7 +225,7 @@ def _validate_hosts(inv: Inventory) -> None:
 
 def _validate_model(inv: Inventory) -> None:
     """fragments <= parameter tensors, seq_len <= positions, for the built-in models."""
-    from learner import model as model_mod  # lazy: torch is only needed for this check
+    from workload import gpt as model_mod  # lazy: torch is only needed for this check
 
     name = inv.run.model
     if ":" in name:

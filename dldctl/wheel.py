@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dldctl import __version__
 
-PACKAGES = ("dldctl", "learner", "syncer")
+PACKAGES = ("dldctl", "learner", "syncer", "workload")
 DIST = "dldctl"
 # what a learner host needs; the operator-only dependencies are left out on purpose
 LEARNER_REQUIRES = ("numpy>=1.24", "pyzmq>=25", "zstandard>=0.21")

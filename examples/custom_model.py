@@ -22,8 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from learner import data
-from learner.workload import Workload, WorkloadContext, batch_seed
+from workload import data
+from workload import Workload, WorkloadContext, batch_seed
 
 
 class CharGRU(nn.Module):

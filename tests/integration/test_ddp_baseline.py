@@ -19,8 +19,8 @@ import torch
 
 from bench.ddp_baseline import failure_schedule, run_ddp
 from bench.ddp_worker import fast_forward, ring_wire_bytes
-from learner import data as data_mod
-from learner import model as model_mod
+from workload import data as data_mod
+from workload import gpt as model_mod
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 

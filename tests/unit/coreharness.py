@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from learner.model import param_shapes
+from workload.gpt import param_shapes
 from syncer import codec, fragments
 from syncer import protocol as P
 from syncer.core import Outbox, SyncerCore

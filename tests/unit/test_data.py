@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from learner import data as D
+from workload import data as D
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.model import param_shapes
+from workload.gpt import param_shapes
 from syncer import fragments as F
 from syncer.fragments import TensorSpec
 

@@ -3,7 +3,9 @@
 - syncer/protocol.py, syncer/codec.py (and the other leaves) import nothing else of the project;
 - learner may import only the shared parts of syncer (protocol, codec, fragments, settings, merge
   helpers), never syncer.server, and never dldctl;
-- syncer never imports learner or dldctl;
+- workload (the model/data seam shared by learners, the syncer's evaluator and the benchmarks)
+  imports nothing else of the project;
+- syncer never imports learner or dldctl, and only its evaluator shell imports workload;
 - learner and syncer never import the operator-only packages typer, rich, paramiko, matplotlib;
 - dldctl talks to a running syncer through syncer.protocol (plus the shared settings, keys and
   log helpers), never by importing the server.
@@ -17,7 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PROJECT = ("dldctl", "learner", "syncer")
+PROJECT = ("dldctl", "learner", "syncer", "workload")
+SYNCER_MAY_BUILD_MODELS = ("syncer/evaluator.py",)   # the shell that evaluates the global model
 OPERATOR_ONLY = ("typer", "rich", "paramiko", "matplotlib")
 LEAVES = ("syncer/protocol.py", "syncer/codec.py", "syncer/settings.py", "syncer/keys.py", "syncer/jsonl.py",
           "syncer/faultpoints.py")
@@ -73,6 +76,14 @@ def test_syncer_never_imports_learner_or_dldctl_or_operator_packages(path: Path)
     mods = imports(path)
     assert not {m for m in mods if m.split(".")[0] in ("learner", "dldctl")}
     assert not {m for m in mods if m.split(".")[0] in OPERATOR_ONLY}
+    if str(path.relative_to(ROOT)) not in SYNCER_MAY_BUILD_MODELS:
+        assert not {m for m in mods if m.split(".")[0] == "workload"}
+
+
+@pytest.mark.parametrize("path", files("workload"), ids=lambda p: p.name)
+def test_workload_imports_nothing_else_of_the_project(path: Path) -> None:
+    assert {m for m in project_imports(path) if not m.startswith("workload")} == set()
+    assert not {m for m in imports(path) if m.split(".")[0] in OPERATOR_ONLY}
 
 
 @pytest.mark.parametrize("path", files("learner"), ids=lambda p: p.name)
@@ -92,7 +103,7 @@ def test_dldctl_talks_to_the_syncer_only_through_its_protocol(path: Path) -> Non
 # The pure core of ARCHITECTURE.md: no I/O (files, sockets, processes, clocks, sleeps); clocks and
 # RNGs come in as arguments. (`time` may be imported for a default clock argument, never called bare.)
 PURE_CORE = ("syncer/protocol.py", "syncer/codec.py", "syncer/fragments.py", "syncer/merge.py", "syncer/fused.py", "syncer/rounds.py",
-             "syncer/core.py", "syncer/status.py", "learner/outer.py", "learner/schedule.py", "learner/model.py", "dldctl/reconcile.py",
+             "syncer/core.py", "syncer/status.py", "learner/outer.py", "learner/schedule.py", "workload/gpt.py", "dldctl/reconcile.py",
              "dldctl/chaos/plan.py", "dldctl/chaos/verdict.py", *(f"dldctl/sim/{p.name}" for p in
                                                                     sorted((ROOT / "dldctl" / "sim").glob("*.py"))))
 IO_MODULES = {"socket", "subprocess", "zmq", "paramiko", "shutil", "tempfile", "pathlib", "requests", "urllib",
@@ -123,7 +134,7 @@ def test_the_pure_core_does_no_io(rel: str) -> None:
 
 
 def test_model_imports_only_torch_and_errors_is_a_leaf() -> None:
-    model = {m.split(".")[0] for m in imports(ROOT / "learner" / "model.py")} - {"__future__"}
+    model = {m.split(".")[0] for m in imports(ROOT / "workload" / "gpt.py")} - {"__future__"}
     assert model <= {"torch", "math", "dataclasses", "typing"}, model
     assert project_imports(ROOT / "dldctl" / "errors.py") == set()
 

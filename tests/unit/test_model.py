@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from learner import model as M
+from workload import gpt as M
 
 
 def _count(shapes: list[tuple[str, tuple[int, ...]]]) -> int:

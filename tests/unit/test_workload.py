@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from learner import workload as W
+import workload as W
 
 REPO = Path(__file__).resolve().parents[2]
 

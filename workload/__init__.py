@@ -1,0 +1,160 @@
+"""The seam between the training loop and what it trains: a `Workload`.
+
+The training loop knows nothing about GPTs or corpora. It asks `build_workload(ctx)` for a
+model (already on the device), a way to get the next training batch, the loss of a batch, the
+exact token count of a batch, fixed eval batches, and which parameters are embedding tables
+(merged by a plain mean instead of RDA). The run's `model` setting picks the factory:
+
+    "gpt-tiny" | "gpt-small" | "gpt-medium" | "gpt2-124m"   -> gpt_workload (the built-in)
+    "package.module:factory"                                 -> a user's own, see docs/custom-model.md
+
+Contract every factory keeps (the syncer and the merge depend on it):
+- deterministic init: the same `settings["seed"]` gives bitwise-identical parameters on every
+  learner (`build_workload` seeds torch first; build on the CPU, then move to the device);
+- tokens are counted exactly (they weight the merge and feed goodput);
+- `eval_batches` are identical on every learner, whatever its index, seed, batch size or device.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from workload import data as data_mod
+from workload import gpt as model_mod
+
+
+@dataclass
+class WorkloadContext:
+    """What a factory is given: the run settings and this learner's place in the fleet."""
+
+    settings: dict          # the resolved run settings: model, data, seed, seq_len, lr, batch_size, ...
+    learner_index: int      # 0-based; picks the train shard
+    shards: int             # how many train shards the corpus is cut into
+    batch_size: int         # this learner's batch size (a host may override the run's default)
+    device: torch.device
+    seed: int               # the data seed: with learner_index, seeds this learner's batch order
+
+
+@dataclass
+class Workload:
+    """What the training loop trains: the model and everything it needs to feed it."""
+
+    model: torch.nn.Module                                 # already on ctx.device
+    next_batch: Callable[[], Any]                          # next training batch, on the device
+    loss: Callable[[torch.nn.Module, Any], torch.Tensor]   # scalar training loss of a batch
+    tokens: Callable[[Any], int]                           # exact tokens in a batch
+    eval_batches: list[Any]                                # fixed held-out batches (same on every learner)
+    embedding_names: set[str] = field(default_factory=set)  # params merged by a plain mean
+
+
+def batch_seed(seed: int, learner_index: int) -> int:
+    """A well-mixed 63-bit seed for (seed, learner_index): different learners, unrelated streams."""
+    state = np.random.SeedSequence([int(seed) & (2**63 - 1), int(learner_index)]).generate_state(2)
+    return int(state[0]) << 31 ^ int(state[1])
+
+
+def gpt_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross-entropy of (x, y)."""
+    _, loss = model(batch[0], batch[1])
+    return loss
+
+
+def batch_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+    """Tokens trained on in (x, y): every position of x predicts one target."""
+    return int(batch[0].numel())
+
+
+def gpt_workload(ctx: WorkloadContext) -> Workload:
+    """The built-in: a GPT preset on the corpus named by settings["data"], one shard per learner."""
+    s = ctx.settings
+    seq_len = int(s.get("seq_len", 128))
+    if not 0 <= ctx.learner_index < ctx.shards:
+        raise ValueError(f"learner_index {ctx.learner_index} is outside 0..{ctx.shards - 1} (shards={ctx.shards})")
+    corpus = data_mod.load_corpus(str(s.get("data", "builtin")), vocab_size=s.get("vocab_size"))
+    # init on the CPU (CPU and CUDA generators draw differently), then move: same weights everywhere
+    model = model_mod.build(str(s["model"]), vocab_size=corpus.vocab_size, block_size=seq_len)
+    device = torch.device(ctx.device)
+    model.to(device)
+    shards, (ev0, ev1) = data_mod.split(corpus, shards=ctx.shards)
+    start, stop = shards[ctx.learner_index]
+    batches = data_mod.Batches(corpus.tokens, start, stop, batch_size=ctx.batch_size, seq_len=seq_len,
+                               seed=batch_seed(ctx.seed, ctx.learner_index), device=device)
+    # eval windows use the run's batch size, not this host's, so every learner scores the same text
+    held_out = data_mod.eval_batches(corpus.tokens, ev0, ev1, batch_size=int(s.get("batch_size", ctx.batch_size)),
+                                     seq_len=seq_len, count=int(s.get("eval_batches", 4)), device=device)
+    return Workload(model=model, next_batch=batches.next, loss=gpt_loss, tokens=batch_tokens,
+                    eval_batches=held_out, embedding_names=model.embedding_names())
+
+
+def resolve(model: str) -> Callable[[WorkloadContext], Workload]:
+    """The factory for a model setting: a GPT preset, or "package.module:factory" imported."""
+    if ":" not in model:
+        if model in model_mod.PRESETS:
+            return gpt_workload
+        raise ValueError(
+            f"model {model!r} is neither a built-in preset ({', '.join(model_mod.PRESETS)}) nor "
+            "'package.module:factory'; set model to one of those"
+        )
+    module_name, _, attr = model.partition(":")
+    if not module_name or not attr or ":" in attr:
+        raise ValueError(f"model {model!r} is malformed: write it as 'package.module:factory'")
+    module = _import(model, module_name)
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise ImportError(f"model {model!r}: module {module_name!r} ({getattr(module, '__file__', '?')}) "
+                              f"has no attribute {attr!r}; define factory(ctx) -> Workload there")
+        target = getattr(target, part)
+    if not callable(target) or isinstance(target, type(os)):
+        raise ValueError(f"model {model!r}: {module_name}.{attr} is a {type(target).__name__}, not a "
+                         "callable factory(ctx) -> Workload")
+    return target
+
+
+def _import(spec: str, module_name: str) -> Any:
+    """importlib.import_module with a message that says what is missing and what to do."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            raise ImportError(
+                f"model {spec!r}: cannot import module {module_name!r} ({exc}); install its package on "
+                f"the learner host or put its directory on PYTHONPATH (working directory: {os.getcwd()})"
+            ) from exc
+        raise ImportError(f"model {spec!r}: importing {module_name!r} failed: it needs {missing!r}, "
+                          f"which is not installed on this host ({exc})") from exc
+    except ImportError as exc:
+        raise ImportError(f"model {spec!r}: importing {module_name!r} failed: {exc}") from exc
+
+
+def build_workload(ctx: WorkloadContext) -> Workload:
+    """resolve(settings["model"])(ctx), with torch seeded first so every learner starts equal."""
+    spec = str(ctx.settings["model"])
+    factory = resolve(spec)
+    torch.manual_seed(int(ctx.settings.get("seed", 0)))
+    workload = factory(ctx)
+    _check(spec, workload)
+    return workload
+
+
+def _check(spec: str, w: Any) -> None:
+    """Fail early, naming the factory, when it returned something the training loop cannot use."""
+    if not isinstance(w, Workload):
+        raise ValueError(f"model {spec!r}: the factory returned {type(w).__name__}, not workload.Workload")
+    if not isinstance(w.model, torch.nn.Module):
+        raise ValueError(f"model {spec!r}: Workload.model is a {type(w.model).__name__}, not a torch.nn.Module")
+    for name in ("next_batch", "loss", "tokens"):
+        if not callable(getattr(w, name)):
+            raise ValueError(f"model {spec!r}: Workload.{name} must be callable")
+    if not isinstance(w.eval_batches, list):
+        raise ValueError(f"model {spec!r}: Workload.eval_batches must be a list of batches")
+    unknown = set(w.embedding_names) - {n for n, _ in w.model.named_parameters()}
+    if unknown:
+        raise ValueError(f"model {spec!r}: embedding_names {sorted(unknown)} are not parameters of the model")
