@@ -5,7 +5,10 @@ evaluated against a snapshot dict. The actions that carry a plan out live in inj
 
 A check is `<path> <op> <number>` (no eval): the path walks the `dldctl status --json` snapshot
 (`goodput_window`, `quorum.live`, `tokens.merged`, `syncer.alive`, ...), op is one of
->= <= > < == !=; or `<path> rising` (larger at the end than at the start).
+>= <= > < == !=; or `<path> rising` (larger at the end than at the start); or
+`<path> <op> start [+|- N%]`, a bound relative to the first snapshot that must hold in every
+snapshot (`loss.global <= start + 5%`: the global model never more than 5% worse than before the
+faults, judged throughout the experiment, not only at its end).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ ACTIONS = ("kill", "pause", "slow", "partition")
 SIGNALS = ("KILL", "TERM")
 _CHECK = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(>=|<=|==|!=|>|<)\s*(-?[\d.]+(?:e-?\d+)?|true|false)\s*$")
 _RISING = re.compile(r"^\s*([A-Za-z_][\w.]*)\s+rising\s*$")
+_RELATIVE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(>=|<=|>|<)\s*start\s*(?:([+-])\s*([\d.]+)\s*%)?\s*$")
 
 
 class PlanError(ValueError):
@@ -53,6 +57,12 @@ class Check:
     op: str
     value: float = 0.0
     text: str = ""
+    relative: float | None = None    # `<op> start +/- N%`: the bound is start x (1 + relative)
+
+    @property
+    def throughout(self) -> bool:
+        """Checked in every snapshot, not only the first and the last."""
+        return self.relative is not None
 
     def holds(self, snap: dict[str, Any], first: dict[str, Any] | None = None) -> bool:
         """Whether it holds now (`first`: the snapshot at the start, for `rising`)."""
@@ -63,6 +73,11 @@ class Check:
         if current is None:
             return False
         a, b = float(current), self.value
+        if self.relative is not None:
+            start = lookup(first or snap, self.path)
+            if start is None:
+                return False
+            b = float(start) * (1.0 + self.relative)
         return {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b, "==": a == b, "!=": a != b}[self.op]
 
 
@@ -83,9 +98,14 @@ def parse_check(text: str) -> Check:
     m = _RISING.match(text)
     if m:
         return Check(m.group(1), "rising", 0.0, text.strip())
+    m = _RELATIVE.match(text)
+    if m:
+        sign = -1.0 if m.group(3) == "-" else 1.0
+        return Check(m.group(1), m.group(2), 0.0, text.strip(), sign * float(m.group(4) or 0) / 100.0)
     m = _CHECK.match(text)
     if not m:
-        raise PlanError(f"check {text!r} is not '<path> <op> <number>' or '<path> rising' (e.g. 'quorum.live >= 3')")
+        raise PlanError(f"check {text!r} is not '<path> <op> <number>', '<path> rising' or "
+                        "'<path> <op> start + N%' (e.g. 'quorum.live >= 3', 'loss.global <= start + 5%')")
     raw = m.group(3)
     value = 1.0 if raw == "true" else 0.0 if raw == "false" else float(raw)
     return Check(m.group(1), m.group(2), value, text.strip())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dldctl.chaos.plan import Experiment, FaultReport, Result
+from dldctl.chaos.plan import Experiment, FaultReport, Result, lookup
 
 DETECT = {"kill": ("death", "learner_lost", "syncer_death"), "pause": ("learner_lost",),
           "partition": ("learner_lost",), "slow": ()}
@@ -92,6 +92,15 @@ def evaluate(exp: Experiment, samples: list[dict[str, Any]], events: list[dict[s
         if not check.holds(last, first):
             result.passed = False
             result.reasons.append(f"steady state not restored at the end: {check.text}")
+    for check in exp.steady:
+        broken = next((snap for snap in samples if check.throughout and lookup(snap, check.path) is not None
+                       and not check.holds(snap, first)), None)   # unknown in between (syncer away): not judged
+        if broken is not None:
+            result.passed = False
+            start, value = lookup(first, check.path), lookup(broken, check.path)
+            result.reasons.append(f"steady state broken during the experiment: {check.text} "
+                                  f"({value} at t={float(broken.get('now', 0)) - float(first.get('now', 0)):.0f} s, "
+                                  f"{start} at the start)")
     if aborted:
         result.passed = False
         result.reasons.append(f"aborted: {aborted}")

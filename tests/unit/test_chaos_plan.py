@@ -117,3 +117,29 @@ def test_verdict_fails_when_steady_state_is_not_restored_or_aborted() -> None:
     assert not result.passed
     assert any("not restored" in r for r in result.reasons) and any("aborted" in r for r in result.reasons)
     assert any("not injected" in r for r in result.reasons)
+
+
+def test_a_bound_relative_to_the_start_parses_and_holds_against_the_first_snapshot() -> None:
+    check = parse_check("loss.global <= start + 5%")
+    assert check.throughout and check.relative == pytest.approx(0.05)
+    first = {"loss": {"global": 2.0}}
+    assert check.holds({"loss": {"global": 2.09}}, first) and not check.holds({"loss": {"global": 2.11}}, first)
+    assert parse_check("goodput_window >= start - 10%").relative == pytest.approx(-0.10)
+    assert parse_check("tokens.merged > start").relative == 0.0
+    with pytest.raises(PlanError, match="start \\+ N%"):
+        parse_check("loss.global <= begin + 5%")
+
+
+def test_the_model_bound_fails_the_verdict_when_broken_in_between_even_if_healed_by_the_end() -> None:
+    """A global model damaged by a fault and healed before the end still broke the hypothesis."""
+    exp = parse_experiment({**EXPERIMENT, "steady_state": [{"check": "loss.global <= start + 5%"}]})
+
+    def with_loss(t: float, loss: float | None) -> dict:
+        return {**snap(t, 0.9), "loss": {"global": loss}}
+    healthy = [with_loss(100, 2.0), with_loss(110, 2.05), with_loss(120, None), with_loss(140, 1.9)]
+    assert verdict.evaluate(exp, healthy, [], [102.0, 110.0]).passed   # unknown while the syncer was away
+    damaged = [with_loss(100, 2.0), with_loss(110, 3.4), with_loss(140, 1.9)]
+    result = verdict.evaluate(exp, damaged, [], [102.0, 110.0])
+    assert not result.passed
+    (reason,) = result.reasons
+    assert "broken during the experiment" in reason and "3.4 at t=10 s" in reason and "2.0 at the start" in reason
