@@ -123,10 +123,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 class Fleet:
     """One `dldctl` home with (at most) one run in it."""
 
-    def __init__(self, name: str = "bench", keep: bool = False) -> None:
+    def __init__(self, name: str = "bench", keep: bool = False, tmpfs_mb: int | None = None) -> None:
         self.name = name
         self.keep = keep
         self.home = Path(tempfile.mkdtemp(prefix=f"dld-{name}-"))
+        self.tmpfs = bool(tmpfs_mb) and subprocess.run(   # a home on its own small file system, to fill up
+            ["mount", "-t", "tmpfs", "-o", f"size={tmpfs_mb}m", "tmpfs", str(self.home)], capture_output=True).returncode == 0
         self.env = dict(os.environ, DLDCTL_HOME=str(self.home), COLUMNS="160", PYTHONUNBUFFERED="1")
         self.run_dir: Path | None = None
         self.is_up = False
@@ -295,6 +297,8 @@ class Fleet:
                     os.kill(int(rec["pid"]), signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+        if self.tmpfs and subprocess.run(["umount", str(self.home)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(self.home)], capture_output=True)
         if not self.keep:
             shutil.rmtree(self.home, ignore_errors=True)
         else:
@@ -378,6 +382,7 @@ class Plan:
     timeout_s: float = 900.0
     eval_settings: dict[str, Any] | None = None   # default: `run`
     inspect: Callable[[Fleet], Any] | None = None  # called after down, before the home is deleted
+    home_tmpfs_mb: int | None = None               # the dldctl home on a tmpfs of this size (disk-full faults)
 
 
 def _ended(fleet: Fleet, plan: Plan, start: float) -> bool:
@@ -405,7 +410,7 @@ def run_diloco(plan: Plan) -> dict[str, Any]:
     """Run `plan` on a fresh fleet (always cleaned up) and summarise it; see `summarize_run`."""
     from bench import evaluate
 
-    with Fleet(plan.name, keep=bool(os.environ.get("DLD_BENCH_KEEP"))) as fleet:
+    with Fleet(plan.name, keep=bool(os.environ.get("DLD_BENCH_KEEP")), tmpfs_mb=plan.home_tmpfs_mb) as fleet:
         fleet.up(plan.run, plan.hosts)
         start = fleet.wait_training(plan.learners)
         stop, box = threading.Event(), []
@@ -472,41 +477,3 @@ def summarize_run(fleet: Fleet, plan: Plan, summary: dict[str, Any], start: floa
         "blocked_share": blocked_share(samples),
         "event_counts": dict(collections.Counter(e.get("kind") for e in events)),
     }
-
-
-# --------------------------------------------------------------------------- the DP baseline
-
-def run_dp(settings: dict[str, Any], workers: int, *, budget_tokens: int | None = None,
-           duration_s: float | None = None, kill_schedule: list[float] | None = None, seed: int = 0,
-           checkpoint_every_s: float = 5.0) -> dict[str, Any]:
-    """`bench.ddp_baseline.run_ddp` (gloo, torchrun, explicit all-reduce) plus the shared evaluation.
-
-    With a kill schedule, kills count from the job's first training step (`kill_from="train"`)
-    and torchrun may restart the job once per kill. Adds `eval_loss` (bench.evaluate on the
-    job's final checkpoint), the training window (first step of the first incarnation to the
-    final model) and goodput/tokens per second over that window.
-    """
-    from bench import ddp_baseline, evaluate
-
-    workdir = Path(tempfile.mkdtemp(prefix="dld-dp-"))
-    try:
-        dp_settings = {k: v for k, v in settings.items() if k != "name"}
-        res = ddp_baseline.run_ddp(dp_settings, workers, workdir / "job", budget_tokens=budget_tokens,
-                                   duration_s=duration_s, max_restarts=len(kill_schedule or []),
-                                   kill_schedule=kill_schedule, seed=seed, kill_from="train",
-                                   checkpoint_every_s=checkpoint_every_s, reducer="flat")
-        ckpt = workdir / "job" / "checkpoint.pt"
-        res["eval_loss_shared"] = evaluate.eval_file(ckpt, settings) if res["ok"] and ckpt.exists() else None
-        progress = ddp_baseline.read_progress(workdir / "job")
-        first = min((e["time"] for e in progress if e.get("event") == "start"), default=None)
-        final = next((e for e in reversed(progress) if e.get("event") == "final"), None)
-        if first is not None and final is not None:
-            span = final["time"] - first
-            res["train_window_s"] = span
-            res["window_goodput"] = final["compute_s"] / (workers * span) if span > 0 else None
-            res["window_tokens_per_s"] = final["tokens"] / span if span > 0 else None
-        res["curve"] = [{"t": e["time"] - first, "tokens": e.get("tokens"), "eval_loss": e.get("eval_loss")}
-                        for e in progress if e.get("event") == "eval" and first is not None]
-        return res
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)

@@ -51,7 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
 from bench.ddp_baseline import failure_schedule  # noqa: E402
-from bench.fleet import Plan, diloco_run, local_host, run_diloco, run_dp  # noqa: E402
+from bench.fleet import Plan, diloco_run, local_host, run_diloco  # noqa: E402
+from bench.dprun import run_dp  # noqa: E402
 
 LEARNERS = 4
 MTBF = 20.0

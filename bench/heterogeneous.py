@@ -1,7 +1,7 @@
 """Benchmark: round composition, homogeneous and heterogeneous fleets (issues 9 and 17).
 
 Four learners train gpt-tiny for the same window of D seconds (from the moment all four train),
-with dldctl's outer optimizer (Nesterov 0.7, 0.9), in these configurations:
+with dldctl's default outer optimizer (plain averaging: outer lr 1, momentum 0), in these configurations:
 
 - **homogeneous, defaults**: four learners of one speed, dldctl's defaults (quorum 1, the
   syncer's round clock, `grace_gamma = 0.5`, rebase). Target: at least 3.5 contributors per

@@ -51,7 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common  # noqa: E402
 from bench.common import overrides  # noqa: E402
 from bench.evaluate import relative_gap  # noqa: E402
-from bench.fleet import Plan, diloco_run, local_host, run_diloco, run_dp, tokens_per_step  # noqa: E402
+from bench.fleet import Plan, diloco_run, local_host, run_diloco, tokens_per_step  # noqa: E402
+from bench.dprun import run_dp  # noqa: E402
 from syncer.settings import RunSettings  # noqa: E402
 
 LEARNERS = 4

@@ -43,7 +43,8 @@ import torch  # noqa: E402
 
 from bench import common, evaluate  # noqa: E402
 from bench.ddp_baseline import failure_schedule  # noqa: E402
-from bench.fleet import Fleet, Plan, diloco_run, local_host, run_diloco, run_dp  # noqa: E402
+from bench.fleet import Fleet, Plan, diloco_run, local_host, run_diloco  # noqa: E402
+from bench.dprun import run_dp  # noqa: E402
 from bench.quality import DLDCTL_OUTER, SYNC_OUTER  # noqa: E402
 from syncer import checkpoint, fragments  # noqa: E402
 
