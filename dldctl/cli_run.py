@@ -20,6 +20,7 @@ from dldctl.inventory import Inventory
 from dldctl.provision import HostRuntime, open_host
 
 console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 
 
@@ -43,6 +44,8 @@ def up(
             console.print(line)
         console.print("[dim](dry run: nothing was touched)[/]")
         return
+    for risk in inv.run.risks(len(plan.learner_plans(inv))):
+        err_console.print(f"[yellow]warning:[/] {risk}")
     live = rundir.find_live(inv.run.name)
     orphan = None if live else rundir.find_orphan(inv.run.name)
     if orphan is not None:  # its supervisor died: bring it back, then converge

@@ -1,6 +1,7 @@
 """`dldctl down`: stop everything on every host, final checkpoint, final model, a summary.
 
-Order matters: the supervisor first (so it restarts nothing), then the learners with SIGTERM
+Order matters: the supervisor and its watchdog first (so nothing is restarted: once the run is
+`stopping` neither restarts the other), then the learners with SIGTERM
 (each sends its due fragments and says bye), then the syncer, asked to close its open rounds,
 export the final model and checkpoint before it exits. Anything still alive after its grace
 period is killed by process group. Processes are found in `procs.jsonl` (every process ever
@@ -135,7 +136,7 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
     _mark_stopping(run)
     fleet = Fleet(run)
     try:
-        killed = fleet.stop(lambda r: r["target"] == "supervisor", 10.0)
+        killed = fleet.stop(lambda r: r["target"] in ("supervisor", "watchdog"), 10.0)
         killed += fleet.stop(fleet.idle_spare, 5.0)            # warm spares that never became a learner
         config = load_config(run)
         before = _syncer_snapshot(run, config)
@@ -198,6 +199,7 @@ def summary(run: RunDir, snap: dict[str, Any] | None, exported: str, killed: lis
         out.update(outer_steps=snap["syncer"]["outer_steps"], goodput=snap["goodput"],
                    tokens_trained=snap["tokens"]["trained"], tokens_merged=snap["tokens"]["merged"],
                    loss_train=snap["loss"]["train"], loss_eval=snap["loss"]["eval"],
+                   loss_global=snap["loss"].get("global"), guard_rollbacks=(snap.get("guard") or {}).get("rollbacks", 0),
                    bytes_up=snap["bytes"]["up"], bytes_down=snap["bytes"]["down"],
                    ddp_equivalent=snap["bytes"]["ddp_equivalent"], uptime_s=snap.get("uptime_s"))
     return out

@@ -113,4 +113,5 @@ def describe(inv: Inventory) -> list[str]:
         where = "this machine" if h.local else f"{h.address} over SSH"
         lines.append(f"{plan.id} on {h.name} ({where}): device {h.device}, nproc {h.nproc}, "
                      f"batch {h.batch_size or inv.run.batch_size}, throttle {h.throttle:g}")
+    lines += [f"WARNING: {risk}" for risk in inv.run.risks(len(learner_plans(inv)))]
     return lines

@@ -10,6 +10,10 @@ status: pending -> starting -> running -> dead -> (restart) starting -> ...; als
 `decide` returns the actions to carry out (start a process, undo an expired fault) and the
 events to record; the supervisor does the I/O. Deaths caused by chaos do not count towards
 the crash-loop backoff.
+
+The supervisor is watched too (dldctl/watchdog.py): `supervisor_health` is the rule by which the
+watchdog restarts it and `dldctl status` reports it, and `resume` is what a restarted supervisor
+makes of the processes its predecessor was in the middle of starting.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 FAST_DEATH_S = 30.0
+STALE_S = 15.0    # no supervisor heartbeat for this long: status warns (its loop is slow or stuck)
+HUNG_S = 120.0    # ... for this long: the watchdog kills and restarts it (an SSH call never blocks this long)
+LIVE = ("starting", "up")
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,11 @@ def _died(name: str, e: dict[str, Any], obs: Observation, now: float, base: floa
         e["status"] = "finished"
         events.append(("finished", name, "spent its step/duration budget"))
         return
+    if obs.finished and e["kind"] == "syncer":   # restarting cannot help: it would refuse again
+        e["status"] = "stopped"
+        events.append(("refused", name, f"{obs.finished}; not restarted (merges stop; the learners keep "
+                                        "training): restore a checkpoint or set on_no_checkpoint, then start it again"))
+        return
     if obs.finished:
         e["status"] = "stopped"
         events.append(("refused", name, f"{obs.finished}; not restarted (fix the cause, then `dldctl learner add`)"))
@@ -127,3 +139,45 @@ def start_failed(e: dict[str, Any], now: float, base: float, cap: float) -> floa
 def new_proc(kind: str, host: str) -> dict[str, Any]:
     return {"kind": kind, "host": host, "status": "pending", "proc": None, "restarts": 0, "fast_deaths": 0,
             "started_at": None, "next_start": None, "hold_until": None, "chaos_kill": False}
+
+
+def resume(state: dict[str, Any], records: list[dict[str, Any]], now: float) -> list[tuple[str, str, str]]:
+    """A new supervisor's first look: a process its dead predecessor left `starting` is adopted if
+    procs.jsonl recorded its start (the previous one died before writing the state), else started
+    again. Returns the events; updates `state` in place."""
+    latest: dict[str, dict[str, Any]] = {}
+    for record in records:
+        latest[record.get("target", "")] = record
+    events: list[tuple[str, str, str]] = []
+    for name, e in sorted(state["procs"].items()):
+        if e["status"] != "starting":
+            continue
+        record = latest.get(name)
+        if record is not None and float(record.get("t", 0)) > float(e.get("started_at") or 0):
+            kind = started(e, {"pid": int(record["pid"]), "start_ticks": int(record["start_ticks"])}, now)
+            events.append((kind, name, f"pid {record['pid']} on {e['host']} (adopted: the supervisor "
+                           "that started it died before recording it)"))
+        else:
+            e["status"] = "pending"
+    return events
+
+
+def supervisor_health(record: dict[str, Any] | None, alive: bool, beat: float | None, now: float,
+                      run_status: str | None) -> str:
+    """One word for the supervisor: `ok`; `stale` (alive, no heartbeat for STALE_S); `hung` (for
+    HUNG_S: the watchdog restarts it); `missing` (its pid is dead or none was recorded: the watchdog
+    restarts it); `stopped` (the run is not up, so none should run). `beat` is its last heartbeat,
+    None if it never beat (its start time counts as one)."""
+    if run_status not in LIVE:
+        return "stopped"
+    if not record or not alive:
+        return "missing"
+    heard = last_heard(record, beat)
+    age = now - heard if heard is not None else 0.0
+    return "hung" if age > HUNG_S else "stale" if age > STALE_S else "ok"
+
+
+def last_heard(record: dict[str, Any] | None, beat: float | None) -> float | None:
+    """When the supervisor was last known to work: its last heartbeat or its start, whichever is later."""
+    times = [t for t in (beat, (record or {}).get("started")) if isinstance(t, (int, float))]
+    return max(times) if times else None

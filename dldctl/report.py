@@ -61,14 +61,10 @@ def _number(value: Any) -> float | None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The objects of a JSON-lines file that have a numeric `t` and a `kind`, sorted by `t`
-    (a missing file is empty; undecodable lines, such as a half-written last one, are skipped)."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise RunError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    """The objects of a JSON-lines file and of its rotated segment (PATH.1, max_log_mb) that have a
+    numeric `t` and a `kind`, sorted by `t` (a missing file is empty; undecodable lines, such as
+    a half-written last one, are skipped)."""
+    text = _read_text(path.with_name(path.name + ".1")) + "\n" + _read_text(path)
     records = []
     for raw in text.splitlines():
         try:
@@ -78,6 +74,15 @@ def read_jsonl(path: Path) -> list[dict]:
         if isinstance(record, dict) and _number(record.get("t")) is not None and isinstance(record.get("kind"), str):
             records.append(record)
     return sorted(records, key=lambda r: r["t"])
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        raise RunError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
 def load_run(run_dir: Path) -> RunRecord:
@@ -124,10 +129,11 @@ def _series(rows: list[dict], key: str, t0: float | None = None) -> tuple[list[f
 
 
 def plot_loss(run: RunRecord, path: Path) -> None:
-    """Train and eval loss against tokens merged into the global model."""
+    """Train and eval loss (the learners') and the global model's loss against tokens merged."""
     fig, ax = _figure("loss vs tokens merged", "tokens merged", "loss")
     drawn = False
-    for key, style, label in (("loss_train", "-", "train"), ("loss_eval", "o-", "eval")):
+    for key, style, label in (("loss_train", "-", "train"), ("loss_eval", "o-", "eval"),
+                              ("loss_global", "s-", "global model (syncer)")):
         points = [(_number(s.get("tokens_merged")), _number(s.get(key))) for s in run.samples]
         points = [(x, y) for x, y in points if x is not None and y is not None]
         if points:
@@ -258,7 +264,7 @@ def _utc(t: float) -> str:
 
 def _loss_rows(run: RunRecord) -> list[tuple[str, str]]:
     rows = []
-    for key, label in (("loss_train", "train"), ("loss_eval", "eval")):
+    for key, label in (("loss_train", "train"), ("loss_eval", "eval"), ("loss_global", "global model")):
         values = [v for v in (_number(s.get(key)) for s in run.samples) if v is not None]
         final, best = (values[-1], min(values)) if values else (None, None)
         rows.append((f"{label} loss (final / min)", f"{_fmt(final)} / {_fmt(best)}"))

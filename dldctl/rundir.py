@@ -13,6 +13,7 @@ leaves half a state behind. A run is live while its supervisor process is. Comma
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import json
 import os
@@ -23,6 +24,7 @@ from typing import Any, Iterator
 
 from dldctl.errors import RunError
 from syncer import jsonl
+from syncer.settings import RunSettings, settings_from_dict
 
 
 def home() -> Path:
@@ -39,6 +41,9 @@ class RunDir:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self._unsaved: tuple[dict[str, Any], tuple[int, int, int] | None] | None = None  # state, file it replaces
+        self._unsaved_count = 0
+        self._log_cap: int | None = None
 
     @property
     def name(self) -> str:
@@ -61,7 +66,12 @@ class RunDir:
 
     # -- state -------------------------------------------------------------------------------
     def read_state(self) -> dict[str, Any]:
-        """The state file; RunError (naming the file and what to do) if missing or corrupt."""
+        """The state file; RunError (naming the file and what to do) if missing or corrupt.
+        (This process's own state that it could not write, while nobody else wrote the file.)"""
+        if self._unsaved is not None:
+            if _signature(self.state_file) == self._unsaved[1]:
+                return copy.deepcopy(self._unsaved[0])
+            self._unsaved, self._unsaved_count = None, 0   # another process wrote it since: it wins
         try:
             data = json.loads(self.state_file.read_text())
         except FileNotFoundError:
@@ -74,14 +84,33 @@ class RunDir:
         return data
 
     def write_state(self, state: dict[str, Any]) -> None:
-        """Atomic replace; call while holding `locked()`."""
+        """Atomic replace; call while holding `locked()`. Never raises: if the disk is full (or
+        failing), this process keeps the state in memory (read_state returns it while nobody else
+        wrote the file) and writes it with its next change once it can."""
         state["updated"] = time.time()
         tmp = self.state_file.with_name(f".state.{os.getpid()}.tmp")
-        with open(tmp, "w") as fh:
-            json.dump(state, fh, indent=1, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.state_file)
+        try:
+            with open(tmp, "w") as fh:
+                json.dump(state, fh, indent=1, sort_keys=True)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.state_file)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            self._keep_unsaved(state, exc)
+            return
+        if self._unsaved is not None:
+            count, self._unsaved, self._unsaved_count = self._unsaved_count, None, 0
+            self.event("write_resumed", jsonl.source(), f"writing state.json again: {count} changes were kept in memory")
+
+    def _keep_unsaved(self, state: dict[str, Any], exc: OSError) -> None:
+        first = self._unsaved is None
+        self._unsaved = (copy.deepcopy(state), _signature(self.state_file))
+        self._unsaved_count += 1
+        if first:
+            jsonl.notify("write_dropped", f"{jsonl.why(exc)} writing state.json: keeping the state in memory "
+                         "until it can write again", self.events)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -104,14 +133,27 @@ class RunDir:
             self.write_state(state)
 
     def event(self, kind: str, target: str, detail: str = "") -> dict[str, Any]:
+        """Append to events.jsonl (rotated past the run's max_log_mb; dropped and counted, never
+        raised, when the disk is full)."""
         record = {"t": time.time(), "kind": kind, "target": target, "detail": detail}
-        jsonl.append(self.events, record)
+        jsonl.append(self.events, record, max_bytes=self.log_cap(), notices=self.events)
         return record
+
+    def log_cap(self) -> int:
+        """The run's `max_log_mb` in bytes, from config.json (the default until it exists)."""
+        if self._log_cap is None:
+            try:
+                run = json.loads(self.config.read_text()).get("run", {})
+                self._log_cap = settings_from_dict(run).max_log_bytes
+            except (OSError, ValueError, AttributeError):
+                return RunSettings().max_log_bytes
+        return self._log_cap
 
     def record_proc(self, target: str, host: str, proc: dict[str, int]) -> None:
         """Append to procs.jsonl: every process ever started, so `down` finds them all even
-        if state.json is lost."""
-        jsonl.append(self.path / "procs.jsonl", {"t": time.time(), "target": target, "host": host, **proc})
+        if state.json is lost (never rotated; a line the disk cannot take is dropped and counted)."""
+        jsonl.append(self.path / "procs.jsonl", {"t": time.time(), "target": target, "host": host, **proc},
+                     max_bytes=0, notices=self.events)
 
     def started_procs(self) -> list[dict[str, Any]]:
         return list(jsonl.read(self.path / "procs.jsonl"))
@@ -124,6 +166,15 @@ class RunDir:
             return False
         sup = state.get("supervisor") or {}
         return state.get("status") in ("starting", "up") and _proc_alive(sup.get("pid"), sup.get("start_ticks"))
+
+
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    """Which version of a file this is (inode, mtime, size); None if it is missing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def _proc_alive(pid: Any, start_ticks: Any) -> bool:

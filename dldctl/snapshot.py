@@ -3,14 +3,20 @@
 The syncer knows progress (steps, tokens, weights, heartbeats, goodput, bytes); the run state
 knows processes (hosts, pids, restarts, faults); the events log knows what happened. When the
 syncer does not answer, the snapshot still comes back, with `syncer.alive` false.
+
+The state file is only as fresh as the supervisor that writes it: a process on this machine is
+checked against its live pid (and start time), so a dead pid reads `dead` even while no
+supervisor has noticed, and `supervisor` says whether one is alive and beating (dldctl/watchdog.py).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Any
 
+from dldctl import reconcile, watchdog
 from dldctl.errors import DldError, RunError
 from dldctl.plan import load_config
 from dldctl.rundir import RunDir
@@ -44,7 +50,7 @@ def _syncer_down(run: RunDir, config: dict[str, Any]) -> dict[str, Any]:
             "tokens": {"trained": last.get("tokens_trained", 0), "merged": last.get("tokens_merged", 0), "per_s": 0.0},
             "bytes": {"up": last.get("bytes_up", 0), "down": last.get("bytes_down", 0),
                       "ddp_equivalent": last.get("ddp_equivalent", 0)},
-            "loss": {"train": last.get("loss_train"), "eval": last.get("loss_eval")},
+            "loss": {"train": last.get("loss_train"), "eval": last.get("loss_eval"), "global": last.get("loss_global")},
             "stale_since": last.get("t"), "learners": [],
             "stale_learners": last.get("learners") or {}}
 
@@ -63,9 +69,14 @@ def _last_checkpoint(run: RunDir) -> int:
     return 0
 
 
-def learner_state(proc: dict[str, Any], syncer_row: dict[str, Any] | None, faults: list[dict[str, Any]]) -> str:
-    """One state word from the process status, active faults and the syncer's view."""
+def learner_state(proc: dict[str, Any], syncer_row: dict[str, Any] | None, faults: list[dict[str, Any]],
+                  pid_alive: bool | None = None) -> str:
+    """One state word from the process status, active faults and the syncer's view. `pid_alive` is
+    what its pid says now (None: not checked, a remote host): a dead pid is `dead`, whatever a
+    stale record says."""
     status = proc.get("status")
+    if pid_alive is False and status in ("running", "unreachable"):
+        return "dead"
     if status in ("dead", "stopped", "finished"):
         return "restarting" if status == "dead" and proc.get("next_start") else ("dead" if status == "dead" else "stopped")
     if status in ("pending", "starting"):
@@ -109,16 +120,43 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     snap["syncer"]["restarts"] = syncer_proc.get("restarts", 0)
     if not snap["syncer"].get("alive"):
         snap["syncer"]["pid"] = (syncer_proc.get("proc") or {}).get("pid")
+    alive = _local_pids_alive(run, procs)
     snap["learners"] = _learner_rows(procs, snap.get("learners", []), state.get("faults", []), config,
-                                     snap.pop("stale_learners", {}))
+                                     snap.pop("stale_learners", {}), alive)
+    snap["supervisor"] = supervisor_status(run, state, now)
     snap["faults"] = [f for f in state.get("faults", []) if not f.get("undone")]
     snap["spares"] = sorted(state.get("spares", {}))   # hosts with a warm spare ready
     snap["events"] = jsonl.tail(run.events, EVENTS)
     return snap
 
 
+def supervisor_status(run: RunDir, state: dict[str, Any], now: float) -> dict[str, Any]:
+    """The `supervisor` object: its liveness (pid, heartbeat) and its watchdog's."""
+    record, dog = state.get("supervisor") or {}, state.get("watchdog") or {}
+    beat = watchdog.last_beat(run)
+    alive = watchdog.alive(record)
+    heard = reconcile.last_heard(record, beat)
+    return {"alive": alive, "state": reconcile.supervisor_health(record, alive, beat, now, state.get("status")),
+            "pid": record.get("pid"), "restarts": int(record.get("restarts", 0)),
+            "heartbeat_age_s": max(0.0, now - heard) if heard is not None else None,
+            "watchdog": {"alive": watchdog.alive(dog), "pid": dog.get("pid"), "restarts": int(dog.get("restarts", 0))}}
+
+
+def _local_pids_alive(run: RunDir, procs: dict[str, Any]) -> dict[str, bool]:
+    """name -> whether its recorded pid lives, for the running processes on this machine's hosts
+    (address "local", or a host the inventory does not name, as the supervisor sees them)."""
+    try:
+        remote = {h["name"] for h in json.loads((run.path / "inventory.json").read_text())["hosts"]
+                  if h.get("address") != "local"}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}   # cannot tell which hosts are this machine: check none
+    return {name: watchdog.alive(proc["proc"]) for name, proc in procs.items()
+            if proc.get("host") not in remote and isinstance(proc.get("proc"), dict)
+            and proc.get("status") in ("running", "unreachable")}
+
+
 def _learner_rows(procs: dict[str, Any], syncer_rows: list[dict[str, Any]], faults: list[dict[str, Any]],
-                  config: dict[str, Any], stale: dict[str, Any]) -> list[dict[str, Any]]:
+                  config: dict[str, Any], stale: dict[str, Any], alive: dict[str, bool]) -> list[dict[str, Any]]:
     """One row per learner process; with the syncer down, step/tokens/loss from its last sample."""
     by_id = {row["id"]: row for row in syncer_rows}
     devices = {e["id"]: e.get("device", "cpu") for e in config["learners"]}
@@ -128,9 +166,9 @@ def _learner_rows(procs: dict[str, Any], syncer_rows: list[dict[str, Any]], faul
             continue
         srow = by_id.get(lid)
         mine = [f for f in faults if f.get("target") == lid]
-        state = learner_state(proc, srow, mine)
+        state = learner_state(proc, srow, mine, alive.get(lid))
         row = {"id": lid, "host": proc.get("host"), "device": devices.get(lid, "cpu"),
-               "state": state, "pid": None if state == "stopped" else (proc.get("proc") or {}).get("pid"),
+               "state": state, "pid": None if state == "stopped" or alive.get(lid) is False else (proc.get("proc") or {}).get("pid"),
                "step": 0, "tokens": 0, "tokens_per_s": 0.0, "restarts": proc.get("restarts", 0),
                "weight": 0.0, "heartbeat_age_s": None, "blocked_frac": 0.0, "straggler": False}
         if srow:

@@ -5,6 +5,10 @@ observe every process (one round trip per host), let `reconcile.decide` say what
 the state lock), then do it without holding the lock: start or restart processes, undo faults
 whose time is up. Every action is an event in events.jsonl. `dldctl down` sets the run's status
 to "stopping"; the supervisor then exits and leaves the stopping to `down`.
+
+Nobody supervises alone (dldctl/watchdog.py): every loop touches the heartbeat file the watchdog
+reads and restarts the watchdog if it died; the watchdog restarts this process if it dies or
+hangs. A restarted supervisor first adopts (or starts again) what its predecessor was starting.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dldctl import faults, launch, mirror, reconcile, spares
+from dldctl import faults, launch, mirror, reconcile, spares, watchdog
 from dldctl.errors import DldError, HostError
 from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.inventory import Inventory, parse
@@ -49,6 +53,7 @@ class Supervisor:
         self._spare_after: dict[str, float] = {}   # host -> monotonic time before which no new spare
         self._born = time.monotonic()               # the first spares wait until the fleet has started
         self._mirrored = 0.0
+        self._dog_backoff = watchdog.Backoff(base=2.0)
 
     # -- hosts -------------------------------------------------------------------------------
     def _read_inventory(self) -> Inventory:
@@ -108,18 +113,20 @@ class Supervisor:
         return lines[-1][:300] if lines else ""
 
     def _finished(self, state: dict[str, Any], name: str) -> str | None:
-        """'finished' (budget spent) or 'refused: why' (the syncer refused it), from the marker
-        file the learner leaves in its work dir; None for an ordinary death."""
+        """'finished' (budget spent) or 'refused: why' (the syncer refused a learner; a syncer
+        refused to start: its run's history was lost), from the marker file the learner leaves in
+        its work dir or the syncer in the run dir; None for an ordinary death."""
         entry = state["procs"][name]
-        if entry["kind"] != "learner":
-            return None
-        workdir = launch.learner_workdir(self.runtime(state, entry["host"]), name)
+        runtime = self.runtime(state, entry["host"])
+        syncer = entry["kind"] == "syncer"
+        workdir = runtime.run_dir if syncer else launch.learner_workdir(runtime, name)
+        refused = f"{workdir}/{'syncer.refused' if syncer else 'refused'}"   # syncer: syncer/checkpoint.py REFUSED
         host = self.host(entry["host"])
         try:
-            if host.exists(f"{workdir}/finished"):
+            if not syncer and host.exists(f"{workdir}/finished"):
                 return "finished"
-            if host.exists(f"{workdir}/refused"):
-                return "refused: " + host.read_bytes(f"{workdir}/refused", 0, 500).decode(errors="replace").strip()
+            if host.exists(refused):
+                return "refused: " + host.read_bytes(refused, 0, 2000 if syncer else 500).decode(errors="replace").strip()
         except DldError:
             return None
         return None
@@ -127,10 +134,13 @@ class Supervisor:
     # -- the loop ----------------------------------------------------------------------------
     def loop(self) -> None:
         self.run.event("supervisor_start", "supervisor", f"pid {os.getpid()}")
+        self.resume()
         while not self.stop.is_set():
+            watchdog.beat(self.run)
             state = self.run.read_state()
-            if state.get("status") not in ("starting", "up"):
+            if state.get("status") not in ("starting", "up") or self._replaced(state):
                 break
+            self.keep_watchdog(state)
             seen = self.observe(state)
             s = settings_from_dict(self.config()["run"])
             with self.run.update() as state:
@@ -145,6 +155,38 @@ class Supervisor:
         self.run.event("supervisor_stop", "supervisor", f"pid {os.getpid()}")
         for host in self.hosts.values():
             host.close()
+
+    def resume(self) -> None:
+        """Processes a dead predecessor left `starting`: adopted if procs.jsonl has them, else started again."""
+        records = self.run.started_procs()
+        with self.run.update() as state:
+            events = reconcile.resume(state, records, time.time())
+        for kind, target, detail in events:
+            self.run.event(kind, target, detail)
+
+    @staticmethod
+    def _replaced(state: dict[str, Any]) -> bool:
+        """Whether another live supervisor is the recorded one (then this one leaves)."""
+        record = state.get("supervisor")
+        return isinstance(record, dict) and record.get("pid") != os.getpid() and watchdog.alive(record)
+
+    def keep_watchdog(self, state: dict[str, Any]) -> None:
+        """Restart the watchdog if it died: it restarts us if we die."""
+        if watchdog.alive(state.get("watchdog")) or not self._dog_backoff.ready(time.monotonic()):
+            return
+        try:
+            started = watchdog.respawn(self.run, "watchdog")
+        except DldError as exc:
+            delay = self._dog_backoff.restarted(0.0, time.monotonic())
+            self.run.event("watchdog_restart_failed", "watchdog", f"{exc.line()}; next try in {delay:.0f} s")
+            return
+        if started is None:
+            return
+        ref, before = started
+        lived = time.time() - float(before.get("started") or 0) if before else None
+        self._dog_backoff.restarted(lived, time.monotonic())
+        why = f"pid {before.get('pid')} is dead; " if before else ""
+        self.run.event("watchdog_restarted" if before else "watchdog_started", "watchdog", f"{why}new pid {ref.pid}")
 
     def mirror_syncer(self) -> None:
         """Copy a remote syncer's new events and metrics home (every MIRROR_S)."""

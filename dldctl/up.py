@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from dldctl import inventory, plan, provision, reconcile, rundir, wheel
+from dldctl import inventory, plan, provision, reconcile, rundir, watchdog, wheel
 from dldctl.errors import DldError, OperationError
 from dldctl.hosts import Host, LocalHost
 from dldctl.inventory import HostSpec, Inventory
@@ -164,13 +164,14 @@ def initial_state(inv: Inventory, run: RunDir, config: dict[str, Any], runtimes:
 
 
 def start_supervisor(run: RunDir) -> None:
-    ref = LocalHost("local").start([sys.executable, "-m", "dldctl.supervisor", "--run", str(run.path)],
-                                   cwd=str(run.path), log=str(run.supervisor_log))
-    run.record_proc("supervisor", "local", {"pid": ref.pid, "start_ticks": ref.start_ticks})
+    """The supervisor and its watchdog, each of which restarts the other (dldctl/watchdog.py);
+    one already alive is left alone (an orphaned run whose watchdog lives on)."""
+    started = {role: watchdog.respawn(run, role) for role in watchdog.ROLES}
     with run.update() as state:
-        state["supervisor"] = {"pid": ref.pid, "start_ticks": ref.start_ticks}
         state["status"] = "up"
-    run.event("up", "run", f"supervisor pid {ref.pid}")
+        pids = {role: (state.get(role) or {}).get("pid") for role in watchdog.ROLES}
+    said = ", ".join(f"{role} pid {pids[role]}{'' if started[role] else ' (already running)'}" for role in watchdog.ROLES)
+    run.event("up", "run", said)
 
 
 def wait_running(run: RunDir, board: Board, timeout: float) -> list[str]:

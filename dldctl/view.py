@@ -56,6 +56,7 @@ from dldctl.view_panels import (
     quorum_panel,
     sparkline,
     state_style,
+    supervisor_note,
     syncer_alive,
     text_of,
     throughput_panel,
@@ -68,7 +69,7 @@ __all__ = [
 ]
 
 SERIES = ("goodput", "goodput_window", "tokens_per_s", "up_per_s", "down_per_s", "bytes_per_s",
-          "loss_train", "loss_eval", "quorum_live", "contributors")
+          "loss_train", "loss_eval", "loss_global", "quorum_live", "contributors")
 
 
 class History:
@@ -115,6 +116,7 @@ class History:
             "bytes_per_s": None if up is None and down is None else (up or 0.0) + (down or 0.0),
             "loss_train": num(dig(snapshot, "loss", "train")),
             "loss_eval": num(dig(snapshot, "loss", "eval")),
+            "loss_global": num(dig(snapshot, "loss", "global")),
             "quorum_live": num(dig(snapshot, "quorum", "live")),
             "contributors": num(dig(snapshot, "quorum", "last_round_contributors")),
         }
@@ -309,6 +311,20 @@ def render_live(snapshot: dict, history: History, now: float) -> Layout:
 # ---------------------------------------------------------------- the plain snapshot
 
 
+def supervisor_line(snapshot: dict, now: float) -> tuple[str, str]:
+    """The `supervisor` line of `--once`: pids and restarts, or what is wrong, with its colour."""
+    sup = section(snapshot, "supervisor")
+    if sup.get("state") == "stopped":
+        return "stopped (the run is not up)", ""
+    dog = section(sup, "watchdog")
+    said = f"pid {fmt_int(sup.get('pid'))}  restarts {fmt_int(sup.get('restarts'))}  " \
+           f"watchdog {'pid ' + fmt_int(dog.get('pid')) if dog.get('alive') is True else 'MISSING'}"
+    note = supervisor_note(snapshot, now)
+    if sup.get("state") == "ok":
+        return f"alive  {said}", note[1] if note else ""
+    return (f"{note[0]}  (last {said})", note[1]) if note else (f"{text_of(sup.get('state'))}  {said}", "")
+
+
 def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
     s, q, t, b = (section(snapshot, key) for key in ("syncer", "quorum", "tokens", "bytes"))
     if syncer_alive(snapshot):
@@ -328,6 +344,7 @@ def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
     return [
         ("run", f"{text_of(snapshot.get('run'))}  {'ran' if down else 'up'} {fmt_duration(run_uptime(snapshot, now))}"),
         ("syncer", syncer),
+        *([("supervisor", supervisor_line(snapshot, now)[0])] if "supervisor" in snapshot else []),
         ("outer", f"steps {fmt_int(s.get('outer_steps'))}  checkpoint {fmt_int(s.get('checkpoint_outer_step'))}"),
         ("quorum", f"{quorum_label(snapshot)}  live {fmt_int(q.get('live'))}/{fmt_int(q.get('total'))}"
                    f"  min {fmt_int(q.get('min'))}  last round {fmt_int(q.get('last_round_contributors'))}"
@@ -340,7 +357,9 @@ def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
         ("bytes", f"up {fmt_bytes(up)} ({fmt_rate(b.get('up_per_s'))})  down {fmt_bytes(down)}"
                   f" ({fmt_rate(b.get('down_per_s'))})  compression {f'{ratio:.1f}x' if ratio is not None else '-'}"
                   f"  data-parallel equivalent {fmt_bytes(ddp)}{times}"),
-        ("loss", f"train {fmt_float(loss.get('train'))}  eval {fmt_float(loss.get('eval'))}"),
+        ("loss", f"train {fmt_float(loss.get('train'))}  eval {fmt_float(loss.get('eval'))}"
+                 f"  global {fmt_float(loss.get('global'))}{_guard_note(snapshot)}"),
+        *[("warning", str(w)) for w in (s.get("warnings") or []) + (s.get("risks") or [])],
     ]
 
 
@@ -354,7 +373,9 @@ def render_plain(snapshot: dict, now: float, max_events: int = 10) -> Renderable
     for key, value in _plain_rows(snapshot, now):
         style = "red" if (key == "syncer" and not syncer_alive(snapshot)) or \
             (key == "quorum" and quorum_colour(snapshot) == "red") else ""
-        grid.add_row(key, Text(value, style))
+        if key == "supervisor":
+            style = supervisor_line(snapshot, now)[1]
+        grid.add_row(key, Text(value, "yellow" if key == "warning" else style))
     notes = header_notes(snapshot, now)
     if notes.plain.strip():
         grid.add_row("notes", notes[1:])
@@ -366,3 +387,9 @@ def render_plain(snapshot: dict, now: float, max_events: int = 10) -> Renderable
         Text(f"last {len(events)} events (newest last)", "bold"),
         event_table(events, now) if events else Text("no events yet", "dim"),
     )
+
+
+def _guard_note(snapshot: dict) -> str:
+    """The quality guard's trips, in the plain view's loss line."""
+    guard = snapshot.get("guard") or {}
+    return f"  QUALITY GUARD: {guard['trips']} trip(s), {guard.get('rollbacks', 0)} rollback(s)" if guard.get("trips") else ""

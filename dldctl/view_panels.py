@@ -166,6 +166,19 @@ def syncer_alive(snapshot: dict) -> bool:
     return dig(snapshot, "syncer", "alive") is True
 
 
+def supervisor_note(snapshot: dict, now: float) -> tuple[str, str] | None:
+    """What to say about the supervisor and its watchdog, with its colour; None when all is well
+    (or the snapshot predates the `supervisor` field, or the run is not up)."""
+    sup = section(snapshot, "supervisor")
+    word, dog = sup.get("state"), dig(sup, "watchdog", "alive")
+    age = fmt_duration(live_age(snapshot, sup.get("heartbeat_age_s"), now))
+    heal = "the watchdog restarts it" if dog is True else "no watchdog either: `dldctl up` with the run's inventory restarts it"
+    return {"missing": (f"SUPERVISOR MISSING for {age}: {heal}", "bold red"),
+            "hung": (f"supervisor not heard for {age}: {heal}", "bold red"),
+            "stale": (f"supervisor not heard for {age}", "yellow"),
+            "ok": ("no watchdog: the supervisor restarts it", "yellow") if dog is False else None}.get(str(word))
+
+
 def quorum_colour(snapshot: dict) -> str:
     """green: live >= min and every declared learner is live; yellow: live >= min but some learner
     is not (dead, restarting, partitioned), or no round has closed yet; red: live < min,
@@ -292,7 +305,6 @@ def pick_learners(learners: list[dict], room: int) -> list[dict]:
     return [learner for _, learner in kept]
 
 
-
 # ---------------------------------------------------------------- panels of the live view
 
 SEP = (" │ ", "dim")
@@ -311,6 +323,8 @@ def header_notes(snapshot: dict, now: float) -> Text:
         notes.append(("the run is down (`dldctl down`); `dldctl report` summarises it", "bold"))
     elif not syncer_alive(snapshot):
         notes.append(("learners keep training; merges resume when the syncer is back", "red"))
+    sup_note = supervisor_note(snapshot, now) if snapshot.get("status") != "down" else None
+    notes += [sup_note] if sup_note else []
     taken = num(snapshot.get("now"))
     if taken is not None and now - taken > 5:
         notes.append((f"snapshot {fmt_duration(now - taken)} old", "yellow"))
@@ -323,6 +337,9 @@ def header_notes(snapshot: dict, now: float) -> Text:
     dropped = num(dig(snapshot, "syncer", "dropped_sends"))
     if dropped:
         notes.append((f"dropped sends {int(dropped)}", "yellow"))
+    notes += [(str(w), "bold red") for w in dig(snapshot, "syncer", "warnings") or []]
+    risks = dig(snapshot, "syncer", "risks") or []
+    notes += [(f"{len(risks)} risky setting(s): {str(risks[0]).split(':')[0]}", "yellow")] if risks else []
     out = Text()
     for i, note in enumerate(notes):
         out.append_text(Text(" · " if i else " ", "dim"))
@@ -349,6 +366,8 @@ def header_panel(snapshot: dict, now: float, compact: bool = False) -> Panel:
               SEP, ("ckpt ", "dim"), fmt_int(s.get("checkpoint_outer_step")),
               SEP, fmt_int(s.get("fragments")), (" fragments", "dim")]
     border = "green" if syncer_alive(snapshot) else ("white" if down else "red")
+    if not down and dig(snapshot, "supervisor", "state") in ("missing", "hung"):
+        border = "red"
     return Panel(line(*parts), title=Text.assemble(" dldctl ", (text_of(snapshot.get("run")), "bold"), " "),
                  title_align="left", subtitle=header_notes(snapshot, now) or None,
                  subtitle_align="right", border_style=border, box=box.HEAVY if border == "red" else box.ROUNDED)
@@ -389,8 +408,9 @@ def goodput_panel(snapshot: dict, history: "History") -> Panel:
 
 
 def loss_panel(snapshot: dict, history: "History") -> Panel:
-    """Train and eval loss with their history and best values."""
-    train, evals = history.get("loss_train"), history.get("loss_eval")
+    """The learners' train and eval loss and the global model's, with their history and best values;
+    a quality guard trip in red."""
+    train, evals, glob = history.get("loss_train"), history.get("loss_eval"), history.get("loss_global")
 
     def best(values: Sequence[Any]) -> str:
         return fmt_float(min((v for v in map(num, values) if v is not None), default=None))
@@ -399,8 +419,21 @@ def loss_panel(snapshot: dict, history: "History") -> Panel:
         Spark(Text.assemble(("train ", "dim"), (fmt_float(dig(snapshot, "loss", "train")), "bold"), " "), train),
         Spark(Text.assemble(("eval  ", "dim"), (fmt_float(dig(snapshot, "loss", "eval")), "bold"), " "), evals,
               style="magenta"),
-        line(("best ", "dim"), best(train), (" / ", "dim"), best(evals)),
+        Spark(Text.assemble(("global", "dim"), (fmt_float(dig(snapshot, "loss", "global")), "bold"), " "), glob,
+              style="green"),
+        line(("best ", "dim"), best(train), (" / ", "dim"), best(evals), (" / ", "dim"), best(glob)),
+        *_guard_line(snapshot),
     ))
+
+
+def _guard_line(snapshot: dict) -> list[Text]:
+    """The quality guard's last trip, if it ever tripped."""
+    guard = snapshot.get("guard") or {}
+    if not guard.get("trips"):
+        return []
+    last = guard.get("last") or {}
+    return [Text(f"quality guard: {guard['trips']} trip(s), {guard.get('rollbacks', 0)} rollback(s); "
+                 f"last score {fmt_float(last.get('loss'))} ({'good' if last.get('good') else 'FLAGGED'})", "bold red")]
 
 
 def throughput_panel(snapshot: dict, history: "History") -> Panel:

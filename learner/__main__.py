@@ -15,6 +15,7 @@ from pathlib import Path
 
 from learner import config, spare
 from learner.trainer import Trainer, install_signal_handlers, log
+from syncer import jsonl
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spare", type=Path, default=None, metavar="ASSIGNMENT",
                         help="start as a warm spare: wait for this file to say which learner to become")
     args = parser.parse_args(argv)
+    jsonl.guard_stdio()   # a full disk under our log must not kill training: lines are dropped and counted
     if args.spare is not None:
         spare.warm_up()
         log(f"spare pid {os.getpid()} ready; waiting for {args.spare}")
@@ -40,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"learner: error: {exc}", file=sys.stderr)
         return 2
+    jsonl.guard_stdio(cfg.settings.max_log_bytes, source=cfg.spec.id)
     cfg.workdir.mkdir(parents=True, exist_ok=True)
     island = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:

@@ -29,7 +29,7 @@ from learner.client import PushItem, SyncerClient
 from learner.config import LearnerConfig
 from learner.outer import OuterState
 from learner.schedule import learning_rate
-from learner.workload import Workload, WorkloadContext, build_workload
+from workload import Workload, WorkloadContext, build_workload
 from syncer import fragments
 from syncer.merge import ema
 
@@ -313,7 +313,7 @@ class Trainer:
         the loop did: steps, tokens, wall seconds of the loop, and its compute and blocked parts."""
         record = {"steps": self.step, "tokens": self.tokens, "device": str(self.device),
                   "train_s": self.train_ended - self.train_started, "busy_s": self.busy_s, "blocked_s": self.blocked_s}
-        (self.cfg.workdir / "finished").write_text(json.dumps(record) + "\n")
+        _write_marker(self.cfg.workdir / "finished", json.dumps(record) + "\n")
 
     def _finish(self, client: SyncerClient, outer: OuterState | None) -> int:
         """Send the due fragments, say bye, stop the sender."""
@@ -325,12 +325,12 @@ class Trainer:
                                          self.step_time or 0.0, outer.base_epoch[p]))
         client.stop(flush_s=3.0)
         if outer is not None:
-            torch.save(client.replica_snapshot(), self.cfg.workdir / "replica.pt")
+            _save_replica(client.replica_snapshot(), self.cfg.workdir / "replica.pt")
         if outer is not None and client.fatal is None and not self.stop.is_set():
             self._write_finished()  # budget spent: do not restart
         if client.fatal:
             log(f"{self.cfg.spec.id}: the syncer refused this learner: {client.fatal}")
-            (self.cfg.workdir / "refused").write_text(client.fatal + "\n")  # restarting cannot help
+            _write_marker(self.cfg.workdir / "refused", client.fatal + "\n")  # restarting cannot help
             return 2
         if outer is not None and not client.goodbye_confirmed:
             log(f"{self.cfg.spec.id}: the syncer did not confirm the goodbye; it will see this learner "
@@ -368,7 +368,38 @@ def resolve_device(name: str, island: Any = None) -> torch.device:
 
 
 def log(message: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+    """One line on stdout (the learner's log); a line the disk cannot take is lost, never raised."""
+    try:
+        print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _write_marker(path: Path, text: str) -> None:
+    """A marker file the supervisor checks for; on a full disk at least the (empty) file, which
+    needs no data block, so `finished` still stops restarts."""
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        log(f"cannot write {path.name} ({exc.strerror or exc}); leaving it empty")
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+        except OSError:
+            pass
+
+
+def _save_replica(snapshot: Any, path: Path) -> None:
+    """replica.pt, atomically (a full disk leaves the previous one, or none, never half a file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        torch.save(snapshot, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:   # torch reports a failed write as RuntimeError
+        log(f"cannot write {path.name} ({exc}); the last replica is not kept")
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def install_signal_handlers(trainer: Trainer) -> None:

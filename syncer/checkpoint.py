@@ -4,14 +4,27 @@ File format: MAGIC | sha256(body) | body, where body is `torch.save` of a plain 
 atomically (temp file in the same directory, fsync, rename, fsync the directory), so a crash
 mid-write leaves the previous checkpoint intact. Loading verifies the checksum and falls back to
 the next older file, reporting every file it had to skip.
+
+Lost history is never silent. Every checkpoint also rewrites `history.json` next to it: the run's
+counters (outer steps, versions, the fleet's token and time accounting, bytes) without tensors.
+When no checkpoint can be resumed, `lost_history` tells a brand-new run (no checkpoint file and
+no history: the first learner's weights initialize the global model) from a run that had
+merged and lost it (files that all fail, or a history with no file left). For the latter the
+run's `on_no_checkpoint` decides: "refuse" (the default; `HistoryLostError` with one line
+naming the directory, what was wrong with each file and what to do) or "from-learner" (a new
+global model from a learner's weights, `continue_counters` carrying the counters on and a
+lasting warning in the status).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
+import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +35,17 @@ from syncer.core import GlobalModel, SyncerCore
 
 MAGIC = b"DLDCKPT1"
 PREFIX = "ckpt-"
+HISTORY = "history.json"     # the run's counters, rewritten with every checkpoint
+REFUSED = "syncer.refused"   # in the run directory: the syncer refused to start (the supervisor reads it)
+NAME = re.compile(r"ckpt-(\d+)-(\d+)-\d+\.pt")   # epoch, outer step: readable even when the body is not
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or no valid one could be read."""
+
+
+class HistoryLostError(CheckpointError):
+    """The run had merged before, no checkpoint is valid, and the run does not allow a new model."""
 
 
 def state_dict(core: SyncerCore, wall: float) -> dict[str, Any]:
@@ -38,25 +58,50 @@ def state_dict(core: SyncerCore, wall: float) -> dict[str, Any]:
         "theta": m.theta, "versions": m.versions, "momentum": m.momentum, "residual": m.residual,
         "outer_steps": core.outer_steps, "fleet": core.fleet.state_dict(),
         "bytes_up": core.bytes_up, "bytes_down": core.bytes_down,
+        # a restarted syncer judges scores and clips norms against the history it had, not
+        # against the first stale contributions after an outage
+        "guard": core.guard.state_dict(), "norm_history": {p: list(d) for p, d in core._norm_history.items()},
+        "warnings": list(core.warnings),
     }
 
 
 def restore(core: SyncerCore, state: dict[str, Any], now: float) -> None:
-    """Load a checkpoint's state into a fresh core (its epoch is already the new one)."""
+    """Load a checkpoint's state into a fresh core (its epoch is already the new one). Everything
+    is checked before anything is set, so a CheckpointError leaves the core as it was."""
     if state.get("run_id") != core.run_id:
         raise CheckpointError(f"checkpoint belongs to run {state.get('run_id')!r}, not {core.run_id!r}")
     if state["fragments"] != core.s.fragments:
         raise CheckpointError(f"checkpoint has {state['fragments']} fragments, settings say {core.s.fragments}")
     manifest = fragments.manifest_from_json(state["manifest"])
     plan = fragments.plan(manifest, state["fragments"])
-    core.model = GlobalModel(manifest, plan, list(state["theta"]), list(state["versions"]),
-                             list(state["momentum"]), list(state["residual"]))
-    if [t.numel() for t in core.model.theta] != plan.sizes():
+    model = GlobalModel(manifest, plan, list(state["theta"]), list(state["versions"]),
+                        list(state["momentum"]), list(state["residual"]))
+    if [t.numel() for t in model.theta] != plan.sizes():
         raise CheckpointError("checkpoint tensors do not match its own fragment plan")
-    core.outer_steps = int(state["outer_steps"])
-    core.checkpoint_outer_step = core.outer_steps
-    core.bytes_up, core.bytes_down = int(state["bytes_up"]), int(state["bytes_down"])
+    outer_steps, bytes_up, bytes_down = int(state["outer_steps"]), int(state["bytes_up"]), int(state["bytes_down"])
     core.fleet.load_state_dict(state["fleet"], now, float(state["saved_at"]))
+    core.model = model
+    core.outer_steps = core.checkpoint_outer_step = outer_steps
+    core.bytes_up, core.bytes_down = bytes_up, bytes_down
+    core.guard.load_state_dict(state.get("guard", {}))
+    for p, norms in state.get("norm_history", {}).items():
+        core._norm_history[int(p)].extend(float(x) for x in norms)
+    core.warnings = [str(w) for w in state.get("warnings", [])]
+
+
+def resume(core: SyncerCore, directory: Path, now: float) -> tuple[bool, list[str]]:
+    """Restore the newest checkpoint that reads and fits this run: (restored, one problem per
+    newer file skipped, or per file when none fits)."""
+    problems: list[str] = []
+    for path in list_checkpoints(directory):
+        try:
+            restore(core, read(path), now)
+            return True, problems
+        except (CheckpointError, OSError) as exc:
+            problems.append(str(exc))
+        except (KeyError, ValueError, TypeError) as exc:
+            problems.append(f"{path.name}: cannot resume ({type(exc).__name__}: {exc})")
+    return False, problems
 
 
 def save(directory: Path, state: dict[str, Any], keep: int = 3) -> Path:
@@ -75,11 +120,14 @@ def save(directory: Path, state: dict[str, Any], keep: int = 3) -> Path:
             fh.write(body[len(body) // 2 :])
             fh.flush()
             os.fsync(fh.fileno())
+        history = _write_history(directory, state, name)   # before either rename: a full disk fails both
         os.replace(tmp, final)
-        _fsync_dir(directory)
+        os.replace(history, directory / HISTORY)
+        _fsync_dir(directory)   # both renames
     except OSError as exc:
         try:
             tmp.unlink(missing_ok=True)
+            (directory / f".{HISTORY}.tmp").unlink(missing_ok=True)
         except OSError:
             pass  # the directory itself is the problem
         raise CheckpointError(f"cannot write checkpoint in {directory}: {exc.strerror or exc}") from exc
@@ -89,6 +137,19 @@ def save(directory: Path, state: dict[str, Any], keep: int = 3) -> Path:
         except OSError:
             pass
     return final
+
+
+def _write_history(directory: Path, state: dict[str, Any], name: str) -> Path:
+    """The counters of checkpoint `name` as JSON in a temp file (fsynced; the caller renames it)."""
+    record = {k: state[k] for k in ("run_id", "epoch", "saved_at", "outer_steps", "fragments", "fleet",
+                                    "bytes_up", "bytes_down", "warnings") if k in state}
+    record.update(format=1, checkpoint=name, versions=[int(v) for v in state["versions"]])
+    tmp = directory / f".{HISTORY}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(record, fh, default=str)   # informational: never fail a checkpoint over a field's type
+        fh.flush()
+        os.fsync(fh.fileno())
+    return tmp
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -129,6 +190,111 @@ def load_latest(directory: Path) -> tuple[dict[str, Any] | None, list[str]]:
         except (CheckpointError, OSError) as exc:
             problems.append(str(exc))
     return None, problems
+
+
+# -- lost history ----------------------------------------------------------------------------
+def read_history(directory: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the history record, a problem with it): (None, None) when there is no history file."""
+    path = directory / HISTORY
+    try:
+        record = json.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError):   # no history (or no checkpoint directory at all)
+        return None, None
+    except (OSError, ValueError) as exc:
+        return None, f"{HISTORY}: unreadable ({exc})"
+    if not isinstance(record, dict) or not isinstance(record.get("outer_steps"), int):
+        return None, f"{HISTORY}: not a history record"
+    return record, None
+
+
+def newest_name(directory: Path) -> tuple[int, int]:
+    """(epoch, outer step) of the newest checkpoint file by its name, readable or not; (0, 0) if none."""
+    best = (0, 0)
+    for path in list_checkpoints(directory):
+        match = NAME.fullmatch(path.name)
+        if match:
+            best = max(best, (int(match.group(1)), int(match.group(2))))
+    return best
+
+
+@dataclass(frozen=True)
+class LostHistory:
+    """A run that had merged, with no checkpoint left to resume: what is known of what was lost."""
+
+    directory: Path
+    problems: tuple[str, ...]        # what was wrong with each checkpoint file (and the history)
+    history: dict[str, Any] | None   # the newest readable history record
+    epoch: int                       # the newest epoch known
+    outer_steps: int                 # the newest outer step known
+
+    @property
+    def merged_tokens(self) -> int | None:
+        fleet = (self.history or {}).get("fleet")
+        return int(fleet["merged_tokens"]) if isinstance(fleet, dict) and "merged_tokens" in fleet else None
+
+    def what(self) -> str:
+        """'outer step 3251, 6,300,000 tokens merged, last checkpoint ckpt-...'."""
+        parts = [f"outer step {self.outer_steps}"]
+        if self.merged_tokens is not None:
+            parts.append(f"{self.merged_tokens:,} tokens merged")
+        if self.history and self.history.get("checkpoint"):
+            parts.append(f"last checkpoint {self.history['checkpoint']}")
+        return ", ".join(parts)
+
+    def why(self) -> str:
+        return "; ".join(self.problems) or "no checkpoint file is left"
+
+    def refusal(self) -> str:
+        """The one-line error of a syncer that refuses to start a new global model."""
+        return (f"no valid checkpoint in {self.directory}, but this run had merged ({self.what()}): {self.why()}; "
+                f"refusing to start a new global model. Restore a checkpoint into {self.directory}, or set "
+                f'on_no_checkpoint = "from-learner" in the run\'s settings to start a new global model from a '
+                f"learner's weights (the counters continue)")
+
+    def warning(self) -> str:
+        """The lasting status warning of a run that went on with a new global model."""
+        return (f"history lost at outer step {self.outer_steps} (epoch {self.epoch}): no valid checkpoint in "
+                f"{self.directory}; a new global model was started from a learner's weights "
+                f'(on_no_checkpoint = "from-learner"); the counters continue, the training before does not')
+
+
+def lost_history(directory: Path, problems: list[str]) -> LostHistory | None:
+    """After `resume` found nothing: None for a brand-new run (no checkpoint file, no history),
+    else what the run had and lost (`problems`: what `resume` said about each file)."""
+    history, trouble = read_history(directory)
+    if not problems and history is None and trouble is None:
+        return None
+    epoch, outer = newest_name(directory)
+    if history is not None:
+        epoch, outer = max(epoch, int(history.get("epoch", 0))), max(outer, int(history["outer_steps"]))
+    if not problems:
+        problems = [f"no checkpoint file left ({HISTORY} says the run reached outer step {outer})" if history
+                    else "no checkpoint file left"]
+    return LostHistory(directory, tuple(problems + ([trouble] if trouble else [])), history, epoch, outer)
+
+
+def start_decision(lost: LostHistory | None, on_no_checkpoint: str) -> str:
+    """With no checkpoint to resume: "fresh" (a brand-new run), "refuse" or "from-learner"."""
+    if lost is None:
+        return "fresh"
+    return "from-learner" if on_no_checkpoint == "from-learner" else "refuse"
+
+
+def continue_counters(core: SyncerCore, lost: LostHistory, now: float) -> list[str]:
+    """Carry the lost run's counters on into a core that starts a new global model; returns
+    what could not be carried (empty when the history had everything)."""
+    h = lost.history or {}
+    missing: list[str] = []
+    core.outer_steps = lost.outer_steps
+    core.bytes_up, core.bytes_down = int(h.get("bytes_up", 0)), int(h.get("bytes_down", 0))
+    try:
+        core.fleet.load_state_dict(h["fleet"], now, float(h.get("saved_at", now)))
+    except (KeyError, TypeError, ValueError):
+        missing.append("token and time accounting (no readable history)")
+    if not h:
+        missing.append("bytes")
+    core.warnings = [*(str(w) for w in h.get("warnings", [])), lost.warning()]
+    return missing
 
 
 def export_model(core: SyncerCore, path: Path) -> None:

@@ -21,8 +21,9 @@ import torch
 
 from syncer import codec, fragments, fused, merge
 from syncer.clock import RoundClock
-from syncer.fleet import Fleet
+from syncer.fleet import Fleet, Membership
 from syncer.globalmodel import GlobalModel, Outbox
+from syncer.guard import QualityGuard
 from syncer.protocol import Message, ProtocolError, check_fragment_index, check_raw_fragment
 from syncer.rounds import Contribution, GraceFn, Round, backlog_factor
 from syncer.settings import RunSettings
@@ -59,14 +60,16 @@ class SyncerCore:
         self._init_manifest: list[fragments.TensorSpec] | None = None
         self._init_buffers: list[torch.Tensor] = []
         self._init_filled: list[torch.Tensor] = []
-        self._quorum_ok: bool | None = None
         self._crcs: dict[int, int] = {}
         self._previous: dict[int, tuple[int, torch.Tensor, int]] = {}
         self._serving: dict[int, float] = {}
-        self._live_prev: set[str] = set()
         self._last_seq: dict[tuple[str, str], int] = {}
-        self._lost_once: set[str] = set()
+        self.membership = Membership()   # learner_lost/back and quorum events
         self._backlogged: set[tuple[str, int]] = set()
+        self.guard = QualityGuard(settings.quality_guard)   # syncer/quality.py scores and rolls back
+        self.scored_at: int | None = None   # outer step of the last snapshot scored (None: score at once)
+        self.snapshot_tag = 0
+        self.warnings: list[str] = []   # lasting, shown in status (e.g. the run's history was lost)
 
     # -- dispatch ----------------------------------------------------------------------------
     def handle(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
@@ -265,8 +268,7 @@ class SyncerCore:
         """Advance time: accounting, quorum events, and close every round that is ready."""
         self.fleet.tick(now)
         live = self.fleet.live(now)
-        self._liveness_events(live, now, out)
-        self._quorum_events(len(live), now, out)
+        self.membership.events(self.fleet, live, self.s.quorum, now, out)
         if self.model is None:
             return
         if self.s.syncer_clock:
@@ -315,28 +317,6 @@ class SyncerCore:
             rnd = self.rounds[p] = Round(p)
             for c in carried:
                 rnd.add(c, self.s.quorum, GraceFn(self.s.grace_gamma, self.s.tau, self.t_sync or 0.0))
-
-    def _liveness_events(self, live: set[str], now: float, out: Outbox) -> None:
-        """learner_lost when a training learner goes silent past liveness_s; learner_back when it returns.
-        (One that is live no more because it is joining again, a restart quicker than liveness_s,
-        has its `rejoin` event instead.)"""
-        for lid in sorted(self._live_prev - live):
-            info = self.fleet.learners.get(lid)
-            if info is not None and not info.left and now - info.last_seen >= self.fleet.liveness_s:
-                out.event(now, "learner_lost", lid, f"silent for {now - info.last_seen:.1f} s")
-                self._lost_once.add(lid)
-        for lid in sorted(live - self._live_prev):
-            if lid in self._lost_once:
-                out.event(now, "learner_back", lid, "heard from again")
-                self._lost_once.discard(lid)
-        self._live_prev = live
-
-    def _quorum_events(self, live: int, now: float, out: Outbox) -> None:
-        ok = live >= self.s.quorum
-        if self._quorum_ok is not None and ok != self._quorum_ok:
-            kind = "quorum_regained" if ok else "quorum_lost"
-            out.event(now, kind, "syncer", f"{live} live learners, minimum quorum {self.s.quorum}")
-        self._quorum_ok = ok
 
     def _close(self, rnd: Round, now: float, out: Outbox) -> list[Contribution]:
         """Merge, outer step, publish (bit-exact), broadcast, account; returns the shares of
@@ -489,6 +469,11 @@ class SyncerCore:
             "bytes_in": sum(c.nbytes for c in contribs), "bytes_out": blob_bytes, "merge_s": dt,
             "live": len(self.fleet.live(now)), "quorum": self.s.quorum,
             "staleness": max(self.model.versions[rnd.fragment] - 1 - c.base_version for c in contribs)})
+
+    def drop_caches(self) -> None:
+        """Forget the kept crcs and previous versions (the global model was replaced)."""
+        self._crcs.clear()
+        self._previous.clear()
 
     def checkpoint_due(self) -> bool:
         return self.model is not None and self.since_checkpoint >= self.s.checkpoint_every

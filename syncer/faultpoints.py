@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-POINTS = ("checkpoint", "merge", "serve_state", "fetch", "push")
+POINTS = ("checkpoint", "merge", "serve_state", "fetch", "push", "bad_round")
 
 
 def _parse(spec: str) -> dict[str, tuple[int, float]]:
@@ -46,3 +46,18 @@ def hit(name: str) -> None:
         del _ACTIVE[name]
         print(f"fault point {name} (hit {nth}): pausing {seconds:g} s", file=sys.stdout, flush=True)
         time.sleep(seconds)
+
+
+def fires(name: str) -> float | None:
+    """For points that inject damage instead of a pause ("bad_round@N=scale": after the N-th
+    merge the syncer adds noise of that scale to its global model, for the quality guard's
+    test): the value once, at the N-th hit; None otherwise."""
+    if name not in _ACTIVE:
+        return None
+    _HITS[name] = _HITS.get(name, 0) + 1
+    nth, value = _ACTIVE[name]
+    if _HITS[name] != nth:
+        return None
+    del _ACTIVE[name]
+    print(f"fault point {name} (hit {nth}): {value:g}", file=sys.stdout, flush=True)
+    return value

@@ -272,6 +272,35 @@ class Fleet:
         self._last_tick = now
 
 
+class Membership:
+    """The fleet's membership events, from one tick's live set to the next."""
+
+    def __init__(self) -> None:
+        self.live_prev: set[str] = set()
+        self.lost_once: set[str] = set()
+        self.quorum_ok: bool | None = None
+
+    def events(self, fleet: Fleet, live: set[str], quorum: int, now: float, out: Any) -> None:
+        """learner_lost when a training learner goes silent past liveness_s, learner_back when it
+        returns (one that is live no more because it is joining again, a restart quicker than
+        liveness_s, has its `rejoin` event instead); quorum_lost / quorum_regained."""
+        for lid in sorted(self.live_prev - live):
+            info = fleet.learners.get(lid)
+            if info is not None and not info.left and now - info.last_seen >= fleet.liveness_s:
+                out.event(now, "learner_lost", lid, f"silent for {now - info.last_seen:.1f} s")
+                self.lost_once.add(lid)
+        for lid in sorted(live - self.live_prev):
+            if lid in self.lost_once:
+                out.event(now, "learner_back", lid, "heard from again")
+                self.lost_once.discard(lid)
+        self.live_prev = live
+        ok = len(live) >= quorum
+        if self.quorum_ok is not None and ok != self.quorum_ok:
+            kind = "quorum_regained" if ok else "quorum_lost"
+            out.event(now, kind, "syncer", f"{len(live)} live learners, minimum quorum {quorum}")
+        self.quorum_ok = ok
+
+
 def _learner_order(lid: str) -> tuple[str, int]:
     head, _, tail = lid.rpartition("-")
     return (head, int(tail)) if tail.isdigit() else (lid, 0)

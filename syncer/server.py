@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
@@ -25,6 +26,7 @@ from zmq.utils.monitor import recv_monitor_message
 from syncer import checkpoint, faultpoints, jsonl, keys, native
 from syncer.config import SyncerConfig
 from syncer.core import Outbox, SyncerCore
+from syncer.evaluator import GlobalEvaluator, Scoring
 from syncer.protocol import Message, ProtocolError, decode, encode
 from syncer.status import snapshot
 
@@ -96,12 +98,14 @@ class SyncerServer:
         self.auth: _Authenticator | None = None
         self.keyring: Keyring | None = None
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics = jsonl.Writer(cfg.run_dir / "metrics.jsonl")
         self.events_path = cfg.run_dir / "events.jsonl"
-        epoch = _next_epoch(cfg.run_dir / "syncer.epoch")
+        # every record write is dropped and counted, never raised, on a full disk; logs rotate past max_log_mb
+        jsonl.configure(events=self.events_path, source="syncer", max_bytes=cfg.settings.max_log_bytes)
+        self.metrics = jsonl.Writer(cfg.run_dir / "metrics.jsonl")
+        epoch = _next_epoch(cfg.run_dir / "syncer.epoch", checkpoint.newest_name(cfg.checkpoint_dir)[0] + 1)
         self.kernel = native.load()
         self.core = SyncerCore(cfg.settings, cfg.run_id, list(cfg.learners), wall(), epoch=epoch,
-                               on_merge=lambda p: faultpoints.hit("merge"), kernel=self.kernel)
+                               on_merge=self._on_merge, kernel=self.kernel)
         self.routes: dict[bytes, str] = {}     # routing id -> learner id (after hello)
         self.peers: dict[str, bytes] = {}      # learner id -> newest routing id
         self._last_sample = 0.0
@@ -114,13 +118,20 @@ class SyncerServer:
         self.control_sock: zmq.Socket | None = None
         self.monitor: zmq.Socket | None = None
         self.disconnects = 0            # learner connections dropped, by a peer or by libzmq
+        every = cfg.settings.global_eval_every
+        self.scoring = Scoring(GlobalEvaluator(cfg.settings.to_dict()) if every > 0 else None)
 
     # -- set-up ------------------------------------------------------------------------------
     def open(self) -> None:
-        """Resume from the newest valid checkpoint, start authentication, bind both sockets."""
+        """Resume from the newest valid checkpoint, start authentication, bind both sockets.
+        Raises checkpoint.HistoryLostError (before binding anything) when the run had merged, no
+        checkpoint is valid and on_no_checkpoint = "refuse"."""
+        (self.cfg.run_dir / checkpoint.REFUSED).unlink(missing_ok=True)   # a previous refusal's marker
         if self.kernel is None:
             self.event("native_kernel", "syncer", f"not used ({native.problem}): merging with torch, 2-2.7x slower")
         self._resume()
+        if self.scoring.ev is not None:
+            self.scoring.ev.start()
         server_keys = None
         if not self.cfg.settings.insecure:
             assert self.cfg.keys_dir is not None
@@ -156,17 +167,46 @@ class SyncerServer:
         return sock
 
     def _resume(self) -> None:
-        state, problems = checkpoint.load_latest(self.cfg.checkpoint_dir)
+        """The newest checkpoint that fits; else a brand-new run, or a run that lost its history
+        (refused, or continued with a new global model, as on_no_checkpoint says)."""
+        now = self.wall()
+        restored, problems = checkpoint.resume(self.core, self.cfg.checkpoint_dir, now)
         for problem in problems:
             self.event("checkpoint_corrupt", "syncer", f"skipped {problem}")
-        if state is None:
+        if restored:
+            self.event("syncer_resume", "syncer", f"from outer step {self.core.outer_steps}, versions {self.core.versions()}")
             return
+        lost = checkpoint.lost_history(self.cfg.checkpoint_dir, problems)
+        decision = checkpoint.start_decision(lost, self.cfg.settings.on_no_checkpoint)
+        if lost is None or decision == "fresh":
+            return   # a brand-new run: the first learner's weights initialize the global model
+        if decision == "refuse":
+            self._refuse(lost)
+        self._without_history(lost, now)
+
+    def _refuse(self, lost: checkpoint.LostHistory) -> None:
+        """Leave the marker the supervisor reads (so it does not restart us in a loop), say why, stop."""
+        line = lost.refusal()
+        marker = self.cfg.run_dir / checkpoint.REFUSED
+        tmp = marker.with_name(f".{marker.name}.tmp")
         try:
-            checkpoint.restore(self.core, state, self.wall())
-        except (checkpoint.CheckpointError, KeyError, ValueError) as exc:
-            self.event("checkpoint_corrupt", "syncer", f"cannot resume: {exc}")
-            return
-        self.event("syncer_resume", "syncer", f"from outer step {self.core.outer_steps}, versions {self.core.versions()}")
+            tmp.write_text(line + "\n")
+            os.replace(tmp, marker)
+        except OSError:
+            pass   # an unwritable run dir: the line still goes to stderr and the event log
+        self.event("syncer_refused", "syncer", line)
+        raise checkpoint.HistoryLostError(line)
+
+    def _without_history(self, lost: checkpoint.LostHistory, now: float) -> None:
+        """on_no_checkpoint = "from-learner": the counters continue, a loud event, a lasting warning."""
+        missing = checkpoint.continue_counters(self.core, lost, now)
+        self.core.since_checkpoint = self.cfg.settings.checkpoint_every   # checkpoint the new model at once
+        versions = (lost.history or {}).get("versions")
+        detail = (f"{lost.warning()}. Lost: {lost.what()}"
+                  + (f", fragment versions {versions} (the new model's start at 0)" if versions else "")
+                  + f". Checkpoints: {lost.why()}"
+                  + (f". Not carried on: {', '.join(missing)}" if missing else ""))
+        self.event("history_lost", "syncer", detail)
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
@@ -184,6 +224,10 @@ class SyncerServer:
             if self.control_sock in ready:
                 self._drain(self.control_sock, self._on_control)
             self._tick()
+        if self._export_name is not None:
+            out = Outbox()
+            self.scoring.final(self.core, self.wall(), out)
+            self._flush(out)
         self.save_checkpoint(final=True)
         if self._export_name is not None:
             self._export(self._export_name)
@@ -214,6 +258,7 @@ class SyncerServer:
         now = self.wall()
         out = Outbox()
         self.core.tick(now, out)
+        self.scoring.tick(self.core, now, out)
         self._flush(out)
         if now - self._last_sample >= SAMPLE_EVERY_S:
             self._last_sample = now
@@ -221,6 +266,15 @@ class SyncerServer:
         idle_due = now - self._last_ckpt > CHECKPOINT_IDLE_S and self.core.since_checkpoint > 0
         if (self.core.checkpoint_due() or idle_due) and now >= self._ckpt_retry_at:
             self.save_checkpoint()
+
+    def _on_merge(self, p: int) -> None:
+        """Fault points at a merge: a pause ("merge"), or damage for the quality guard's test
+        ("bad_round": noise of that scale added to fragment p of the global model)."""
+        faultpoints.hit("merge")
+        scale = faultpoints.fires("bad_round")
+        if scale is not None and self.core.model is not None:
+            theta = self.core.model.theta[p]
+            theta.add_(torch.randn(theta.shape, generator=torch.Generator().manual_seed(p)) * scale)
 
     # -- learners ----------------------------------------------------------------------------
     def _on_learner(self, frames: list) -> None:
@@ -372,9 +426,9 @@ class SyncerServer:
             "tokens_trained": snap["tokens"]["trained"], "tokens_merged": snap["tokens"]["merged"],
             "tokens_per_s": snap["tokens"]["per_s"], "bytes_up": snap["bytes"]["up"],
             "bytes_down": snap["bytes"]["down"], "ddp_equivalent": snap["bytes"]["ddp_equivalent"],
-            "loss_train": snap["loss"]["train"], "loss_eval": snap["loss"]["eval"],
+            "loss_train": snap["loss"]["train"], "loss_eval": snap["loss"]["eval"], "loss_global": snap["loss"]["global"],
             "quorum_live": snap["quorum"]["live"], "quorum_min": snap["quorum"]["min"],
-            "outer_steps": snap["syncer"]["outer_steps"],
+            "outer_steps": snap["syncer"]["outer_steps"], "dropped_writes": jsonl.dropped(),
             "learners": {row["id"]: {k: row[k] for k in ("tokens_per_s", "step", "state", "loss", "tokens",
                                                                  "blocked_frac")}
                          for row in snap["learners"]},
@@ -410,16 +464,20 @@ class SyncerServer:
                 sock.close(linger=0)
         if self.auth is not None:
             self.auth.stop()
+        if self.scoring.ev is not None:
+            self.scoring.ev.stop()
         self.metrics.close()
         self.ctx.term()
 
 
-def _next_epoch(path: Path) -> int:
-    """Each start of the syncer is a new epoch (learners resync when it changes)."""
+def _next_epoch(path: Path, at_least: int = 1) -> int:
+    """Each start of the syncer is a new epoch (learners resync when it changes); never one a
+    checkpoint already names, even if the epoch file was lost (`at_least`)."""
     try:
         epoch = int(path.read_text().strip()) + 1
     except (OSError, ValueError):
         epoch = 1
+    epoch = max(epoch, at_least)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(str(epoch))
     os.replace(tmp, path)

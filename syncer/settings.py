@@ -21,6 +21,7 @@ T = TypeVar("T")
 COMPRESSIONS = ("int4", "int8", "bf16", "none")
 ROUND_CLOCKS = ("syncer", "learner")
 MERGES = ("rda", "mean")
+NO_CHECKPOINT = ("refuse", "from-learner")   # on_no_checkpoint: refuse to start a new global model, or start one
 
 
 class SettingsError(ValueError):
@@ -71,12 +72,16 @@ class RunSettings:
     checksum_every: int = 8           # updates carry the fragment's crc32 every N versions (1 = always)
     robust_clip: float = 10.0         # >0: clip each contribution's norm to this x median (0 = off)
     fleet_scale: bool = True          # round_clock = learner: scale each round by its share of the period's tokens
+    global_eval_every: int = 32       # score the global model every this many outer steps (0 = off)
+    quality_guard: float = 0.1        # roll back a score this far above the recent best (0 = off)
     max_backlog: float = 2.0          # a contribution counts for at most this many of its sync periods (0 = off)
     overlap: bool = True              # False: a learner waits for each merge (synchronous DiLoCo)
     max_lag: int = 0                  # >0: a learner waits for a reply this many steps late (at most liveness_s)
     # operations
     checkpoint_every: int = 20        # merges between syncer checkpoints
     keep_checkpoints: int = 3
+    max_log_mb: float = 1024.0        # metrics.jsonl, events.jsonl, process logs: rotated to NAME.1 past this (0 = never)
+    on_no_checkpoint: str = "refuse"  # refuse | from-learner: a run that had merged finds no valid checkpoint
     heartbeat_s: float = 0.5
     liveness_s: float = 3.0           # a learner silent this long is not live
     state_chunk_mb: float = 4.0
@@ -109,6 +114,7 @@ class RunSettings:
                f"must be 0 (off) or >= 1 sync period, got {self.max_backlog}")
         _one_of(self.compression, COMPRESSIONS, "compression")
         _one_of(self.merge, MERGES, "merge")
+        _one_of(self.on_no_checkpoint, NO_CHECKPOINT, "on_no_checkpoint")
         _one_of(self.lr_schedule, ("constant", "cosine"), "lr_schedule")
         _check(self.lr_schedule != "cosine" or self.steps > 0, "lr_schedule",
                "cosine decays over the step budget, but steps = 0 (no budget)", "set steps, e.g. steps = 5000")
@@ -118,6 +124,10 @@ class RunSettings:
         _check(0.0 <= self.alpha < 1.0, "alpha", f"must be in [0, 1), got {self.alpha}")
         _check(not (self.rebase and self.alpha > 0), "rebase", "rebase (on by default) cannot be combined with alpha > 0",
                "to mix with alpha, also set rebase = false")
+        _check(self.global_eval_every >= 0, "global_eval_every",
+               f"must be >= 0 outer steps (0 = off), got {self.global_eval_every}")
+        _check(0 <= self.quality_guard <= 10, "quality_guard",
+               f"must be a relative rise between 0 (off) and 10, got {self.quality_guard}")
         _check(self.robust_clip >= 0, "robust_clip", f"must be >= 0 (0 = off), got {self.robust_clip}")
         for key in ("seq_len", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "max_queue",
                     "checksum_every"):
@@ -126,6 +136,8 @@ class RunSettings:
             _check(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
         _check(self.liveness_s > self.heartbeat_s, "liveness_s", "must be longer than heartbeat_s")
         _check(self.state_chunk_mb * 2 <= self.max_message_mb, "state_chunk_mb", "must be at most half of max_message_mb")
+        _check(self.max_log_mb >= 0, "max_log_mb", f"must be >= 0 (0 = never rotate), got {self.max_log_mb}",
+               "each log keeps at most this much plus one rotated segment, e.g. max_log_mb = 1024")
         _check(self.restart_delay_s >= 0, "restart_delay_s", f"must be >= 0, got {self.restart_delay_s}")
         _check(self.restart_backoff_max_s >= self.restart_delay_s, "restart_backoff_max_s",
                "must be >= restart_delay_s")
@@ -136,6 +148,30 @@ class RunSettings:
         """Whether the syncer calls the rounds (round_clock = "syncer" with overlap; the
         synchronous mode, overlap = false, always runs on each learner's own step counter)."""
         return self.round_clock == "syncer" and self.overlap
+
+    @property
+    def max_log_bytes(self) -> int:
+        """`max_log_mb` in bytes (0 = never rotate)."""
+        return int(self.max_log_mb * (1 << 20))
+
+    def risks(self, learners: int = 0) -> list[str]:
+        """Accepted combinations that are known to hurt the global model (measured, docs/tuning.md):
+        `up --dry-run` and `up` print them and `dldctl status` shows them. `learners`: the fleet size,
+        where known."""
+        out = []
+        if self.overlap and self.outer_momentum >= 0.5 and self.H <= 32:
+            out.append(f"outer_momentum = {self.outer_momentum:g} at H = {self.H} with the overlap: Nesterov momentum "
+                       "diverged on gpt-tiny at H <= 32; the default outer_lr = 1, outer_momentum = 0 did not")
+        if self.overlap and self.round_clock == "learner" and not self.fleet_scale and self.quorum < max(2, learners):
+            out.append("round_clock = \"learner\" with fleet_scale = false and a quorum below the fleet: nearly "
+                       "every push is a round of its own, applied at full size (diverged to 41.7 in our runs)")
+        if self.max_backlog == 0:
+            out.append("max_backlog = 0: a syncer outage's or a partition's backlog is merged as one outer step "
+                       "(a 30 s outage took the global model from 2.70 to 16.4)")
+        if self.global_eval_every == 0 or self.quality_guard == 0:
+            out.append("the global model is not scored or not guarded (global_eval_every / quality_guard = 0): "
+                       "damage to it shows nowhere")
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict."""

@@ -43,6 +43,8 @@ def snapshot(core: SyncerCore, now: float) -> dict[str, Any]:
             "versions": core.versions(), "rejected": dict(core.rejected),
             "dropped_sends": core.counters["dropped_sends"], "dropped_pushes": core.counters["dropped_pushes"],
             "clipped": core.counters["clipped"], "t_sync_s": core.t_sync or 0.0,
+            "warnings": list(core.warnings),   # lasting: e.g. the run's history was lost
+            "risks": core.s.risks(len(fleet.declared)),          # settings known to hurt the global model
         },
         "quorum": {
             "min": core.s.quorum, "live": len(live), "total": len(fleet.declared),
@@ -59,7 +61,10 @@ def snapshot(core: SyncerCore, now: float) -> dict[str, Any]:
         "bytes": {"up": up, "down": down,
                   "ddp_equivalent": ddp_equivalent_bytes(fleet.steps_total, n_params, len(fleet.declared)),
                   "compression_ratio": _ratio(core)},
-        "loss": {"train": fleet.mean_loss(now, "loss"), "eval": fleet.mean_loss(now, "eval_loss")},
+        "loss": {"train": fleet.mean_loss(now, "loss"), "eval": fleet.mean_loss(now, "eval_loss"),
+                 "global": (core.guard.last or {}).get("loss")},
+        "guard": {"threshold": core.s.quality_guard, "last": core.guard.last, "trips": core.guard.trips,
+                  "rollbacks": core.counters["rollbacks"]},
         "learners": _with_replicas(core, fleet.rows(now)),
         "wire_bytes": wire,
     }

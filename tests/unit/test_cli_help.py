@@ -71,3 +71,9 @@ def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path) -> None:
                           timeout=120, env={**__import__("os").environ, **env})
     assert proc.returncode == 0 and "learner-3" in proc.stdout and "dry run" in proc.stdout
     assert not (tmp_path / "home").exists()
+    assert "WARNING" not in proc.stdout + proc.stderr          # the defaults carry no known risk
+    risky = tmp_path / "risky.toml"
+    risky.write_text("[run]\nH = 16\nouter_lr = 0.7\nouter_momentum = 0.9\n[[hosts]]\nname = 'a'\naddress = 'local'\nlearners = 4\n")
+    proc = subprocess.run([sys.executable, "-m", "dldctl", "up", str(risky), "--dry-run"], capture_output=True,
+                          text=True, timeout=120, env={**__import__("os").environ, **env})
+    assert proc.returncode == 0 and "WARNING: outer_momentum = 0.9 at H = 16" in proc.stdout, proc.stdout

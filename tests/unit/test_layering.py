@@ -25,7 +25,7 @@ OPERATOR_ONLY = ("typer", "rich", "paramiko", "matplotlib")
 LEAVES = ("syncer/protocol.py", "syncer/codec.py", "syncer/settings.py", "syncer/keys.py", "syncer/jsonl.py",
           "syncer/faultpoints.py")
 LEARNER_MAY_USE = {"syncer", "syncer.protocol", "syncer.codec", "syncer.fragments", "syncer.settings",
-                   "syncer.merge", "syncer.keys", "syncer.faultpoints"}
+                   "syncer.merge", "syncer.keys", "syncer.faultpoints", "syncer.jsonl"}
 DLDCTL_MAY_USE = {"syncer", "syncer.protocol", "syncer.settings", "syncer.keys", "syncer.jsonl"}
 
 

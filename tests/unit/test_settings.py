@@ -222,3 +222,13 @@ def test_settings_from_dict_validates() -> None:
 def test_to_dict_round_trips() -> None:
     s = RunSettings(H=16, fragments=2, quorum=3)
     assert settings_from_dict(s.to_dict()) == s
+
+
+def test_risky_combinations_are_named_and_the_defaults_have_none() -> None:
+    from syncer.settings import RunSettings as RS
+    assert RS().risks(4) == []
+    assert any("Nesterov" in r for r in RS(outer_lr=0.7, outer_momentum=0.9, H=16).risks(4))
+    assert RS(outer_lr=0.7, outer_momentum=0.9, H=64).risks(4) == []
+    assert any("fleet_scale" in r for r in RS(round_clock="learner", fleet_scale=False).risks(4))
+    assert any("max_backlog" in r for r in RS(max_backlog=0).risks(4))
+    assert any("not scored" in r for r in RS(quality_guard=0).risks(4))

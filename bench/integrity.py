@@ -1,0 +1,235 @@
+"""Benchmark: the global model under every fault class (issue 18), next to the same fleet without it.
+
+One fleet (gpt-tiny, 3 learners, H = 16, dldctl's defaults, constant inner lr so that runs of
+different lengths compare at equal tokens) on the built-in local host, run once without faults
+and once per fault class, one fault a run, injected `--at` seconds after the whole fleet
+trains. The syncer scores the global model every `global_eval_every` (here 8) outer steps on the
+fixed held-out batches (syncer/evaluator.py); those scores, each with the merged tokens of the
+state it scored, are the curve. Per class:
+
+- **final vs clean**: the final model's held-out loss (`bench.evaluate` on final_model.pt) against
+  the fault-free run's global loss at the same merged tokens (its curve, interpolated). Target:
+  within 2%;
+- **worst after / before**: the worst score after the fault against the last one before it.
+  Target: at most 5% above;
+- **above bound**: scores after the fault above that bound (what a checkpoint could have held);
+  the quality guard's trips and rollbacks;
+- **back**: seconds from the fault until a score is at or below the pre-fault one again, and
+  whether the fleet was back to full quorum at the end without any command.
+
+Fault classes (`--faults` picks some; the durations are `--quick`'s in brackets): learner kill -9;
+learner pause 60 s [20]; learner partition 120 s [30]; syncer kill -9; syncer down 30 s, 120 s
+[60] and 600 s [skipped]; five syncer kills 3 s apart; syncer hung (SIGSTOP) 60 s [20]; disk
+full for 30 s [15] (the dldctl home on a 512 MB tmpfs, filled by a file then deleted);
+supervisor kill -9; every checkpoint corrupt (then a syncer kill, with `on_no_checkpoint =
+"from-learner"`; with the default "refuse" the syncer waits for the operator by design).
+
+    .venv/bin/python bench/integrity.py --quick                       # ~25 min on 2 cores
+    .venv/bin/python bench/integrity.py                               # every class, full durations, ~75 min
+    .venv/bin/python bench/integrity.py --faults syncer_down_30,disk_full
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+from bench.fleet import Fleet, Plan, diloco_run, local_host, read_jsonl, run_diloco  # noqa: E402
+
+LEARNERS = 3
+TARGET_FINAL, TARGET_WORST = 0.02, 0.05
+Fault = Callable[[Fleet, threading.Event, float], str]   # (fleet, stop, seconds) -> what was done
+
+
+def _dl(fleet: Fleet, *args: str) -> str:
+    proc = fleet.dl(*args, "--force", check=False, timeout=120)
+    return f"dldctl {' '.join(args)} -> {proc.returncode}"
+
+
+def _state(fleet: Fleet) -> dict[str, Any]:
+    assert fleet.run_dir is not None
+    return json.loads((fleet.run_dir / "state.json").read_text())
+
+
+def syncer_hang(fleet: Fleet, stop: threading.Event, seconds: float) -> str:
+    pid = int(fleet.status()["syncer"]["pid"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        stop.wait(seconds)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    return f"SIGSTOP syncer pid {pid} for {seconds:g} s"
+
+
+def syncer_kills(fleet: Fleet, stop: threading.Event, _seconds: float) -> str:
+    done = 0
+    while done < 5 and not stop.is_set():
+        if fleet.kill("syncer"):
+            done += 1
+            stop.wait(3.0)
+        else:
+            stop.wait(0.5)
+    return f"{done} syncer kills 3 s apart"
+
+
+def disk_full(fleet: Fleet, stop: threading.Event, seconds: float) -> str:
+    filler = fleet.home / "filler"
+    with open(filler, "wb") as fh:
+        block = b"\0" * (1 << 20)
+        try:
+            while True:
+                fh.write(block)
+        except OSError:
+            pass
+    try:
+        stop.wait(seconds)
+    finally:
+        filler.unlink()
+    return f"the home's file system full for {seconds:g} s"
+
+
+def supervisor_kill(fleet: Fleet, _stop: threading.Event, _seconds: float) -> str:
+    pid = int(_state(fleet)["supervisor"]["pid"])
+    os.kill(pid, signal.SIGKILL)
+    return f"SIGKILL supervisor pid {pid}"
+
+
+def corrupt_checkpoints(fleet: Fleet, stop: threading.Event, _seconds: float) -> str:
+    assert fleet.run_dir is not None
+    files = sorted((fleet.run_dir / "checkpoints").glob("*"))
+    for path in files:
+        if path.is_file():
+            path.write_bytes(b"not a checkpoint" * 16)
+    fleet.kill("syncer")
+    return f"{len(files)} checkpoint files overwritten, then the syncer killed"
+
+
+def faults(quick: bool) -> dict[str, tuple[Fault, float, dict[str, Any]]]:
+    """name -> (fault, its duration in seconds, extra [run] settings)."""
+    q = (lambda full, short: short if quick else full)  # noqa: E731
+    out: dict[str, tuple[Fault, float, dict[str, Any]]] = {
+        "learner_kill": (lambda f, s, d: _dl(f, "chaos", "kill", "learner-1"), 0.0, {}),
+        "learner_pause": (lambda f, s, d: _dl(f, "chaos", "pause", "learner-1", "--duration", f"{d:g}s"), q(60, 20), {}),
+        "learner_partition": (lambda f, s, d: _dl(f, "chaos", "partition", "learner-1", "--duration", f"{d:g}s"),
+                              q(120, 30), {}),
+        "syncer_kill": (lambda f, s, d: _dl(f, "chaos", "kill", "syncer"), 0.0, {}),
+        "syncer_down_30": (lambda f, s, d: _dl(f, "chaos", "kill", "syncer", "--down-for", f"{d:g}s"), 30.0, {}),
+        "syncer_down_120": (lambda f, s, d: _dl(f, "chaos", "kill", "syncer", "--down-for", f"{d:g}s"), q(120, 60), {}),
+        "syncer_kills_5": (syncer_kills, 15.0, {}),
+        "syncer_hang": (syncer_hang, q(60, 20), {}),
+        "disk_full": (disk_full, q(30, 15), {}),
+        "supervisor_kill": (supervisor_kill, 0.0, {}),
+        "checkpoints_corrupt": (corrupt_checkpoints, 0.0, {"on_no_checkpoint": "from-learner"}),
+    }
+    if not quick:
+        out["syncer_down_600"] = (lambda f, s, d: _dl(f, "chaos", "kill", "syncer", "--down-for", f"{d:g}s"), 600.0, {})
+    return out
+
+
+def _extra(parser: Any) -> None:
+    parser.add_argument("--faults", default="", help="comma-separated fault classes (default: all)")
+    parser.add_argument("--at", type=float, default=None, help="seconds after training starts (default 60, quick 40)")
+    parser.add_argument("--settle", type=float, default=None, help="seconds after the fault ends (default 90, quick 45)")
+
+
+def base_run() -> dict[str, Any]:
+    return diloco_run(16, lr_schedule="constant", global_eval_every=8, outer_lr=1.0, outer_momentum=0.0)
+
+
+def plan_for(name: str, fault: Fault | None, seconds: float, extra: dict[str, Any], at: float, settle: float) -> Plan:
+    def chaos(fleet: Fleet, start: float, stop: threading.Event) -> dict[str, Any]:
+        if stop.wait(max(0.0, start + at - time.time())):
+            return {"t": None}
+        t = time.time()
+        detail = fault(fleet, stop, seconds) if fault is not None else "none"
+        return {"t": t, "detail": detail}
+
+    return Plan(f"i-{name}", {**base_run(), **extra}, [local_host("here", LEARNERS)], LEARNERS,
+                duration_s=at + seconds + settle, chaos=chaos if fault is not None else None,
+                inspect=_scores, timeout_s=at + seconds + settle + 600, home_tmpfs_mb=512 if name == "disk_full" else None)
+
+
+def _scores(fleet: Fleet) -> dict[str, Any]:
+    assert fleet.run_dir is not None
+    metrics = read_jsonl(fleet.run_dir / "metrics.jsonl")
+    return {"scores": [m for m in metrics if m.get("kind") == "global_eval"],
+            "last_sample": next((m for m in reversed(metrics) if m.get("kind") == "sample"), None)}
+
+
+def at_tokens(curve: list[dict[str, Any]], tokens: float) -> float | None:
+    """The clean run's global loss at `tokens` merged (linear between its scores)."""
+    pts = sorted((m["tokens_merged"], m["loss"]) for m in curve if m.get("good", True))
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= tokens <= x1:
+            return y0 + (y1 - y0) * (tokens - x0) / max(1e-9, x1 - x0)
+    return pts[-1][1] if pts and tokens >= pts[-1][0] else None
+
+
+def row(name: str, res: dict[str, Any], clean: dict[str, Any]) -> dict[str, Any]:
+    """One fault class against the clean run (see the module docstring)."""
+    scores = sorted(res["inspect"]["scores"], key=lambda m: m.get("taken_at", m["t"]))
+    t_fault = (res.get("chaos") or {}).get("t") or res["training_started"]
+    before = [m for m in scores if m.get("taken_at", m["t"]) < t_fault]
+    after = [m for m in scores if m.get("taken_at", m["t"]) >= t_fault]
+    pre = before[-1]["loss"] if before else None
+    worst = max((m["loss"] for m in after), default=None)
+    bound = pre * (1 + TARGET_WORST) if pre is not None else None
+    back = next((m.get("taken_at", m["t"]) - t_fault for m in after if pre is not None and m["loss"] <= pre), None)
+    clean_at = at_tokens(clean["inspect"]["scores"], res["tokens_merged"])
+    final = res["eval_loss"]
+    last = res["inspect"]["last_sample"] or {}
+    out = {"fault": name, "tokens merged": res["tokens_merged"], "final": final, "clean at equal tokens": clean_at,
+           "final vs clean": None if final is None or not clean_at else final / clean_at - 1,
+           "before": pre, "worst after": worst,
+           "worst vs before": None if worst is None or not pre else worst / pre - 1,
+           "above bound": sum(1 for m in after if bound is not None and m["loss"] > bound),
+           "guard trips": sum(1 for m in scores if not m.get("good", True)),
+           "back s": back, "full quorum at end": last.get("quorum_live") == LEARNERS,
+           "detail": (res.get("chaos") or {}).get("detail")}
+    out["met"] = bool(out["final vs clean"] is not None and out["final vs clean"] <= TARGET_FINAL
+                      and (out["worst vs before"] is None or out["worst vs before"] <= TARGET_WORST)
+                      and out["full quorum at end"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = common.parse_args("integrity", __doc__, _extra, argv)
+    at, settle = args.at or (40.0 if args.quick else 60.0), args.settle or (45.0 if args.quick else 90.0)
+    table = faults(args.quick)
+    chosen = [f for f in args.faults.split(",") if f] or list(table)
+    unknown = [f for f in chosen if f not in table]
+    if unknown:
+        print(f"error: unknown fault class(es) {', '.join(unknown)}; known: {', '.join(table)}", file=sys.stderr)
+        return 2
+    longest = max(table[f][1] for f in chosen)
+    clean = run_diloco(plan_for("clean", None, longest, {}, at, settle))
+    runs: dict[str, Any] = {"clean": clean}
+    rows = []
+    for name in chosen:
+        fault, seconds, extra = table[name]
+        runs[name] = run_diloco(plan_for(name, fault, seconds, extra, at, settle))
+        rows.append(row(name, runs[name], clean))
+        print(f"{name}: {rows[-1]}", flush=True)
+    common.print_table(f"The global model under faults: {LEARNERS} learners, gpt-tiny, H=16, fault at {at:g} s, "
+                       f"settle {settle:g} s (targets: final within {100 * TARGET_FINAL:g}% of the clean run at "
+                       f"equal merged tokens, worst score after the fault within {100 * TARGET_WORST:g}% of before)",
+                       [{k: v for k, v in r.items() if k != "detail"} for r in rows])
+    met = sum(1 for r in rows if r["met"])
+    print(f"{met} of {len(rows)} fault classes within every target")
+    common.write_json(args.out, {"benchmark": "integrity", "quick": args.quick, "at_s": at, "settle_s": settle,
+                                 "settings": base_run(), "rows": rows, "runs": runs})
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

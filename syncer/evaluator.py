@@ -1,0 +1,148 @@
+"""The syncer's evaluator: scores snapshots of the global model on the run's held-out batches.
+
+A thin shell beside the ZeroMQ loop (syncer/server.py): one daemon thread builds the run's
+workload on the CPU once (the same factory and the same fixed `eval_batches` every learner
+scores its local model on, workload/), then scores each snapshot it is handed. The loop never
+waits for it: `submit` hands over at most one snapshot at a time and `results` takes what is
+done. If the workload cannot be built here (a user's factory not importable on the syncer's
+host), it says so once and scores nothing; `global_eval_every = 0` turns it off. For a model too
+large to score on the syncer's CPU, turn it off and rely on the learners' own eval losses.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from syncer import fragments, quality
+from syncer.globalmodel import Outbox
+from syncer.guard import Snapshot
+from workload import WorkloadContext, build_workload
+
+if TYPE_CHECKING:
+    from syncer.core import SyncerCore
+
+
+class GlobalEvaluator(threading.Thread):
+    """Scores global-model snapshots off the loop thread."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        super().__init__(name="global-eval", daemon=True)
+        self.settings = settings
+        self.problem: str | None = None       # why it cannot score (set once, then it stops)
+        self._todo: queue.Queue = queue.Queue(maxsize=1)
+        self._done: queue.Queue = queue.Queue()
+        self._halt = threading.Event()
+        self.busy = False
+
+    def submit(self, snap: Snapshot) -> bool:
+        """Hand over a snapshot; False if one is still being scored (the caller skips this one)."""
+        if self.problem is not None or self.busy:
+            return False
+        self.busy = True
+        self._todo.put(snap)
+        return True
+
+    def results(self) -> list[tuple[int, float, float]]:
+        """(tag, loss, seconds) of the snapshots scored since the last call."""
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def score_now(self, snap: Snapshot, timeout: float = 60.0) -> float | None:
+        """Score one snapshot and wait for it (the final export); None if it cannot."""
+        deadline = time.monotonic() + timeout
+        while self.busy and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self.submit(snap):
+            return None
+        while time.monotonic() < deadline and self.problem is None:
+            for tag, loss, _ in self.results():
+                if tag == snap.tag:
+                    return loss
+            time.sleep(0.01)
+        return None
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        try:
+            model, plan, batches, loss_fn = self._build()
+        except Exception as exc:  # noqa: BLE001 - any factory failure: say why, score nothing
+            self.problem = f"{type(exc).__name__}: {exc}"[:300]
+            return
+        while not self._halt.is_set():
+            try:
+                snap = self._todo.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            t0 = time.perf_counter()
+            loss = self._score(model, plan, batches, loss_fn, snap)
+            self._done.put((snap.tag, loss, time.perf_counter() - t0))
+            self.busy = False
+
+    def _build(self) -> tuple[torch.nn.Module, fragments.FragmentPlan, list[Any], Any]:
+        s = self.settings
+        ctx = WorkloadContext(settings=s, learner_index=0, shards=1, batch_size=int(s["batch_size"]),
+                              device=torch.device("cpu"), seed=int(s["seed"]))
+        wl = build_workload(ctx)
+        wl.model.eval()
+        params = dict(wl.model.named_parameters())
+        manifest = [fragments.TensorSpec(n, tuple(t.shape), "embedding" if n in wl.embedding_names else "dense")
+                    for n, t in params.items()]
+        return wl.model, fragments.plan(manifest, int(s["fragments"])), wl.eval_batches, wl.loss
+
+    @torch.no_grad()
+    def _score(self, model: torch.nn.Module, plan: fragments.FragmentPlan, batches: list[Any], loss_fn: Any,
+               snap: Snapshot) -> float:
+        params = {n: p.data for n, p in model.named_parameters()}
+        for p, theta in enumerate(snap.theta):
+            plan.scatter(p, theta, params)
+        losses = [float(loss_fn(model, b)) for b in batches]
+        return sum(losses) / max(1, len(losses))
+
+
+class Scoring:
+    """The loop's side: hand a snapshot over when a score is due, fold finished scores into the
+    core (which may roll back, syncer/quality.py)."""
+
+    def __init__(self, evaluator: GlobalEvaluator | None) -> None:
+        self.ev = evaluator
+        self._said = False
+
+    def tick(self, core: "SyncerCore", now: float, out: Outbox) -> None:
+        if self.ev is None:
+            return
+        if self.ev.problem is not None:
+            if not self._said:
+                self._said = True
+                out.event(now, "global_eval_off", "syncer", f"cannot score the global model on the syncer: "
+                          f"{self.ev.problem}; make the model factory importable here or set global_eval_every = 0")
+            return
+        for tag, loss, _seconds in self.ev.results():
+            quality.apply_score(core, tag, loss, now, out)
+        if not self.ev.busy:
+            snap = quality.take_snapshot(core, now)
+            if snap is not None:
+                self.ev.submit(snap)
+
+    def final(self, core: "SyncerCore", now: float, out: Outbox) -> None:
+        """Score the state about to be exported, so an export is never of a state the guard flags
+        (a flagged one is rolled back first)."""
+        if self.ev is None or self.ev.problem is not None or core.model is None:
+            return
+        for tag, loss, _seconds in self.ev.results():
+            quality.apply_score(core, tag, loss, now, out)
+        core.guard.pending, core.scored_at = None, None
+        snap = quality.take_snapshot(core, now)
+        loss = self.ev.score_now(snap) if snap is not None else None
+        if snap is not None and loss is not None:
+            quality.apply_score(core, snap.tag, loss, now, out)
