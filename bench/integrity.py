@@ -162,7 +162,7 @@ def _scores(fleet: Fleet) -> dict[str, Any]:
     assert fleet.run_dir is not None
     metrics = read_jsonl(fleet.run_dir / "metrics.jsonl")
     return {"scores": [m for m in metrics if m.get("kind") == "global_eval"],
-            "last_sample": next((m for m in reversed(metrics) if m.get("kind") == "sample"), None)}
+            "quorum": [(m["t"], m.get("quorum_live")) for m in metrics if m.get("kind") == "sample"]}
 
 
 def at_tokens(curve: list[dict[str, Any]], tokens: float) -> float | None:
@@ -186,14 +186,15 @@ def row(name: str, res: dict[str, Any], clean: dict[str, Any]) -> dict[str, Any]
     back = next((m.get("taken_at", m["t"]) - t_fault for m in after if pre is not None and m["loss"] <= pre), None)
     clean_at = at_tokens(clean["inspect"]["scores"], res["tokens_merged"])
     final = res["eval_loss"]
-    last = res["inspect"]["last_sample"] or {}
+    # the fleet's quorum when the window ended (down's own samples, learners leaving, come later)
+    live = [q for t, q in res["inspect"]["quorum"] if t <= res["training_ended"]]
     out = {"fault": name, "tokens merged": res["tokens_merged"], "final": final, "clean at equal tokens": clean_at,
            "final vs clean": None if final is None or not clean_at else final / clean_at - 1,
            "before": pre, "worst after": worst,
            "worst vs before": None if worst is None or not pre else worst / pre - 1,
            "above bound": sum(1 for m in after if bound is not None and m["loss"] > bound),
            "guard trips": sum(1 for m in scores if not m.get("good", True)),
-           "back s": back, "full quorum at end": last.get("quorum_live") == LEARNERS,
+           "back s": back, "full quorum at end": bool(live) and live[-1] == LEARNERS,
            "detail": (res.get("chaos") or {}).get("detail")}
     out["met"] = bool(out["final vs clean"] is not None and out["final vs clean"] <= TARGET_FINAL
                       and (out["worst vs before"] is None or out["worst vs before"] <= TARGET_WORST)
