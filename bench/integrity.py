@@ -9,7 +9,8 @@ state it scored, are the curve. Per class:
 
 - **final vs clean**: the final model's held-out loss (`bench.evaluate` on final_model.pt) against
   the fault-free run's global loss at the same merged tokens (its curve, interpolated). Target:
-  within 2%;
+  within 2%. Also **last score vs clean**: the syncer's own last score before `down` against the
+  clean curve at that score's merged tokens (both from the same evaluator, no final flush);
 - **worst after / before**: the worst score after the fault against the last one before it.
   Target: at most 5% above;
 - **above bound**: scores after the fault above that bound (what a checkpoint could have held);
@@ -27,6 +28,7 @@ supervisor kill -9; every checkpoint corrupt (then a syncer kill, with `on_no_ch
     .venv/bin/python bench/integrity.py --quick                       # ~25 min on 2 cores
     .venv/bin/python bench/integrity.py                               # every class, full durations, ~75 min
     .venv/bin/python bench/integrity.py --faults syncer_down_30,disk_full
+    .venv/bin/python bench/integrity.py --quick --rescore bench/results/integrity.json   # the table again
 """
 
 from __future__ import annotations
@@ -139,6 +141,8 @@ def _extra(parser: Any) -> None:
     parser.add_argument("--faults", default="", help="comma-separated fault classes (default: all)")
     parser.add_argument("--at", type=float, default=None, help="seconds after training starts (default 60, quick 40)")
     parser.add_argument("--settle", type=float, default=None, help="seconds after the fault ends (default 90, quick 45)")
+    parser.add_argument("--rescore", type=Path, default=None, metavar="JSON",
+                        help="recompute the table from an earlier run's results file (no fleet is run)")
 
 
 def base_run() -> dict[str, Any]:
@@ -186,10 +190,13 @@ def row(name: str, res: dict[str, Any], clean: dict[str, Any]) -> dict[str, Any]
     back = next((m.get("taken_at", m["t"]) - t_fault for m in after if pre is not None and m["loss"] <= pre), None)
     clean_at = at_tokens(clean["inspect"]["scores"], res["tokens_merged"])
     final = res["eval_loss"]
+    last = scores[-1] if scores else None   # the syncer's own last score, before down's final merges
+    last_clean = at_tokens(clean["inspect"]["scores"], last["tokens_merged"]) if last else None
     # the fleet's quorum when the window ended (down's own samples, learners leaving, come later)
     live = [q for t, q in res["inspect"]["quorum"] if t <= res["training_ended"]]
     out = {"fault": name, "tokens merged": res["tokens_merged"], "final": final, "clean at equal tokens": clean_at,
            "final vs clean": None if final is None or not clean_at else final / clean_at - 1,
+           "last score vs clean": None if last is None or not last_clean else last["loss"] / last_clean - 1,
            "before": pre, "worst after": worst,
            "worst vs before": None if worst is None or not pre else worst / pre - 1,
            "above bound": sum(1 for m in after if bound is not None and m["loss"] > bound),
@@ -211,13 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown fault class(es) {', '.join(unknown)}; known: {', '.join(table)}", file=sys.stderr)
         return 2
+    saved = json.loads(args.rescore.read_text())["runs"] if args.rescore else None
     longest = max(table[f][1] for f in chosen)
-    clean = run_diloco(plan_for("clean", None, longest, {}, at, settle))
+    clean = saved["clean"] if saved else run_diloco(plan_for("clean", None, longest, {}, at, settle))
     runs: dict[str, Any] = {"clean": clean}
     rows = []
-    for name in chosen:
+    for name in chosen if not saved else [n for n in chosen if n in saved]:
         fault, seconds, extra = table[name]
-        runs[name] = run_diloco(plan_for(name, fault, seconds, extra, at, settle))
+        runs[name] = saved[name] if saved else run_diloco(plan_for(name, fault, seconds, extra, at, settle))
         rows.append(row(name, runs[name], clean))
         print(f"{name}: {rows[-1]}", flush=True)
     common.print_table(f"The global model under faults: {LEARNERS} learners, gpt-tiny, H=16, fault at {at:g} s, "

@@ -48,10 +48,14 @@ class HistoryLostError(CheckpointError):
     """The run had merged before, no checkpoint is valid, and the run does not allow a new model."""
 
 
-def state_dict(core: SyncerCore, wall: float) -> dict[str, Any]:
-    """Everything needed to resume the run's global state."""
+def state_dict(core: SyncerCore, wall: float, copy: bool = False) -> dict[str, Any]:
+    """Everything needed to resume the run's global state (`copy`: the tensors cloned, so the
+    state can be held while merges go on, e.g. until the quality guard has scored it)."""
     m = core.model
     assert m is not None
+    if copy:
+        return {**state_dict(core, wall), "versions": list(m.versions), "theta": [t.clone() for t in m.theta],
+                "momentum": [t.clone() for t in m.momentum], "residual": [t.clone() for t in m.residual]}
     return {
         "format": 1, "run_id": core.run_id, "epoch": core.epoch, "saved_at": wall,
         "manifest": fragments.manifest_to_json(m.manifest), "fragments": m.plan.count,

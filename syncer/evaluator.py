@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from syncer import checkpoint as ckpt
 from syncer import fragments, quality
 from syncer.globalmodel import Outbox
 from syncer.guard import Snapshot
@@ -25,6 +26,9 @@ from workload import WorkloadContext, build_workload
 
 if TYPE_CHECKING:
     from syncer.core import SyncerCore
+
+
+HOLD_LIMIT_S = 60.0   # a checkpoint waits at most this long for its score
 
 
 class GlobalEvaluator(threading.Thread):
@@ -85,7 +89,11 @@ class GlobalEvaluator(threading.Thread):
             except queue.Empty:
                 continue
             t0 = time.perf_counter()
-            loss = self._score(model, plan, batches, loss_fn, snap)
+            try:
+                loss = self._score(model, plan, batches, loss_fn, snap)
+            except Exception as exc:  # noqa: BLE001 - a factory's loss failing: say why, score no more
+                self.problem = f"scoring failed: {type(exc).__name__}: {exc}"[:300]
+                return
             self._done.put((snap.tag, loss, time.perf_counter() - t0))
             self.busy = False
 
@@ -117,22 +125,48 @@ class Scoring:
     def __init__(self, evaluator: GlobalEvaluator | None) -> None:
         self.ev = evaluator
         self._said = False
+        self._held: dict[int, dict[str, Any]] = {}   # snapshot tag -> the checkpoint state taken with it
 
-    def tick(self, core: "SyncerCore", now: float, out: Outbox) -> None:
+    @property
+    def gates_checkpoints(self) -> bool:
+        """Whether routine checkpoints wait for a good score of the very state they hold."""
+        return self.ev is not None and self.ev.problem is None
+
+    def overdue(self, now: float, limit_s: float = HOLD_LIMIT_S) -> bool:
+        """A held checkpoint state not scored within `limit_s` (the evaluator is stuck or far too
+        slow for this model): dropped, so the caller checkpoints without waiting."""
+        stale = [tag for tag, state in self._held.items() if now - float(state["saved_at"]) > limit_s]
+        for tag in stale:
+            del self._held[tag]
+        return bool(stale)
+
+    def tick(self, core: "SyncerCore", now: float, out: Outbox, checkpoint: bool = False) -> dict[str, Any] | None:
+        """Fold in finished scores and hand over the next snapshot. With `checkpoint` (one is due),
+        the snapshot is taken now with a copy of the checkpoint state; that state is returned, to be
+        written, once its score comes back good (a flagged one is rolled back instead)."""
         if self.ev is None:
-            return
+            return None
         if self.ev.problem is not None:
             if not self._said:
                 self._said = True
                 out.event(now, "global_eval_off", "syncer", f"cannot score the global model on the syncer: "
                           f"{self.ev.problem}; make the model factory importable here or set global_eval_every = 0")
-            return
+            return None
+        ready = None
         for tag, loss, _seconds in self.ev.results():
-            quality.apply_score(core, tag, loss, now, out)
+            verdict = quality.apply_score(core, tag, loss, now, out)
+            held = self._held.pop(tag, None)
+            if held is not None and verdict is not None and verdict.good:
+                ready = held
         if not self.ev.busy:
+            if checkpoint and not self._held and core.model is not None:
+                core.scored_at = None          # score now, the state a checkpoint will hold
             snap = quality.take_snapshot(core, now)
             if snap is not None:
+                if checkpoint and not self._held:
+                    self._held[snap.tag] = ckpt.state_dict(core, now, copy=True)
                 self.ev.submit(snap)
+        return ready
 
     def final(self, core: "SyncerCore", now: float, out: Outbox) -> None:
         """Score the state about to be exported, so an export is never of a state the guard flags

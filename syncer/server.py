@@ -258,13 +258,16 @@ class SyncerServer:
         now = self.wall()
         out = Outbox()
         self.core.tick(now, out)
-        self.scoring.tick(self.core, now, out)
+        idle_due = now - self._last_ckpt > CHECKPOINT_IDLE_S and self.core.since_checkpoint > 0
+        due = (self.core.checkpoint_due() or idle_due) and now >= self._ckpt_retry_at
+        scored = self.scoring.tick(self.core, now, out, checkpoint=due)   # a state whose score came back good
         self._flush(out)
         if now - self._last_sample >= SAMPLE_EVERY_S:
             self._last_sample = now
             self.metrics.write(self._sample(now))
-        idle_due = now - self._last_ckpt > CHECKPOINT_IDLE_S and self.core.since_checkpoint > 0
-        if (self.core.checkpoint_due() or idle_due) and now >= self._ckpt_retry_at:
+        if scored is not None:
+            self.save_checkpoint(state=scored)
+        elif due and (not self.scoring.gates_checkpoints or self.scoring.overdue(now)):
             self.save_checkpoint()
 
     def _on_merge(self, p: int) -> None:
@@ -434,22 +437,23 @@ class SyncerServer:
                          for row in snap["learners"]},
         }
 
-    def save_checkpoint(self, final: bool = False) -> Path | None:
-        """Write a checkpoint; a failure is an event and a retry later, never a crash."""
+    def save_checkpoint(self, final: bool = False, state: dict[str, Any] | None = None) -> Path | None:
+        """Write a checkpoint (of the current state, or of `state`, one the quality guard scored
+        good); a failure is an event and a retry later, never a crash."""
         if self.core.model is None:
             return None
         now = self.wall()
         try:
-            path = checkpoint.save(self.cfg.checkpoint_dir, checkpoint.state_dict(self.core, now),
-                                   self.cfg.settings.keep_checkpoints)
+            state = state if state is not None else checkpoint.state_dict(self.core, now)
+            path = checkpoint.save(self.cfg.checkpoint_dir, state, self.cfg.settings.keep_checkpoints)
         except checkpoint.CheckpointError as exc:
             self._ckpt_retry_at = now + 10.0
             self.event("checkpoint_failed", "syncer", f"{exc}; training goes on, retrying in 10 s")
             return None
-        self.core.since_checkpoint = 0
-        self.core.checkpoint_outer_step = self.core.outer_steps
+        self.core.since_checkpoint = self.core.outer_steps - int(state["outer_steps"])
+        self.core.checkpoint_outer_step = int(state["outer_steps"])
         self._last_ckpt = now
-        detail = f"outer step {self.core.outer_steps}{' (final)' if final else ''}: {path.name}"
+        detail = f"outer step {state['outer_steps']}{' (final)' if final else ''}: {path.name}"
         if final:
             self.event("checkpoint", "syncer", detail)
         else:   # a small model checkpoints many times a second: keep the event log for what matters

@@ -124,3 +124,53 @@ def test_an_evaluator_that_cannot_build_the_model_says_why() -> None:
     ev.join(timeout=30)
     assert ev.problem is not None and "no_such_module_xyz" in ev.problem
     assert not ev.submit(Snapshot(1, 0, [], [], 0.0))
+
+
+class _Scorer:
+    """The evaluator's seam (submit / results / busy / problem), scoring with a given loss at once;
+    the real GlobalEvaluator is tested above and in tests/integration/test_global_eval.py."""
+
+    def __init__(self, losses: list[float]) -> None:
+        self.losses, self.done, self.busy, self.problem = losses, [], False, None
+
+    def submit(self, snap: Snapshot) -> bool:
+        self.done.append((snap.tag, self.losses.pop(0), 0.0))
+        return True
+
+    def results(self) -> list:
+        out, self.done = self.done, []
+        return out
+
+
+def test_a_checkpoint_holds_the_scored_state_and_is_written_only_when_its_score_is_good() -> None:
+    from syncer.evaluator import Scoring
+    h = Harness(make_settings(quorum=2, global_eval_every=1000, quality_guard=0.1))
+    h.join_all()
+    scoring = Scoring(_Scorer([2.0, 3.0, 2.0]))  # type: ignore[arg-type]
+    assert scoring.tick(h.core, 1.0, Outbox(), checkpoint=True) is None          # taken, not yet scored
+    versions = list(h.core.model.versions)
+    theta = h.core.model.theta[0].clone()
+    now = _trained(h, 2, 2.0)                                                    # merges go on meanwhile
+    state = scoring.tick(h.core, now, Outbox())
+    assert state is not None and state["versions"] == versions                  # the state that was scored
+    torch.testing.assert_close(state["theta"][0], theta, rtol=0, atol=0)
+    assert not torch.equal(state["theta"][0], h.core.model.theta[0])
+    # a flagged score: nothing to write, the model rolled back (and due to be checkpointed again)
+    assert scoring.tick(h.core, now, Outbox(), checkpoint=True) is None
+    out = Outbox()
+    assert scoring.tick(h.core, now + 1, out) is None and h.core.counters["rollbacks"] == 1
+    assert events_of(out, "quality_guard") and h.core.checkpoint_due()
+
+
+def test_a_checkpoint_waits_for_its_score_only_so_long() -> None:
+    from syncer.evaluator import Scoring
+
+    class Stuck(_Scorer):
+        def submit(self, snap: Snapshot) -> bool:
+            self.busy = True
+            return True
+    h = Harness(make_settings(quorum=2))
+    h.join_all()
+    scoring = Scoring(Stuck([]))  # type: ignore[arg-type]
+    scoring.tick(h.core, 1.0, Outbox(), checkpoint=True)
+    assert not scoring.overdue(30.0) and scoring.overdue(62.0) and not scoring.overdue(63.0)
