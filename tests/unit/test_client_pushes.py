@@ -85,3 +85,24 @@ def test_a_push_queued_while_another_is_sent_is_neither_lost_nor_sent_twice(tmp_
     assert pending.c_steps == (8 if ok else 16)
     assert torch.equal(pending.delta, torch.full((N,), 2.0 if ok else 3.0))
     assert len(sent) == 1
+
+
+def test_pushes_wait_while_the_syncer_is_silent_and_go_out_when_it_answers(tmp_path: Path) -> None:
+    """A hung syncer: what is sent into its socket is lost when the link closes it, so a learner
+    holds its pushes (folded per fragment) until the syncer answers again."""
+    client = _client(tmp_path)
+    client._sock = object()                                   # connected, welcomed, ready
+    client._welcomed = True
+    client.ready.set()
+    sent: list[Message] = []
+    client._send = lambda msg, block=False: sent.append(msg) or True
+    client._heard_at = now = 100.0
+    client._beat_at = now
+    for value in (1.0, 2.0):
+        client.push(_item(0, value))
+        client._work(now + 10.0)                              # 10 s without a word from the syncer
+    assert [m.kind for m in sent if m.kind == "push"] == [] and client.pending() == 1   # heartbeats still go
+    client._heard_at = now + 10.5                            # an ack: it is back
+    client._work(now + 10.6)
+    pushes = [m for m in sent if m.kind == "push"]
+    assert len(pushes) == 1 and pushes[0]["c_steps"] == 16 and client.pending() == 0
