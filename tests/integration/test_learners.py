@@ -87,7 +87,10 @@ def test_loss_falls_and_replicas_are_bit_identical(tmp_path: Path, n: int) -> No
 def test_killed_learner_rejoins_and_contributes_again(tmp_path: Path) -> None:
     with run_of(tmp_path, [{}, {}], H=8) as lr:
         lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 10, 120, "merges")
-        step = next(r for r in lr.status()["learners"] if r["id"] == "learner-1")["step"]
+        # merges can come from learner-0 alone (quorum 1): wait until learner-1 has trained too
+        snap = lr.wait_for(lambda s: next(r for r in s["learners"] if r["id"] == "learner-1")["step"] >= 20, 60,
+                           "learner-1 training")
+        step = next(r for r in snap["learners"] if r["id"] == "learner-1")["step"]
         lr.kill("learner-1", signal.SIGKILL)
         killed_at = time.time()
         lr.start_learner(1)
