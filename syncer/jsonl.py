@@ -19,6 +19,7 @@ stdout and stderr (its log file, redirected by the launcher) the same guarantees
 
 from __future__ import annotations
 
+import abc
 import collections
 import errno
 import fcntl
@@ -97,7 +98,7 @@ def notify(kind: str, detail: str, events: Path | None = None) -> bool:
     return True
 
 
-class _Sink:
+class _Sink(abc.ABC):
     """Appends whole lines to one file; drops and counts what it cannot write; never raises."""
 
     what = "records"
@@ -111,21 +112,26 @@ class _Sink:
         self._cut = False       # a partial line is on disk: begin the next write with a newline
         self._lock = threading.RLock()
 
-    # what a kind of sink provides
+    # what a kind of sink provides: FileSink (a named file) and FdSink (stdout/stderr's fd)
+    @abc.abstractmethod
     def name(self) -> str:
-        raise NotImplementedError
+        """The file's name, for notices."""
 
+    @abc.abstractmethod
     def _acquire(self) -> int:
-        raise NotImplementedError
+        """An fd to write to."""
 
+    @abc.abstractmethod
     def _release(self, fd: int, broken: bool) -> None:
-        raise NotImplementedError
+        """Done with `fd` (`broken`: a write on it failed)."""
 
+    @abc.abstractmethod
     def _path(self, fd: int) -> str | None:
-        raise NotImplementedError
+        """The path `fd` writes to, for rotation (None: cannot rotate)."""
 
+    @abc.abstractmethod
     def _reopen(self, fd: int, path: str) -> int:
-        raise NotImplementedError
+        """A fresh fd on `path` after a rotation."""
 
     def put(self, data: bytes) -> bool:
         """Append `data` (whole lines); False if it was dropped. Notices go out unlocked."""
