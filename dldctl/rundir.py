@@ -165,7 +165,7 @@ class RunDir:
         except RunError:
             return False
         sup = state.get("supervisor") or {}
-        return state.get("status") in ("starting", "up") and _proc_alive(sup.get("pid"), sup.get("start_ticks"))
+        return state.get("status") in ("starting", "up") and proc_alive(sup.get("pid"), sup.get("start_ticks"))
 
 
 def _signature(path: Path) -> tuple[int, int, int] | None:
@@ -177,7 +177,8 @@ def _signature(path: Path) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def _proc_alive(pid: Any, start_ticks: Any) -> bool:
+def proc_alive(pid: Any, start_ticks: Any) -> bool:
+    """Whether `pid` is a live process on this machine that started at `start_ticks` (not a reused pid)."""
     if not isinstance(pid, int):
         return False
     from dldctl.hosts.local import read_stat  # local: the supervisor runs on this machine

@@ -358,7 +358,7 @@ def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
                   f" ({fmt_rate(b.get('down_per_s'))})  compression {f'{ratio:.1f}x' if ratio is not None else '-'}"
                   f"  data-parallel equivalent {fmt_bytes(ddp)}{times}"),
         ("loss", f"train {fmt_float(loss.get('train'))}  eval {fmt_float(loss.get('eval'))}"
-                 f"  global {fmt_float(loss.get('global'))}{_guard_note(snapshot)}"),
+                 f"  global {fmt_float(loss.get('global'))}"),
         *[("warning", str(w)) for w in (s.get("warnings") or []) + (s.get("risks") or [])],
     ]
 
@@ -387,9 +387,3 @@ def render_plain(snapshot: dict, now: float, max_events: int = 10) -> Renderable
         Text(f"last {len(events)} events (newest last)", "bold"),
         event_table(events, now) if events else Text("no events yet", "dim"),
     )
-
-
-def _guard_note(snapshot: dict) -> str:
-    """The quality guard's trips, in the plain view's loss line."""
-    guard = snapshot.get("guard") or {}
-    return f"  QUALITY GUARD: {guard['trips']} trip(s), {guard.get('rollbacks', 0)} rollback(s)" if guard.get("trips") else ""

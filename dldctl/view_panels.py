@@ -338,6 +338,7 @@ def header_notes(snapshot: dict, now: float) -> Text:
     if dropped:
         notes.append((f"dropped sends {int(dropped)}", "yellow"))
     notes += [(str(w), "bold red") for w in dig(snapshot, "syncer", "warnings") or []]
+    notes += [(note, "bold red")] if (note := guard_note(snapshot)) else []
     risks = dig(snapshot, "syncer", "risks") or []
     notes += [(f"{len(risks)} risky setting(s): {str(risks[0]).split(':')[0]}", "yellow")] if risks else []
     out = Text()
@@ -408,8 +409,8 @@ def goodput_panel(snapshot: dict, history: "History") -> Panel:
 
 
 def loss_panel(snapshot: dict, history: "History") -> Panel:
-    """The learners' train and eval loss and the global model's, with their history and best values;
-    a quality guard trip in red."""
+    """The learners' train and eval loss and the global model's, with their history and best values
+    (a quality guard trip is in the header's notes, `guard_note`)."""
     train, evals, glob = history.get("loss_train"), history.get("loss_eval"), history.get("loss_global")
 
     def best(values: Sequence[Any]) -> str:
@@ -419,21 +420,19 @@ def loss_panel(snapshot: dict, history: "History") -> Panel:
         Spark(Text.assemble(("train ", "dim"), (fmt_float(dig(snapshot, "loss", "train")), "bold"), " "), train),
         Spark(Text.assemble(("eval  ", "dim"), (fmt_float(dig(snapshot, "loss", "eval")), "bold"), " "), evals,
               style="magenta"),
-        Spark(Text.assemble(("global", "dim"), (fmt_float(dig(snapshot, "loss", "global")), "bold"), " "), glob,
+        Spark(Text.assemble(("global ", "dim"), (fmt_float(dig(snapshot, "loss", "global")), "bold"), " "), glob,
               style="green"),
         line(("best ", "dim"), best(train), (" / ", "dim"), best(evals), (" / ", "dim"), best(glob)),
-        *_guard_line(snapshot),
     ))
 
 
-def _guard_line(snapshot: dict) -> list[Text]:
-    """The quality guard's last trip, if it ever tripped."""
+def guard_note(snapshot: dict) -> str:
+    """The quality guard's trips, if it ever tripped ("" otherwise); the live and plain views' words."""
     guard = snapshot.get("guard") or {}
-    if not guard.get("trips"):
-        return []
     last = guard.get("last") or {}
-    return [Text(f"quality guard: {guard['trips']} trip(s), {guard.get('rollbacks', 0)} rollback(s); "
-                 f"last score {fmt_float(last.get('loss'))} ({'good' if last.get('good') else 'FLAGGED'})", "bold red")]
+    return "" if not guard.get("trips") else (f"QUALITY GUARD: {guard['trips']} trip(s), {guard.get('rollbacks', 0)} rollback(s); "
+            f"last score {fmt_float(last.get('loss'))} ({'good' if last.get('good') else 'FLAGGED'})")
+
 
 
 def throughput_panel(snapshot: dict, history: "History") -> Panel:

@@ -32,8 +32,7 @@ from typing import Any
 from dldctl import reconcile
 from dldctl.errors import DldError, RunError
 from dldctl.hosts import LocalHost, ProcRef
-from dldctl.hosts.local import read_stat
-from dldctl.rundir import RunDir
+from dldctl.rundir import RunDir, proc_alive
 
 CHECK_S = 1.0
 FAST_S = 30.0          # a restarted supervisor that dies sooner than this is a fast death: back off
@@ -69,11 +68,7 @@ def last_beat(run: RunDir) -> float | None:
 
 def alive(record: Any) -> bool:
     """Whether a recorded {"pid", "start_ticks"} is a live process on this machine (not reused)."""
-    if not isinstance(record, dict) or not isinstance(record.get("pid"), int):
-        return False
-    stat = read_stat(record["pid"])
-    ticks = record.get("start_ticks")
-    return stat is not None and stat.state not in "ZX" and (ticks is None or stat.start_ticks == ticks)
+    return isinstance(record, dict) and proc_alive(record.get("pid"), record.get("start_ticks"))
 
 
 def log_path(run: RunDir, role: str) -> Path:

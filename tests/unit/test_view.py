@@ -222,6 +222,20 @@ def test_plain_snapshots_say_what_matters() -> None:
     assert "SYNCER DOWN" in dead and "syncer down" in dead and "checkpoint 424" in dead
 
 
+def test_the_global_loss_a_guard_trip_and_risky_settings_show_in_both_views() -> None:
+    snap = load("healthy")
+    snap["loss"] = {**snap["loss"], "global": 2.345}
+    snap["guard"] = {"threshold": 0.1, "trips": 1, "rollbacks": 1,
+                     "last": {"loss": 3.1, "good": False, "outer_step": 40}}
+    snap["syncer"] = {**snap["syncer"], "risks": ["max_backlog = 0: a backlog is merged as one outer step"]}
+    plain = plain_text(snap)
+    assert "global 2.345" in plain and "QUALITY GUARD: 1 trip(s), 1 rollback(s)" in plain and "FLAGGED" in plain
+    assert "warning" in plain and "max_backlog = 0" in plain
+    live = live_text(snap, width=160, height=60)
+    assert "global" in live and "QUALITY GUARD: 1 trip(s)" in live
+    assert "QUALITY GUARD" not in plain_text(load("healthy"))
+
+
 # ---------------------------------------------------------------- the clock is injected
 
 
