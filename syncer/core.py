@@ -280,18 +280,25 @@ class SyncerCore:
 
     def _call_rounds(self, now: float, live: set[str], out: Outbox) -> None:
         """The syncer's round clock (syncer/clock.py): call the rounds that are due, every
-        connected learner at once, unless that fragment's last call is still open (below quorum)."""
+        connected learner at once. A fragment whose last call is still below quorum is called
+        again, with a fresh window, to those not in it yet: a call can be lost (after a hang the learners had
+        new sockets, and every call went to the old ones), and an open round is never called
+        again otherwise: after a 20 s SIGSTOP nothing was merged until `down`."""
         assert self.model is not None
         times = [self.fleet.learners[lid].seconds_per_step() for lid in live]
         due = self.round_clock.advance(now, times)
         if not due:
             return
         window = self.round_clock.window(self.s.tau, self.s.grace_gamma)
-        recipients = list(self.fleet.connected(now))
+        connected = list(self.fleet.connected(now))
         for p in due:
             rnd = self.rounds.setdefault(p, Round(p))
+            recipients = connected
             if rnd.called_at is not None:
-                continue
+                if len(rnd.contributions) >= self.s.quorum:
+                    continue                         # it closes at its deadline
+                recipients = [lid for lid in connected if lid not in rnd.contributions]
+                self.counters["recalls"] += 1
             rnd.call(now, window)
             out.broadcast(recipients, Message("call", {"fragment": p, "epoch": self.epoch,
                                                        "version": self.model.versions[p]}))

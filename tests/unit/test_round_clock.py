@@ -59,8 +59,9 @@ def test_a_learners_seconds_per_step_are_measured_from_its_heartbeats() -> None:
 
 def _fleet(**changes: object) -> Harness:
     """Three learners a, b, c at 10 ms a step, live and training, on the syncer's clock."""
-    h = Harness(make_settings(round_clock="syncer", quorum=1, H=8, fragments=2, compression="none", merge="mean",
-                              outer_lr=1.0, outer_momentum=0.0, **changes))
+    settings: dict[str, object] = {"round_clock": "syncer", "quorum": 1, "H": 8, "fragments": 2, "compression": "none",
+                                   "merge": "mean", "outer_lr": 1.0, "outer_momentum": 0.0, **changes}
+    h = Harness(make_settings(**settings))
     h.join_all()
     for lid in ("a", "b", "c"):
         _beat(h, lid, 1.0)
@@ -111,6 +112,35 @@ def test_a_called_round_closes_at_its_window_without_the_straggler_whose_push_wa
     h.push("c", 0, h.delta(0, 3), now=deadline + 0.002, step_time=0.01)   # late: kept, not a round
     assert not rounds_of(h.tick(deadline + 0.003))
     assert h.core.rounds[0].contributions.keys() == {"c"}
+
+
+def test_a_call_nobody_answered_is_made_again_at_the_fragments_next_turn() -> None:
+    """A call can be lost (after a hang every learner had a new socket and the calls went to
+    the old ones); the open round must be called again, or the fragment is never merged again."""
+    h = _fleet()
+    first = _call_fragment(h, 0, 1.0)
+    assert h.core.rounds[0].called_at == pytest.approx(first)
+    second = _call_fragment(h, 0, first)                     # nobody answered: called again, a period on
+    assert second - first == pytest.approx(0.08, abs=0.002)
+    assert h.core.rounds[0].deadline == pytest.approx(second + 1.5 * 2 * 0.01 + LINK_S)   # a fresh window
+    assert h.core.counters["recalls"] == 1
+    h.push("a", 0, h.delta(0, 1), now=second + 0.001, step_time=0.01)
+    (record,) = rounds_of(h.tick(h.core.rounds[0].deadline + 0.001))
+    assert record["contributors"] == ["a"]
+
+
+def test_a_call_made_again_goes_only_to_those_not_in_the_round() -> None:
+    h = _fleet(quorum=2)
+    first = _call_fragment(h, 0, 1.0)
+    h.push("a", 0, h.delta(0, 1), now=first + 0.001, step_time=0.01)   # below quorum 2: stays open
+    now = first + 0.002
+    while now < first + 1.0:
+        now += 0.001
+        calls = [m for m in sent_of(h.tick(now), "call") if m[1]["fragment"] == 0]
+        if calls:
+            assert calls[0][0] == ["b", "c"]
+            return
+    raise AssertionError("fragment 0 was never called again")
 
 
 def test_on_the_syncer_clock_a_partial_round_is_not_shrunk_by_fleet_scale() -> None:
