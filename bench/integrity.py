@@ -8,9 +8,11 @@ fixed held-out batches (syncer/evaluator.py); those scores, each with the merged
 state it scored, are the curve. Per class:
 
 - **final vs clean**: the final model's held-out loss (`bench.evaluate` on final_model.pt) against
-  the fault-free run's global loss at the same merged tokens (its curve, interpolated). Target:
-  within 2%. Also **last score vs clean**: the syncer's own last score before `down` against the
-  clean curve at that score's merged tokens (both from the same evaluator, no final flush);
+  the fault-free run's at the same merged tokens: its curve there (a line through the 9 nearest
+  scores), put on final_model.pt's scale by the clean run's own final against its curve (down's
+  last merges and the other evaluator). Target: within 2%. Also **last scores vs clean**: the mean
+  of the syncer's own last 5 scores before `down` against the clean curve at their mean tokens
+  (one evaluator, no final flush). The `clean_repeat` class (no fault) is the noise floor;
 - **worst after / before**: the worst score after the fault against the last one before it.
   Target: at most 5% above;
 - **above bound**: scores after the fault above that bound (what a checkpoint could have held);
@@ -18,7 +20,8 @@ state it scored, are the curve. Per class:
 - **back**: seconds from the fault until a score is at or below the pre-fault one again, and
   whether the fleet was back to full quorum at the end without any command.
 
-Fault classes (`--faults` picks some; the durations are `--quick`'s in brackets): learner kill -9;
+Fault classes (`--faults` picks some; the durations are `--quick`'s in brackets): none (the clean
+run repeated); learner kill -9;
 learner pause 60 s [20]; learner partition 120 s [30]; syncer kill -9; syncer down 30 s, 120 s
 [60] and 600 s [skipped]; five syncer kills 3 s apart; syncer hung (SIGSTOP) 60 s [20]; disk
 full for 30 s [15] (the dldctl home on a 512 MB tmpfs, filled by a file then deleted);
@@ -39,6 +42,7 @@ import signal
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -119,6 +123,7 @@ def faults(quick: bool) -> dict[str, tuple[Fault, float, dict[str, Any]]]:
     """name -> (fault, its duration in seconds, extra [run] settings)."""
     q = (lambda full, short: short if quick else full)  # noqa: E731
     out: dict[str, tuple[Fault, float, dict[str, Any]]] = {
+        "clean_repeat": (lambda f, s, d: "no fault: the clean run again (run-to-run noise)", 0.0, {}),
         "learner_kill": (lambda f, s, d: _dl(f, "chaos", "kill", "learner-1"), 0.0, {}),
         "learner_pause": (lambda f, s, d: _dl(f, "chaos", "pause", "learner-1", "--duration", f"{d:g}s"), q(60, 20), {}),
         "learner_partition": (lambda f, s, d: _dl(f, "chaos", "partition", "learner-1", "--duration", f"{d:g}s"),
@@ -143,10 +148,30 @@ def _extra(parser: Any) -> None:
     parser.add_argument("--settle", type=float, default=None, help="seconds after the fault ends (default 90, quick 45)")
     parser.add_argument("--rescore", type=Path, default=None, metavar="JSON",
                         help="recompute the table from an earlier run's results file (no fleet is run)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a [run] setting for every run, clean included (TOML value), e.g. --set max_carry=-1")
+
+
+OVERRIDES: dict[str, Any] = {}   # --set
 
 
 def base_run() -> dict[str, Any]:
-    return diloco_run(16, lr_schedule="constant", global_eval_every=8, outer_lr=1.0, outer_momentum=0.0)
+    return {**diloco_run(16, lr_schedule="constant", global_eval_every=8, outer_lr=1.0, outer_momentum=0.0),
+            **OVERRIDES}
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` pairs, each value read as TOML (`--set max_carry=-1`, `--set merge="mean"`)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"error: --set {item!r}: expected KEY=VALUE, e.g. --set max_carry=-1")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError as exc:
+            raise SystemExit(f"error: --set {item!r}: the value is not TOML ({exc}); quote strings: key='\"x\"'")
+    return out
 
 
 def plan_for(name: str, fault: Fault | None, seconds: float, extra: dict[str, Any], at: float, settle: float) -> Plan:
@@ -169,13 +194,27 @@ def _scores(fleet: Fleet) -> dict[str, Any]:
             "quorum": [(m["t"], m.get("quorum_live")) for m in metrics if m.get("kind") == "sample"]}
 
 
-def at_tokens(curve: list[dict[str, Any]], tokens: float) -> float | None:
-    """The clean run's global loss at `tokens` merged (linear between its scores)."""
+def at_tokens(curve: list[dict[str, Any]], tokens: float, near: int = 9) -> float | None:
+    """The clean run's global loss at `tokens` merged: a least-squares line through its `near`
+    scores closest in tokens (one score is ~1% noisy from one to the next), evaluated there.
+    None past the curve's end by more than its last gap."""
     pts = sorted((m["tokens_merged"], m["loss"]) for m in curve if m.get("good", True))
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if x0 <= tokens <= x1:
-            return y0 + (y1 - y0) * (tokens - x0) / max(1e-9, x1 - x0)
-    return pts[-1][1] if pts and tokens >= pts[-1][0] else None
+    if len(pts) < 2 or tokens > pts[-1][0] + (pts[-1][0] - pts[-2][0]):
+        return None
+    local = sorted(pts, key=lambda xy: abs(xy[0] - tokens))[:near]
+    mx = sum(x for x, _ in local) / len(local)
+    my = sum(y for _, y in local) / len(local)
+    sxx = sum((x - mx) ** 2 for x, _ in local)
+    slope = sum((x - mx) * (y - my) for x, y in local) / sxx if sxx > 0 else 0.0
+    return my + slope * (tokens - mx)
+
+
+def tail(scores: list[dict[str, Any]], n: int = 5) -> tuple[float, float] | None:
+    """(mean merged tokens, mean loss) of the last `n` scores: the run's end, less one score's noise."""
+    last = scores[-n:]
+    if not last:
+        return None
+    return sum(m["tokens_merged"] for m in last) / len(last), sum(m["loss"] for m in last) / len(last)
 
 
 def row(name: str, res: dict[str, Any], clean: dict[str, Any]) -> dict[str, Any]:
@@ -188,15 +227,21 @@ def row(name: str, res: dict[str, Any], clean: dict[str, Any]) -> dict[str, Any]
     worst = max((m["loss"] for m in after), default=None)
     bound = pre * (1 + TARGET_WORST) if pre is not None else None
     back = next((m.get("taken_at", m["t"]) - t_fault for m in after if pre is not None and m["loss"] <= pre), None)
-    clean_at = at_tokens(clean["inspect"]["scores"], res["tokens_merged"])
+    curve = clean["inspect"]["scores"]
     final = res["eval_loss"]
-    last = scores[-1] if scores else None   # the syncer's own last score, before down's final merges
-    last_clean = at_tokens(clean["inspect"]["scores"], last["tokens_merged"]) if last else None
+    # final_model.pt is scored by bench.evaluate after down's last merges, the curve by the
+    # syncer: the clean run's own final against its curve puts the two on one scale
+    clean_end = at_tokens(curve, clean["tokens_merged"])
+    clean_at = at_tokens(curve, res["tokens_merged"])
+    if clean_at is not None and clean_end and clean.get("eval_loss"):
+        clean_at *= clean["eval_loss"] / clean_end
+    end = tail(scores)                      # the syncer's own last scores, before down's final merges
+    end_clean = at_tokens(curve, end[0]) if end else None
     # the fleet's quorum when the window ended (down's own samples, learners leaving, come later)
     live = [q for t, q in res["inspect"]["quorum"] if t <= res["training_ended"]]
     out = {"fault": name, "tokens merged": res["tokens_merged"], "final": final, "clean at equal tokens": clean_at,
            "final vs clean": None if final is None or not clean_at else final / clean_at - 1,
-           "last score vs clean": None if last is None or not last_clean else last["loss"] / last_clean - 1,
+           "last scores vs clean": None if end is None or not end_clean else end[1] / end_clean - 1,
            "before": pre, "worst after": worst,
            "worst vs before": None if worst is None or not pre else worst / pre - 1,
            "above bound": sum(1 for m in after if bound is not None and m["loss"] > bound),
@@ -211,6 +256,7 @@ def row(name: str, res: dict[str, Any], clean: dict[str, Any]) -> dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     args = common.parse_args("integrity", __doc__, _extra, argv)
+    OVERRIDES.update(parse_sets(args.set))
     at, settle = args.at or (40.0 if args.quick else 60.0), args.settle or (45.0 if args.quick else 90.0)
     table = faults(args.quick)
     chosen = [f for f in args.faults.split(",") if f] or list(table)

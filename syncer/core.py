@@ -349,21 +349,25 @@ class SyncerCore:
         return carried
 
     def _cap_backlogs(self, p: int, contribs: list[Contribution], now: float, out: Outbox) -> list[Contribution]:
-        """Set each contribution's backlog factor (`_backlog`); the rest of a capped one is carried."""
+        """Set each contribution's backlog factor; the rest of a capped one is carried (max_carry) or dropped."""
         carried = []
         for c in contribs:
             c.backlog = self._backlog(c)
-            rest = c.remainder(now)
-            if rest is None:
+            if c.backlog >= 1.0:
                 self._backlogged.discard((c.learner, p))
                 continue
-            carried.append(rest)
             self.counters["backlog_capped"] += 1
+            carry = -1.0 if self.s.max_carry < 0 else self.s.max_carry / self.s.max_backlog
+            rest = c.remainder(now, carry)
+            dropped = round(c.c_steps * (1.0 - c.backlog)) - (rest.c_steps if rest is not None else 0)
+            self.counters["backlog_dropped_steps"] += max(0, dropped)
             if (c.learner, p) not in self._backlogged:   # once per backlog, not once per round that absorbs it
                 self._backlogged.add((c.learner, p))
                 out.event(now, "backlog", c.learner, f"fragment {p}: {c.c_steps} steps since its last merge, "
                           f"{c.backlog * c.c_steps:.0f} counted now (max_backlog {self.s.max_backlog:g} periods), "
-                          f"the rest carried to the next rounds")
+                          f"{rest.c_steps if rest else 0} carried to the next rounds, {max(0, dropped)} dropped")
+            if rest is not None:
+                carried.append(rest)
         return carried
 
     def _keep_previous(self, p: int, now: float) -> None:
@@ -487,10 +491,6 @@ class SyncerCore:
 
 
 _HANDLERS: dict[str, Callable[[SyncerCore, str, Message, float, Outbox], None]] = {
-    "hello": SyncerCore._hello,
-    "init": SyncerCore._init,
-    "state_req": SyncerCore._state_req,
-    "push": SyncerCore._push,
-    "heartbeat": SyncerCore._heartbeat,
-    "bye": SyncerCore._bye,
+    "hello": SyncerCore._hello, "init": SyncerCore._init, "state_req": SyncerCore._state_req,
+    "push": SyncerCore._push, "heartbeat": SyncerCore._heartbeat, "bye": SyncerCore._bye,
 }

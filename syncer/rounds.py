@@ -37,14 +37,17 @@ class Contribution:
         """The token weight of the work that counts (a backlog is weighted as `backlog` of it)."""
         return merge.token_weight(self.c_tokens, self.c_steps) * self.backlog
 
-    def remainder(self, now: float) -> "Contribution | None":
-        """The share `1 - backlog` that a capped contribution could not count this round, as a
-        contribution of its own for the fragment's next round (outer gradient and counters scaled
-        alike), so a backlog is absorbed over several rounds instead of lost. Take it before the
-        merge: the merge may reuse the delta's memory."""
+    def remainder(self, now: float, carry: float = -1.0) -> "Contribution | None":
+        """What of the share `1 - backlog` that a capped contribution could not count this round
+        waits for the fragment's next rounds, as a contribution of its own (outer gradient and
+        counters scaled alike): all of it with `carry` < 0, else at most `carry` times the share
+        that counted (`carry` periods where that share is `max_backlog` periods); the rest is
+        dropped. Take it before the merge: the merge may reuse the delta's memory."""
         if self.backlog >= 1.0:
             return None
-        rest = 1.0 - self.backlog
+        rest = 1.0 - self.backlog if carry < 0 else min(1.0 - self.backlog, carry * self.backlog)
+        if rest * self.c_steps < 1.0:
+            return None
         values = torch.mul(codec.dequantize(self.delta), rest)
         return Contribution(self.learner, codec.Quantized("none", values.numel(), self.delta.block, values, values.new_empty(0)),
                             max(1, round(self.c_steps * rest)), round(self.c_tokens * rest), self.c_time * rest,

@@ -75,6 +75,7 @@ class RunSettings:
     global_eval_every: int = 32       # score the global model every this many outer steps (0 = off)
     quality_guard: float = 0.1        # roll back a score this far above the recent best (0 = off)
     max_backlog: float = 2.0          # a contribution counts for at most this many of its sync periods (0 = off)
+    max_carry: float = 2.0            # of a capped contribution's rest, this many periods wait for the next rounds (-1 = all)
     overlap: bool = True              # False: a learner waits for each merge (synchronous DiLoCo)
     max_lag: int = 0                  # >0: a learner waits for a reply this many steps late (at most liveness_s)
     # operations
@@ -112,6 +113,8 @@ class RunSettings:
         _one_of(self.round_clock, ROUND_CLOCKS, "round_clock")
         _check(self.max_backlog == 0 or self.max_backlog >= 1, "max_backlog",
                f"must be 0 (off) or >= 1 sync period, got {self.max_backlog}")
+        _check(self.max_carry == -1 or self.max_carry >= 0, "max_carry",
+               f"must be >= 0 sync periods or -1 (carry all), got {self.max_carry}")
         _one_of(self.compression, COMPRESSIONS, "compression")
         _one_of(self.merge, MERGES, "merge")
         _one_of(self.on_no_checkpoint, NO_CHECKPOINT, "on_no_checkpoint")

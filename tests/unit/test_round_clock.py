@@ -153,29 +153,55 @@ def test_on_the_syncer_clock_a_partial_round_is_not_shrunk_by_fleet_scale() -> N
     torch.testing.assert_close(h.core.model.theta[0], theta0 - d, rtol=0, atol=1e-7)   # one whole outer step
 
 
-def test_a_backlog_of_many_periods_counts_as_max_backlog_periods() -> None:
-    """After an outage a learner's push spans 40 sync periods: it is merged as 2 periods' worth
-    (max_backlog), its outer gradient and its weight scaled by 2/40, and an event says so."""
-    h = _fleet(max_backlog=2.0, robust_clip=0.0)
+def _backlog_of_40_periods(**changes: object) -> tuple[Harness, torch.Tensor, torch.Tensor, Outbox]:
+    """A push spanning 40 sync periods (320 steps at H = 8), merged in a round of its own."""
+    h = _fleet(max_backlog=2.0, robust_clip=0.0, **changes)
     theta0 = h.core.model.theta[0].clone()
     called = _call_fragment(h, 0, 1.0)
     d = h.delta(0, 1)
-    h.push("a", 0, d, now=called + 0.001, c_steps=320, c_tokens=320 * 16, step_time=0.01)   # 40 x H = 8
-    out = h.tick(h.core.rounds[0].deadline + 0.001)
+    h.push("a", 0, d, now=called + 0.001, c_steps=320, c_tokens=320 * 16, step_time=0.01)
+    return h, theta0, d, h.tick(h.core.rounds[0].deadline + 0.001)
+
+
+def test_a_backlog_of_many_periods_counts_as_max_backlog_periods_and_carries_max_carry() -> None:
+    """After an outage a learner's push spans 40 sync periods: it is merged as 2 periods' worth
+    (max_backlog), its outer gradient and its weight scaled by 2/40; 2 more periods of it
+    (max_carry) wait for the next round, the other 36 are dropped, and one event says so."""
+    h, theta0, d, out = _backlog_of_40_periods()
     torch.testing.assert_close(h.core.model.theta[0], theta0 - d * (16 / 320), rtol=0, atol=1e-7)
     (event,) = events_of(out, "backlog")
     assert event["target"] == "a" and "320 steps" in event["detail"] and "16 counted now" in event["detail"]
+    assert "16 carried to the next rounds, 288 dropped" in event["detail"]
     assert h.core.fleet.learners["a"].merged_tokens == pytest.approx(16 * 16 / 2)   # 16 steps over P = 2
-    assert h.core.counters["backlog_capped"] == 1
-    # the rest waits in the fragment's next round, to be absorbed 2 periods a round, never lost
+    assert h.core.counters["backlog_capped"] == 1 and h.core.counters["backlog_dropped_steps"] == 288
+    rest = h.core.rounds[0].contributions["a"]
+    assert (rest.c_steps, rest.c_tokens) == (16, 16 * 16)
+    torch.testing.assert_close(codec.dequantize(rest.delta), d * (16 / 320), rtol=0, atol=1e-7)
+    drained = Outbox()
+    assert h.core.flush(10.0, drained) == 1
+    assert not events_of(drained, "backlog") and 0 not in h.core.rounds   # absorbed: nothing left
+    assert h.core.fleet.learners["a"].merged_tokens == pytest.approx(2 * 16 * 16 / 2)
+    torch.testing.assert_close(h.core.model.theta[0], theta0 - d * (32 / 320), rtol=0, atol=1e-6)
+
+
+def test_with_max_carry_minus_one_the_whole_backlog_waits_for_the_next_rounds() -> None:
+    h, theta0, d, out = _backlog_of_40_periods(max_carry=-1.0)
+    (event,) = events_of(out, "backlog")
+    assert "304 carried to the next rounds, 0 dropped" in event["detail"]
     rest = h.core.rounds[0].contributions["a"]
     assert (rest.c_steps, rest.c_tokens) == (304, 304 * 16)
     torch.testing.assert_close(codec.dequantize(rest.delta), d * (304 / 320), rtol=0, atol=1e-7)
     drained = Outbox()
     assert h.core.flush(10.0, drained) == 1    # down closes each round once: no burst of the whole backlog
     assert not events_of(drained, "backlog")   # one event per backlog, not one per round that absorbs it
-    assert h.core.fleet.learners["a"].merged_tokens == pytest.approx(2 * 16 * 16 / 2)
     torch.testing.assert_close(h.core.model.theta[0], theta0 - d * (32 / 320), rtol=0, atol=1e-6)
+
+
+def test_max_carry_zero_drops_the_rest_of_a_backlog() -> None:
+    h, theta0, d, out = _backlog_of_40_periods(max_carry=0.0)
+    assert "0 carried to the next rounds, 304 dropped" in events_of(out, "backlog")[0]["detail"]
+    assert 0 not in h.core.rounds
+    torch.testing.assert_close(h.core.model.theta[0], theta0 - d * (16 / 320), rtol=0, atol=1e-7)
 
 
 def test_on_the_learners_clocks_nothing_is_called() -> None:
