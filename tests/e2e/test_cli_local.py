@@ -8,6 +8,7 @@ file order and each leaves the fleet healthy for the next. Teardown stops everyt
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -161,6 +162,23 @@ def test_kill_the_syncer_and_it_resumes_from_its_checkpoint(fleet: tuple[Dl, Pat
     assert snap["syncer"]["outer_steps"] >= before["syncer"]["checkpoint_outer_step"]
     steps = snap["syncer"]["outer_steps"]
     dl.wait(lambda s: s["syncer"]["outer_steps"] > steps + 3 and s["quorum"]["live"] >= 3, 90, "merging again")
+
+
+def test_a_hung_syncer_merges_every_fragment_again_once_it_continues(fleet: tuple[Dl, Path]) -> None:
+    """SIGSTOP longer than the learners' 3 x liveness_s: they give up on their sockets and open
+    new ones, so the calls of the first ticks after SIGCONT go to the old ones. Every fragment
+    must be called again and merged (it was never called again: nothing merged until down)."""
+    dl, _ = fleet
+    snap = dl.wait(lambda s: s["syncer"]["alive"] and s["quorum"]["live"] >= 3, 60, "the syncer merging")
+    pid, versions = int(snap["syncer"]["pid"]), list(snap["syncer"]["versions"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(12.0)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    after = dl.wait(lambda s: all(v > w + 3 for v, w in zip(s["syncer"]["versions"], versions)), 60,
+                    "every fragment merged again after the hang")
+    assert after["syncer"]["pid"] == pid   # the same process, not a restart
 
 
 def test_monkey_schedule_is_reproducible_and_training_goes_on(fleet: tuple[Dl, Path]) -> None:
