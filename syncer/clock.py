@@ -17,8 +17,9 @@ A learner's seconds per step are measured from the step counters its heartbeats 
 at least 2 s), so evaluations, syncs and waits between steps are counted: the calls then come
 every H steps the learners really take, not every H steps of pure compute.
 
-A called round closes once it holds `quorum` contributors and either every live learner is in
-or its window has passed (one still below quorum at the fragment's next turn is called again:
+A called round closes once it holds `quorum` contributors and either every live learner has
+answered the call (work that waited in it from before the call is no answer) or its window has
+passed (one still below quorum at the fragment's next turn is called again:
 syncer/core.py):
 
     window = (1 + gamma) * tau * t_step + LINK_S

@@ -76,6 +76,7 @@ class Round:
     grace_s: float = 0.0
     called_at: float | None = None     # syncer clock: when the round was called
     deadline: float | None = None      # syncer clock: when it closes with whoever is in (>= quorum)
+    answered: set[str] = field(default_factory=set)   # syncer clock: learners heard from since the call
 
     def call(self, now: float, window: float) -> None:
         """The syncer's clock calls this round: it may close from now on, at the latest at now + window."""
@@ -87,6 +88,8 @@ class Round:
             self.contributions[c.learner].add(c)
         else:
             self.contributions[c.learner] = c
+        if self.called_at is not None:
+            self.answered.add(c.learner)
         if self.first_at is None:
             self.first_at = c.arrived
         if self.quorum_at is None and len(self.contributions) >= quorum:
@@ -97,12 +100,19 @@ class Round:
     def ready(self, now: float, quorum: int, live: set[str], called: bool = False) -> bool:
         """Whether the round may close now: every live learner in, or (learner clocks) quorum +
         grace expired, or (`called`, the syncer clock) its window since the call has passed.
-        Never below quorum; a syncer-clock round that was not called never closes by itself."""
-        all_in = bool(live) and live.issubset(self.contributions)
+        Never below quorum; a syncer-clock round that was not called never closes by itself.
+
+        On the syncer's clock "in" means answered since the call: a contribution that waited in
+        the round from before it (a late push of the previous period, a backlog's carried rest)
+        is merged with the round but does not stand for that learner's answer. Counted as one, it
+        closed the round at the call, the answer arrived after the close and waited for the next
+        call, and so on: that learner's work was merged one period late for the rest of the run
+        (every learner after a syncer restart: the global model ended 3-4% behind)."""
         if called:
             if self.called_at is None or len(self.contributions) < quorum:
                 return False
-            return all_in or now >= (self.deadline or now)
+            return (bool(live) and live.issubset(self.answered)) or now >= (self.deadline or now)
+        all_in = bool(live) and live.issubset(self.contributions)
         return merge.should_close(now, len(self.contributions), quorum, self.quorum_at, self.grace_s, all_in)
 
     def recount(self, quorum: int, now: float) -> None:

@@ -94,8 +94,29 @@ def test_a_push_before_the_call_waits_for_the_fleet_instead_of_closing_alone() -
     h.push("b", 0, h.delta(0, 2), now=called + 0.005, c_steps=8, c_tokens=128, step_time=0.01)
     assert not rounds_of(h.tick(called + 0.006))            # c is live and inside the window
     h.push("c", 0, h.delta(0, 3), now=called + 0.01, c_steps=8, c_tokens=128, step_time=0.01)
-    (record,) = rounds_of(h.tick(called + 0.011))            # every live learner in: closes at once
+    # a's early push is no answer to this call: the round waits for a's answer (or its window)
+    assert not rounds_of(h.tick(called + 0.011))
+    h.push("a", 0, h.delta(0, 4), now=called + 0.012, c_steps=6, c_tokens=96, step_time=0.01)
+    (record,) = rounds_of(h.tick(called + 0.013))            # every live learner answered: closes at once
     assert record["contributors"] == ["a", "b", "c"]
+    assert record["tokens"] == 32 + 128 + 128 + 96           # a's early push and its answer, summed
+
+
+def test_a_round_holding_only_early_work_waits_for_the_answers_to_its_call() -> None:
+    """Every learner's backlog rest carried into the next round (after a syncer restart): the
+    call must not close that round at once, or every answer lands in the round after, a period
+    late, for good."""
+    h = _fleet()
+    h.tick(1.0)
+    for lid in ("a", "b", "c"):
+        h.push(lid, 0, h.delta(0, 1), now=1.001, c_steps=2, c_tokens=32, step_time=0.01)
+    called = _call_fragment(h, 0, 1.002)
+    assert not any(rounds_of(o) for o in h.outs)
+    for i, lid in enumerate(("a", "b", "c")):
+        h.push(lid, 0, h.delta(0, 2), now=called + 0.005 + 0.001 * i, c_steps=8, c_tokens=128, step_time=0.01)
+    (record,) = rounds_of(h.tick(called + 0.009))
+    assert record["tokens"] == 3 * (32 + 128)                # the answers made it into their own round
+    assert 0 not in h.core.rounds                            # nothing left a period behind
 
 
 def test_a_called_round_closes_at_its_window_without_the_straggler_whose_push_waits_for_the_next() -> None:
