@@ -174,6 +174,8 @@ def test_H_must_be_a_multiple_of_fragments_and_fix_proposes_one() -> None:
         ({"alpha": 1.0}, "alpha"),
         ({"alpha": -0.1}, "alpha"),
         ({"robust_clip": -1.0}, "robust_clip"),
+        ({"max_carry": -0.5}, "max_carry"),
+        ({"max_carry": -2.0}, "max_carry"),
         ({"seq_len": 0}, "seq_len"),
         ({"batch_size": 0}, "batch_size"),
         ({"max_queue": 0}, "max_queue"),
