@@ -28,7 +28,7 @@ full for 30 s [15] (the dldctl home on a 512 MB tmpfs, filled by a file then del
 supervisor kill -9; every checkpoint corrupt (then a syncer kill, with `on_no_checkpoint =
 "from-learner"`; with the default "refuse" the syncer waits for the operator by design).
 
-    .venv/bin/python bench/integrity.py --quick                       # ~25 min on 2 cores
+    .venv/bin/python bench/integrity.py --quick                       # ~40 min on 2 cores
     .venv/bin/python bench/integrity.py                               # every class, full durations, ~75 min
     .venv/bin/python bench/integrity.py --faults syncer_down_30,disk_full
     .venv/bin/python bench/integrity.py --quick --rescore bench/results/integrity.json   # the table again
