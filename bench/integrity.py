@@ -12,7 +12,8 @@ state it scored, are the curve. Per class:
   scores), put on final_model.pt's scale by the clean run's own final against its curve (down's
   last merges and the other evaluator). Target: within 2%. Also **last scores vs clean**: the mean
   of the syncer's own last 5 scores before `down` against the clean curve at their mean tokens
-  (one evaluator, no final flush). The `clean_repeat` class (no fault) is the noise floor;
+  (one evaluator, no final flush). The `clean_repeat` class (no fault, run first) is the noise
+  floor, judged against the clean run; every other class against the mean of both clean runs;
 - **worst after / before**: the worst score after the fault against the last one before it.
   Target: at most 5% above;
 - **above bound**: scores after the fault above that bound (what a checkpoint could have held);
@@ -217,8 +218,22 @@ def tail(scores: list[dict[str, Any]], n: int = 5) -> tuple[float, float] | None
     return sum(m["tokens_merged"] for m in last) / len(last), sum(m["loss"] for m in last) / len(last)
 
 
-def row(name: str, res: dict[str, Any], clean: dict[str, Any]) -> dict[str, Any]:
-    """One fault class against the clean run (see the module docstring)."""
+def reference(cleans: list[dict[str, Any]], tokens: float, final: bool) -> float | None:
+    """The fault-free runs' global loss at `tokens` merged, averaged over the clean runs whose
+    curves reach it (`final`: each put on final_model.pt's scale by its own final, see `row`)."""
+    values = []
+    for clean in cleans:
+        at = at_tokens(clean["inspect"]["scores"], tokens)
+        end = at_tokens(clean["inspect"]["scores"], clean["tokens_merged"])
+        if at is not None and final:
+            at = at * clean["eval_loss"] / end if end and clean.get("eval_loss") else None
+        if at is not None:
+            values.append(at)
+    return sum(values) / len(values) if values else None   # a shorter clean run may not reach `tokens`
+
+
+def row(name: str, res: dict[str, Any], cleans: list[dict[str, Any]]) -> dict[str, Any]:
+    """One fault class against the clean runs (see the module docstring)."""
     scores = sorted(res["inspect"]["scores"], key=lambda m: m.get("taken_at", m["t"]))
     t_fault = (res.get("chaos") or {}).get("t") or res["training_started"]
     before = [m for m in scores if m.get("taken_at", m["t"]) < t_fault]
@@ -227,16 +242,12 @@ def row(name: str, res: dict[str, Any], clean: dict[str, Any]) -> dict[str, Any]
     worst = max((m["loss"] for m in after), default=None)
     bound = pre * (1 + TARGET_WORST) if pre is not None else None
     back = next((m.get("taken_at", m["t"]) - t_fault for m in after if pre is not None and m["loss"] <= pre), None)
-    curve = clean["inspect"]["scores"]
     final = res["eval_loss"]
     # final_model.pt is scored by bench.evaluate after down's last merges, the curve by the
     # syncer: the clean run's own final against its curve puts the two on one scale
-    clean_end = at_tokens(curve, clean["tokens_merged"])
-    clean_at = at_tokens(curve, res["tokens_merged"])
-    if clean_at is not None and clean_end and clean.get("eval_loss"):
-        clean_at *= clean["eval_loss"] / clean_end
+    clean_at = reference(cleans, res["tokens_merged"], final=True)
     end = tail(scores)                      # the syncer's own last scores, before down's final merges
-    end_clean = at_tokens(curve, end[0]) if end else None
+    end_clean = reference(cleans, end[0], final=False) if end else None
     # the fleet's quorum when the window ended (down's own samples, learners leaving, come later)
     live = [q for t, q in res["inspect"]["quorum"] if t <= res["training_ended"]]
     out = {"fault": name, "tokens merged": res["tokens_merged"], "final": final, "clean at equal tokens": clean_at,
@@ -252,6 +263,14 @@ def row(name: str, res: dict[str, Any], clean: dict[str, Any]) -> dict[str, Any]
                       and (out["worst vs before"] is None or out["worst vs before"] <= TARGET_WORST)
                       and out["full quorum at end"])
     return out
+
+
+def references(name: str, runs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The clean runs a class is judged against: the clean run and, once it has run, its repeat
+    (two runs halve the reference's own noise); the repeat itself against the clean run only."""
+    if name == "clean_repeat" or "clean_repeat" not in runs:
+        return [runs["clean"]]
+    return [runs["clean"], runs["clean_repeat"]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in chosen if not saved else [n for n in chosen if n in saved]:
         fault, seconds, extra = table[name]
         runs[name] = saved[name] if saved else run_diloco(plan_for(name, fault, seconds, extra, at, settle))
-        rows.append(row(name, runs[name], clean))
+        rows.append(row(name, runs[name], references(name, runs)))
         print(f"{name}: {rows[-1]}", flush=True)
     common.print_table(f"The global model under faults: {LEARNERS} learners, gpt-tiny, H=16, fault at {at:g} s, "
                        f"settle {settle:g} s (targets: final within {100 * TARGET_FINAL:g}% of the clean run at "
