@@ -281,9 +281,9 @@ class SyncerCore:
     def _call_rounds(self, now: float, live: set[str], out: Outbox) -> None:
         """The syncer's round clock (syncer/clock.py): call the rounds that are due, every
         connected learner at once. A fragment whose last call is still below quorum is called
-        again, with a fresh window, to those not in it yet: a call can be lost (after a hang the learners had
-        new sockets, and every call went to the old ones), and an open round is never called
-        again otherwise: after a 20 s SIGSTOP nothing was merged until `down`."""
+        again, with a fresh window, to those not in it yet: a call can be lost (after a hang the
+        learners had new sockets, and every call went to the old ones), and an open round is
+        never called again otherwise: after a 20 s SIGSTOP nothing was merged until `down`."""
         assert self.model is not None
         times = [self.fleet.learners[lid].seconds_per_step() for lid in live]
         due = self.round_clock.advance(now, times)
@@ -359,13 +359,14 @@ class SyncerCore:
             self.counters["backlog_capped"] += 1
             carry = -1.0 if self.s.max_carry < 0 else self.s.max_carry / self.s.max_backlog
             rest = c.remainder(now, carry)
-            dropped = round(c.c_steps * (1.0 - c.backlog)) - (rest.c_steps if rest is not None else 0)
-            self.counters["backlog_dropped_steps"] += max(0, dropped)
+            kept = rest.c_steps if rest is not None else 0
+            dropped = max(0, round(c.c_steps * (1.0 - c.backlog)) - kept)
+            self.counters["backlog_dropped_steps"] += dropped
             if (c.learner, p) not in self._backlogged:   # once per backlog, not once per round that absorbs it
                 self._backlogged.add((c.learner, p))
                 out.event(now, "backlog", c.learner, f"fragment {p}: {c.c_steps} steps since its last merge, "
                           f"{c.backlog * c.c_steps:.0f} counted now (max_backlog {self.s.max_backlog:g} periods), "
-                          f"{rest.c_steps if rest else 0} carried to the next rounds, {max(0, dropped)} dropped")
+                          f"{kept} carried to the next rounds, {dropped} dropped")
             if rest is not None:
                 carried.append(rest)
         return carried
