@@ -32,11 +32,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
-from bench.evaluate import relative_gap  # noqa: E402
-from bench.fleet import Plan, diloco_run, local_host, run_diloco, tokens_per_step  # noqa: E402
-from bench.dprun import run_dp  # noqa: E402
-from workload.gpt import param_shapes  # noqa: E402
+from bench import common
+from bench.dprun import run_dp
+from bench.evaluate import relative_gap
+from bench.fleet import Plan, diloco_run, local_host, run_diloco, tokens_per_step
+from workload.gpt import param_shapes
 
 LEARNERS = 4
 BITS = {"none": 32.0, "bf16": 16.0, "int8": 8.25, "int4": 4.25}
@@ -46,8 +46,13 @@ TARGET_RATIO, TARGET_GAP = 400.0, 0.03
 def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, help="inner steps per learner (default 1500, quick 400)")
     parser.add_argument("--ref-h", type=int, default=32, help="H of the compression sweep")
-    parser.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE,...",
-                        help="one more int4 fleet at H = --ref-h with these settings on top (repeatable)")
+    parser.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE,...",
+        help="one more int4 fleet at H = --ref-h with these settings on top (repeatable)",
+    )
     parser.add_argument("--extra-only", action="store_true", help="DP and the --extra fleets only")
     parser.add_argument("--set", default="", metavar="KEY=VALUE,...", help="settings for every fleet and DP")
 
@@ -55,10 +60,14 @@ def _extra(parser: argparse.ArgumentParser) -> None:
 def fleets(args: argparse.Namespace, steps: int) -> list[tuple[str, dict[str, Any]]]:
     """(label, [run] table) of every fleet: the sweep unless --extra-only, then each --extra."""
     base = common.overrides(args.set)
-    out = [] if args.extra_only else [("defaults", diloco_run(h, compression=c, steps=steps, **base))
-                                      for c, h in cases(args.quick, args.ref_h)]
-    return out + [(spec, {**diloco_run(args.ref_h, steps=steps, **base), **common.overrides(spec)})
-                  for spec in args.extra]
+    out = (
+        []
+        if args.extra_only
+        else [("defaults", diloco_run(h, compression=c, steps=steps, **base)) for c, h in cases(args.quick, args.ref_h)]
+    )
+    return out + [
+        (spec, {**diloco_run(args.ref_h, steps=steps, **base), **common.overrides(spec)}) for spec in args.extra
+    ]
 
 
 def cases(quick: bool, ref_h: int) -> list[tuple[str, int]]:
@@ -71,6 +80,7 @@ def cases(quick: bool, ref_h: int) -> list[tuple[str, int]]:
 
 def n_params(model: str, seq_len: int) -> int:
     from math import prod
+
     return sum(prod(shape) for name, shape in param_shapes(model, block_size=seq_len) if name != "lm_head.weight")
 
 
@@ -83,12 +93,22 @@ def row(label: str, res: dict[str, Any], params: int, dp: dict[str, Any]) -> dic
     run = res["run"]
     closed_up = params * BITS[run["compression"]] / 8 / run["H"] / tokens_per_step(run)
     dp_bpt = dp["bytes_per_token"]
-    return {"fleet": label, "compression": run["compression"], "H": run["H"], "tokens": res["tokens_trained"],
-            "up B/tok": res["up_per_token"], "down B/tok": res["down_per_token"],
-            "total B/tok": res["bytes_per_token"], "steady B/tok": res["steady_bytes_per_token"] or float("nan"),
-            "closed up B/tok": closed_up, "DP B/tok": dp_bpt, "x less than DP": dp_bpt / res["bytes_per_token"],
-            "contrib/round": res["mean_contributors"] or 0.0, "eval": res["eval_loss"],
-            "vs DP": relative_gap(res["eval_loss"], dp["eval_loss"])}
+    return {
+        "fleet": label,
+        "compression": run["compression"],
+        "H": run["H"],
+        "tokens": res["tokens_trained"],
+        "up B/tok": res["up_per_token"],
+        "down B/tok": res["down_per_token"],
+        "total B/tok": res["bytes_per_token"],
+        "steady B/tok": res["steady_bytes_per_token"] or float("nan"),
+        "closed up B/tok": closed_up,
+        "DP B/tok": dp_bpt,
+        "x less than DP": dp_bpt / res["bytes_per_token"],
+        "contrib/round": res["mean_contributors"] or 0.0,
+        "eval": res["eval_loss"],
+        "vs DP": relative_gap(res["eval_loss"], dp["eval_loss"]),
+    }
 
 
 def _label(r: dict[str, Any]) -> str:
@@ -131,24 +151,53 @@ def main(argv: list[str] | None = None) -> int:
     params = n_params(shared["model"], shared["seq_len"])
     budget = LEARNERS * steps * tokens_per_step(shared)
     dp_raw = run_dp(shared, LEARNERS, budget_tokens=budget, checkpoint_every_s=600)
-    dp = {"bytes_per_token": 2 * (dp_raw["wire_bytes_per_token"] or 0.0), "eval_loss": dp_raw["eval_loss_shared"],
-          "closed_form": dp_closed_form(params, LEARNERS, tokens_per_step(shared)), "tokens": dp_raw["tokens"]}
+    dp = {
+        "bytes_per_token": 2 * (dp_raw["wire_bytes_per_token"] or 0.0),
+        "eval_loss": dp_raw["eval_loss_shared"],
+        "closed_form": dp_closed_form(params, LEARNERS, tokens_per_step(shared)),
+        "tokens": dp_raw["tokens"],
+    }
     results = []
     for i, (_, run) in enumerate(todo):
-        results.append(run_diloco(Plan(f"bw{i}-{run['compression']}-h{run['H']}", run, [local_host("here", LEARNERS)],
-                                       LEARNERS, timeout_s=900)))
+        results.append(
+            run_diloco(
+                Plan(
+                    f"bw{i}-{run['compression']}-h{run['H']}",
+                    run,
+                    [local_host("here", LEARNERS)],
+                    LEARNERS,
+                    timeout_s=900,
+                )
+            )
+        )
     rows = [row(label, r, params, dp) for (label, _), r in zip(todo, results)]
-    common.print_table(f"Bandwidth: {LEARNERS} learners, gpt-tiny ({params} params), {steps} steps each, "
-                       f"DP {dp['bytes_per_token']:.0f} B/token measured, {dp['closed_form']:.0f} closed form, "
-                       f"DP eval {dp['eval_loss']:.4f}", rows)
+    common.print_table(
+        f"Bandwidth: {LEARNERS} learners, gpt-tiny ({params} params), {steps} steps each, "
+        f"DP {dp['bytes_per_token']:.0f} B/token measured, {dp['closed_form']:.0f} closed form, "
+        f"DP eval {dp['eval_loss']:.4f}",
+        rows,
+    )
     verdict = targets(rows)
     print(verdict["text"])
     png = args.out.with_suffix(".png")
     plot(rows, dp, png)
-    common.write_json(args.out, {"benchmark": "bandwidth", "quick": args.quick, "steps_per_learner": steps,
-                                 "set": common.overrides(args.set),
-                                 "learners": LEARNERS, "params": params, "dp": dp, "dp_run": dp_raw, "rows": rows,
-                                 "runs": results, "verdict": verdict, "plot": common.shown(png)})
+    common.write_json(
+        args.out,
+        {
+            "benchmark": "bandwidth",
+            "quick": args.quick,
+            "steps_per_learner": steps,
+            "set": common.overrides(args.set),
+            "learners": LEARNERS,
+            "params": params,
+            "dp": dp,
+            "dp_run": dp_raw,
+            "rows": rows,
+            "runs": results,
+            "verdict": verdict,
+            "plot": common.shown(png),
+        },
+    )
     print(f"wrote {args.out} and {png}")
     return 0
 
@@ -159,10 +208,14 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in int4 if r["vs DP"] is not None and r["vs DP"] <= TARGET_GAP]
     best = max(ok or int4, key=lambda r: r["x less than DP"]) if int4 else None
     met = bool(best and best in ok and best["x less than DP"] >= TARGET_RATIO)
-    text = ("no int4 case" if best is None else
-            f"int4 H={best['H']} ({best['fleet']}): {best['x less than DP']:.0f}x less than DP at eval {best['eval']:.4f} "
-            f"({100 * best['vs DP']:+.1f}% vs DP): target {'MET' if met else 'MISSED'} "
-            f"(>= {TARGET_RATIO:.0f}x within {100 * TARGET_GAP:.0f}%)")
+    text = (
+        "no int4 case"
+        if best is None
+        else f"int4 H={best['H']} ({best['fleet']}): {best['x less than DP']:.0f}x less than DP "
+        f"at eval {best['eval']:.4f} "
+        f"({100 * best['vs DP']:+.1f}% vs DP): target {'MET' if met else 'MISSED'} "
+        f"(>= {TARGET_RATIO:.0f}x within {100 * TARGET_GAP:.0f}%)"
+    )
     return {"met": met, "best": best, "text": text}
 
 

@@ -33,8 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
-from bench.fleet import Fleet, Plan, diloco_run, local_host, run_diloco  # noqa: E402
+from bench import common
+from bench.fleet import Fleet, Plan, diloco_run, local_host, run_diloco
 
 LEARNERS = 4
 TARGET = 0.02
@@ -46,9 +46,11 @@ def _extra(parser: argparse.ArgumentParser) -> None:
 
 
 def configs(H: int, steps: int) -> list[tuple[str, dict[str, Any]]]:
-    return [("overlap (default)", diloco_run(H, steps=steps)),
-            ("wait for own merge", diloco_run(H, steps=steps, overlap=False)),
-            ("synchronous DiLoCo", diloco_run(H, steps=steps, overlap=False, quorum=LEARNERS))]
+    return [
+        ("overlap (default)", diloco_run(H, steps=steps)),
+        ("wait for own merge", diloco_run(H, steps=steps, overlap=False)),
+        ("synchronous DiLoCo", diloco_run(H, steps=steps, overlap=False, quorum=LEARNERS)),
+    ]
 
 
 def last_blocked(fleet: Fleet) -> dict[str, float]:
@@ -63,10 +65,15 @@ def last_blocked(fleet: Fleet) -> dict[str, float]:
 
 def row(name: str, res: dict[str, Any]) -> dict[str, Any]:
     fracs = list(res["blocked"].values())
-    return {"config": name, "blocked % (mean)": 100 * statistics.fmean(fracs) if fracs else None,
-            "blocked % (worst learner)": 100 * max(fracs) if fracs else None,
-            "train s": res["train_s"], "tokens/s": res["tokens_trained"] / res["train_s"] if res["train_s"] else None,
-            "goodput": res["window"]["goodput"], "eval loss": res["eval_loss"]}
+    return {
+        "config": name,
+        "blocked % (mean)": 100 * statistics.fmean(fracs) if fracs else None,
+        "blocked % (worst learner)": 100 * max(fracs) if fracs else None,
+        "train s": res["train_s"],
+        "tokens/s": res["tokens_trained"] / res["train_s"] if res["train_s"] else None,
+        "goodput": res["window"]["goodput"],
+        "eval loss": res["eval_loss"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,22 +81,41 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (400 if args.quick else 1500)
     results: dict[str, Any] = {}
     for name, run in configs(args.H, steps):
-        res = run_diloco(Plan(f"blocked-{len(results)}", run, [local_host("here", LEARNERS)], LEARNERS,
-                              inspect=last_blocked))
+        res = run_diloco(
+            Plan(f"blocked-{len(results)}", run, [local_host("here", LEARNERS)], LEARNERS, inspect=last_blocked)
+        )
         res["blocked"] = res.pop("inspect")
         results[name] = res
     rows = [row(name, res) for name, res in results.items()]
-    common.print_table(f"Training-thread time blocked on communication: {LEARNERS} learners, gpt-tiny, "
-                       f"H={args.H}, {steps} steps each", rows)
+    common.print_table(
+        f"Training-thread time blocked on communication: {LEARNERS} learners, gpt-tiny, H={args.H}, {steps} steps each",
+        rows,
+    )
     overlap = rows[0]["blocked % (worst learner)"]
-    verdict = {"target": f"< {100 * TARGET:g}% with overlap", "overlap_worst_pct": overlap,
-               "met": overlap is not None and overlap < 100 * TARGET,
-               "ratio_vs_own_merge": (rows[1]["blocked % (mean)"] / rows[0]["blocked % (mean)"]
-                                      if rows[0]["blocked % (mean)"] else None)}
-    print(f"verdict: worst overlap learner blocked {overlap:.2f}% of its time "
-          f"({'MET' if verdict['met'] else 'MISSED'}: target {verdict['target']})")
-    common.write_json(args.out, {"benchmark": "blocked", "quick": args.quick, "steps": steps, "H": args.H,
-                                 "rows": rows, "verdict": verdict, "runs": results})
+    verdict = {
+        "target": f"< {100 * TARGET:g}% with overlap",
+        "overlap_worst_pct": overlap,
+        "met": overlap is not None and overlap < 100 * TARGET,
+        "ratio_vs_own_merge": (
+            rows[1]["blocked % (mean)"] / rows[0]["blocked % (mean)"] if rows[0]["blocked % (mean)"] else None
+        ),
+    }
+    print(
+        f"verdict: worst overlap learner blocked {overlap:.2f}% of its time "
+        f"({'MET' if verdict['met'] else 'MISSED'}: target {verdict['target']})"
+    )
+    common.write_json(
+        args.out,
+        {
+            "benchmark": "blocked",
+            "quick": args.quick,
+            "steps": steps,
+            "H": args.H,
+            "rows": rows,
+            "verdict": verdict,
+            "runs": results,
+        },
+    )
     print(f"wrote {args.out}")
     return 0
 

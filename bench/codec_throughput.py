@@ -20,17 +20,17 @@ raw fp32 bytes (compress / decompress, and its ratio).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
-from workload.gpt import build  # noqa: E402
-from syncer import codec  # noqa: E402
+from bench import common
+from syncer import codec
+from workload.gpt import build
 
 BLOCK = 128
 SYNTHETIC_NUMEL = 2_752_512  # the largest gpt-medium fragment (fragments = 4)
@@ -77,12 +77,20 @@ def mode_row(name: str, x: torch.Tensor, mode: str, repeat: int, memcpy_mbs: flo
     payload = len(blob) - codec._HEADER.size
     enc, dec = common.mb_per_s(nbytes, t_enc.cpu.median), common.mb_per_s(nbytes, t_dec.cpu.median)
     return {
-        "tensor": name, "mode": mode, "encode_MB/s": enc, "decode_MB/s": dec,
-        "encode_spread": t_enc.cpu.spread, "decode_spread": t_dec.cpu.spread,
-        "ratio": nbytes / len(blob), "zstd_gain": codec.raw_length(mode, n, BLOCK) / payload,
+        "tensor": name,
+        "mode": mode,
+        "encode_MB/s": enc,
+        "decode_MB/s": dec,
+        "encode_spread": t_enc.cpu.spread,
+        "decode_spread": t_dec.cpu.spread,
+        "ratio": nbytes / len(blob),
+        "zstd_gain": codec.raw_length(mode, n, BLOCK) / payload,
         "max_err/absmax": float((y - x).abs().max() / x.abs().max()),
-        "encode/memcpy": enc / memcpy_mbs, "decode/memcpy": dec / memcpy_mbs,
-        "encode": t_enc.to_dict(), "decode": t_dec.to_dict(), "blob_bytes": len(blob),
+        "encode/memcpy": enc / memcpy_mbs,
+        "decode/memcpy": dec / memcpy_mbs,
+        "encode": t_enc.to_dict(),
+        "decode": t_dec.to_dict(),
+        "blob_bytes": len(blob),
     }
 
 
@@ -97,15 +105,35 @@ def baseline_rows(name: str, x: torch.Tensor, repeat: int) -> tuple[list[dict], 
     t_zd = _timed(lambda: dctx.decompress(packed), repeat)
     memcpy = common.mb_per_s(nbytes, t_copy.cpu.median)
     rows = [
-        {"tensor": name, "mode": "memcpy (clone)", "encode_MB/s": memcpy, "decode_MB/s": memcpy,
-         "encode_spread": t_copy.cpu.spread, "decode_spread": t_copy.cpu.spread, "ratio": 1.0, "zstd_gain": 1.0,
-         "max_err/absmax": 0.0, "encode/memcpy": 1.0, "decode/memcpy": 1.0, "encode": t_copy.to_dict()},
-        {"tensor": name, "mode": "zstd-1 on fp32", "encode_MB/s": common.mb_per_s(nbytes, t_zc.cpu.median),
-         "decode_MB/s": common.mb_per_s(nbytes, t_zd.cpu.median), "encode_spread": t_zc.cpu.spread,
-         "decode_spread": t_zd.cpu.spread, "ratio": nbytes / len(packed), "zstd_gain": nbytes / len(packed),
-         "max_err/absmax": 0.0, "encode/memcpy": common.mb_per_s(nbytes, t_zc.cpu.median) / memcpy,
-         "decode/memcpy": common.mb_per_s(nbytes, t_zd.cpu.median) / memcpy,
-         "encode": t_zc.to_dict(), "decode": t_zd.to_dict()},
+        {
+            "tensor": name,
+            "mode": "memcpy (clone)",
+            "encode_MB/s": memcpy,
+            "decode_MB/s": memcpy,
+            "encode_spread": t_copy.cpu.spread,
+            "decode_spread": t_copy.cpu.spread,
+            "ratio": 1.0,
+            "zstd_gain": 1.0,
+            "max_err/absmax": 0.0,
+            "encode/memcpy": 1.0,
+            "decode/memcpy": 1.0,
+            "encode": t_copy.to_dict(),
+        },
+        {
+            "tensor": name,
+            "mode": "zstd-1 on fp32",
+            "encode_MB/s": common.mb_per_s(nbytes, t_zc.cpu.median),
+            "decode_MB/s": common.mb_per_s(nbytes, t_zd.cpu.median),
+            "encode_spread": t_zc.cpu.spread,
+            "decode_spread": t_zd.cpu.spread,
+            "ratio": nbytes / len(packed),
+            "zstd_gain": nbytes / len(packed),
+            "max_err/absmax": 0.0,
+            "encode/memcpy": common.mb_per_s(nbytes, t_zc.cpu.median) / memcpy,
+            "decode/memcpy": common.mb_per_s(nbytes, t_zd.cpu.median) / memcpy,
+            "encode": t_zc.to_dict(),
+            "decode": t_zd.to_dict(),
+        },
     ]
     return rows, memcpy
 
@@ -123,12 +151,32 @@ def main() -> None:
         base, memcpy = baseline_rows(name, x, repeat)
         rows.extend(base)
         rows.extend(mode_row(name, x, mode, repeat, memcpy) for mode in codec.MODES)
-    columns = ["tensor", "mode", "encode_MB/s", "decode_MB/s", "encode_spread", "decode_spread", "ratio",
-               "zstd_gain", "max_err/absmax", "encode/memcpy", "decode/memcpy"]
-    common.print_table(f"Codec throughput, 1 thread, block {BLOCK} (MB of fp32 per CPU second, median of {repeat})",
-                       rows, columns)
-    common.write_json(args.out, {"benchmark": "codec_throughput", "quick": args.quick, "block": BLOCK,
-                                 "numel": {k: v.numel() for k, v in tensors.items()}, "rows": rows})
+    columns = [
+        "tensor",
+        "mode",
+        "encode_MB/s",
+        "decode_MB/s",
+        "encode_spread",
+        "decode_spread",
+        "ratio",
+        "zstd_gain",
+        "max_err/absmax",
+        "encode/memcpy",
+        "decode/memcpy",
+    ]
+    common.print_table(
+        f"Codec throughput, 1 thread, block {BLOCK} (MB of fp32 per CPU second, median of {repeat})", rows, columns
+    )
+    common.write_json(
+        args.out,
+        {
+            "benchmark": "codec_throughput",
+            "quick": args.quick,
+            "block": BLOCK,
+            "numel": {k: v.numel() for k, v in tensors.items()},
+            "rows": rows,
+        },
+    )
     print(f"wrote {args.out}")
 
 

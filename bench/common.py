@@ -37,21 +37,26 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 _ENV_PREFIXES = ("MALLOC_", "THP_", "OMP_", "MKL_", "LD_PRELOAD", "PYTORCH_")
 
 
-def parse_args(name: str, description: str | None = None,
-               extra: Callable[[argparse.ArgumentParser], None] | None = None,
-               argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_args(
+    name: str,
+    description: str | None = None,
+    extra: Callable[[argparse.ArgumentParser], None] | None = None,
+    argv: Sequence[str] | None = None,
+) -> argparse.Namespace:
     """`--quick` and `--out PATH` (default bench/results/<name>.json), plus whatever `extra` adds."""
-    parser = argparse.ArgumentParser(prog=f"bench/{name}.py", description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=f"bench/{name}.py", description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="short run (about a minute on 2 cores)")
     parser.add_argument("--out", type=Path, default=RESULTS / f"{name}.json", help="where to write the JSON results")
     if extra is not None:
@@ -88,23 +93,29 @@ class Timing:
         return (self.worst - self.best) / self.best if self.best > 0 else 0.0
 
     @property
-    def cpu(self) -> "Timing":
+    def cpu(self) -> Timing:
         """The CPU-time samples as a Timing of their own (empty if none were taken)."""
         return Timing(self.cpu_samples)
 
-    def __add__(self, other: "Timing") -> "Timing":
+    def __add__(self, other: Timing) -> Timing:
         return Timing(self.samples + other.samples, self.cpu_samples + other.cpu_samples)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"best_s": self.best, "median_s": self.median, "worst_s": self.worst,
-               "spread": self.spread, "n": len(self.samples)}
+        out = {
+            "best_s": self.best,
+            "median_s": self.median,
+            "worst_s": self.worst,
+            "spread": self.spread,
+            "n": len(self.samples),
+        }
         if self.cpu_samples:
             out["cpu"] = self.cpu.to_dict()
         return out
 
 
-def measure(fn: Callable[[], Any], repeat: int = 7, warmup: int = 1, number: int = 1,
-            setup: Callable[[], Any] | None = None) -> Timing:
+def measure(
+    fn: Callable[[], Any], repeat: int = 7, warmup: int = 1, number: int = 1, setup: Callable[[], Any] | None = None
+) -> Timing:
     """Time `fn` `repeat` times (each sample = `number` calls, divided back) after `warmup` calls.
 
     Each sample records wall-clock time (`time.perf_counter`) and this thread's CPU time
@@ -171,6 +182,7 @@ def machine_info() -> dict[str, Any]:
     }
     try:
         import torch
+
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
     except ImportError:  # pragma: no cover - every benchmark here has torch
@@ -204,7 +216,7 @@ def write_json(path: Path | str, payload: Mapping[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": machine_info(),
         **payload,
     }
@@ -213,8 +225,9 @@ def write_json(path: Path | str, payload: Mapping[str, Any]) -> Path:
 
 
 def overrides(spec: str) -> dict[str, Any]:
-    """"H=64,outer_lr=0.7" -> {"H": 64, "outer_lr": 0.7}, typed like the RunSettings defaults."""
+    """ "H=64,outer_lr=0.7" -> {"H": 64, "outer_lr": 0.7}, typed like the RunSettings defaults."""
     from syncer.settings import RunSettings
+
     defaults = RunSettings().to_dict()
     out: dict[str, Any] = {}
     for item in filter(None, spec.split(",")):

@@ -36,7 +36,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))   # run as python bench/ddp_baseline.py
+    sys.path.insert(0, str(ROOT))  # run as python bench/ddp_baseline.py
 
 WORKER = ROOT / "bench" / "ddp_worker.py"
 JOB_FILES = ("checkpoint.pt", "progress.jsonl", "final.json", "config.json", "torchrun.log")
@@ -44,15 +44,16 @@ JOB_FILES = ("checkpoint.pt", "progress.jsonl", "final.json", "config.json", "to
 
 # --------------------------------------------------------------------------- processes via /proc
 
+
 def proc_stat(pid: int) -> tuple[int, int] | None:
     """(parent pid, start time in clock ticks) of a live process, or None if it is gone."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    rest = raw.rsplit(")", 1)[1].split()   # the command name may hold spaces and parentheses
+    rest = raw.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
     if rest[0] == "Z":
-        return None                        # a zombie: dead, only waiting to be reaped
+        return None  # a zombie: dead, only waiting to be reaped
     return int(rest[1]), int(rest[19])
 
 
@@ -102,14 +103,16 @@ def signal_if_same(pid: int, start: int, sig: int) -> bool:
 
 # --------------------------------------------------------------------------- one job
 
+
 class DdpJob:
     """A running torchrun job: its process, every descendant seen, and the kills done."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], log: Path) -> None:
-        self.log_fh = open(log, "wb")
+        self.log_fh = open(log, "wb")  # noqa: SIM115 (torchrun's output for the job's life; closed in cleanup)
         self.started = time.time()
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log_fh, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=self.log_fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.seen: dict[int, int] = {}
         self.kills: list[dict[str, Any]] = []
 
@@ -121,11 +124,11 @@ class DdpJob:
         """SIGKILL the worker process of `rank` (a child of the agent); None if it is not up now."""
         for pid, start in descendants(self.proc.pid).items():
             st = proc_stat(pid)
-            if st is not None and st[0] == self.proc.pid and worker_rank(pid) == rank:
-                if signal_if_same(pid, start, signal.SIGKILL):
-                    record = {"time": time.time(), "t": time.time() - self.started, "rank": rank, "pid": pid}
-                    self.kills.append(record)
-                    return record
+            mine = st is not None and st[0] == self.proc.pid and worker_rank(pid) == rank
+            if mine and signal_if_same(pid, start, signal.SIGKILL):
+                record = {"time": time.time(), "t": time.time() - self.started, "rank": rank, "pid": pid}
+                self.kills.append(record)
+                return record
         return None
 
     def cleanup(self, grace_s: float = 8.0) -> None:
@@ -148,8 +151,11 @@ class DdpJob:
     def alive(self) -> list[int]:
         """Pids of this job that are still running (empty after cleanup)."""
         procs = {self.proc.pid: None, **self.seen}
-        return [pid for pid, start in procs.items()
-                if proc_stat(pid) is not None and (start is None or proc_stat(pid)[1] == start)]
+        return [
+            pid
+            for pid, start in procs.items()
+            if proc_stat(pid) is not None and (start is None or proc_stat(pid)[1] == start)
+        ]
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -160,14 +166,25 @@ def _killpg(pgid: int, sig: int) -> None:
 
 
 def torchrun_argv(workers: int, max_restarts: int, config: Path, out_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}",
-            f"--max-restarts={max_restarts}", "--monitor-interval=0.1",
-            str(WORKER), "--config", str(config), "--out", str(out_dir)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={workers}",
+        f"--max-restarts={max_restarts}",
+        "--monitor-interval=0.1",
+        str(WORKER),
+        "--config",
+        str(config),
+        "--out",
+        str(out_dir),
+    ]
 
 
 def job_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
-    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"   # else a restart fails gloo init (pytorch#135712)
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # else a restart fails gloo init (pytorch#135712)
     env["OMP_NUM_THREADS"] = str(threads)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
@@ -190,8 +207,9 @@ def _kill_origin(job: DdpJob, out_dir: Path, kill_from: str) -> float | None:
     return min(starts) if starts else None
 
 
-def _supervise(job: DdpJob, out_dir: Path, workers: int, schedule: list[float], seed: int,
-               kill_from: str, timeout_s: float) -> bool:
+def _supervise(
+    job: DdpJob, out_dir: Path, workers: int, schedule: list[float], seed: int, kill_from: str, timeout_s: float
+) -> bool:
     """Poll the job until it exits (True) or the timeout (False), killing on schedule."""
     rng = random.Random(seed)
     pending = sorted(schedule)
@@ -202,22 +220,35 @@ def _supervise(job: DdpJob, out_dir: Path, workers: int, schedule: list[float], 
             return False
         job.watch()
         if pending and (out_dir / "final.json").exists():
-            pending = []                              # the final model exists: no more failures
+            pending = []  # the final model exists: no more failures
         if pending:
             origin = origin or _kill_origin(job, out_dir, kill_from)
-            if origin is not None and time.time() - origin >= pending[0]:
-                if job.kill_rank(rank) is not None:   # not up (restarting)? try again next poll
-                    pending.pop(0)
-                    rank = rng.randrange(workers)
+            due = origin is not None and time.time() - origin >= pending[0]
+            if due and job.kill_rank(rank) is not None:  # not up (restarting)? try again next poll
+                pending.pop(0)
+                rank = rng.randrange(workers)
         time.sleep(0.1)
     return True
 
 
-def run_ddp(settings: dict, workers: int, out_dir: Path, *, budget_tokens: int | None, duration_s: float | None,
-            max_restarts: int = 0, kill_schedule: list[float] | None = None, seed: int = 0,
-            checkpoint_every_s: float = 5.0, eval_every: int | None = None, threads: int = 1,
-            device: str = "cpu", kill_from: str = "launch", timeout_s: float | None = None,
-            reducer: str = "ddp") -> dict:
+def run_ddp(
+    settings: dict,
+    workers: int,
+    out_dir: Path,
+    *,
+    budget_tokens: int | None,
+    duration_s: float | None,
+    max_restarts: int = 0,
+    kill_schedule: list[float] | None = None,
+    seed: int = 0,
+    checkpoint_every_s: float = 5.0,
+    eval_every: int | None = None,
+    threads: int = 1,
+    device: str = "cpu",
+    kill_from: str = "launch",
+    timeout_s: float | None = None,
+    reducer: str = "ddp",
+) -> dict:
     """Run one data-parallel job to completion and summarise it (see the module docstring).
 
     `kill_schedule`: seconds after `kill_from` ("launch", or "train": the first training step)
@@ -233,10 +264,22 @@ def run_ddp(settings: dict, workers: int, out_dir: Path, *, budget_tokens: int |
         (out_dir / name).unlink(missing_ok=True)
     started = time.time()
     config = out_dir / "config.json"
-    config.write_text(json.dumps({"settings": settings, "budget_tokens": budget_tokens, "duration_s": duration_s,
-                                  "started_at": started, "checkpoint_every_s": checkpoint_every_s,
-                                  "eval_every": eval_every, "threads": threads, "device": device,
-                                  "reducer": reducer}, indent=1))
+    config.write_text(
+        json.dumps(
+            {
+                "settings": settings,
+                "budget_tokens": budget_tokens,
+                "duration_s": duration_s,
+                "started_at": started,
+                "checkpoint_every_s": checkpoint_every_s,
+                "eval_every": eval_every,
+                "threads": threads,
+                "device": device,
+                "reducer": reducer,
+            },
+            indent=1,
+        )
+    )
     if timeout_s is None:
         timeout_s = 3 * (duration_s or 1200) + 30 * (max_restarts + 2)
     job = DdpJob(torchrun_argv(workers, max_restarts, config, out_dir), job_env(threads), out_dir / "torchrun.log")
@@ -251,6 +294,7 @@ def run_ddp(settings: dict, workers: int, out_dir: Path, *, budget_tokens: int |
 
 # --------------------------------------------------------------------------- the summary
 
+
 def _restart_costs(kills: list[dict], events: list[dict]) -> list[dict]:
     """For each kill: restart cost (kill -> first step of the restarted job) and what was lost."""
     starts = [e for e in events if e.get("event") == "start" and e.get("restarts", 0) > 0]
@@ -259,10 +303,15 @@ def _restart_costs(kills: list[dict], events: list[dict]) -> list[dict]:
     for kill in kills:
         nxt = next((s for s in starts if s["time"] > kill["time"]), None)
         abort = next((a for a in aborts if a["time"] >= kill["time"]), None)
-        item = {**kill, "restart_cost_s": nxt["time"] - kill["time"] if nxt else None,
-                "respawn_s": nxt["process_started"] - kill["time"] if nxt else None,   # torchrun's part
-                "boot_s": nxt["boot_s"] if nxt else None,                            # the new process's part
-                "resumed_step": nxt["resumed_step"] if nxt else None, "lost_steps": None, "lost_compute_s": None}
+        item = {
+            **kill,
+            "restart_cost_s": nxt["time"] - kill["time"] if nxt else None,
+            "respawn_s": nxt["process_started"] - kill["time"] if nxt else None,  # torchrun's part
+            "boot_s": nxt["boot_s"] if nxt else None,  # the new process's part
+            "resumed_step": nxt["resumed_step"] if nxt else None,
+            "lost_steps": None,
+            "lost_compute_s": None,
+        }
         if nxt and abort and abort["time"] <= nxt["time"]:
             item["lost_steps"] = abort["step"] - nxt["resumed_step"]
             item["lost_compute_s"] = abort["compute_s"] - nxt["resumed_compute_s"]
@@ -287,22 +336,34 @@ def summarize(out_dir: Path, job: DdpJob, workers: int, exited: float, finished:
     kills = _restart_costs(job.kills, events)
     costs = [k["restart_cost_s"] for k in kills if k["restart_cost_s"] is not None]
     summary = {
-        "ok": ok, "returncode": job.proc.returncode, "timed_out": not finished, "workers": workers,
-        "model": final.get("settings", {}).get("model"), "n_params": final.get("n_params"),
-        "reducer": _config(out_dir).get("reducer"), "wall_s": wall, "exit_s": exited - job.started - wall,
-        "steps": final.get("step", 0), "tokens": tokens, "tokens_per_s": tokens / wall if wall else 0.0,
-        "loss": final.get("loss"), "eval_loss": final.get("eval_loss"),
+        "ok": ok,
+        "returncode": job.proc.returncode,
+        "timed_out": not finished,
+        "workers": workers,
+        "model": final.get("settings", {}).get("model"),
+        "n_params": final.get("n_params"),
+        "reducer": _config(out_dir).get("reducer"),
+        "wall_s": wall,
+        "exit_s": exited - job.started - wall,
+        "steps": final.get("step", 0),
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall if wall else 0.0,
+        "loss": final.get("loss"),
+        "eval_loss": final.get("eval_loss"),
         "initial_eval_loss": final.get("initial_eval_loss"),
-        "restarts": max([e.get("restarts", 0) for e in events] + [final.get("restarts", 0)]), "kills": kills,
+        "restarts": max([e.get("restarts", 0) for e in events] + [final.get("restarts", 0)]),
+        "kills": kills,
         "restart_cost_s": sum(costs) / len(costs) if costs else None,
-        "allreduce_payload_bytes": final.get("payload_bytes", 0),       # per worker, fp32 gradient buckets
-        "wire_bytes_sent_per_worker": wire_per_worker,                  # ring: 2(N-1)/N x payload (as much received)
+        "allreduce_payload_bytes": final.get("payload_bytes", 0),  # per worker, fp32 gradient buckets
+        "wire_bytes_sent_per_worker": wire_per_worker,  # ring: 2(N-1)/N x payload (as much received)
         "wire_bytes_total": wire_per_worker * workers,
         "wire_bytes_per_token": wire_per_worker * workers / tokens if tokens else None,
         "control_bytes": final.get("control_bytes", 0),
-        "compute_s": final.get("compute_s", 0.0), "blocked_s": final.get("blocked_s", 0.0),
+        "compute_s": final.get("compute_s", 0.0),
+        "blocked_s": final.get("blocked_s", 0.0),
         "goodput": final.get("compute_s", 0.0) / (workers * wall) if wall else 0.0,
-        "pids_alive_after": job.alive(), "out_dir": str(out_dir),
+        "pids_alive_after": job.alive(),
+        "out_dir": str(out_dir),
     }
     if not ok:
         summary["log_tail"] = _tail(out_dir / "torchrun.log")
@@ -336,6 +397,7 @@ def failure_schedule(duration_s: float, mean_interval_s: float, seed: int) -> li
 
 # --------------------------------------------------------------------------- CLI
 
+
 def _extra(parser: Any) -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--model", default="gpt-small")
@@ -351,11 +413,20 @@ def _extra(parser: Any) -> None:
 
 def _row(case: str, s: dict) -> dict:
     cost = s["restart_cost_s"]
-    return {"case": case, "ok": str(s["ok"]), "wall_s": s["wall_s"], "steps": s["steps"], "tokens": s["tokens"],
-            "tokens/s": s["tokens_per_s"], "eval_loss": s["eval_loss"] or float("nan"),
-            "bytes/token": s["wire_bytes_per_token"] or 0.0, "restarts": s["restarts"],
-            "restart_cost_s": cost if cost is not None else "-",
-            "lost_steps": sum(k["lost_steps"] or 0 for k in s["kills"]), "goodput": s["goodput"]}
+    return {
+        "case": case,
+        "ok": str(s["ok"]),
+        "wall_s": s["wall_s"],
+        "steps": s["steps"],
+        "tokens": s["tokens"],
+        "tokens/s": s["tokens_per_s"],
+        "eval_loss": s["eval_loss"] or float("nan"),
+        "bytes/token": s["wire_bytes_per_token"] or 0.0,
+        "restarts": s["restarts"],
+        "restart_cost_s": cost if cost is not None else "-",
+        "lost_steps": sum(k["lost_steps"] or 0 for k in s["kills"]),
+        "goodput": s["goodput"],
+    }
 
 
 def _quick(args: Any) -> None:
@@ -366,11 +437,22 @@ def _quick(args: Any) -> None:
 def _run_pair(args: Any, reducer: str, schedule: list[float], workdir: Path) -> tuple[dict, dict]:
     """The same job without failures, then with the kill schedule and enough restarts for it."""
     settings = {"model": args.model, "seq_len": args.seq_len, "batch_size": args.batch_size, "seed": args.seed}
-    kw = dict(budget_tokens=None, duration_s=args.duration, checkpoint_every_s=args.checkpoint_every,
-              seed=args.seed, reducer=reducer)
+    kw = dict(
+        budget_tokens=None,
+        duration_s=args.duration,
+        checkpoint_every_s=args.checkpoint_every,
+        seed=args.seed,
+        reducer=reducer,
+    )
     clean = run_ddp(settings, args.workers, workdir / f"{reducer}-clean", **kw)
-    failing = run_ddp(settings, args.workers, workdir / f"{reducer}-failures", max_restarts=len(schedule),
-                      kill_schedule=schedule, **kw)
+    failing = run_ddp(
+        settings,
+        args.workers,
+        workdir / f"{reducer}-failures",
+        max_restarts=len(schedule),
+        kill_schedule=schedule,
+        **kw,
+    )
     return clean, failing
 
 
@@ -382,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         _quick(args)
     schedule = failure_schedule(args.duration, args.mtbf, args.seed)
     if args.quick:
-        schedule = [round(0.6 * args.duration, 3)]   # one kill, mid-run
+        schedule = [round(0.6 * args.duration, 3)]  # one kill, mid-run
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ddp_baseline_"))
     reducers = ["ddp", "flat"] if args.reducer == "both" else [args.reducer]
     rows, runs = [], {}
@@ -394,12 +476,27 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    common.print_table(f"Data-parallel baseline: {args.workers} workers, {args.model}, seq {args.seq_len}, "
-                       f"batch {args.batch_size}/worker, {args.duration:g} s, gloo", rows)
-    common.write_json(args.out, {"benchmark": "ddp_baseline", "quick": args.quick, "workers": args.workers,
-                                 "model": args.model, "seq_len": args.seq_len, "batch_size": args.batch_size,
-                                 "duration_s": args.duration, "mtbf_s": args.mtbf, "kill_schedule": schedule,
-                                 "rows": rows, "runs": runs})
+    common.print_table(
+        f"Data-parallel baseline: {args.workers} workers, {args.model}, seq {args.seq_len}, "
+        f"batch {args.batch_size}/worker, {args.duration:g} s, gloo",
+        rows,
+    )
+    common.write_json(
+        args.out,
+        {
+            "benchmark": "ddp_baseline",
+            "quick": args.quick,
+            "workers": args.workers,
+            "model": args.model,
+            "seq_len": args.seq_len,
+            "batch_size": args.batch_size,
+            "duration_s": args.duration,
+            "mtbf_s": args.mtbf,
+            "kill_schedule": schedule,
+            "rows": rows,
+            "runs": runs,
+        },
+    )
     print(f"wrote {args.out}")
     return 0 if all(r["ok"] == "True" for r in rows) else 1
 

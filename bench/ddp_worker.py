@@ -44,33 +44,33 @@ from __future__ import annotations
 
 import time
 
-_PROCESS_T0 = time.time()   # before the heavy imports: the restart cost includes them
+_PROCESS_T0 = time.time()  # before the heavy imports: the restart cost includes them
 
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-from dataclasses import asdict, dataclass, fields  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))   # run as a script by torchrun: make `learner` importable
+    sys.path.insert(0, str(ROOT))  # run as a script by torchrun: make `learner` importable
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from workload import data as data_mod  # noqa: E402
-from learner.schedule import learning_rate  # noqa: E402
-from workload import Workload, WorkloadContext, build_workload  # noqa: E402
-from syncer.settings import settings_from_dict  # noqa: E402
+from learner.schedule import learning_rate
+from syncer.settings import settings_from_dict
+from workload import Workload, WorkloadContext, build_workload
+from workload import data as data_mod
 
-_BOOT: dict[str, float] = {"imported": time.time()}   # when each start-up stage ended (restart cost)
+_BOOT: dict[str, float] = {"imported": time.time()}  # when each start-up stage ended (restart cost)
 
 CHECKPOINT, PROGRESS, FINAL = "checkpoint.pt", "progress.jsonl", "final.json"
 
@@ -79,16 +79,16 @@ CHECKPOINT, PROGRESS, FINAL = "checkpoint.pt", "progress.jsonl", "final.json"
 class JobConfig:
     """The worker's JSON config (what `run_ddp` writes)."""
 
-    settings: dict                        # run settings, as for the learners (model, data, seed, lr, ...)
-    budget_tokens: int | None = None      # stop at this many tokens, summed over ranks
-    duration_s: float | None = None       # stop this long after `started_at` (restarts included)
-    started_at: float | None = None       # the launcher's time.time() at launch
+    settings: dict  # run settings, as for the learners (model, data, seed, lr, ...)
+    budget_tokens: int | None = None  # stop at this many tokens, summed over ranks
+    duration_s: float | None = None  # stop this long after `started_at` (restarts included)
+    started_at: float | None = None  # the launcher's time.time() at launch
     checkpoint_every_s: float = 5.0
-    eval_every: int | None = None         # default: settings["eval_every"]
-    threads: int = 1                      # torch intra-op threads per rank
-    device: str = "cpu"                   # cpu | cuda (each rank takes its LOCAL_RANK's GPU)
-    reducer: str = "ddp"                  # ddp | flat (see the module docstring)
-    bucket_mb: float = 25.0               # "flat": bucket size (DDP's default bucket_cap_mb is 25 too)
+    eval_every: int | None = None  # default: settings["eval_every"]
+    threads: int = 1  # torch intra-op threads per rank
+    device: str = "cpu"  # cpu | cuda (each rank takes its LOCAL_RANK's GPU)
+    reducer: str = "ddp"  # ddp | flat (see the module docstring)
+    bucket_mb: float = 25.0  # "flat": bucket size (DDP's default bucket_cap_mb is 25 too)
     pg_timeout_s: float = 120.0
 
 
@@ -97,14 +97,14 @@ class Counters:
     """The job's progress along the lineage of the current model (restored from the checkpoint)."""
 
     step: int = 0
-    tokens: int = 0                 # summed over ranks
-    compute_s: float = 0.0          # summed over ranks: fwd + bwd + clip + AdamW - exposed comm
-    blocked_s: float = 0.0          # summed over ranks: exposed gradient all-reduce + control all-reduce
-    payload_bytes: int = 0          # per rank: gradient bytes handed to all-reduce
-    control_bytes: int = 0          # per rank: bytes of the small control all-reduce
-    eval_s: float = 0.0             # rank 0: time spent evaluating
-    checkpoint_s: float = 0.0       # rank 0: time spent writing checkpoints
-    loss: float | None = None       # training loss of the last step, mean over ranks
+    tokens: int = 0  # summed over ranks
+    compute_s: float = 0.0  # summed over ranks: fwd + bwd + clip + AdamW - exposed comm
+    blocked_s: float = 0.0  # summed over ranks: exposed gradient all-reduce + control all-reduce
+    payload_bytes: int = 0  # per rank: gradient bytes handed to all-reduce
+    control_bytes: int = 0  # per rank: bytes of the small control all-reduce
+    eval_s: float = 0.0  # rank 0: time spent evaluating
+    checkpoint_s: float = 0.0  # rank 0: time spent writing checkpoints
+    loss: float | None = None  # training loss of the last step, mean over ranks
     eval_loss: float | None = None
     initial_eval_loss: float | None = None
 
@@ -127,8 +127,9 @@ def counting_allreduce_hook(state: CommCounter, bucket: dist.GradBucket) -> torc
 
 
 # DDP checks the hook's annotations as objects; `from __future__ import annotations` made them strings
-counting_allreduce_hook.__annotations__.update(bucket=dist.GradBucket, state=CommCounter,
-                                               **{"return": torch.futures.Future[torch.Tensor]})
+counting_allreduce_hook.__annotations__.update(
+    bucket=dist.GradBucket, state=CommCounter, **{"return": torch.futures.Future[torch.Tensor]}
+)
 
 
 class FlatAllReduce:
@@ -139,7 +140,7 @@ class FlatAllReduce:
         self.world, self.payload_bytes = world, payload_bytes
         cap = max(1, int(bucket_mb * (1 << 20)))
         self.buckets: list[list[torch.nn.Parameter]] = [[]]
-        for p in reversed(self.params):   # like DDP: the last layers' gradients are ready first
+        for p in reversed(self.params):  # like DDP: the last layers' gradients are ready first
             size = sum(q.numel() * q.element_size() for q in self.buckets[-1])
             if self.buckets[-1] and size + p.numel() * p.element_size() > cap:
                 self.buckets.append([])
@@ -166,7 +167,7 @@ class FlatAllReduce:
             offset = 0
             for p in bucket:
                 n = p.numel()
-                p.grad = flat[offset:offset + n].view_as(p)
+                p.grad = flat[offset : offset + n].view_as(p)
                 offset += n
         return time.perf_counter() - t0
 
@@ -196,7 +197,7 @@ def load_config(text_or_path: str) -> JobConfig:
     if unknown:
         raise ValueError(f"unknown ddp_worker config keys {sorted(unknown)}; known: {sorted(known)}")
     cfg = JobConfig(**data)
-    cfg.settings = settings_from_dict(cfg.settings).to_dict()   # the learners' defaults, validated
+    cfg.settings = settings_from_dict(cfg.settings).to_dict()  # the learners' defaults, validated
     if cfg.reducer not in ("ddp", "flat"):
         raise ValueError(f"reducer must be 'ddp' or 'flat', got {cfg.reducer!r}")
     if not cfg.budget_tokens and not cfg.duration_s:
@@ -239,9 +240,14 @@ class Job:
         _BOOT["job_ready"] = time.time()
 
     def _build(self, ckpt: dict | None) -> Workload:
-        ctx = WorkloadContext(settings=self.s, learner_index=self.rank, shards=self.world,
-                              batch_size=int(self.s["batch_size"]), device=self.device,
-                              seed=int(self.s["seed"]))
+        ctx = WorkloadContext(
+            settings=self.s,
+            learner_index=self.rank,
+            shards=self.world,
+            batch_size=int(self.s["batch_size"]),
+            device=self.device,
+            seed=int(self.s["seed"]),
+        )
         wl = build_workload(ctx)
         if ckpt:
             if not fast_forward(wl.next_batch, self.c.step):
@@ -257,13 +263,15 @@ class Job:
         mine = torch.tensor([self.c.step, -self.c.step], dtype=torch.int64, device=self.device)
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
         if int(mine[0]) != self.c.step or int(mine[1]) != -self.c.step:
-            raise RuntimeError(f"rank {self.rank}: ranks resumed from different steps ({int(mine[0])} vs "
-                               f"{-int(mine[1])}); was the checkpoint rewritten during start-up?")
+            raise RuntimeError(
+                f"rank {self.rank}: ranks resumed from different steps ({int(mine[0])} vs "
+                f"{-int(mine[1])}); was the checkpoint rewritten during start-up?"
+            )
 
     # -- training ----------------------------------------------------------------------------
     def run(self) -> int:
         """Train until the budget is spent; checkpoint, evaluate, report; returns the exit code."""
-        if self.finished:   # restarted after the final checkpoint: nothing left to train
+        if self.finished:  # restarted after the final checkpoint: nothing left to train
             if self.rank == 0:
                 self._event("finished-already")
                 if not (self.out / FINAL).exists():
@@ -289,8 +297,13 @@ class Job:
         return 0
 
     def _lr(self) -> float:
-        return learning_rate(self.c.step, float(self.s["lr"]), int(self.s["warmup"]), self.s.get("lr_schedule", "constant"),
-                             int(self.s.get("steps") or 0))
+        return learning_rate(
+            self.c.step,
+            float(self.s["lr"]),
+            int(self.s["warmup"]),
+            self.s.get("lr_schedule", "constant"),
+            int(self.s.get("steps") or 0),
+        )
 
     def _train_step(self) -> bool:
         """One DDP step and the control all-reduce; True when the job should stop."""
@@ -301,7 +314,7 @@ class Job:
         loss = self.wl.loss(self.train_model, batch)
         self.opt.zero_grad(set_to_none=True)
         self.comm.last_ready = t0
-        loss.backward()                       # DDP: the comm hook all-reduces the buckets as they fill
+        loss.backward()  # DDP: the comm hook all-reduces the buckets as they fill
         if self.flat is not None:
             exposed = self.flat.reduce()
         else:
@@ -311,15 +324,18 @@ class Job:
         self.opt.step()
         value = float(loss.detach())
         compute = time.perf_counter() - t0 - exposed
-        ctrl = torch.tensor([self.wl.tokens(batch), compute, exposed + self.pending_blocked, value,
-                             float(self._out_of_time())], dtype=torch.float64, device=self.device)
+        ctrl = torch.tensor(
+            [self.wl.tokens(batch), compute, exposed + self.pending_blocked, value, float(self._out_of_time())],
+            dtype=torch.float64,
+            device=self.device,
+        )
         t1 = time.perf_counter()
         dist.all_reduce(ctrl)
-        self.pending_blocked = time.perf_counter() - t1   # counted with the next step
+        self.pending_blocked = time.perf_counter() - t1  # counted with the next step
         tokens, compute_sum, blocked_sum, loss_sum, stop = ctrl.tolist()
         c = self.c
         c.step += 1
-        c.tokens += int(round(tokens))
+        c.tokens += round(tokens)
         c.compute_s += compute_sum
         c.blocked_s += blocked_sum
         c.payload_bytes = self.flat.payload_bytes if self.flat is not None else self.comm.payload_bytes
@@ -336,9 +352,15 @@ class Job:
             _BOOT["first_step"] = time.time()
             marks = [_PROCESS_T0, *_BOOT.values()]
             stages = {f"{name}_s": b - a for name, a, b in zip(_BOOT, marks, marks[1:])}
-            self._event("start", resumed_step=self.resumed.step, resumed_tokens=self.resumed.tokens,
-                        resumed_compute_s=self.resumed.compute_s, process_started=_PROCESS_T0,
-                        boot_s=_BOOT["first_step"] - _PROCESS_T0, boot_stages=stages)
+            self._event(
+                "start",
+                resumed_step=self.resumed.step,
+                resumed_tokens=self.resumed.tokens,
+                resumed_compute_s=self.resumed.compute_s,
+                process_started=_PROCESS_T0,
+                boot_s=_BOOT["first_step"] - _PROCESS_T0,
+                boot_stages=stages,
+            )
         if self.c.step % self.eval_every == 0:
             self._evaluate()
         if time.monotonic() - self.last_checkpoint >= self.cfg.checkpoint_every_s:
@@ -362,10 +384,17 @@ class Job:
 
     def _checkpoint(self, final: dict | None = None) -> None:
         t0 = time.perf_counter()
-        state = {"model": self.wl.model.state_dict(), "optimizer": self.opt.state_dict(),
-                 "counters": asdict(self.c), "data": {"step": self.c.step, "seed": int(self.s["seed"])},
-                 "world": self.world, "started_at": self.started_at, "saved_at": time.time(),
-                 "finished": final is not None, "final": final}
+        state = {
+            "model": self.wl.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "counters": asdict(self.c),
+            "data": {"step": self.c.step, "seed": int(self.s["seed"])},
+            "world": self.world,
+            "started_at": self.started_at,
+            "saved_at": time.time(),
+            "finished": final is not None,
+            "final": final,
+        }
         save_atomic(state, self.out / CHECKPOINT)
         self.c.checkpoint_s += time.perf_counter() - t0
         self.last_checkpoint = time.monotonic()
@@ -376,9 +405,14 @@ class Job:
         if self.rank == 0:
             self._evaluate()
             doc = self._record("final")
-            doc.update(world=self.world, n_params=sum(p.numel() for p in self.wl.model.parameters()),
-                       resumed_step=self.resumed.step, settings=self.s,
-                       budget_tokens=self.cfg.budget_tokens, duration_s=self.cfg.duration_s)
+            doc.update(
+                world=self.world,
+                n_params=sum(p.numel() for p in self.wl.model.parameters()),
+                resumed_step=self.resumed.step,
+                settings=self.s,
+                budget_tokens=self.cfg.budget_tokens,
+                duration_s=self.cfg.duration_s,
+            )
             self._checkpoint(final=doc)
             write_json_atomic(self.out / FINAL, doc)
             self._append(doc)
@@ -387,9 +421,15 @@ class Job:
     # -- reporting ---------------------------------------------------------------------------
     def _record(self, event: str, **extra: Any) -> dict:
         now = time.time()
-        doc = {"event": event, "time": now, "t": now - self.started_at, "restarts": self.restart,
-               **asdict(self.c),
-               "wire_bytes_sent": ring_wire_bytes(self.c.payload_bytes, self.world), **extra}
+        doc = {
+            "event": event,
+            "time": now,
+            "t": now - self.started_at,
+            "restarts": self.restart,
+            **asdict(self.c),
+            "wire_bytes_sent": ring_wire_bytes(self.c.payload_bytes, self.world),
+            **extra,
+        }
         doc["bytes"] = doc["wire_bytes_sent"]
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in doc.items()}
 

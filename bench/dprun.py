@@ -9,9 +9,16 @@ from pathlib import Path
 from typing import Any
 
 
-def run_dp(settings: dict[str, Any], workers: int, *, budget_tokens: int | None = None,
-           duration_s: float | None = None, kill_schedule: list[float] | None = None, seed: int = 0,
-           checkpoint_every_s: float = 5.0) -> dict[str, Any]:
+def run_dp(
+    settings: dict[str, Any],
+    workers: int,
+    *,
+    budget_tokens: int | None = None,
+    duration_s: float | None = None,
+    kill_schedule: list[float] | None = None,
+    seed: int = 0,
+    checkpoint_every_s: float = 5.0,
+) -> dict[str, Any]:
     """`bench.ddp_baseline.run_ddp` (gloo, torchrun, explicit all-reduce) plus the shared evaluation.
 
     With a kill schedule, kills count from the job's first training step (`kill_from="train"`)
@@ -24,10 +31,19 @@ def run_dp(settings: dict[str, Any], workers: int, *, budget_tokens: int | None 
     workdir = Path(tempfile.mkdtemp(prefix="dld-dp-"))
     try:
         dp_settings = {k: v for k, v in settings.items() if k != "name"}
-        res = ddp_baseline.run_ddp(dp_settings, workers, workdir / "job", budget_tokens=budget_tokens,
-                                   duration_s=duration_s, max_restarts=len(kill_schedule or []),
-                                   kill_schedule=kill_schedule, seed=seed, kill_from="train",
-                                   checkpoint_every_s=checkpoint_every_s, reducer="flat")
+        res = ddp_baseline.run_ddp(
+            dp_settings,
+            workers,
+            workdir / "job",
+            budget_tokens=budget_tokens,
+            duration_s=duration_s,
+            max_restarts=len(kill_schedule or []),
+            kill_schedule=kill_schedule,
+            seed=seed,
+            kill_from="train",
+            checkpoint_every_s=checkpoint_every_s,
+            reducer="flat",
+        )
         ckpt = workdir / "job" / "checkpoint.pt"
         res["eval_loss_shared"] = evaluate.eval_file(ckpt, settings) if res["ok"] and ckpt.exists() else None
         progress = ddp_baseline.read_progress(workdir / "job")
@@ -38,8 +54,11 @@ def run_dp(settings: dict[str, Any], workers: int, *, budget_tokens: int | None 
             res["train_window_s"] = span
             res["window_goodput"] = final["compute_s"] / (workers * span) if span > 0 else None
             res["window_tokens_per_s"] = final["tokens"] / span if span > 0 else None
-        res["curve"] = [{"t": e["time"] - first, "tokens": e.get("tokens"), "eval_loss": e.get("eval_loss")}
-                        for e in progress if e.get("event") == "eval" and first is not None]
+        res["curve"] = [
+            {"t": e["time"] - first, "tokens": e.get("tokens"), "eval_loss": e.get("eval_loss")}
+            for e in progress
+            if e.get("event") == "eval" and first is not None
+        ]
         return res
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

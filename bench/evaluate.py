@@ -22,17 +22,23 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from workload import Workload, WorkloadContext, build_workload  # noqa: E402
-from syncer.settings import settings_from_dict  # noqa: E402
+from syncer.settings import settings_from_dict
+from workload import Workload, WorkloadContext, build_workload
 
-TIED = {"lm_head.weight"}   # the GPT's LM head is the token embedding (weight tying)
+TIED = {"lm_head.weight"}  # the GPT's LM head is the token embedding (weight tying)
 
 
 def workload(settings: dict[str, Any]) -> Workload:
     """The learners' workload for these run settings (shard 0; the eval slice is the same for all)."""
     full = settings_from_dict({k: v for k, v in settings.items() if k != "name"}).to_dict()
-    ctx = WorkloadContext(settings=full, learner_index=0, shards=1, batch_size=int(full["batch_size"]),
-                          device=torch.device("cpu"), seed=int(full["seed"]))
+    ctx = WorkloadContext(
+        settings=full,
+        learner_index=0,
+        shards=1,
+        batch_size=int(full["batch_size"]),
+        device=torch.device("cpu"),
+        seed=int(full["seed"]),
+    )
     return build_workload(ctx)
 
 

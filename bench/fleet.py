@@ -39,16 +39,17 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dldctl.hosts.local import read_stat  # noqa: E402
-from syncer import jsonl  # noqa: E402
+from dldctl.hosts.local import read_stat
+from syncer import jsonl
 
 DLDCTL = str(Path(sys.executable).parent / "dldctl")
 
@@ -57,18 +58,31 @@ DLDCTL = str(Path(sys.executable).parent / "dldctl")
 
 # The workload every fleet benchmark trains, DiLoCo and its baselines alike: the model, data,
 # batch, inner optimizer (AdamW, the learners' defaults) and held-out eval batches.
-WORKLOAD: dict[str, Any] = {"model": "gpt-tiny", "data": "builtin", "seq_len": 32, "batch_size": 8, "seed": 0,
-                            "lr": 3e-3, "warmup": 50, "eval_every": 500, "eval_batches": 16}
+WORKLOAD: dict[str, Any] = {
+    "model": "gpt-tiny",
+    "data": "builtin",
+    "seq_len": 32,
+    "batch_size": 8,
+    "seed": 0,
+    "lr": 3e-3,
+    "warmup": 50,
+    "eval_every": 500,
+    "eval_batches": 16,
+}
 
 # Outer optimizer per H, chosen because they are stable on this workload (see docs/tuning.md): the
 # default Nesterov (0.7, 0.9) diverged here at H <= 32, plain averaging (1.0, 0.0) did not.
 OUTER: dict[int, tuple[float, float]] = {}
 DEFAULT_OUTER = (1.0, 0.0)
-STOP_LEAD_S, RATE_WINDOW_S = 2.5, 6.0   # a token budget is called reached STOP_LEAD_S of training early (sample lag + down)
+STOP_LEAD_S, RATE_WINDOW_S = (
+    2.5,
+    6.0,
+)  # a token budget is called reached STOP_LEAD_S of training early (sample lag + down)
 
 
-def diloco_run(H: int = 32, *, compression: str = "int4", quorum: int = 1, overlap: bool = True,
-               steps: int = 0, **extra: Any) -> dict[str, Any]:
+def diloco_run(
+    H: int = 32, *, compression: str = "int4", quorum: int = 1, overlap: bool = True, steps: int = 0, **extra: Any
+) -> dict[str, Any]:
     """The `[run]` table of a benchmark fleet: WORKLOAD plus the DiLoCo settings.
 
     4 fragments, the outer optimizer of `OUTER` for this H, a 0.5 s restart delay (the default
@@ -76,9 +90,18 @@ def diloco_run(H: int = 32, *, compression: str = "int4", quorum: int = 1, overl
     `extra` on top.
     """
     lr, momentum = OUTER.get(H, DEFAULT_OUTER)
-    run = {**WORKLOAD, "H": H, "fragments": 4, "quorum": quorum, "overlap": overlap,
-           "compression": compression, "outer_lr": lr, "outer_momentum": momentum,
-           "restart_delay_s": 0.5, "steps": steps}
+    run = {
+        **WORKLOAD,
+        "H": H,
+        "fragments": 4,
+        "quorum": quorum,
+        "overlap": overlap,
+        "compression": compression,
+        "outer_lr": lr,
+        "outer_momentum": momentum,
+        "restart_delay_s": 0.5,
+        "steps": steps,
+    }
     run.update(extra)
     return run
 
@@ -88,6 +111,7 @@ def tokens_per_step(run: dict[str, Any]) -> int:
 
 
 # --------------------------------------------------------------------------- inventory
+
 
 def toml_value(value: Any) -> str:
     """One TOML value (str, bool, int, float, or a flat dict as an inline table)."""
@@ -120,6 +144,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 # --------------------------------------------------------------------------- the fleet
 
+
 class Fleet:
     """One `dldctl` home with (at most) one run in it."""
 
@@ -127,14 +152,19 @@ class Fleet:
         self.name = name
         self.keep = keep
         self.home = Path(tempfile.mkdtemp(prefix=f"dld-{name}-"))
-        self.tmpfs = bool(tmpfs_mb) and subprocess.run(   # a home on its own small file system, to fill up
-            ["mount", "-t", "tmpfs", "-o", f"size={tmpfs_mb}m", "tmpfs", str(self.home)], capture_output=True).returncode == 0
+        self.tmpfs = (
+            bool(tmpfs_mb)
+            and subprocess.run(  # a home on its own small file system, to fill up
+                ["mount", "-t", "tmpfs", "-o", f"size={tmpfs_mb}m", "tmpfs", str(self.home)], capture_output=True
+            ).returncode
+            == 0
+        )
         self.env = dict(os.environ, DLDCTL_HOME=str(self.home), COLUMNS="160", PYTHONUNBUFFERED="1")
         self.run_dir: Path | None = None
         self.is_up = False
         self.summary: dict[str, Any] | None = None
 
-    def __enter__(self) -> "Fleet":
+    def __enter__(self) -> Fleet:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -142,11 +172,19 @@ class Fleet:
 
     def dl(self, *args: str, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
         """Run `dldctl ARGS` in this home; raise with the output tail if it fails and `check`."""
-        proc = subprocess.run([DLDCTL, *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [DLDCTL, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+        )
         if check and proc.returncode != 0:
-            raise RuntimeError(f"dldctl {' '.join(args)} exited {proc.returncode}: "
-                               f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+            raise RuntimeError(
+                f"dldctl {' '.join(args)} exited {proc.returncode}: {proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+            )
         return proc
 
     def up(self, run: dict[str, Any], hosts: list[dict[str, Any]] | None, timeout: float = 240) -> Path:
@@ -194,12 +232,14 @@ class Fleet:
 
     def wait_training(self, learners: int, timeout: float = 180) -> float:
         """Unix time of the first sample in which `learners` learners have trained (step > 0)."""
+
         def started() -> float | None:
             for s in self.samples():
                 steps = [row.get("step", 0) for row in s.get("learners", {}).values()]
                 if sum(1 for n in steps if n and n > 0) >= learners:
                     return float(s["t"])
             return None
+
         return self.wait_for(started, timeout, f"{learners} learners training")
 
     # -- faults ------------------------------------------------------------------------------
@@ -207,8 +247,9 @@ class Fleet:
         """`dldctl chaos kill TARGET --signal SIG --force`; False if it was refused (not running)."""
         return self.dl("chaos", "kill", target, "--signal", sig, "--force", check=False, timeout=60).returncode == 0
 
-    def run_kills(self, schedule: list[float], learners: int, seed: int, origin: float,
-                  stop: threading.Event) -> list[dict[str, Any]]:
+    def run_kills(
+        self, schedule: list[float], learners: int, seed: int, origin: float, stop: threading.Event
+    ) -> list[dict[str, Any]]:
         """Kill a seeded random learner at each time of `schedule` (seconds after `origin`).
 
         The targets are drawn like `bench.ddp_baseline.run_ddp` draws ranks (`random.Random(seed)`,
@@ -232,17 +273,33 @@ class Fleet:
                 stop.wait(0.5)
         return done
 
-    def monkey(self, mtbf: float, duration: float, seed: int, actions: str, stop: threading.Event,
-               fault_duration: float = 10.0) -> dict[str, Any]:
+    def monkey(
+        self, mtbf: float, duration: float, seed: int, actions: str, stop: threading.Event, fault_duration: float = 10.0
+    ) -> dict[str, Any]:
         """`dldctl chaos monkey ... --force` until it ends or `stop` is set (then SIGTERM: it heals its
         faults and exits; not SIGINT, which a shell's background job ignores: the monkey ran on, and
         the fleet trained on past its budget while this waited for it)."""
         log = self.home / f"monkey-{seed}.log"
-        cmd = [DLDCTL, "chaos", "monkey", "--mtbf", str(mtbf), "--duration", str(duration), "--seed", str(seed),
-               "--actions", actions, "--fault-duration", str(fault_duration), "--force"]
+        cmd = [
+            DLDCTL,
+            "chaos",
+            "monkey",
+            "--mtbf",
+            str(mtbf),
+            "--duration",
+            str(duration),
+            "--seed",
+            str(seed),
+            "--actions",
+            actions,
+            "--fault-duration",
+            str(fault_duration),
+            "--force",
+        ]
         with open(log, "w") as fh:
-            proc = subprocess.Popen(cmd, env=self.env, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
-                                    stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                cmd, env=self.env, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, stdin=subprocess.DEVNULL
+            )
             interrupted_at = None
             try:
                 while proc.poll() is None and not stop.wait(0.5):
@@ -252,16 +309,20 @@ class Fleet:
                     proc.send_signal(signal.SIGTERM)
                     proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                pass                                  # reported below as `sigterm_ignored`
+                pass  # reported below as `sigterm_ignored`
             finally:
                 hung = proc.poll() is None
                 if hung:
                     proc.kill()
                     proc.wait()
         text = log.read_text(errors="replace")
-        return {"returncode": proc.returncode, "injected": _injected(text), "log": text[-4000:],
-                "sigterm_ignored": hung, "exit_after_sigterm_s": None if interrupted_at is None or hung
-                else time.monotonic() - interrupted_at}
+        return {
+            "returncode": proc.returncode,
+            "injected": _injected(text),
+            "log": text[-4000:],
+            "sigterm_ignored": hung,
+            "exit_after_sigterm_s": None if interrupted_at is None or hung else time.monotonic() - interrupted_at,
+        }
 
     # -- the end -----------------------------------------------------------------------------
     def down(self) -> dict[str, Any]:
@@ -316,6 +377,7 @@ def _injected(text: str) -> int:
 
 # --------------------------------------------------------------------------- derived numbers
 
+
 def syncer_start(events: list[dict[str, Any]]) -> float | None:
     """Unix time of the first `syncer_start` event (the syncer's accounting starts there)."""
     starts = [e["t"] for e in events if e.get("kind") == "syncer_start"]
@@ -341,9 +403,13 @@ def window_goodput(samples: list[dict[str, Any]], t0: float, learners: int, star
     a, b = pair
     dt = b["t"] - a["t"]
     merged = merged_seconds(b, t0, learners) - merged_seconds(a, t0, learners)
-    return {"goodput": merged / (learners * dt), "window_s": dt, "window": [a["t"], b["t"]],
-            "tokens_merged_per_s": (b["tokens_merged"] - a["tokens_merged"]) / dt,
-            "tokens_trained_per_s": (b["tokens_trained"] - a["tokens_trained"]) / dt}
+    return {
+        "goodput": merged / (learners * dt),
+        "window_s": dt,
+        "window": [a["t"], b["t"]],
+        "tokens_merged_per_s": (b["tokens_merged"] - a["tokens_merged"]) / dt,
+        "tokens_trained_per_s": (b["tokens_trained"] - a["tokens_trained"]) / dt,
+    }
 
 
 def blocked_share(samples: list[dict[str, Any]]) -> float | None:
@@ -380,9 +446,9 @@ class Plan:
     duration_s: float | None = None
     chaos: Callable[[Fleet, float, threading.Event], Any] | None = None
     timeout_s: float = 900.0
-    eval_settings: dict[str, Any] | None = None   # default: `run`
+    eval_settings: dict[str, Any] | None = None  # default: `run`
     inspect: Callable[[Fleet], Any] | None = None  # called after down, before the home is deleted
-    home_tmpfs_mb: int | None = None               # the dldctl home on a tmpfs of this size (disk-full faults)
+    home_tmpfs_mb: int | None = None  # the dldctl home on a tmpfs of this size (disk-full faults)
 
 
 def _ended(fleet: Fleet, plan: Plan, start: float) -> bool:
@@ -401,8 +467,11 @@ def budget_reached(samples: list[dict[str, Any]], budget: int) -> bool:
     samples (the learners' own tokens/s ignores waits, pauses, restarts: chaos runs ended short)."""
     last = samples[-1]
     ref = next((s for s in reversed(samples) if last["t"] - s["t"] >= RATE_WINDOW_S), None)
-    rate = ((last["tokens_trained"] - ref["tokens_trained"]) / (last["t"] - ref["t"]) if ref is not None
-            else float(last.get("tokens_per_s") or 0.0))
+    rate = (
+        (last["tokens_trained"] - ref["tokens_trained"]) / (last["t"] - ref["t"])
+        if ref is not None
+        else float(last.get("tokens_per_s") or 0.0)
+    )
     return last["tokens_trained"] + STOP_LEAD_S * max(0.0, rate) >= budget
 
 
@@ -426,8 +495,13 @@ def run_diloco(plan: Plan) -> dict[str, Any]:
         summary = fleet.down()
         out = summarize_run(fleet, plan, summary, start, end)
         out["eval_loss"] = evaluate.eval_file(summary["final_model"], plan.eval_settings or plan.run)
-        out["chaos"] = box[0] if box else None if worker is None else \
-            {"error": "the chaos thread had not returned 120 s after the run ended"}
+        out["chaos"] = (
+            box[0]
+            if box
+            else None
+            if worker is None
+            else {"error": "the chaos thread had not returned 120 s after the run ended"}
+        )
         out["inspect"] = plan.inspect(fleet) if plan.inspect else None
         out["leftovers"] = fleet.leftovers()
         return out
@@ -437,7 +511,7 @@ def _run_chaos(chaos: Any, fleet: Fleet, start: float, stop: threading.Event, bo
     """The plan's chaos function; what it returns, or the error it raised, goes into `box`."""
     try:
         box.append(chaos(fleet, start, stop))
-    except Exception as exc:  # noqa: BLE001 - recorded in the results instead of lost with the thread
+    except Exception as exc:
         box.append({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]})
 
 
@@ -447,9 +521,12 @@ def summarize_run(fleet: Fleet, plan: Plan, summary: dict[str, Any], start: floa
     t0 = syncer_start(events) or start
     tokens = reported = int(summary.get("tokens_trained") or 0)
     steps = int(plan.run.get("steps") or 0)
-    exact = steps and not any(e.get("kind") == "death" for e in events) and \
-        finished_learners(fleet, plan.learners) == plan.learners
-    if exact:   # every learner ran exactly `steps` steps; the syncer misses each one's last heartbeat
+    exact = (
+        steps
+        and not any(e.get("kind") == "death" for e in events)
+        and finished_learners(fleet, plan.learners) == plan.learners
+    )
+    if exact:  # every learner ran exactly `steps` steps; the syncer misses each one's last heartbeat
         tokens = plan.learners * steps * tokens_per_step(plan.run)
     wire = int(summary.get("bytes_up") or 0) + int(summary.get("bytes_down") or 0)
     win = window_goodput(samples, t0, plan.learners, start, end)
@@ -462,17 +539,27 @@ def summarize_run(fleet: Fleet, plan: Plan, summary: dict[str, Any], start: floa
         steady_bpt = dbytes / dtok if dtok else None
     contributors = [len(r["contributors"]) for r in rounds]
     return {
-        "name": plan.name, "run": plan.run, "learners": plan.learners, "summary": summary,
-        "training_started": start, "training_ended": end, "train_s": end - start,
-        "tokens_trained": tokens, "tokens_trained_syncer": reported, "tokens_exact": bool(exact),
+        "name": plan.name,
+        "run": plan.run,
+        "learners": plan.learners,
+        "summary": summary,
+        "training_started": start,
+        "training_ended": end,
+        "train_s": end - start,
+        "tokens_trained": tokens,
+        "tokens_trained_syncer": reported,
+        "tokens_exact": bool(exact),
         "tokens_merged": int(summary.get("tokens_merged") or 0),
-        "bytes_up": summary.get("bytes_up"), "bytes_down": summary.get("bytes_down"),
+        "bytes_up": summary.get("bytes_up"),
+        "bytes_down": summary.get("bytes_down"),
         "bytes_per_token": wire / tokens if tokens else None,
         "up_per_token": (summary.get("bytes_up") or 0) / tokens if tokens else None,
         "down_per_token": (summary.get("bytes_down") or 0) / tokens if tokens else None,
         "steady_bytes_per_token": steady_bpt,
-        "goodput_syncer": summary.get("goodput"), "window": win,
-        "rounds": len(rounds), "mean_contributors": sum(contributors) / len(contributors) if contributors else None,
+        "goodput_syncer": summary.get("goodput"),
+        "window": win,
+        "rounds": len(rounds),
+        "mean_contributors": sum(contributors) / len(contributors) if contributors else None,
         "contributors_hist": {str(k): v for k, v in sorted(collections.Counter(contributors).items())},
         "blocked_share": blocked_share(samples),
         "event_counts": dict(collections.Counter(e.get("kind") for e in events)),

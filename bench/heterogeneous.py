@@ -35,12 +35,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
-from bench.fleet import Plan, diloco_run, local_host, run_diloco  # noqa: E402
-from syncer.settings import RunSettings  # noqa: E402
+from bench import common
+from bench.fleet import Plan, diloco_run, local_host, run_diloco
+from syncer.settings import RunSettings
 
 LEARNERS = 4
-SLOW = {"learner-2", "learner-3"}   # inventory order: host "fast" (2 learners), then host "slow" (2)
+SLOW = {"learner-2", "learner-3"}  # inventory order: host "fast" (2 learners), then host "slow" (2)
 
 
 def _extra(parser: argparse.ArgumentParser) -> None:
@@ -55,12 +55,17 @@ HETEROGENEOUS = [local_host("fast", 2), local_host("slow", 2, throttle=2.0)]
 def configs(H: int) -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
     """(name, [run] table, hosts) of every configuration."""
     outer = {"outer_lr": RunSettings.outer_lr, "outer_momentum": RunSettings.outer_momentum}
-    return [("homogeneous, defaults", diloco_run(H, **outer), HOMOGENEOUS),
-            ("heterogeneous, defaults", diloco_run(H, **outer), HETEROGENEOUS),
-            ("heterogeneous, defaults, no grace", diloco_run(H, grace_gamma=0.0, **outer), HETEROGENEOUS),
-            ("heterogeneous, own clocks (before)", diloco_run(H, round_clock="learner", rebase=False, **outer),
-             HETEROGENEOUS),
-            ("heterogeneous, quorum 4 (all)", diloco_run(H, quorum=LEARNERS, **outer), HETEROGENEOUS)]
+    return [
+        ("homogeneous, defaults", diloco_run(H, **outer), HOMOGENEOUS),
+        ("heterogeneous, defaults", diloco_run(H, **outer), HETEROGENEOUS),
+        ("heterogeneous, defaults, no grace", diloco_run(H, grace_gamma=0.0, **outer), HETEROGENEOUS),
+        (
+            "heterogeneous, own clocks (before)",
+            diloco_run(H, round_clock="learner", rebase=False, **outer),
+            HETEROGENEOUS,
+        ),
+        ("heterogeneous, quorum 4 (all)", diloco_run(H, quorum=LEARNERS, **outer), HETEROGENEOUS),
+    ]
 
 
 def round_stats(rounds: list[dict[str, Any]], start: float, end: float) -> dict[str, Any]:
@@ -86,13 +91,21 @@ def round_stats(rounds: list[dict[str, Any]], start: float, end: float) -> dict[
 
 def row(name: str, res: dict[str, Any]) -> dict[str, Any]:
     st = res["round_stats"]
-    return {"config": name, "goodput": res["window"]["goodput"], "tokens merged/s": res["window"]["tokens_merged_per_s"],
-            "eval loss": res["eval_loss"], "rounds": st["rounds"], "contrib/round": st["mean_contributors"],
-            "merged/trained": res["tokens_merged"] / max(1, res["tokens_trained"]), "blocked": res.get("blocked_share"),
-            "rounds with a slow learner": st["with_slow"], "grace ms": 1e3 * st["grace_s_mean"],
-            "grace used ms": 1e3 * st["grace_used_s_mean"],
-            "slow share of merge weight": sum(v for k, v in st["share"].items() if k in SLOW),
-            "contributors histogram": " ".join(f"{k}:{v}" for k, v in st["histogram"].items())}
+    return {
+        "config": name,
+        "goodput": res["window"]["goodput"],
+        "tokens merged/s": res["window"]["tokens_merged_per_s"],
+        "eval loss": res["eval_loss"],
+        "rounds": st["rounds"],
+        "contrib/round": st["mean_contributors"],
+        "merged/trained": res["tokens_merged"] / max(1, res["tokens_trained"]),
+        "blocked": res.get("blocked_share"),
+        "rounds with a slow learner": st["with_slow"],
+        "grace ms": 1e3 * st["grace_s_mean"],
+        "grace used ms": 1e3 * st["grace_used_s_mean"],
+        "slow share of merge weight": sum(v for k, v in st["share"].items() if k in SLOW),
+        "contributors histogram": " ".join(f"{k}:{v}" for k, v in st["histogram"].items()),
+    }
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -122,21 +135,44 @@ def main(argv: list[str] | None = None) -> int:
     duration = args.duration or (30.0 if args.quick else 90.0)
     results: dict[str, Any] = {}
     for i, (name, run, hosts) in enumerate(configs(args.H)):
-        res = run_diloco(Plan(f"het{i}-q{run['quorum']}", run, hosts, LEARNERS,
-                              duration_s=duration, inspect=lambda fleet: fleet.rounds()))
+        res = run_diloco(
+            Plan(
+                f"het{i}-q{run['quorum']}",
+                run,
+                hosts,
+                LEARNERS,
+                duration_s=duration,
+                inspect=lambda fleet: fleet.rounds(),
+            )
+        )
         res["round_stats"] = round_stats(res.pop("inspect"), res["training_started"], res["training_ended"])
         results[name] = res
     rows = [row(name, res) for name, res in results.items()]
-    common.print_table(f"Round composition: 4 learners (heterogeneous: 2 fast + 2 throttled x2), gpt-tiny, H={args.H}, "
-                       f"{duration:g} s window", rows)
+    common.print_table(
+        f"Round composition: 4 learners (heterogeneous: 2 fast + 2 throttled x2), gpt-tiny, H={args.H}, "
+        f"{duration:g} s window",
+        rows,
+    )
     homo = rows[0]
     met = homo["contrib/round"] >= 3.5 and (homo["blocked"] or 0.0) < 0.02
-    print(f"homogeneous fleet at the defaults: {homo['contrib/round']:.2f} contributors per round, blocked "
-          f"{100 * (homo['blocked'] or 0.0):.1f}% (target >= 3.5 and < 2%: {'MET' if met else 'MISSED'})")
+    print(
+        f"homogeneous fleet at the defaults: {homo['contrib/round']:.2f} contributors per round, blocked "
+        f"{100 * (homo['blocked'] or 0.0):.1f}% (target >= 3.5 and < 2%: {'MET' if met else 'MISSED'})"
+    )
     png = args.out.with_suffix(".png")
     plot(results, png)
-    common.write_json(args.out, {"benchmark": "heterogeneous", "quick": args.quick, "duration_s": duration,
-                                 "rows": rows, "runs": results, "plot": common.shown(png), "homogeneous_met": met})
+    common.write_json(
+        args.out,
+        {
+            "benchmark": "heterogeneous",
+            "quick": args.quick,
+            "duration_s": duration,
+            "rows": rows,
+            "runs": results,
+            "plot": common.shown(png),
+            "homogeneous_met": met,
+        },
+    )
     print(f"wrote {args.out} and {png}")
     return 0
 

@@ -43,18 +43,20 @@ import signal
 import sys
 import threading
 import time
-import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+import tomllib
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
-from bench.fleet import Fleet, Plan, diloco_run, local_host, read_jsonl, run_diloco  # noqa: E402
+from bench import common
+from bench.fleet import Fleet, Plan, diloco_run, local_host, read_jsonl, run_diloco
 
 LEARNERS = 3
 TARGET_FINAL, TARGET_WORST = 0.02, 0.05
-Fault = Callable[[Fleet, threading.Event, float], str]   # (fleet, stop, seconds) -> what was done
+Fault = Callable[[Fleet, threading.Event, float], str]  # (fleet, stop, seconds) -> what was done
 
 
 def _dl(fleet: Fleet, *args: str) -> str:
@@ -122,13 +124,20 @@ def corrupt_checkpoints(fleet: Fleet, stop: threading.Event, _seconds: float) ->
 
 def faults(quick: bool) -> dict[str, tuple[Fault, float, dict[str, Any]]]:
     """name -> (fault, its duration in seconds, extra [run] settings)."""
-    q = (lambda full, short: short if quick else full)  # noqa: E731
+    q = lambda full, short: short if quick else full
     out: dict[str, tuple[Fault, float, dict[str, Any]]] = {
         "clean_repeat": (lambda f, s, d: "no fault: the clean run again (run-to-run noise)", 0.0, {}),
         "learner_kill": (lambda f, s, d: _dl(f, "chaos", "kill", "learner-1"), 0.0, {}),
-        "learner_pause": (lambda f, s, d: _dl(f, "chaos", "pause", "learner-1", "--duration", f"{d:g}s"), q(60, 20), {}),
-        "learner_partition": (lambda f, s, d: _dl(f, "chaos", "partition", "learner-1", "--duration", f"{d:g}s"),
-                              q(120, 30), {}),
+        "learner_pause": (
+            lambda f, s, d: _dl(f, "chaos", "pause", "learner-1", "--duration", f"{d:g}s"),
+            q(60, 20),
+            {},
+        ),
+        "learner_partition": (
+            lambda f, s, d: _dl(f, "chaos", "partition", "learner-1", "--duration", f"{d:g}s"),
+            q(120, 30),
+            {},
+        ),
         "syncer_kill": (lambda f, s, d: _dl(f, "chaos", "kill", "syncer"), 0.0, {}),
         "syncer_down_30": (lambda f, s, d: _dl(f, "chaos", "kill", "syncer", "--down-for", f"{d:g}s"), 30.0, {}),
         "syncer_down_120": (lambda f, s, d: _dl(f, "chaos", "kill", "syncer", "--down-for", f"{d:g}s"), q(120, 60), {}),
@@ -146,19 +155,33 @@ def faults(quick: bool) -> dict[str, tuple[Fault, float, dict[str, Any]]]:
 def _extra(parser: Any) -> None:
     parser.add_argument("--faults", default="", help="comma-separated fault classes (default: all)")
     parser.add_argument("--at", type=float, default=None, help="seconds after training starts (default 60, quick 40)")
-    parser.add_argument("--settle", type=float, default=None, help="seconds after the fault ends (default 90, quick 45)")
-    parser.add_argument("--rescore", type=Path, default=None, metavar="JSON",
-                        help="recompute the table from an earlier run's results file (no fleet is run)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a [run] setting for every run, clean included (TOML value), e.g. --set max_carry=-1")
+    parser.add_argument(
+        "--settle", type=float, default=None, help="seconds after the fault ends (default 90, quick 45)"
+    )
+    parser.add_argument(
+        "--rescore",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="recompute the table from an earlier run's results file (no fleet is run)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a [run] setting for every run, clean included (TOML value), e.g. --set max_carry=-1",
+    )
 
 
-OVERRIDES: dict[str, Any] = {}   # --set
+OVERRIDES: dict[str, Any] = {}  # --set
 
 
 def base_run() -> dict[str, Any]:
-    return {**diloco_run(16, lr_schedule="constant", global_eval_every=8, outer_lr=1.0, outer_momentum=0.0),
-            **OVERRIDES}
+    return {
+        **diloco_run(16, lr_schedule="constant", global_eval_every=8, outer_lr=1.0, outer_momentum=0.0),
+        **OVERRIDES,
+    }
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
@@ -171,7 +194,9 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
         try:
             out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
         except tomllib.TOMLDecodeError as exc:
-            raise SystemExit(f"error: --set {item!r}: the value is not TOML ({exc}); quote strings: key='\"x\"'")
+            raise SystemExit(
+                f"error: --set {item!r}: the value is not TOML ({exc}); quote strings: key='\"x\"'"
+            ) from None
     return out
 
 
@@ -183,16 +208,26 @@ def plan_for(name: str, fault: Fault | None, seconds: float, extra: dict[str, An
         detail = fault(fleet, stop, seconds) if fault is not None else "none"
         return {"t": t, "detail": detail}
 
-    return Plan(f"i-{name}", {**base_run(), **extra}, [local_host("here", LEARNERS)], LEARNERS,
-                duration_s=at + seconds + settle, chaos=chaos if fault is not None else None,
-                inspect=_scores, timeout_s=at + seconds + settle + 600, home_tmpfs_mb=512 if name == "disk_full" else None)
+    return Plan(
+        f"i-{name}",
+        {**base_run(), **extra},
+        [local_host("here", LEARNERS)],
+        LEARNERS,
+        duration_s=at + seconds + settle,
+        chaos=chaos if fault is not None else None,
+        inspect=_scores,
+        timeout_s=at + seconds + settle + 600,
+        home_tmpfs_mb=512 if name == "disk_full" else None,
+    )
 
 
 def _scores(fleet: Fleet) -> dict[str, Any]:
     assert fleet.run_dir is not None
     metrics = read_jsonl(fleet.run_dir / "metrics.jsonl")
-    return {"scores": [m for m in metrics if m.get("kind") == "global_eval"],
-            "quorum": [(m["t"], m.get("quorum_live")) for m in metrics if m.get("kind") == "sample"]}
+    return {
+        "scores": [m for m in metrics if m.get("kind") == "global_eval"],
+        "quorum": [(m["t"], m.get("quorum_live")) for m in metrics if m.get("kind") == "sample"],
+    }
 
 
 def at_tokens(curve: list[dict[str, Any]], tokens: float, near: int = 9) -> float | None:
@@ -229,7 +264,7 @@ def reference(cleans: list[dict[str, Any]], tokens: float, final: bool) -> float
             at = at * clean["eval_loss"] / end if end and clean.get("eval_loss") else None
         if at is not None:
             values.append(at)
-    return sum(values) / len(values) if values else None   # a shorter clean run may not reach `tokens`
+    return sum(values) / len(values) if values else None  # a shorter clean run may not reach `tokens`
 
 
 def row(name: str, res: dict[str, Any], cleans: list[dict[str, Any]]) -> dict[str, Any]:
@@ -246,22 +281,32 @@ def row(name: str, res: dict[str, Any], cleans: list[dict[str, Any]]) -> dict[st
     # final_model.pt is scored by bench.evaluate after down's last merges, the curve by the
     # syncer: the clean run's own final against its curve puts the two on one scale
     clean_at = reference(cleans, res["tokens_merged"], final=True)
-    end = tail(scores)                      # the syncer's own last scores, before down's final merges
+    end = tail(scores)  # the syncer's own last scores, before down's final merges
     end_clean = reference(cleans, end[0], final=False) if end else None
     # the fleet's quorum when the window ended (down's own samples, learners leaving, come later)
     live = [q for t, q in res["inspect"]["quorum"] if t <= res["training_ended"]]
-    out = {"fault": name, "tokens merged": res["tokens_merged"], "final": final, "clean at equal tokens": clean_at,
-           "final vs clean": None if final is None or not clean_at else final / clean_at - 1,
-           "last scores vs clean": None if end is None or not end_clean else end[1] / end_clean - 1,
-           "before": pre, "worst after": worst,
-           "worst vs before": None if worst is None or not pre else worst / pre - 1,
-           "above bound": sum(1 for m in after if bound is not None and m["loss"] > bound),
-           "guard trips": sum(1 for m in scores if not m.get("good", True)),
-           "back s": back, "full quorum at end": bool(live) and live[-1] == LEARNERS,
-           "detail": (res.get("chaos") or {}).get("detail")}
-    out["met"] = bool(out["final vs clean"] is not None and out["final vs clean"] <= TARGET_FINAL
-                      and (out["worst vs before"] is None or out["worst vs before"] <= TARGET_WORST)
-                      and out["full quorum at end"])
+    out = {
+        "fault": name,
+        "tokens merged": res["tokens_merged"],
+        "final": final,
+        "clean at equal tokens": clean_at,
+        "final vs clean": None if final is None or not clean_at else final / clean_at - 1,
+        "last scores vs clean": None if end is None or not end_clean else end[1] / end_clean - 1,
+        "before": pre,
+        "worst after": worst,
+        "worst vs before": None if worst is None or not pre else worst / pre - 1,
+        "above bound": sum(1 for m in after if bound is not None and m["loss"] > bound),
+        "guard trips": sum(1 for m in scores if not m.get("good", True)),
+        "back s": back,
+        "full quorum at end": bool(live) and live[-1] == LEARNERS,
+        "detail": (res.get("chaos") or {}).get("detail"),
+    }
+    out["met"] = bool(
+        out["final vs clean"] is not None
+        and out["final vs clean"] <= TARGET_FINAL
+        and (out["worst vs before"] is None or out["worst vs before"] <= TARGET_WORST)
+        and out["full quorum at end"]
+    )
     return out
 
 
@@ -293,14 +338,26 @@ def main(argv: list[str] | None = None) -> int:
         runs[name] = saved[name] if saved else run_diloco(plan_for(name, fault, seconds, extra, at, settle))
         rows.append(row(name, runs[name], references(name, runs)))
         print(f"{name}: {rows[-1]}", flush=True)
-    common.print_table(f"The global model under faults: {LEARNERS} learners, gpt-tiny, H=16, fault at {at:g} s, "
-                       f"settle {settle:g} s (targets: final within {100 * TARGET_FINAL:g}% of the clean run at "
-                       f"equal merged tokens, worst score after the fault within {100 * TARGET_WORST:g}% of before)",
-                       [{k: v for k, v in r.items() if k != "detail"} for r in rows])
+    common.print_table(
+        f"The global model under faults: {LEARNERS} learners, gpt-tiny, H=16, fault at {at:g} s, "
+        f"settle {settle:g} s (targets: final within {100 * TARGET_FINAL:g}% of the clean run at "
+        f"equal merged tokens, worst score after the fault within {100 * TARGET_WORST:g}% of before)",
+        [{k: v for k, v in r.items() if k != "detail"} for r in rows],
+    )
     met = sum(1 for r in rows if r["met"])
     print(f"{met} of {len(rows)} fault classes within every target")
-    common.write_json(args.out, {"benchmark": "integrity", "quick": args.quick, "at_s": at, "settle_s": settle,
-                                 "settings": base_run(), "rows": rows, "runs": runs})
+    common.write_json(
+        args.out,
+        {
+            "benchmark": "integrity",
+            "quick": args.quick,
+            "at_s": at,
+            "settle_s": settle,
+            "settings": base_run(),
+            "rows": rows,
+            "runs": runs,
+        },
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -13,7 +13,8 @@ the end). Both are timed from the first step to the last, same step count:
     ratio            = learner / plain       (1.0 = the machinery is free)
 
 On CUDA a third loop reads the loss every step like the learner does (`float(loss)`: the host
-waits for the GPU once per step), to tell that cost from the rest. Also from the learner's record: `blocked` = the share of its loop spent outside the train step
+waits for the GPU once per step), to tell that cost from the rest. Also from the learner's
+record: `blocked` = the share of its loop spent outside the train step
 (taking the outer gradient, copying it to the CPU, applying replies), `compute` the rest.
 
 Cases: CPU (one torch thread, as in the fleet benchmarks) and, where `torch.cuda.is_available()`,
@@ -39,16 +40,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
-from bench.fleet import Fleet, diloco_run, local_host  # noqa: E402
-from workload import WorkloadContext, build_workload  # noqa: E402
-from syncer.settings import settings_from_dict  # noqa: E402
+from bench import common
+from bench.fleet import Fleet, diloco_run, local_host
+from syncer.settings import settings_from_dict
+from workload import WorkloadContext, build_workload
 
 # (model, seq_len, batch_size, steps, quick steps) per device; threads per device below
 CASES: dict[str, list[tuple[str, int, int, int, int]]] = {
     "cpu": [("gpt-tiny", 32, 8, 400, 150), ("gpt-small", 128, 16, 150, 60)],
-    "cuda": [("gpt-small", 128, 64, 600, 200), ("gpt-medium", 256, 32, 400, 200),
-             ("gpt2-124m", 512, 16, 100, 50)],
+    "cuda": [("gpt-small", 128, 64, 600, 200), ("gpt-medium", 256, 32, 400, 200), ("gpt2-124m", 512, 16, 100, 50)],
 }
 QUICK = {"cpu": ("gpt-small",), "cuda": ("gpt-medium", "gpt2-124m")}
 THREADS = {"cpu": 1, "cuda": 2}
@@ -60,8 +60,9 @@ def _extra(parser: argparse.ArgumentParser) -> None:
 
 def settings(model: str, seq_len: int, batch: int, steps: int) -> dict[str, Any]:
     """The fleet's [run] table for one case (evaluation only at the end of the budget)."""
-    return diloco_run(32, model=model, seq_len=seq_len, batch_size=batch, steps=steps, warmup=10,
-                      eval_every=steps, eval_batches=2)
+    return diloco_run(
+        32, model=model, seq_len=seq_len, batch_size=batch, steps=steps, warmup=10, eval_every=steps, eval_batches=2
+    )
 
 
 def plain_loop(run: dict[str, Any], device: str, threads: int, read_loss: bool = False) -> dict[str, Any]:
@@ -69,8 +70,14 @@ def plain_loop(run: dict[str, Any], device: str, threads: int, read_loss: bool =
     `read_loss` it reads the loss every step, as the learner does (on CUDA: a sync per step)."""
     torch.set_num_threads(threads)
     full = settings_from_dict(dict(run)).to_dict()
-    ctx = WorkloadContext(settings=full, learner_index=0, shards=1, batch_size=int(full["batch_size"]),
-                          device=torch.device(device), seed=int(full["seed"]))
+    ctx = WorkloadContext(
+        settings=full,
+        learner_index=0,
+        shards=1,
+        batch_size=int(full["batch_size"]),
+        device=torch.device(device),
+        seed=int(full["seed"]),
+    )
     wl = build_workload(ctx)
     opt = torch.optim.AdamW(wl.model.parameters(), lr=full["lr"], weight_decay=full["weight_decay"])
     steps, tokens = int(full["steps"]), 0
@@ -91,8 +98,14 @@ def plain_loop(run: dict[str, Any], device: str, threads: int, read_loss: bool =
     seconds = time.perf_counter() - t0
     params = sum(p.numel() for p in wl.model.parameters())
     name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "final_loss": final,
-            "parameters": params, "device_name": name}
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "final_loss": final,
+        "parameters": params,
+        "device_name": name,
+    }
 
 
 def plain_loop_apart(run: dict[str, Any], device: str, threads: int, read_loss: bool = False) -> dict[str, Any]:
@@ -113,8 +126,12 @@ def learner_run(run: dict[str, Any], device: str, threads: int) -> dict[str, Any
     with Fleet("throughput") as fleet:
         fleet.up(run, [local_host("here", 1, device=device, threads=threads)])
         try:
-            fleet.wait_for(lambda: _finished(fleet) is not None, 120 + 2.0 * int(run["steps"]),
-                           "the learner to finish its steps", every=0.5)
+            fleet.wait_for(
+                lambda: _finished(fleet) is not None,
+                120 + 2.0 * int(run["steps"]),
+                "the learner to finish its steps",
+                every=0.5,
+            )
         except TimeoutError:
             _show_logs(fleet)
             raise
@@ -143,7 +160,7 @@ def _finished(fleet: Fleet) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
-        return None   # not there yet, or being written
+        return None  # not there yet, or being written
 
 
 def case(device: str, model: str, seq_len: int, batch: int, steps: int) -> dict[str, Any]:
@@ -155,14 +172,29 @@ def case(device: str, model: str, seq_len: int, batch: int, steps: int) -> dict[
     synced = plain_loop_apart(run, device, threads, read_loss=True) if device.startswith("cuda") else None
     print(f"    plain loop {plain['tokens_per_s']:,.0f} tok/s; now the learner", flush=True)
     ours = learner_run(run, device, threads)
-    row = {"device": device, "device_name": plain["device_name"], "model": model, "parameters": plain["parameters"], "seq_len": seq_len,
-           "batch": batch, "steps": steps, "threads": threads,
-           "plain_tok_s": plain["tokens_per_s"], "learner_tok_s": ours["tokens_per_s"],
-           "ratio": ours["tokens_per_s"] / plain["tokens_per_s"], "blocked": ours["blocked_frac"],
-           "plain_read_loss_tok_s": synced["tokens_per_s"] if synced else None,
-           "plain": plain, "plain_read_loss": synced, "learner": ours}
-    print(f"    plain {row['plain_tok_s']:,.0f} tok/s, learner {row['learner_tok_s']:,.0f} tok/s, "
-          f"ratio {row['ratio']:.3f}, blocked {row['blocked']:.1%}", flush=True)
+    row = {
+        "device": device,
+        "device_name": plain["device_name"],
+        "model": model,
+        "parameters": plain["parameters"],
+        "seq_len": seq_len,
+        "batch": batch,
+        "steps": steps,
+        "threads": threads,
+        "plain_tok_s": plain["tokens_per_s"],
+        "learner_tok_s": ours["tokens_per_s"],
+        "ratio": ours["tokens_per_s"] / plain["tokens_per_s"],
+        "blocked": ours["blocked_frac"],
+        "plain_read_loss_tok_s": synced["tokens_per_s"] if synced else None,
+        "plain": plain,
+        "plain_read_loss": synced,
+        "learner": ours,
+    }
+    print(
+        f"    plain {row['plain_tok_s']:,.0f} tok/s, learner {row['learner_tok_s']:,.0f} tok/s, "
+        f"ratio {row['ratio']:.3f}, blocked {row['blocked']:.1%}",
+        flush=True,
+    )
     return row
 
 
@@ -182,12 +214,28 @@ def main(argv: list[str] | None = None) -> int:
             if args.quick and model not in QUICK[kind]:
                 continue
             rows.append(case(device, model, seq_len, batch, quick_steps if args.quick else steps))
-    common.print_table("Learner throughput: a real learner process vs a plain PyTorch loop", rows,
-                       ["device", "model", "parameters", "seq_len", "batch", "steps", "plain_tok_s",
-                        "plain_read_loss_tok_s", "learner_tok_s", "ratio", "blocked"])
+    common.print_table(
+        "Learner throughput: a real learner process vs a plain PyTorch loop",
+        rows,
+        [
+            "device",
+            "model",
+            "parameters",
+            "seq_len",
+            "batch",
+            "steps",
+            "plain_tok_s",
+            "plain_read_loss_tok_s",
+            "learner_tok_s",
+            "ratio",
+            "blocked",
+        ],
+    )
     gpu = next((r["device_name"] for r in rows if r["device"].startswith("cuda")), None)
-    common.write_json(args.out, {"benchmark": "learner_throughput", "quick": args.quick, "gpu": gpu,
-                                 "torch": torch.__version__, "rows": rows})
+    common.write_json(
+        args.out,
+        {"benchmark": "learner_throughput", "quick": args.quick, "gpu": gpu, "torch": torch.__version__, "rows": rows},
+    )
     return 0
 
 

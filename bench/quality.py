@@ -48,12 +48,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
-from bench.common import overrides  # noqa: E402
-from bench.evaluate import relative_gap  # noqa: E402
-from bench.fleet import Plan, diloco_run, local_host, run_diloco, tokens_per_step  # noqa: E402
-from bench.dprun import run_dp  # noqa: E402
-from syncer.settings import RunSettings  # noqa: E402
+from bench import common
+from bench.common import overrides
+from bench.dprun import run_dp
+from bench.evaluate import relative_gap
+from bench.fleet import Plan, diloco_run, local_host, run_diloco, tokens_per_step
+from syncer.settings import RunSettings
 
 LEARNERS = 4
 TARGET_SYNC, TARGET_CLEAN, TARGET_CHAOS = 0.01, 0.03, 0.05
@@ -65,15 +65,30 @@ def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1, help="chaos monkey seed")
     parser.add_argument("--mtbf", type=float, default=15.0, help="chaos monkey: mean seconds between faults")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each DiLoCo fleet")
-    parser.add_argument("--tuned", action="store_true",
-                        help="also the previous benchmark's tuned fleet (quorum 4, rebase, max_lag 2), with and without the monkey")
-    parser.add_argument("--legacy", action="store_true",
-                        help="also the defaults before the syncer called the rounds (own clocks, overwrite)")
-    parser.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE,...",
-                        help="also run a fleet with these [run] overrides, e.g. H=64,outer_lr=0.7 (repeatable)")
+    parser.add_argument(
+        "--tuned",
+        action="store_true",
+        help="also the previous benchmark's tuned fleet (quorum 4, rebase, max_lag 2), with and without the monkey",
+    )
+    parser.add_argument(
+        "--legacy",
+        action="store_true",
+        help="also the defaults before the syncer called the rounds (own clocks, overwrite)",
+    )
+    parser.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE,...",
+        help="also run a fleet with these [run] overrides, e.g. H=64,outer_lr=0.7 (repeatable)",
+    )
     parser.add_argument("--extra-only", action="store_true", help="DP and the --extra fleets only (a tuning sweep)")
-    parser.add_argument("--set", default="lr_schedule=cosine", metavar="KEY=VALUE,...",
-                        help="[run] overrides for every strategy, data-parallel included, e.g. lr_schedule=cosine")
+    parser.add_argument(
+        "--set",
+        default="lr_schedule=cosine",
+        metavar="KEY=VALUE,...",
+        help="[run] overrides for every strategy, data-parallel included, e.g. lr_schedule=cosine",
+    )
 
 
 TUNED = {"rebase": True, "quorum": LEARNERS, "max_lag": 2}
@@ -103,20 +118,30 @@ def plans(args: argparse.Namespace, steps: int) -> list[tuple[str, Plan]]:
         return fleet.monkey(args.mtbf, 3600, args.seed, "kill,pause,slow,partition", stop, fault_duration=5.0)
 
     def pair(name: str, tag: str, run: dict[str, Any]) -> list[tuple[str, Plan]]:
-        return [(name, Plan(f"q-{tag}", run, hosts, LEARNERS)),
-                (f"{name} + chaos monkey", Plan(f"q-{tag}-chaos", run, hosts, LEARNERS, budget_tokens=budget,
-                                                 chaos=monkey))]
+        return [
+            (name, Plan(f"q-{tag}", run, hosts, LEARNERS)),
+            (
+                f"{name} + chaos monkey",
+                Plan(f"q-{tag}-chaos", run, hosts, LEARNERS, budget_tokens=budget, chaos=monkey),
+            ),
+        ]
 
-    extras = [(f"DiLoCo {spec}", Plan(f"q-x{i}", {**dec, **overrides(spec)}, hosts, LEARNERS))
-              for i, spec in enumerate(args.extra)]
+    extras = [
+        (f"DiLoCo {spec}", Plan(f"q-x{i}", {**dec, **overrides(spec)}, hosts, LEARNERS))
+        for i, spec in enumerate(args.extra)
+    ]
     if args.extra_only:
         return extras
-    out = [(SYNC_NAME, Plan("q-sync", sync, hosts, LEARNERS))] + pair(DEFAULTS_NAME, "dec", dec)
+    out = [(SYNC_NAME, Plan("q-sync", sync, hosts, LEARNERS)), *pair(DEFAULTS_NAME, "dec", dec)]
     if args.tuned:
         out += pair(TUNED_NAME, "tuned", {**dec, **TUNED})
     if args.legacy:
-        out.append(("Decoupled DiLoCo, earlier defaults (own clocks, overwrite)",
-                    Plan("q-legacy", {**dec, **LEGACY}, hosts, LEARNERS)))
+        out.append(
+            (
+                "Decoupled DiLoCo, earlier defaults (own clocks, overwrite)",
+                Plan("q-legacy", {**dec, **LEGACY}, hosts, LEARNERS),
+            )
+        )
     return out + extras
 
 
@@ -126,15 +151,23 @@ def row(strategy: str, tokens: int, loss: float, dp_loss: float, extra: dict[str
 
 def diloco_row(strategy: str, runs: list[dict[str, Any]], dp_loss: float) -> dict[str, Any]:
     """Means over the repeats (eval loss also as min-max)."""
-    mean = lambda f: statistics.fmean(f(r) for r in runs)  # noqa: E731
+    mean = lambda f: statistics.fmean(f(r) for r in runs)
     losses = [r["eval_loss"] for r in runs]
-    return row(strategy, round(mean(lambda r: r["tokens_trained"])), statistics.fmean(losses), dp_loss,
-               {"eval min-max": f"{min(losses):.3f}-{max(losses):.3f}" if len(runs) > 1 else "-",
-                "merged/trained": mean(lambda r: r["tokens_merged"] / max(1, r["tokens_trained"])),
-                "contrib/round": mean(lambda r: r["mean_contributors"] or 0.0),
-                "blocked": mean(lambda r: r.get("blocked_share") or 0.0),
-                "faults": mean(lambda r: r["event_counts"].get("fault_inject", 0)),
-                "train_s": mean(lambda r: r["train_s"]), "runs": len(runs)})
+    return row(
+        strategy,
+        round(mean(lambda r: r["tokens_trained"])),
+        statistics.fmean(losses),
+        dp_loss,
+        {
+            "eval min-max": f"{min(losses):.3f}-{max(losses):.3f}" if len(runs) > 1 else "-",
+            "merged/trained": mean(lambda r: r["tokens_merged"] / max(1, r["tokens_trained"])),
+            "contrib/round": mean(lambda r: r["mean_contributors"] or 0.0),
+            "blocked": mean(lambda r: r.get("blocked_share") or 0.0),
+            "faults": mean(lambda r: r["event_counts"].get("fault_inject", 0)),
+            "train_s": mean(lambda r: r["train_s"]),
+            "runs": len(runs),
+        },
+    )
 
 
 def verdict(rows: list[dict[str, Any]], budget: int) -> dict[str, Any]:
@@ -144,16 +177,27 @@ def verdict(rows: list[dict[str, Any]], budget: int) -> dict[str, Any]:
     by = {r["strategy"]: r for r in rows}
     clean, chaos, sync = by[DEFAULTS_NAME], by[f"{DEFAULTS_NAME} + chaos monkey"], by[SYNC_NAME]
     vs_sync = relative_gap(clean["eval loss"], sync["eval loss"])
-    ok = {"vs_sync": vs_sync <= TARGET_SYNC, "clean": clean["vs DP"] <= TARGET_CLEAN, "chaos": chaos["vs DP"] <= TARGET_CHAOS}
+    ok = {
+        "vs_sync": vs_sync <= TARGET_SYNC,
+        "clean": clean["vs DP"] <= TARGET_CLEAN,
+        "chaos": chaos["vs DP"] <= TARGET_CHAOS,
+    }
     word = {True: "MET", False: "MISSED"}
-    text = (f"dldctl defaults, no failures: {100 * vs_sync:+.1f}% vs synchronous DiLoCo (target <= +1%: "
-            f"{word[ok['vs_sync']]}), {100 * clean['vs DP']:+.1f}% vs DP (target <= +3%: {word[ok['clean']]}); "
-            f"chaos monkey: {100 * chaos['vs DP']:+.1f}% vs DP (target <= +5%: {word[ok['chaos']]})")
+    text = (
+        f"dldctl defaults, no failures: {100 * vs_sync:+.1f}% vs synchronous DiLoCo (target <= +1%: "
+        f"{word[ok['vs_sync']]}), {100 * clean['vs DP']:+.1f}% vs DP (target <= +3%: {word[ok['clean']]}); "
+        f"chaos monkey: {100 * chaos['vs DP']:+.1f}% vs DP (target <= +5%: {word[ok['chaos']]})"
+    )
     over = chaos["tokens"] / budget - 1.0
     if over > 0.05:
         text += f"; that chaos run trained {100 * over:.0f}% more tokens than the budget"
-    return {"vs_sync_met": ok["vs_sync"], "clean_met": ok["clean"], "chaos_met": ok["chaos"],
-            "vs_sync": vs_sync, "text": text}
+    return {
+        "vs_sync_met": ok["vs_sync"],
+        "clean_met": ok["clean"],
+        "chaos_met": ok["chaos"],
+        "vs_sync": vs_sync,
+        "text": text,
+    }
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -165,8 +209,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax = fig.subplots()
     dp = rows[0]["eval loss"]
     palette = ["tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray"]
-    ax.barh([r["strategy"] for r in rows][::-1], [r["eval loss"] for r in rows][::-1],
-            color=[palette[i % len(palette)] for i in range(len(rows))][::-1])
+    ax.barh(
+        [r["strategy"] for r in rows][::-1],
+        [r["eval loss"] for r in rows][::-1],
+        color=[palette[i % len(palette)] for i in range(len(rows))][::-1],
+    )
     ax.axvline(dp * 1.03, color="k", ls=":", label="DP + 3%")
     ax.axvline(dp * 1.05, color="k", ls="--", label="DP + 5%")
     ax.set_xlim(min(r["eval loss"] for r in rows) * 0.9, max(r["eval loss"] for r in rows) * 1.05)
@@ -184,22 +231,50 @@ def main(argv: list[str] | None = None) -> int:
     budget = LEARNERS * steps * tokens_per_step(settings)
     dp = run_dp(settings, LEARNERS, budget_tokens=budget, checkpoint_every_s=600)
     dp_loss = dp["eval_loss_shared"]
-    rows = [row("data-parallel (gloo)", dp["tokens"], dp_loss, dp_loss,
-                {"eval min-max": "-", "merged/trained": 1.0, "contrib/round": float(LEARNERS), "blocked": None, "faults": 0,
-                 "train_s": dp.get("train_window_s") or dp["wall_s"], "runs": 1})]
+    rows = [
+        row(
+            "data-parallel (gloo)",
+            dp["tokens"],
+            dp_loss,
+            dp_loss,
+            {
+                "eval min-max": "-",
+                "merged/trained": 1.0,
+                "contrib/round": float(LEARNERS),
+                "blocked": None,
+                "faults": 0,
+                "train_s": dp.get("train_window_s") or dp["wall_s"],
+                "runs": 1,
+            },
+        )
+    ]
     runs: dict[str, Any] = {"data-parallel": dp}
     for strategy, plan in todo:
         runs[strategy] = [run_diloco(plan) for _ in range(max(1, args.repeats))]
         rows.append(diloco_row(strategy, runs[strategy], dp_loss))
-    common.print_table(f"Quality at equal tokens: {LEARNERS} learners/workers, gpt-tiny seq 32 batch 8, "
-                       f"{steps} steps each, H={args.H}", rows)
+    common.print_table(
+        f"Quality at equal tokens: {LEARNERS} learners/workers, gpt-tiny seq 32 batch 8, "
+        f"{steps} steps each, H={args.H}",
+        rows,
+    )
     result = verdict(rows, budget) if not args.extra_only else {"text": "tuning sweep: no verdict"}
     print(result["text"])
     png = args.out.with_suffix(".png")
     plot(rows, png)
-    common.write_json(args.out, {"benchmark": "quality", "quick": args.quick, "steps_per_learner": steps,
-                                 "budget_tokens": budget, "settings": settings, "rows": rows, "verdict": result,
-                                 "runs": runs, "plot": common.shown(png)})
+    common.write_json(
+        args.out,
+        {
+            "benchmark": "quality",
+            "quick": args.quick,
+            "steps_per_learner": steps,
+            "budget_tokens": budget,
+            "settings": settings,
+            "rows": rows,
+            "verdict": result,
+            "runs": runs,
+            "plot": common.shown(png),
+        },
+    )
     print(f"wrote {args.out} and {png}")
     return 0
 

@@ -42,8 +42,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
-from bench.fleet import Fleet, diloco_run, local_host  # noqa: E402
+from bench import common
+from bench.fleet import Fleet, diloco_run, local_host
 
 LEARNERS = 4
 CHUNK = 4 << 20
@@ -58,17 +58,27 @@ def _extra(parser: argparse.ArgumentParser) -> None:
 
 # --------------------------------------------------------------------------- rejoin after kill -9
 
-def kill_phases(events: list[dict[str, Any]], rounds: list[dict[str, Any]], kill_t: float, target: str) -> dict[str, Any]:
+
+def kill_phases(
+    events: list[dict[str, Any]], rounds: list[dict[str, Any]], kill_t: float, target: str
+) -> dict[str, Any]:
     """Times from one kill to each later stage of its learner's comeback (None when not seen)."""
+
     def first(kind: str, after: float) -> float | None:
         return next((e["t"] for e in events if e["kind"] == kind and e["target"] == target and e["t"] >= after), None)
+
     restart = first("restart", kill_t)
     rejoin = first("rejoin", restart) if restart else None
     contrib = next((r["t"] for r in rounds if rejoin and r["t"] >= rejoin and target in r["contributors"]), None)
-    gap = lambda a, b: b - a if a is not None and b is not None else None  # noqa: E731
-    return {"target": target, "kill_t": kill_t, "restart_delay_s": gap(kill_t, restart),
-            "process_start_s": gap(restart, rejoin), "join_to_contributing_s": gap(rejoin, contrib),
-            "total_s": gap(kill_t, contrib)}
+    gap = lambda a, b: b - a if a is not None and b is not None else None
+    return {
+        "target": target,
+        "kill_t": kill_t,
+        "restart_delay_s": gap(kill_t, restart),
+        "process_start_s": gap(restart, rejoin),
+        "join_to_contributing_s": gap(rejoin, contrib),
+        "total_s": gap(kill_t, contrib),
+    }
 
 
 def spares_ready(fleet: Fleet) -> int:
@@ -89,8 +99,8 @@ def measure_rejoins(kills: int, gap: float, warm: bool) -> list[dict[str, Any]]:
         for i in range(kills):
             target = f"learner-{i % LEARNERS}"
             if warm:
-                fleet.wait_for(lambda: spares_ready(fleet) > i, 60, "a warm spare", every=0.25)
-            fleet.wait_for(lambda: fleet.kill(target), 60, f"{target} to be killable", every=0.5)
+                fleet.wait_for(lambda: spares_ready(fleet) > i, 60, "a warm spare", every=0.25)  # noqa: B023 (called now)
+            fleet.wait_for(lambda: fleet.kill(target), 60, f"{target} to be killable", every=0.5)  # noqa: B023
             time.sleep(gap)
         time.sleep(max(0.0, 12.0 - gap))
         events, rounds = fleet.events(), fleet.rounds()
@@ -101,16 +111,27 @@ def measure_rejoins(kills: int, gap: float, warm: bool) -> list[dict[str, Any]]:
 
 def summarize(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
-    for key, label in (("restart_delay_s", "kill -> restart (delay 0.5 s)"), ("process_start_s", "restart -> rejoin"),
-                       ("join_to_contributing_s", "rejoin -> contributing"), ("total_s", "kill -> contributing")):
+    for key, label in (
+        ("restart_delay_s", "kill -> restart (delay 0.5 s)"),
+        ("process_start_s", "restart -> rejoin"),
+        ("join_to_contributing_s", "rejoin -> contributing"),
+        ("total_s", "kill -> contributing"),
+    ):
         values = [p[key] for p in phases if p[key] is not None]
-        rows.append({"stage": label, "median_s": statistics.median(values) if values else float("nan"),
-                     "min_s": min(values, default=float("nan")), "max_s": max(values, default=float("nan")),
-                     "n": len(values)})
+        rows.append(
+            {
+                "stage": label,
+                "median_s": statistics.median(values) if values else float("nan"),
+                "min_s": min(values, default=float("nan")),
+                "max_s": max(values, default=float("nan")),
+                "n": len(values),
+            }
+        )
     return rows
 
 
 # --------------------------------------------------------------------------- state transfer
+
 
 def fetch_state(run_dir: Path, settings: dict[str, Any], times: int) -> dict[str, Any]:
     """Join as learner-1 with a real SyncerClient `times` times; seconds and bytes per fetch."""
@@ -121,16 +142,22 @@ def fetch_state(run_dir: Path, settings: dict[str, Any], times: int) -> dict[str
 
     wl = workload(settings)
     params = dict(wl.model.named_parameters())
-    manifest = [fragments.TensorSpec(n, tuple(t.shape), "embedding" if n in wl.embedding_names else "dense")
-                for n, t in params.items()]
+    manifest = [
+        fragments.TensorSpec(n, tuple(t.shape), "embedding" if n in wl.embedding_names else "dense")
+        for n, t in params.items()
+    ]
     plan = fragments.plan(manifest, int(settings["fragments"]))
     nbytes = 4 * sum(plan.sizes())
     seconds = []
     for _ in range(times):
         cfg = load(run_dir / "config.json", "learner-1", workdir=run_dir / "bench-client")
-        client = SyncerClient(cfg, fragments.manifest_to_json(manifest), plan.sizes(),
-                              lambda: [plan.gather(p, {n: t.data for n, t in params.items()}) for p in range(plan.count)],
-                              secrets.token_hex(8))
+        client = SyncerClient(
+            cfg,
+            fragments.manifest_to_json(manifest),
+            plan.sizes(),
+            lambda: [plan.gather(p, {n: t.data for n, t in params.items()}) for p in range(plan.count)],
+            secrets.token_hex(8),
+        )
         t0 = time.perf_counter()
         client.start()
         if not client.ready.wait(120):
@@ -170,6 +197,7 @@ def _serve_tcp(port_q: Any, nbytes: int, times: int) -> None:
 def _serve_zmq(port_q: Any, nbytes: int, times: int) -> None:
     """Baseline server: a ROUTER answering each chunk request with CHUNK bytes of the state."""
     import zmq
+
     payload = bytes(nbytes)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
@@ -178,7 +206,7 @@ def _serve_zmq(port_q: Any, nbytes: int, times: int) -> None:
     while served < times * ((nbytes + CHUNK - 1) // CHUNK):
         rid, offset = sock.recv_multipart()
         off = int(offset)
-        sock.send_multipart([rid, offset, payload[off:off + CHUNK]], copy=False)
+        sock.send_multipart([rid, offset, payload[off : off + CHUNK]], copy=False)
         served += 1
     sock.close(linger=1000)
     ctx.term()
@@ -200,6 +228,7 @@ def tcp_fetch(port: int, nbytes: int) -> float:
 
 def zmq_fetch(port: int, nbytes: int) -> float:
     import zmq
+
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     t0 = time.perf_counter()
@@ -212,7 +241,7 @@ def zmq_fetch(port: int, nbytes: int) -> float:
             sock.send(str(offsets.pop(0)).encode())
             inflight += 1
         off, data = sock.recv_multipart()
-        buf[int(off):int(off) + len(data)] = data
+        buf[int(off) : int(off) + len(data)] = data
         inflight -= 1
     elapsed = time.perf_counter() - t0
     sock.close(linger=0)
@@ -224,7 +253,9 @@ def baseline(kind: str, nbytes: int, times: int) -> list[float]:
     """Seconds per transfer of `nbytes` from a server process over loopback."""
     spawn = mp.get_context("spawn")
     port_q = spawn.Queue()
-    server = spawn.Process(target=_serve_tcp if kind == "tcp" else _serve_zmq, args=(port_q, nbytes, times), daemon=True)
+    server = spawn.Process(
+        target=_serve_tcp if kind == "tcp" else _serve_zmq, args=(port_q, nbytes, times), daemon=True
+    )
     server.start()
     try:
         port = port_q.get(timeout=60)
@@ -239,11 +270,21 @@ def baseline(kind: str, nbytes: int, times: int) -> list[float]:
 def transfer_rows(xfer: dict[str, Any], tcp: list[float], zmq_s: list[float]) -> list[dict[str, Any]]:
     nbytes = xfer["bytes"]
     rows = []
-    for name, secs in (("SyncerClient full state (CURVE, CRC)", xfer["seconds"]), ("raw TCP, loopback", tcp),
-                       ("raw ZeroMQ, 4 MiB chunks x4", zmq_s)):
-        rows.append({"transfer": name, "MB": nbytes / 1e6, "median_s": statistics.median(secs),
-                     "MB/s (median)": common.mb_per_s(nbytes, statistics.median(secs)),
-                     "MB/s (best)": common.mb_per_s(nbytes, min(secs)), "n": len(secs)})
+    for name, secs in (
+        ("SyncerClient full state (CURVE, CRC)", xfer["seconds"]),
+        ("raw TCP, loopback", tcp),
+        ("raw ZeroMQ, 4 MiB chunks x4", zmq_s),
+    ):
+        rows.append(
+            {
+                "transfer": name,
+                "MB": nbytes / 1e6,
+                "median_s": statistics.median(secs),
+                "MB/s (median)": common.mb_per_s(nbytes, statistics.median(secs)),
+                "MB/s (best)": common.mb_per_s(nbytes, min(secs)),
+                "n": len(secs),
+            }
+        )
     for r in rows:
         r["vs TCP"] = r["MB/s (median)"] / rows[1]["MB/s (median)"]
     return rows
@@ -253,17 +294,32 @@ def main(argv: list[str] | None = None) -> int:
     args = common.parse_args("rejoin", __doc__, _extra, argv)
     kills = args.kills or (4 if args.quick else 8)
     times = args.transfers or (3 if args.quick else 5)
-    phases = {"fresh process": measure_rejoins(kills, args.gap, warm=False),
-              "warm spare": measure_rejoins(kills, args.gap, warm=True)}
+    phases = {
+        "fresh process": measure_rejoins(kills, args.gap, warm=False),
+        "warm spare": measure_rejoins(kills, args.gap, warm=True),
+    }
     stages = {how: summarize(p) for how, p in phases.items()}
     for how, rows in stages.items():
-        common.print_table(f"Rejoin after kill -9, {how}: {len(phases[how])} kills, 4 gpt-tiny learners, H=32, "
-                           "restart delay 0.5 s", rows)
+        common.print_table(
+            f"Rejoin after kill -9, {how}: {len(phases[how])} kills, 4 gpt-tiny learners, H=32, restart delay 0.5 s",
+            rows,
+        )
     xfer = measure_transfer(times)
     rows = transfer_rows(xfer, baseline("tcp", xfer["bytes"], times), baseline("zmq", xfer["bytes"], times))
-    common.print_table(f"State transfer: gpt-medium, {xfer['params']:,} params, {xfer['bytes'] / 1e6:.1f} MB fp32", rows)
-    common.write_json(args.out, {"benchmark": "rejoin", "quick": args.quick, "kills": phases, "stages": stages,
-                                 "transfer": xfer, "transfer_rows": rows})
+    common.print_table(
+        f"State transfer: gpt-medium, {xfer['params']:,} params, {xfer['bytes'] / 1e6:.1f} MB fp32", rows
+    )
+    common.write_json(
+        args.out,
+        {
+            "benchmark": "rejoin",
+            "quick": args.quick,
+            "kills": phases,
+            "stages": stages,
+            "transfer": xfer,
+            "transfer_rows": rows,
+        },
+    )
     print(f"wrote {args.out}")
     return 0
 

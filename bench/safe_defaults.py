@@ -21,11 +21,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
-from bench.fleet import Fleet, Plan, local_host, read_jsonl, run_diloco  # noqa: E402
-from syncer.settings import RunSettings  # noqa: E402
+from bench import common
+from bench.fleet import Fleet, Plan, local_host, read_jsonl, run_diloco
+from syncer.settings import RunSettings
 
-DIVERGED = 0.10     # final score this far above the run's best
+DIVERGED = 0.10  # final score this far above the run's best
 
 
 def _extra(parser: Any) -> None:
@@ -38,19 +38,45 @@ def _scores(fleet: Fleet) -> list[dict[str, Any]]:
 
 
 def run(H: int, M: int, duration: float) -> dict[str, Any]:
-    settings = {"model": "gpt-tiny", "seq_len": 32, "batch_size": 8, "H": H, "fragments": 4,
-                "eval_every": 100000, "global_eval_every": 8, "insecure": True}
-    res = run_diloco(Plan(f"s-H{H}-M{M}", settings, [local_host("here", M)], M, duration_s=duration,
-                          inspect=_scores, timeout_s=duration + 600))
+    settings = {
+        "model": "gpt-tiny",
+        "seq_len": 32,
+        "batch_size": 8,
+        "H": H,
+        "fragments": 4,
+        "eval_every": 100000,
+        "global_eval_every": 8,
+        "insecure": True,
+    }
+    res = run_diloco(
+        Plan(
+            f"s-H{H}-M{M}",
+            settings,
+            [local_host("here", M)],
+            M,
+            duration_s=duration,
+            inspect=_scores,
+            timeout_s=duration + 600,
+        )
+    )
     losses = [m["loss"] for m in res["inspect"]]
     finite = [x for x in losses if math.isfinite(x)]
     final, best = (losses[-1], min(finite)) if finite else (None, None)
     diverged = (len(finite) < len(losses)) or final is None or final > best * (1 + DIVERGED)
     risks = RunSettings(**{**settings, "quorum": 1}).risks()
-    return {"H": H, "learners": M, "scores": len(losses), "first": losses[0] if losses else None, "best": best,
-            "final": final, "eval loss (final model)": res["eval_loss"], "diverged": diverged,
-            "guard trips": sum(1 for m in res["inspect"] if not m.get("good", True)),
-            "contrib/round": res["mean_contributors"], "warnings": "; ".join(risks) or "-"}
+    return {
+        "H": H,
+        "learners": M,
+        "scores": len(losses),
+        "first": losses[0] if losses else None,
+        "best": best,
+        "final": final,
+        "eval loss (final model)": res["eval_loss"],
+        "diverged": diverged,
+        "guard trips": sum(1 for m in res["inspect"] if not m.get("good", True)),
+        "contrib/round": res["mean_contributors"],
+        "warnings": "; ".join(risks) or "-",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,12 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     for H, M in grid:
         rows.append(run(H, M, duration))
         print(rows[-1], flush=True)
-    common.print_table(f"Default settings, gpt-tiny, {duration:g} s per fleet: divergence = a non-finite score or the "
-                       f"final one > {100 * DIVERGED:g}% above the best", rows)
+    common.print_table(
+        f"Default settings, gpt-tiny, {duration:g} s per fleet: divergence = a non-finite score or the "
+        f"final one > {100 * DIVERGED:g}% above the best",
+        rows,
+    )
     bad = [f"H={r['H']} M={r['learners']}" for r in rows if r["diverged"]]
     print("every combination trained without divergence" if not bad else f"diverged: {', '.join(bad)}")
-    common.write_json(args.out, {"benchmark": "safe_defaults", "quick": args.quick, "duration_s": duration,
-                                 "rows": rows, "diverged": bad})
+    common.write_json(
+        args.out,
+        {"benchmark": "safe_defaults", "quick": args.quick, "duration_s": duration, "rows": rows, "diverged": bad},
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -30,9 +30,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import common  # noqa: E402
-from dldctl.sim.goodput import ELASTIC, FleetParams, elastic_timeline  # noqa: E402
-from dldctl.sim.montecarlo import sweep  # noqa: E402
+from bench import common
+from dldctl.sim.goodput import ELASTIC, FleetParams, elastic_timeline
+from dldctl.sim.montecarlo import sweep
 
 CHIPS = [150_000, 300_000, 600_000, 1_200_000, 2_400_000]
 LEARNERS = [1, 2, 4, 8, 16]
@@ -48,10 +48,24 @@ def time_core(base: FleetParams, seeds: list[int]) -> tuple[float, list]:
 def time_cli(seeds: int, hours: float) -> float:
     """The sweep as an operator runs it, start-up and plot included."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "dldctl", "simulate", "goodput",
-               "--sweep", "chips=" + ",".join(map(str, CHIPS)),
-               "--learners", ",".join(map(str, LEARNERS)), "--seeds", str(seeds),
-               "--hours", f"{hours:g}", "--plot", str(Path(tmp) / "sweep.png"), "--json"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "dldctl",
+            "simulate",
+            "goodput",
+            "--sweep",
+            "chips=" + ",".join(map(str, CHIPS)),
+            "--learners",
+            ",".join(map(str, LEARNERS)),
+            "--seeds",
+            str(seeds),
+            "--hours",
+            f"{hours:g}",
+            "--plot",
+            str(Path(tmp) / "sweep.png"),
+            "--json",
+        ]
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         wall = time.perf_counter() - start
@@ -85,10 +99,15 @@ def naive_baseline(base: FleetParams, seeds: list[int]) -> dict:
     # The full sweep simulates each chip count once per strategy run: data-parallel, elastic,
     # and DiLoCo at every learner count, for every seed.
     chip_runs = sum(CHIPS) * (2 + len(LEARNERS)) * len(seeds)
-    return {"method": "naive per-chip exponential draws (Python loop), elastic accounting",
-            "chips": fleet.chips, "seeds": len(seeds), "wall_s": wall,
-            "per_chip_us": per_chip_s * 1e6, "goodput_mean": float(np.mean(goodputs)),
-            "estimated_full_sweep_s": per_chip_s * chip_runs}
+    return {
+        "method": "naive per-chip exponential draws (Python loop), elastic accounting",
+        "chips": fleet.chips,
+        "seeds": len(seeds),
+        "wall_s": wall,
+        "per_chip_us": per_chip_s * 1e6,
+        "goodput_mean": float(np.mean(goodputs)),
+        "estimated_full_sweep_s": per_chip_s * chip_runs,
+    }
 
 
 def print_table(results: list, seeds: int) -> None:
@@ -128,15 +147,27 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'target':<44}{TARGET_S:>10.2f}")
     print(f"{'baseline: naive per-chip, ' + format(CHIPS[0], ',') + ' chips':<44}{baseline['wall_s']:>10.2f}")
     print(f"{'baseline extrapolated to the full sweep':<44}{baseline['estimated_full_sweep_s']:>10.1f}")
-    print(f"failures simulated: {failures:,.0f}; CLI / target = {cli_s / TARGET_S:.3f}; "
-          f"naive elastic goodput {baseline['goodput_mean']:.3f} vs event-based {event_goodput:.3f}")
+    print(
+        f"failures simulated: {failures:,.0f}; CLI / target = {cli_s / TARGET_S:.3f}; "
+        f"naive elastic goodput {baseline['goodput_mean']:.3f} vs event-based {event_goodput:.3f}"
+    )
 
     payload = {
-        "benchmark": "simulate_sweep", "chips": CHIPS, "learners": LEARNERS, "seeds": args.seeds,
-        "hours": args.hours, "core_wall_s": core_s, "cli_wall_s": cli_s, "target_s": TARGET_S,
-        "cli_ratio_to_target": cli_s / TARGET_S, "failures_simulated": failures,
-        "event_goodput_smallest_elastic": event_goodput, "baseline": baseline,
-        "quick": args.quick, "numpy": np.__version__, "results": [s.to_dict() for s in results],
+        "benchmark": "simulate_sweep",
+        "chips": CHIPS,
+        "learners": LEARNERS,
+        "seeds": args.seeds,
+        "hours": args.hours,
+        "core_wall_s": core_s,
+        "cli_wall_s": cli_s,
+        "target_s": TARGET_S,
+        "cli_ratio_to_target": cli_s / TARGET_S,
+        "failures_simulated": failures,
+        "event_goodput_smallest_elastic": event_goodput,
+        "baseline": baseline,
+        "quick": args.quick,
+        "numpy": np.__version__,
+        "results": [s.to_dict() for s in results],
     }
     common.write_json(args.out, payload)
     print(f"wrote {args.out}")

@@ -36,10 +36,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
-from bench.fleet import Fleet  # noqa: E402
+from bench import common
+from bench.fleet import Fleet
 
-LEARNERS = 4   # the built-in default fleet
+LEARNERS = 4  # the built-in default fleet
 TARGET_RSS = 0.10
 
 
@@ -65,7 +65,7 @@ def sample_rss(fleet: Fleet, stop: threading.Event, every: float, out: list[dict
     pid = fleet.status()["syncer"].get("pid")
     while not stop.wait(every):
         rss = vm_rss_kb(pid) if pid else None
-        if rss is None:   # the syncer is gone or was replaced: ask dldctl for the current pid
+        if rss is None:  # the syncer is gone or was replaced: ask dldctl for the current pid
             try:
                 pid = fleet.status()["syncer"].get("pid")
             except (RuntimeError, ValueError):
@@ -81,8 +81,14 @@ def rss_growth(samples: list[dict[str, Any]], start: float, end: float, warmup: 
     if not first or not last:
         return {"first_mb": None, "last_mb": None, "growth": None, "max_mb": None}
     a, b = statistics.fmean(first), statistics.fmean(last)
-    return {"first_mb": a / 1024, "last_mb": b / 1024, "growth": b / a - 1.0,
-            "max_mb": max(s["rss_kb"] for s in samples if s["rss_kb"]) / 1024, "n_first": len(first), "n_last": len(last)}
+    return {
+        "first_mb": a / 1024,
+        "last_mb": b / 1024,
+        "growth": b / a - 1.0,
+        "max_mb": max(s["rss_kb"] for s in samples if s["rss_kb"]) / 1024,
+        "n_first": len(first),
+        "n_last": len(last),
+    }
 
 
 def soak(name: str, duration: float, monkey_seed: int | None, warmup: float, win: float) -> dict[str, Any]:
@@ -107,37 +113,60 @@ def soak(name: str, duration: float, monkey_seed: int | None, warmup: float, win
         down_error = None
         try:
             summary = fleet.down()
-        except RuntimeError as exc:   # down exits 1 when something is left running: that is a finding
+        except RuntimeError as exc:  # down exits 1 when something is left running: that is a finding
             summary, down_error = {}, str(exc)[-2000:]
         leftovers = fleet.leftovers()
         events = fleet.events()
-        curve = [{k: x.get(k) for k in ("t", "loss_train", "loss_eval", "goodput", "tokens_trained", "quorum_live")}
-                 for x in fleet.samples()[::5]]
+        curve = [
+            {k: x.get(k) for k in ("t", "loss_train", "loss_eval", "goodput", "tokens_trained", "quorum_live")}
+            for x in fleet.samples()[::5]
+        ]
         final = summary.get("final_model")
         loss = evaluate.eval_file(final, settings) if final else None
         kinds = [e["kind"] for e in events]
-        return {"name": name, "duration_s": end - start, "settings": settings, "summary": summary,
-                "down_error": down_error, "leftovers": leftovers, "eval_loss": loss,
-                "syncer_deaths": kinds.count("syncer_death"), "learner_restarts": kinds.count("restart"),
-                "faults_injected": kinds.count("fault_inject"), "monkey": monkey,
-                "rss": rss_growth(rss, start, end, warmup, win), "rss_samples": rss, "curve": curve}
+        return {
+            "name": name,
+            "duration_s": end - start,
+            "settings": settings,
+            "summary": summary,
+            "down_error": down_error,
+            "leftovers": leftovers,
+            "eval_loss": loss,
+            "syncer_deaths": kinds.count("syncer_death"),
+            "learner_restarts": kinds.count("restart"),
+            "faults_injected": kinds.count("fault_inject"),
+            "monkey": monkey,
+            "rss": rss_growth(rss, start, end, warmup, win),
+            "rss_samples": rss,
+            "curve": curve,
+        }
 
 
 def row(res: dict[str, Any]) -> dict[str, Any]:
     s, rss = res["summary"], res["rss"]
-    return {"run": res["name"], "minutes": res["duration_s"] / 60, "faults": res["faults_injected"],
-            "learner restarts": res["learner_restarts"], "syncer deaths": res["syncer_deaths"],
-            "RSS first MB": rss["first_mb"] or float("nan"), "RSS last MB": rss["last_mb"] or float("nan"),
-            "RSS growth": rss["growth"] if rss["growth"] is not None else float("nan"),
-            "leaked procs": len(res["leftovers"]), "goodput": s.get("goodput") or float("nan"),
-            "tokens trained": s.get("tokens_trained") or 0, "eval loss": res["eval_loss"] or float("nan")}
+    return {
+        "run": res["name"],
+        "minutes": res["duration_s"] / 60,
+        "faults": res["faults_injected"],
+        "learner restarts": res["learner_restarts"],
+        "syncer deaths": res["syncer_deaths"],
+        "RSS first MB": rss["first_mb"] or float("nan"),
+        "RSS last MB": rss["last_mb"] or float("nan"),
+        "RSS growth": rss["growth"] if rss["growth"] is not None else float("nan"),
+        "leaked procs": len(res["leftovers"]),
+        "goodput": s.get("goodput") or float("nan"),
+        "tokens trained": s.get("tokens_trained") or 0,
+        "eval loss": res["eval_loss"] or float("nan"),
+    }
 
 
 def verdict(chaos: dict[str, Any], clean: dict[str, Any] | None) -> dict[str, Any]:
     growth = chaos["rss"]["growth"]
-    checks = {"no unplanned syncer restarts": chaos["syncer_deaths"] == 0,
-              "syncer RSS growth < 10%": growth is not None and growth < TARGET_RSS,
-              "no leaked processes": not chaos["leftovers"] and not chaos["down_error"]}
+    checks = {
+        "no unplanned syncer restarts": chaos["syncer_deaths"] == 0,
+        "syncer RSS growth < 10%": growth is not None and growth < TARGET_RSS,
+        "no leaked processes": not chaos["leftovers"] and not chaos["down_error"],
+    }
     gap = None
     if clean and clean["eval_loss"] and chaos["eval_loss"]:
         gap = chaos["eval_loss"] / clean["eval_loss"] - 1.0
@@ -173,15 +202,28 @@ def main(argv: list[str] | None = None) -> int:
     chaos = soak("soak-chaos", duration, args.seed, warmup, win)
     clean = None if args.no_clean else soak("soak-clean", duration, None, warmup, win)
     runs = [r for r in (chaos, clean) if r]
-    common.print_table(f"Soak: built-in default fleet, chaos monkey mtbf 30 s (kill, pause, slow, partition), "
-                       f"{duration / 60:g} min each", [row(r) for r in runs])
+    common.print_table(
+        f"Soak: built-in default fleet, chaos monkey mtbf 30 s (kill, pause, slow, partition), "
+        f"{duration / 60:g} min each",
+        [row(r) for r in runs],
+    )
     result = verdict(chaos, clean)
     print(result["text"])
     png = args.out.with_suffix(".png")
     plot(runs, png)
-    common.write_json(args.out, {"benchmark": "soak", "quick": args.quick, "duration_s": duration, "seed": args.seed,
-                                 "rows": [row(r) for r in runs], "verdict": result, "runs": runs,
-                                 "plot": common.shown(png)})
+    common.write_json(
+        args.out,
+        {
+            "benchmark": "soak",
+            "quick": args.quick,
+            "duration_s": duration,
+            "seed": args.seed,
+            "rows": [row(r) for r in runs],
+            "verdict": result,
+            "runs": runs,
+            "plot": common.shown(png),
+        },
+    )
     print(f"wrote {args.out} and {png}")
     return 0 if all(result["checks"].values()) else 1
 

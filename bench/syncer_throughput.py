@@ -41,21 +41,20 @@ import pstats
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-
-from typing import Callable
 
 import torch
 import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
-from workload.gpt import param_shapes  # noqa: E402
-from syncer import codec, fragments, native  # noqa: E402
-from syncer.core import Outbox, SyncerCore  # noqa: E402
-from syncer.protocol import Message  # noqa: E402
-from syncer.settings import RunSettings  # noqa: E402
+from bench import common
+from syncer import codec, fragments, native
+from syncer.core import Outbox, SyncerCore
+from syncer.protocol import Message
+from syncer.settings import RunSettings
+from workload.gpt import param_shapes
 
 LEARNERS = ("l0", "l1", "l2", "l3")
 EMBEDDINGS = {"transformer.wte.weight", "transformer.wpe.weight"}
@@ -75,10 +74,26 @@ def build_core(model: str, settings: RunSettings, kernel: native.Kernel | None =
     specs = manifest(model)
     out = Outbox()
     for lid in LEARNERS:
-        core.handle(lid, Message("hello", {
-            "learner": lid, "incarnation": "i1", "run": "bench", "pid": 1, "host": "local", "device": "cpu",
-            "batch_size": 16, "codecs": list(codec.MODES), "manifest": fragments.manifest_to_json(specs),
-            "fragments": settings.fragments}), 0.5, out)
+        core.handle(
+            lid,
+            Message(
+                "hello",
+                {
+                    "learner": lid,
+                    "incarnation": "i1",
+                    "run": "bench",
+                    "pid": 1,
+                    "host": "local",
+                    "device": "cpu",
+                    "batch_size": 16,
+                    "codecs": list(codec.MODES),
+                    "manifest": fragments.manifest_to_json(specs),
+                    "fragments": settings.fragments,
+                },
+            ),
+            0.5,
+            out,
+        )
     plan = fragments.plan(specs, settings.fragments)
     g = torch.Generator().manual_seed(0)
     chunk = core.chunk_numel()
@@ -86,8 +101,14 @@ def build_core(model: str, settings: RunSettings, kernel: native.Kernel | None =
         values = torch.randn(n, generator=g) * 0.02
         for off in range(0, n, chunk):
             part = values[off : off + chunk]
-            core.handle(LEARNERS[0], Message("init", {"fragment": p, "offset": off, "numel": part.numel(),
-                                                      "total": n}, [part.numpy().tobytes()]), 0.5, out)
+            core.handle(
+                LEARNERS[0],
+                Message(
+                    "init", {"fragment": p, "offset": off, "numel": part.numel(), "total": n}, [part.numpy().tobytes()]
+                ),
+                0.5,
+                out,
+            )
     for lid in LEARNERS:
         core.handle(lid, Message("heartbeat", {"step": 1, "tokens": 16, "state": "running"}), 0.5, out)
     assert core.model is not None
@@ -108,8 +129,12 @@ def make_blobs(core: SyncerCore, settings: RunSettings) -> list[list[bytes]]:
     blobs = []
     for p, theta in enumerate(core.model.theta):
         shared = torch.randn(theta.numel(), generator=torch.Generator().manual_seed(1000 + p)) * 3e-4
-        blobs.append([codec.encode(outer_gradient(theta.numel(), 10 * p + m, shared), settings.compression,
-                                   settings.block) for m in range(len(LEARNERS))])
+        blobs.append(
+            [
+                codec.encode(outer_gradient(theta.numel(), 10 * p + m, shared), settings.compression, settings.block)
+                for m in range(len(LEARNERS))
+            ]
+        )
     return blobs
 
 
@@ -119,7 +144,7 @@ class Rounds:
     def __init__(self, core: SyncerCore, blobs: list[list[bytes]], steps: int) -> None:
         self.core, self.blobs, self.steps = core, blobs, steps
         self.now = 1.0
-        self.seq = 0          # per-learner push sequence numbers must increase (replay protection)
+        self.seq = 0  # per-learner push sequence numbers must increase (replay protection)
         self.push_s = 0.0
         self.close_s = 0.0
 
@@ -131,10 +156,25 @@ class Rounds:
             self.seq += 1
             t0 = time.thread_time()
             for lid, blob in zip(LEARNERS, blobs):
-                core.handle(lid, Message("push", {
-                    "fragment": p, "base_version": core.model.versions[p], "seq": self.seq, "epoch": core.epoch,
-                    "c_steps": self.steps, "c_tokens": self.steps * 2048, "c_time": self.steps * 0.1,
-                    "step_time": 0.1}, [blob]), self.now, out)
+                core.handle(
+                    lid,
+                    Message(
+                        "push",
+                        {
+                            "fragment": p,
+                            "base_version": core.model.versions[p],
+                            "seq": self.seq,
+                            "epoch": core.epoch,
+                            "c_steps": self.steps,
+                            "c_tokens": self.steps * 2048,
+                            "c_time": self.steps * 0.1,
+                            "step_time": 0.1,
+                        },
+                        [blob],
+                    ),
+                    self.now,
+                    out,
+                )
             t1 = time.thread_time()
             core.tick(self.now, out)
             t2 = time.thread_time()
@@ -155,6 +195,7 @@ def zstd_floor(blobs: list[list[bytes]]) -> Callable[[], None]:
             for blob in row:
                 d.decompress(memoryview(blob)[codec.HEADER_SIZE :])
             c.compress(raw)
+
     return run
 
 
@@ -167,6 +208,7 @@ def state_floor(core: SyncerCore) -> Callable[[], None]:
     def run() -> None:
         for t in copies:
             t.mul_(1.0)
+
     return run
 
 
@@ -200,22 +242,36 @@ def bench_model(model: str, fragments_count: int, repeat: int, kernel: native.Ke
         state += common.measure(state_fn, repeat=1, warmup=0)
     mbs, mbs_base = common.mb_per_s(nbytes, pipe.cpu.median), common.mb_per_s(nbytes, base.cpu.median)
     mbs_zstd, mbs_state = common.mb_per_s(nbytes, floor.cpu.median), common.mb_per_s(nbytes, state.cpu.median)
-    bound = 1.0 / (1.0 / mbs_zstd + 1.0 / mbs_state)   # one core does both, one after the other
+    bound = 1.0 / (1.0 / mbs_zstd + 1.0 / mbs_state)  # one core does both, one after the other
     return {
-        "model": model, "kernel": "native" if kernel is not None else "torch", "fragments": fragments_count, "fragment_MB": nbytes / fragments_count / 1e6,
+        "model": model,
+        "kernel": "native" if kernel is not None else "torch",
+        "fragments": fragments_count,
+        "fragment_MB": nbytes / fragments_count / 1e6,
         "segments": sum(len(core.model.plan.segments(p)) for p in range(fragments_count)),
         "round_ms": 1e3 * pipe.cpu.median / fragments_count,
-        "MB/s": mbs, "best_MB/s": common.mb_per_s(nbytes, pipe.cpu.best), "spread": pipe.cpu.spread,
-        "wall_MB/s": common.mb_per_s(nbytes, pipe.median), "wall_spread": pipe.spread,
-        "memcpy_MB/s": mbs_base, "memcpy_spread": base.cpu.spread, "ratio": mbs / mbs_base,
-        "zstd_only_MB/s": mbs_zstd, "zstd_only_ratio": mbs_zstd / mbs_base,
-        "state_only_MB/s": mbs_state, "state_only_ratio": mbs_state / mbs_base,
-        "bound_MB/s": bound, "bound_ratio": bound / mbs_base,
+        "MB/s": mbs,
+        "best_MB/s": common.mb_per_s(nbytes, pipe.cpu.best),
+        "spread": pipe.cpu.spread,
+        "wall_MB/s": common.mb_per_s(nbytes, pipe.median),
+        "wall_spread": pipe.spread,
+        "memcpy_MB/s": mbs_base,
+        "memcpy_spread": base.cpu.spread,
+        "ratio": mbs / mbs_base,
+        "zstd_only_MB/s": mbs_zstd,
+        "zstd_only_ratio": mbs_zstd / mbs_base,
+        "state_only_MB/s": mbs_state,
+        "state_only_ratio": mbs_state / mbs_base,
+        "bound_MB/s": bound,
+        "bound_ratio": bound / mbs_base,
         "input_MB/s": mbs * len(LEARNERS),
         "push_share": rounds.push_s / (rounds.push_s + rounds.close_s),
-        "faults/round": faults / (repeat * fragments_count), "kernel_share": sys_s / cpu_s if cpu_s else 0.0,
+        "faults/round": faults / (repeat * fragments_count),
+        "kernel_share": sys_s / cpu_s if cpu_s else 0.0,
         "verdict": "PASS" if mbs >= TARGET_MBS and mbs / mbs_base >= TARGET_RATIO else "FAIL",
-        "pipeline": pipe.to_dict(), "memcpy": base.to_dict(), "settings": settings.to_dict(),
+        "pipeline": pipe.to_dict(),
+        "memcpy": base.to_dict(),
+        "settings": settings.to_dict(),
     }
 
 
@@ -250,14 +306,44 @@ def main() -> None:
     if KERNEL is None:
         print(f"native kernel not available ({native.problem}): torch round step only")
     rows = [bench_model(model, 4, repeat, k) for model in args.models.split(",") for k in kernels]
-    columns = ["model", "kernel", "fragment_MB", "round_ms", "MB/s", "best_MB/s", "spread", "wall_MB/s", "memcpy_MB/s",
-               "ratio", "zstd_only_ratio", "state_only_ratio", "bound_ratio", "input_MB/s", "faults/round", "verdict"]
-    common.print_table(f"Syncer round throughput, 4 learners, int4+zstd, 1 thread "
-                       f"(CPU time, median of {repeat}; wall_ = wall clock)", rows, columns)
-    print(f"targets: >= {TARGET_MBS:.0f} MB/s and >= {TARGET_RATIO:.0%} of memcpy (same bytes, same run); "
-          "bound_ratio: zstd + state updates alone, the most any implementation can reach (the JSON has every column)")
-    common.write_json(args.out, {"benchmark": "syncer_throughput", "quick": args.quick, "learners": len(LEARNERS),
-                                 "target_MB/s": TARGET_MBS, "target_ratio": TARGET_RATIO, "rows": rows})
+    columns = [
+        "model",
+        "kernel",
+        "fragment_MB",
+        "round_ms",
+        "MB/s",
+        "best_MB/s",
+        "spread",
+        "wall_MB/s",
+        "memcpy_MB/s",
+        "ratio",
+        "zstd_only_ratio",
+        "state_only_ratio",
+        "bound_ratio",
+        "input_MB/s",
+        "faults/round",
+        "verdict",
+    ]
+    common.print_table(
+        f"Syncer round throughput, 4 learners, int4+zstd, 1 thread (CPU time, median of {repeat}; wall_ = wall clock)",
+        rows,
+        columns,
+    )
+    print(
+        f"targets: >= {TARGET_MBS:.0f} MB/s and >= {TARGET_RATIO:.0%} of memcpy (same bytes, same run); "
+        "bound_ratio: zstd + state updates alone, the most any implementation can reach (the JSON has every column)"
+    )
+    common.write_json(
+        args.out,
+        {
+            "benchmark": "syncer_throughput",
+            "quick": args.quick,
+            "learners": len(LEARNERS),
+            "target_MB/s": TARGET_MBS,
+            "target_ratio": TARGET_RATIO,
+            "rows": rows,
+        },
+    )
     print(f"wrote {args.out}")
 
 

@@ -55,8 +55,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -66,12 +67,13 @@ WORKER = ROOT / "bench" / "torchft_worker.py"
 HOST = "127.0.0.1"
 LIGHTHOUSE_OPTS = {"min_replicas": 1, "join_timeout_ms": 2000, "heartbeat_timeout_ms": 2000, "quorum_tick_ms": 50}
 OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9
-BOOT_TIMEOUT_S = 240.0    # launch -> every group has trained a step
-STOP_GRACE_S = 30.0       # stop file -> every live worker has saved its model and exited
+BOOT_TIMEOUT_S = 240.0  # launch -> every group has trained a step
+STOP_GRACE_S = 30.0  # stop file -> every live worker has saved its model and exited
 REPLICAS = 4
 
 
 # --------------------------------------------------------------------------- pure helpers
+
 
 def kill_plan(schedule: Sequence[float], replicas: int, seed: int) -> list[tuple[float, int]]:
     """(time, victim) per kill: victims drawn with random.Random(seed), one draw per kill in
@@ -118,8 +120,14 @@ def curve(events: list[dict[str, Any]], start: float, end: float) -> list[dict[s
     points = []
     for e in sorted(events, key=lambda e: e["time"]):
         if e.get("event") == "eval" and int(e["group"]) == 0 and e["time"] <= end:
-            points.append({"t": e["time"] - start, "tokens": committed_in(events, start, e["time"]),
-                           "eval_loss": e["eval_loss"], "manager_step": e.get("manager_step")})
+            points.append(
+                {
+                    "t": e["time"] - start,
+                    "tokens": committed_in(events, start, e["time"]),
+                    "eval_loss": e["eval_loss"],
+                    "manager_step": e.get("manager_step"),
+                }
+            )
     return points
 
 
@@ -127,15 +135,24 @@ def rejoins(kills: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[d
     """Per kill: seconds to the victim's next first step, to its heal, to its first committed sync."""
     out = []
     for k in kills:
-        later = [e for e in events if int(e["group"]) == k["victim"] and e["time"] > k["time"]
-                 and int(e["incarnation"]) > k["incarnation"]]
+        later = [
+            e
+            for e in events
+            if int(e["group"]) == k["victim"] and e["time"] > k["time"] and int(e["incarnation"]) > k["incarnation"]
+        ]
 
-        def first(pred: Any) -> float | None:
+        def first(pred: Any, later: list[dict[str, Any]] = later, k: dict[str, Any] = k) -> float | None:
             times = [e["time"] for e in later if pred(e)]
             return min(times) - k["time"] if times else None
-        out.append({**k, "to_first_step_s": first(lambda e: e["event"] == "start"),
-                    "to_heal_s": first(lambda e: e["event"] == "heal"),
-                    "to_commit_s": first(lambda e: e["event"] == "sync" and e.get("committed"))})
+
+        out.append(
+            {
+                **k,
+                "to_first_step_s": first(lambda e: e["event"] == "start"),
+                "to_heal_s": first(lambda e: e["event"] == "heal"),
+                "to_commit_s": first(lambda e: e["event"] == "sync" and e.get("committed")),
+            }
+        )
     return out
 
 
@@ -144,21 +161,30 @@ def pick_final(finals: list[dict[str, Any]]) -> dict[str, Any] | None:
     return min(finals, key=lambda f: (-int(f["manager_step"]), int(f["group"])), default=None)
 
 
-def summarize(events: list[dict[str, Any]], start: float, end: float, kills: list[dict[str, Any]],
-              restarts: int) -> dict[str, Any]:
+def summarize(
+    events: list[dict[str, Any]], start: float, end: float, kills: list[dict[str, Any]], restarts: int
+) -> dict[str, Any]:
     """The window's numbers from the workers' events (JSON-ready)."""
     window = max(1e-9, end - start)
     committed, trained = committed_in(events, start, end), trained_in(events, start, end)
     syncs = [e for e in events if e.get("event") == "sync" and start <= e["time"] <= end]
     done = rejoins(kills, events)
     heals = [k["to_heal_s"] for k in done if k["to_heal_s"] is not None]
-    return {"window_s": end - start, "tokens_committed": committed, "tokens_trained": trained,
-            "tokens_per_s": committed / window, "tokens_trained_per_s": trained / window,
-            "committed_fraction": committed / trained if trained else None,
-            "syncs": len(syncs), "syncs_committed": sum(1 for e in syncs if e.get("committed")),
-            "heals": sum(1 for e in events if e.get("event") == "heal" and start <= e["time"] <= end),
-            "kills": done, "restarts": restarts, "mean_rejoin_s": sum(heals) / len(heals) if heals else None,
-            "curve": curve(events, start, end)}
+    return {
+        "window_s": end - start,
+        "tokens_committed": committed,
+        "tokens_trained": trained,
+        "tokens_per_s": committed / window,
+        "tokens_trained_per_s": trained / window,
+        "committed_fraction": committed / trained if trained else None,
+        "syncs": len(syncs),
+        "syncs_committed": sum(1 for e in syncs if e.get("committed")),
+        "heals": sum(1 for e in events if e.get("event") == "heal" and start <= e["time"] <= end),
+        "kills": done,
+        "restarts": restarts,
+        "mean_rejoin_s": sum(heals) / len(heals) if heals else None,
+        "curve": curve(events, start, end),
+    }
 
 
 def read_events(out_dir: Path, replicas: int) -> list[dict[str, Any]]:
@@ -173,11 +199,12 @@ def read_events(out_dir: Path, replicas: int) -> list[dict[str, Any]]:
             try:
                 events.append(json.loads(line))
             except ValueError:
-                pass     # a torn last line (the writer was killed mid-write)
+                pass  # a torn last line (the writer was killed mid-write)
     return sorted(events, key=lambda e: e["time"])
 
 
 # --------------------------------------------------------------------------- processes
+
 
 class Proc:
     """A process this benchmark started, in its own session (process group = its pid)."""
@@ -185,8 +212,15 @@ class Proc:
     def __init__(self, cmd: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
         with open(log, "ab") as fh:
-            self.popen = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True)
+            self.popen = subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         self.pid = self.popen.pid
 
     def alive(self) -> bool:
@@ -209,7 +243,9 @@ def free_port() -> int:
 
 
 def lighthouse_bin() -> str:
-    exe = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent)) or shutil.which("torchft_lighthouse")
+    exe = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent)) or shutil.which(
+        "torchft_lighthouse"
+    )
     if exe is None:
         raise RuntimeError("torchft_lighthouse not found: pip install torchft==0.2.0 into this environment")
     return exe
@@ -236,11 +272,12 @@ def tail(path: Path, n: int = 3000) -> str:
 
 
 def worker_env(lighthouse: str) -> dict[str, str]:
-    env = dict(os.environ, TORCHFT_LIGHTHOUSE=lighthouse, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-               TORCHFT_USE_OTEL="false")
+    env = dict(
+        os.environ, TORCHFT_LIGHTHOUSE=lighthouse, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TORCHFT_USE_OTEL="false"
+    )
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     if Path("/sys/class/net/lo").exists():
-        env["GLOO_SOCKET_IFNAME"] = "lo"    # gloo's sockets on the loopback interface
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's sockets on the loopback interface
     return env
 
 
@@ -252,7 +289,7 @@ class Job:
         self.env = worker_env("")
         self.lighthouse: Proc | None = None
         self.workers: dict[int, Proc] = {}
-        self.incarnation = {g: -1 for g in range(replicas)}
+        self.incarnation = dict.fromkeys(range(replicas), -1)
         self.restart_at: dict[int, float] = {}
         self.retired: list[Proc] = []
 
@@ -308,15 +345,32 @@ class Job:
 
 # --------------------------------------------------------------------------- one run
 
-def write_config(out_dir: Path, settings: dict[str, Any], replicas: int, fragments: int, eval_every_s: float,
-                 outer: tuple[float, float]) -> Path:
+
+def write_config(
+    out_dir: Path,
+    settings: dict[str, Any],
+    replicas: int,
+    fragments: int,
+    eval_every_s: float,
+    outer: tuple[float, float],
+) -> Path:
     config = out_dir / "config.json"
-    config.write_text(json.dumps({"settings": {k: v for k, v in settings.items() if k != "name"},
-                                  "replicas": replicas, "fragments": fragments,
-                                  "stop_file": str(out_dir / "stop"), "go_file": str(out_dir / "go"),
-                                  "eval_every_s": eval_every_s,
-                                  "outer_lr": outer[0], "outer_momentum": outer[1],
-                                  "min_replicas": LIGHTHOUSE_OPTS["min_replicas"]}, indent=1))
+    config.write_text(
+        json.dumps(
+            {
+                "settings": {k: v for k, v in settings.items() if k != "name"},
+                "replicas": replicas,
+                "fragments": fragments,
+                "stop_file": str(out_dir / "stop"),
+                "go_file": str(out_dir / "go"),
+                "eval_every_s": eval_every_s,
+                "outer_lr": outer[0],
+                "outer_momentum": outer[1],
+                "min_replicas": LIGHTHOUSE_OPTS["min_replicas"],
+            },
+            indent=1,
+        )
+    )
     return config
 
 
@@ -332,16 +386,19 @@ def _wait_start(job: Job, deadline: float, delay_s: float) -> tuple[float, int]:
         if start is not None:
             return start, crashed
         if time.time() > deadline:
-            raise TimeoutError(f"torchft replicas not all training after {BOOT_TIMEOUT_S:g} s: "
-                               f"{tail(job.out_dir / 'replica-0' / 'worker-0.log')}")
+            raise TimeoutError(
+                f"torchft replicas not all training after {BOOT_TIMEOUT_S:g} s: "
+                f"{tail(job.out_dir / 'replica-0' / 'worker-0.log')}"
+            )
         crashed += job.tend(delay_s)
         if crashed > 2 * job.replicas:
             raise RuntimeError(f"torchft workers keep exiting: {tail(job.out_dir / 'replica-0' / 'worker-0.log')}")
         time.sleep(0.2)
 
 
-def _window(job: Job, start: float, end: float, plan: list[tuple[float, int]], delay_s: float,
-            deadline: float) -> tuple[list[dict[str, Any]], int]:
+def _window(
+    job: Job, start: float, end: float, plan: list[tuple[float, int]], delay_s: float, deadline: float
+) -> tuple[list[dict[str, Any]], int]:
     """Kill on schedule and restart until `end`: (kills done, unexpected exits)."""
     kills: list[dict[str, Any]] = []
     crashed = 0
@@ -352,7 +409,7 @@ def _window(job: Job, start: float, end: float, plan: list[tuple[float, int]], d
         while pending and time.time() >= start + pending[0][0]:
             done = job.kill(pending[0][1], delay_s)
             if done is None:
-                break                 # the victim is restarting: try again next poll
+                break  # the victim is restarting: try again next poll
             kills.append({**done, "t": done["time"] - start, "scheduled_t": pending.pop(0)[0]})
         crashed += job.tend(delay_s)
         time.sleep(0.05)
@@ -383,14 +440,28 @@ def _final_model(out_dir: Path, replicas: int, settings: dict[str, Any]) -> dict
     if chosen is None:
         return {"eval_loss": None, "final_group": None, "final_manager_step": None}
     shutil.copyfile(out_dir / f"replica-{chosen['group']}" / "final_model.pt", out_dir / "final_model.pt")
-    return {"eval_loss": evaluate.eval_file(out_dir / "final_model.pt", settings), "final_group": chosen["group"],
-            "final_manager_step": chosen["manager_step"], "finals": len(finals)}
+    return {
+        "eval_loss": evaluate.eval_file(out_dir / "final_model.pt", settings),
+        "final_group": chosen["group"],
+        "final_manager_step": chosen["manager_step"],
+        "finals": len(finals),
+    }
 
 
-def run_torchft(settings: dict, replicas: int, out_dir: Path, *, duration_s: float,
-                kill_schedule: Sequence[float] = (), seed: int = 0, restart_delay_s: float = 0.5,
-                eval_every_s: float = 10.0, timeout_s: float | None = None, fragments: int | None = None,
-                outer: tuple[float, float] = (OUTER_LR, OUTER_MOMENTUM)) -> dict:
+def run_torchft(
+    settings: dict,
+    replicas: int,
+    out_dir: Path,
+    *,
+    duration_s: float,
+    kill_schedule: Sequence[float] = (),
+    seed: int = 0,
+    restart_delay_s: float = 0.5,
+    eval_every_s: float = 10.0,
+    timeout_s: float | None = None,
+    fragments: int | None = None,
+    outer: tuple[float, float] = (OUTER_LR, OUTER_MOMENTUM),
+) -> dict:
     """Run torchft DiLoCo for a window of `duration_s` under `kill_schedule` (see the module docstring).
 
     `settings`: a `[run]` table (bench.fleet.diloco_run); `fragments` defaults to its "fragments".
@@ -416,16 +487,30 @@ def run_torchft(settings: dict, replicas: int, out_dir: Path, *, duration_s: flo
     events = read_events(out_dir, replicas)
     res = summarize(events, start, end, kills, restarts=len(kills) + crashed + more)
     res.update(_final_model(out_dir, replicas, settings))
-    res.update({"unexpected_exits": crashed + more, "boot_s": start - launched, "kill_schedule": list(kill_schedule),
-                "seed": seed, "replicas": replicas, "H": int(settings["H"]), "fragments": fragments,
-                "outer": {"lr": outer[0], "momentum": outer[1], "nesterov": True},
-                "lighthouse": LIGHTHOUSE_OPTS, "restart_delay_s": restart_delay_s, "settings": settings,
-                "torchft": _version(), "pids_alive_after": leftovers, "out_dir": str(out_dir)})
+    res.update(
+        {
+            "unexpected_exits": crashed + more,
+            "boot_s": start - launched,
+            "kill_schedule": list(kill_schedule),
+            "seed": seed,
+            "replicas": replicas,
+            "H": int(settings["H"]),
+            "fragments": fragments,
+            "outer": {"lr": outer[0], "momentum": outer[1], "nesterov": True},
+            "lighthouse": LIGHTHOUSE_OPTS,
+            "restart_delay_s": restart_delay_s,
+            "settings": settings,
+            "torchft": _version(),
+            "pids_alive_after": leftovers,
+            "out_dir": str(out_dir),
+        }
+    )
     return {**res, "clean_tokens_per_s": res["tokens_per_s"]} if not kill_schedule else res
 
 
 def _version() -> str | None:
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("torchft")
     except PackageNotFoundError:
@@ -433,6 +518,7 @@ def _version() -> str | None:
 
 
 # --------------------------------------------------------------------------- CLI
+
 
 def _extra(parser: Any) -> None:
     parser.add_argument("--duration", type=float, default=None, help="window D in seconds (default 100, quick 30)")
@@ -454,12 +540,19 @@ def schedule_for(duration: float, mtbf: float, seed: int, quick: bool) -> list[f
 
 
 def row(case: str, r: dict[str, Any]) -> dict[str, Any]:
-    return {"case": case, "window_s": r["window_s"], "kills": len(r["kills"]), "restarts": r["restarts"],
-            "tokens committed": r["tokens_committed"], "tokens trained": r["tokens_trained"],
-            "committed tok/s": r["tokens_per_s"], "trained tok/s": r["tokens_trained_per_s"],
-            "syncs ok/all": f"{r['syncs_committed']}/{r['syncs']}",
-            "rejoin s": r["mean_rejoin_s"] if r["mean_rejoin_s"] is not None else "-",
-            "eval loss": r["eval_loss"] if r["eval_loss"] is not None else float("nan")}
+    return {
+        "case": case,
+        "window_s": r["window_s"],
+        "kills": len(r["kills"]),
+        "restarts": r["restarts"],
+        "tokens committed": r["tokens_committed"],
+        "tokens trained": r["tokens_trained"],
+        "committed tok/s": r["tokens_per_s"],
+        "trained tok/s": r["tokens_trained_per_s"],
+        "syncs ok/all": f"{r['syncs_committed']}/{r['syncs']}",
+        "rejoin s": r["mean_rejoin_s"] if r["mean_rejoin_s"] is not None else "-",
+        "eval loss": r["eval_loss"] if r["eval_loss"] is not None else float("nan"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -473,8 +566,13 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="torchft_diloco_"))
     try:
         clean = run_torchft(settings, args.replicas, workdir / "clean", duration_s=duration, seed=args.seed)
-        failing = run_torchft(settings, args.replicas, workdir / "kills", duration_s=duration,
-                              kill_schedule=schedule, seed=args.seed) if schedule else None
+        failing = (
+            run_torchft(
+                settings, args.replicas, workdir / "kills", duration_s=duration, kill_schedule=schedule, seed=args.seed
+            )
+            if schedule
+            else None
+        )
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -482,14 +580,29 @@ def main(argv: list[str] | None = None) -> int:
     ratio = failing["tokens_per_s"] / clean["tokens_per_s"] if failing and clean["tokens_per_s"] else None
     if failing is not None:
         rows.append(row(f"torchft DiLoCo, {len(schedule)} kills", failing))
-    common.print_table(f"torchft {clean['torchft']} DiLoCo: {args.replicas} replica groups, {settings['model']}, "
-                       f"H={args.H}, {clean['fragments']} fragments, window {duration:g} s, kills at {schedule}", rows)
+    common.print_table(
+        f"torchft {clean['torchft']} DiLoCo: {args.replicas} replica groups, {settings['model']}, "
+        f"H={args.H}, {clean['fragments']} fragments, window {duration:g} s, kills at {schedule}",
+        rows,
+    )
     if ratio is not None:
         print(f"committed tokens/s under kills = {ratio:.2f} x clean")
-    common.write_json(args.out, {"benchmark": "torchft_diloco", "quick": args.quick, "duration_s": duration,
-                                 "mtbf_s": args.mtbf, "seed": args.seed, "schedule": schedule, "settings": settings,
-                                 "clean_tokens_per_s": clean["tokens_per_s"], "kills_vs_clean": ratio,
-                                 "rows": rows, "runs": {"clean": clean, "kills": failing}})
+    common.write_json(
+        args.out,
+        {
+            "benchmark": "torchft_diloco",
+            "quick": args.quick,
+            "duration_s": duration,
+            "mtbf_s": args.mtbf,
+            "seed": args.seed,
+            "schedule": schedule,
+            "settings": settings,
+            "clean_tokens_per_s": clean["tokens_per_s"],
+            "kills_vs_clean": ratio,
+            "rows": rows,
+            "runs": {"clean": clean, "kills": failing},
+        },
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -27,7 +27,8 @@ Manager is up), "start" (first inner step), "sync" (one per fragment sync: commi
 healed or not, tokens trained and credited), "eval" (group 0: the held-out loss of its global
 model, by `bench.evaluate.eval_loss` on the learners' eval batches, at the first commit after
 every `eval_every_s`), "final". The first incarnations wait for the go file (every group's Manager is
-up, so the first quorum has them all) before training; a restarted one does not. Tokens credited at a sync are this incarnation's inner steps
+up, so the first quorum has them all) before training; a restarted one does not. Tokens credited
+at a sync are this incarnation's inner steps
 since its previous sync, when the sync committed and this replica did not heal at it (a healed
 replica's pseudo-gradient is a copy of its peer's). When the stop file appears, the worker saves
 its global model (every fragment's last committed parameters) as OUT/final_model.pt
@@ -38,57 +39,57 @@ from __future__ import annotations
 
 import time
 
-_PROCESS_T0 = time.time()   # before the heavy imports: a restart's cost includes them
+_PROCESS_T0 = time.time()  # before the heavy imports: a restart's cost includes them
 
-import argparse  # noqa: E402
-import copy  # noqa: E402
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-from dataclasses import dataclass, fields  # noqa: E402
-from datetime import timedelta  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import sys
+from dataclasses import dataclass, fields
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.distributed import TCPStore  # noqa: E402
-from torchft import Manager, ProcessGroupGloo  # noqa: E402
-from torchft.checkpointing import HTTPTransport  # noqa: E402
-from torchft.local_sgd import DiLoCo  # noqa: E402
+import torch
+from torch import nn
+from torch.distributed import TCPStore
+from torchft import Manager, ProcessGroupGloo
+from torchft.checkpointing import HTTPTransport
+from torchft.local_sgd import DiLoCo
 
-from bench.evaluate import eval_loss  # noqa: E402
-from learner.schedule import learning_rate  # noqa: E402
-from workload import Workload, WorkloadContext, build_workload  # noqa: E402
-from syncer.settings import settings_from_dict  # noqa: E402
+from bench.evaluate import eval_loss
+from learner.schedule import learning_rate
+from syncer.settings import settings_from_dict
+from workload import Workload, WorkloadContext, build_workload
 
 HOST = "127.0.0.1"
 PROGRESS, FINAL, FINAL_MODEL = "progress.jsonl", "final.json", "final_model.pt"
-DATA_RESEED = 7_919   # a restarted incarnation's data seed: seed + DATA_RESEED x incarnation
+DATA_RESEED = 7_919  # a restarted incarnation's data seed: seed + DATA_RESEED x incarnation
 
 
 @dataclass
 class WorkerConfig:
     """The worker's JSON config (what `bench.torchft_diloco.run_torchft` writes)."""
 
-    settings: dict                    # run settings, as for the learners (model, data, seed, lr, H, ...)
-    replicas: int                     # replica groups (= data shards)
-    stop_file: str                    # stop (save the final model, exit) once this file exists
-    go_file: str = ""                 # start training only once this file exists (all groups booted)
-    fragments: int = 1                # streaming DiLoCo fragments (H must be a multiple)
-    eval_every_s: float = 10.0        # group 0: evaluate its global model about this often
+    settings: dict  # run settings, as for the learners (model, data, seed, lr, H, ...)
+    replicas: int  # replica groups (= data shards)
+    stop_file: str  # stop (save the final model, exit) once this file exists
+    go_file: str = ""  # start training only once this file exists (all groups booted)
+    fragments: int = 1  # streaming DiLoCo fragments (H must be a multiple)
+    eval_every_s: float = 10.0  # group 0: evaluate its global model about this often
     outer_lr: float = 0.7
-    outer_momentum: float = 0.9       # Nesterov
-    min_replicas: int = 1             # Manager(min_replica_size=...)
-    timeout_s: float = 30.0           # Manager: collectives, should_commit, checkpoint transfer
+    outer_momentum: float = 0.9  # Nesterov
+    min_replicas: int = 1  # Manager(min_replica_size=...)
+    timeout_s: float = 30.0  # Manager: collectives, should_commit, checkpoint transfer
     quorum_timeout_s: float = 60.0
     connect_timeout_s: float = 10.0
-    pg_timeout_s: float = 10.0        # ProcessGroupGloo
+    pg_timeout_s: float = 10.0  # ProcessGroupGloo
     threads: int = 1
 
 
@@ -107,7 +108,7 @@ def load_config(text_or_path: str) -> WorkerConfig:
 
 def check_schedule(H: int, fragments: int) -> int:
     """Inner steps between two fragment syncs (H / fragments); DiLoCo's own constraints, early."""
-    if fragments < 1 or H < fragments or H % fragments:
+    if fragments < 1 or fragments > H or H % fragments:
         raise ValueError(f"torchft DiLoCo needs H a multiple of fragments >= 1 (H={H}, fragments={fragments})")
     return H // fragments
 
@@ -158,13 +159,15 @@ class Replica:
         self.incarnation = int(os.environ.get("TORCHFT_INCARNATION", "0"))
         self.every = check_schedule(int(self.s["H"]), cfg.fragments)
         self.wl = self._build()
-        self.inner = torch.optim.AdamW(self.wl.model.parameters(), lr=float(self.s["lr"]),
-                                       weight_decay=float(self.s["weight_decay"]))
+        self.inner = torch.optim.AdamW(
+            self.wl.model.parameters(), lr=float(self.s["lr"]), weight_decay=float(self.s["weight_decay"])
+        )
         sizes = [(n, p.numel()) for n, p in self.wl.model.named_parameters()]
-        self.fragments = [ParamFragment(self.wl.model, names)
-                          for names in balanced_fragments(sizes, cfg.fragments)]
-        self.outer = [torch.optim.SGD(f.parameters(), lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=True)
-                      for f in self.fragments]
+        self.fragments = [ParamFragment(self.wl.model, names) for names in balanced_fragments(sizes, cfg.fragments)]
+        self.outer = [
+            torch.optim.SGD(f.parameters(), lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=True)
+            for f in self.fragments
+        ]
         self.store = TCPStore(host_name=HOST, port=0, is_master=True, wait_for_workers=False)
         self.manager = self._manager()
         self.steps = self.tokens_trained = self.tokens_committed = self.pending = 0
@@ -173,26 +176,45 @@ class Replica:
         self.eval_model: nn.Module | None = None
         self._diloco: DiLoCo | None = None
         self.loss: float | None = None
-        self._event("boot", boot_s=time.time() - _PROCESS_T0, fragment_sizes=[sum(p.numel() for p in f.parameters())
-                                                                              for f in self.fragments])
+        self._event(
+            "boot",
+            boot_s=time.time() - _PROCESS_T0,
+            fragment_sizes=[sum(p.numel() for p in f.parameters()) for f in self.fragments],
+        )
 
     def _build(self) -> Workload:
-        ctx = WorkloadContext(settings=self.s, learner_index=self.group, shards=self.cfg.replicas,
-                              batch_size=int(self.s["batch_size"]), device=torch.device("cpu"),
-                              seed=int(self.s["seed"]) + DATA_RESEED * self.incarnation)
+        ctx = WorkloadContext(
+            settings=self.s,
+            learner_index=self.group,
+            shards=self.cfg.replicas,
+            batch_size=int(self.s["batch_size"]),
+            device=torch.device("cpu"),
+            seed=int(self.s["seed"]) + DATA_RESEED * self.incarnation,
+        )
         return build_workload(ctx)
 
     def _manager(self) -> Manager:
         c = self.cfg
         timeout = timedelta(seconds=c.timeout_s)
-        return Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=c.pg_timeout_s)),
-                       load_state_dict=self._load_state_dict, state_dict=self._state_dict,
-                       min_replica_size=c.min_replicas, use_async_quorum=False, timeout=timeout,
-                       quorum_timeout=timedelta(seconds=c.quorum_timeout_s),
-                       connect_timeout=timedelta(seconds=c.connect_timeout_s), rank=0, world_size=1,
-                       store_addr=HOST, store_port=self.store.port, lighthouse_addr=os.environ["TORCHFT_LIGHTHOUSE"],
-                       replica_id=f"torchft_diloco_{self.group}", hostname=HOST, init_sync=False,
-                       checkpoint_transport=LoopbackHTTPTransport(timeout=timeout, num_chunks=0))
+        return Manager(
+            pg=ProcessGroupGloo(timeout=timedelta(seconds=c.pg_timeout_s)),
+            load_state_dict=self._load_state_dict,
+            state_dict=self._state_dict,
+            min_replica_size=c.min_replicas,
+            use_async_quorum=False,
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=c.quorum_timeout_s),
+            connect_timeout=timedelta(seconds=c.connect_timeout_s),
+            rank=0,
+            world_size=1,
+            store_addr=HOST,
+            store_port=self.store.port,
+            lighthouse_addr=os.environ["TORCHFT_LIGHTHOUSE"],
+            replica_id=f"torchft_diloco_{self.group}",
+            hostname=HOST,
+            init_sync=False,
+            checkpoint_transport=LoopbackHTTPTransport(timeout=timeout, num_chunks=0),
+        )
 
     # -- what a recovering peer receives (DiLoCo adds each fragment's global state itself) ------
     def _state_dict(self) -> dict[str, Any]:
@@ -201,7 +223,7 @@ class Replica:
     def _load_state_dict(self, state: dict[str, Any]) -> None:
         self.wl.model.load_state_dict(state["model"])
         self.inner.load_state_dict(state["inner_optim"])
-        self.healed_at = self.manager.current_step()   # the step the live peers are at
+        self.healed_at = self.manager.current_step()  # the step the live peers are at
         self._event("heal", manager_step=self.healed_at)
 
     # -- training -----------------------------------------------------------------------------
@@ -212,8 +234,15 @@ class Replica:
         stop = Path(self.cfg.stop_file)
         while self.cfg.go_file and not Path(self.cfg.go_file).exists() and not stop.exists():
             time.sleep(0.05)
-        with DiLoCo(self.manager, self.fragments, self.inner, self.outer, sync_every=int(self.s["H"]),
-                    backup_device=torch.device("cpu"), pin_memory=False) as self._diloco:
+        with DiLoCo(
+            self.manager,
+            self.fragments,
+            self.inner,
+            self.outer,
+            sync_every=int(self.s["H"]),
+            backup_device=torch.device("cpu"),
+            pin_memory=False,
+        ) as self._diloco:
             while not stop.exists():
                 self._train_step()
                 if self.steps == 1:
@@ -223,8 +252,13 @@ class Replica:
 
     def _lr(self) -> float:
         step = self.manager.current_step() * self.every + self.steps % self.every
-        return learning_rate(step, float(self.s["lr"]), int(self.s["warmup"]), self.s.get("lr_schedule", "constant"),
-                             int(self.s.get("steps") or 0))
+        return learning_rate(
+            step,
+            float(self.s["lr"]),
+            int(self.s["warmup"]),
+            self.s.get("lr_schedule", "constant"),
+            int(self.s.get("steps") or 0),
+        )
 
     def _train_step(self) -> None:
         for group in self.inner.param_groups:
@@ -236,7 +270,7 @@ class Replica:
         if float(self.s["grad_clip"]) > 0:
             torch.nn.utils.clip_grad_norm_(self.wl.model.parameters(), float(self.s["grad_clip"]))
         before = self.manager.current_step()
-        self.inner.step()          # DiLoCo's hook: every H/fragments steps a quorum, an all-reduce, the outer step
+        self.inner.step()  # DiLoCo's hook: every H/fragments steps a quorum, an all-reduce, the outer step
         tokens = self.wl.tokens(batch)
         self.steps += 1
         self.tokens_trained += tokens
@@ -253,9 +287,16 @@ class Replica:
         credited = self.pending if committed and healed_at is None else 0
         self.pending = 0
         self.tokens_committed += credited
-        self._event("sync", manager_step=after, committed=committed, healed=healed_at is not None,
-                    credited=credited, participants=self.manager.num_participants(),
-                    batches_committed=self.manager.batches_committed(), loss=self.loss)
+        self._event(
+            "sync",
+            manager_step=after,
+            committed=committed,
+            healed=healed_at is not None,
+            credited=credited,
+            participants=self.manager.num_participants(),
+            batches_committed=self.manager.batches_committed(),
+            loss=self.loss,
+        )
         if self.group == 0 and committed and time.time() - self.last_eval >= self.cfg.eval_every_s:
             self._evaluate()
 
@@ -267,7 +308,7 @@ class Replica:
             for local, name in fragment.model_names().items():
                 state[name] = sync.original_parameters[local].detach().clone()
         if "lm_head.weight" in state and "transformer.wte.weight" in state:
-            state["lm_head.weight"] = state["transformer.wte.weight"]   # tied: the same tensor
+            state["lm_head.weight"] = state["transformer.wte.weight"]  # tied: the same tensor
         return state
 
     def _diloco_fragments(self) -> list[Any]:
@@ -281,8 +322,7 @@ class Replica:
         t0 = time.perf_counter()
         value = eval_loss(state, self.s, wl)
         self.last_eval = time.time()
-        self._event("eval", eval_loss=value, manager_step=self.manager.current_step(),
-                    eval_s=time.perf_counter() - t0)
+        self._event("eval", eval_loss=value, manager_step=self.manager.current_step(), eval_s=time.perf_counter() - t0)
 
     def _finish(self) -> None:
         state = self.global_state_dict()
@@ -297,10 +337,17 @@ class Replica:
 
     # -- reporting ----------------------------------------------------------------------------
     def _record(self, event: str, **extra: Any) -> dict[str, Any]:
-        return {"event": event, "time": time.time(), "group": self.group, "incarnation": self.incarnation,
-                "steps": self.steps, "tokens_trained": self.tokens_trained,
-                "tokens_committed": self.tokens_committed, "manager_step": self.manager.current_step()
-                if hasattr(self, "manager") else 0, **extra}
+        return {
+            "event": event,
+            "time": time.time(),
+            "group": self.group,
+            "incarnation": self.incarnation,
+            "steps": self.steps,
+            "tokens_trained": self.tokens_trained,
+            "tokens_committed": self.tokens_committed,
+            "manager_step": self.manager.current_step() if hasattr(self, "manager") else 0,
+            **extra,
+        }
 
     def _event(self, event: str, **extra: Any) -> None:
         self._append(self._record(event, **extra))

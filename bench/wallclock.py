@@ -39,20 +39,24 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from bench import common, evaluate  # noqa: E402
-from bench.ddp_baseline import failure_schedule  # noqa: E402
-from bench.fleet import Fleet, Plan, diloco_run, local_host, run_diloco  # noqa: E402
-from bench.dprun import run_dp  # noqa: E402
-from bench.quality import DLDCTL_OUTER, SYNC_OUTER  # noqa: E402
-from syncer import checkpoint, fragments  # noqa: E402
+from bench import common, evaluate
+from bench.ddp_baseline import failure_schedule
+from bench.dprun import run_dp
+from bench.fleet import Fleet, Plan, diloco_run, local_host, run_diloco
+from bench.quality import DLDCTL_OUTER, SYNC_OUTER
+from syncer import checkpoint, fragments
 
 LEARNERS = 4
 MTBF = 20.0
 DP_BOOT_S = 8.0
-DEFAULTS, SYNC, DP, TORCHFT = ("Decoupled DiLoCo, dldctl defaults", "synchronous DiLoCo",
-                               "data-parallel + restarts", "torchft DiLoCo")
+DEFAULTS, SYNC, DP, TORCHFT = (
+    "Decoupled DiLoCo, dldctl defaults",
+    "synchronous DiLoCo",
+    "data-parallel + restarts",
+    "torchft DiLoCo",
+)
 
 
 def _extra(parser: argparse.ArgumentParser) -> None:
@@ -82,8 +86,13 @@ def checkpoint_curve(fleet: Fleet, run: dict[str, Any], start: float) -> list[di
         tensors = {spec.name: torch.zeros(spec.shape) for spec in manifest}
         for p in range(plan.count):
             plan.scatter(p, state["theta"][p], tensors)
-        curve.append({"t": float(state["saved_at"]) - start, "tokens": int(state["fleet"]["merged_tokens"]),
-                      "eval_loss": evaluate.eval_loss(tensors, run, wl)})
+        curve.append(
+            {
+                "t": float(state["saved_at"]) - start,
+                "tokens": int(state["fleet"]["merged_tokens"]),
+                "eval_loss": evaluate.eval_loss(tensors, run, wl),
+            }
+        )
     return curve
 
 
@@ -98,8 +107,9 @@ def run_fleet(name: str, run: dict[str, Any], duration: float, schedule: list[fl
     def curve(fleet: Fleet) -> list[dict[str, Any]]:
         return checkpoint_curve(fleet, run, box.get("start", 0.0))
 
-    res = run_diloco(Plan(name, run, [local_host("here", LEARNERS)], LEARNERS, duration_s=duration,
-                          chaos=kills, inspect=curve))
+    res = run_diloco(
+        Plan(name, run, [local_host("here", LEARNERS)], LEARNERS, duration_s=duration, chaos=kills, inspect=curve)
+    )
     res["curve"] = res.pop("inspect")
     return res
 
@@ -116,9 +126,13 @@ def run_torchft_or_skip(run: dict[str, Any], duration: float, schedule: list[flo
 
 def row(strategy: str, res: dict[str, Any], clean: dict[str, Any] | None, merged_per_s: float | None) -> dict[str, Any]:
     clean_rate = _rate(strategy, clean) if clean else None
-    return {"strategy": strategy, "kills": len(res.get("chaos") or res.get("kills") or []),
-            "eval loss": res.get("eval_loss_shared", res.get("eval_loss")), "tokens merged/s": merged_per_s,
-            "share of clean": merged_per_s / clean_rate if merged_per_s and clean_rate else None}
+    return {
+        "strategy": strategy,
+        "kills": len(res.get("chaos") or res.get("kills") or []),
+        "eval loss": res.get("eval_loss_shared", res.get("eval_loss")),
+        "tokens merged/s": merged_per_s,
+        "share of clean": merged_per_s / clean_rate if merged_per_s and clean_rate else None,
+    }
 
 
 def _rate(strategy: str, res: dict[str, Any]) -> float | None:
@@ -140,11 +154,16 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
     share_ok = None
     if by.get(TORCHFT, {}).get("share of clean") is not None:
         share_ok = (by[DEFAULTS]["share of clean"] or 0) > by[TORCHFT]["share of clean"]
-    text = (f"dldctl defaults end at {mine:.3f} against " + ", ".join(f"{k} {v:.3f}" for k, v in others.items())
-            + f" (target: lowest: {'MET' if lower else 'MISSED'})")
+    text = (
+        f"dldctl defaults end at {mine:.3f} against "
+        + ", ".join(f"{k} {v:.3f}" for k, v in others.items())
+        + f" (target: lowest: {'MET' if lower else 'MISSED'})"
+    )
     if share_ok is not None:
-        text += (f"; share of clean throughput {by[DEFAULTS]['share of clean']:.2f} against torchft's "
-                 f"{by[TORCHFT]['share of clean']:.2f} ({'MET' if share_ok else 'MISSED'})")
+        text += (
+            f"; share of clean throughput {by[DEFAULTS]['share of clean']:.2f} against torchft's "
+            f"{by[TORCHFT]['share of clean']:.2f} ({'MET' if share_ok else 'MISSED'})"
+        )
     return {"lowest_met": lower, "share_met": share_ok, "text": text}
 
 
@@ -156,7 +175,9 @@ def plot(runs: dict[str, Any], path: Path) -> None:
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     for name, res in runs.items():
-        points = [(c["t"], c["eval_loss"]) for c in res.get("curve") or [] if c.get("eval_loss") is not None and c["t"] >= 0]
+        points = [
+            (c["t"], c["eval_loss"]) for c in res.get("curve") or [] if c.get("eval_loss") is not None and c["t"] >= 0
+        ]
         if points and "clean" not in name:
             ax.plot(*zip(*points), marker=".", label=name)
     ax.set_xlabel("seconds since the whole fleet trains (kills every 20 s on average)")
@@ -179,20 +200,41 @@ def main(argv: list[str] | None = None) -> int:
         DP: run_dp(dec, LEARNERS, duration_s=duration + DP_BOOT_S, kill_schedule=schedule, seed=args.seed),
         TORCHFT: run_torchft_or_skip(dec, duration, schedule, args.seed),
     }
-    runs[f"{TORCHFT}, clean"] = run_torchft_or_skip(dec, duration, [], args.seed) if "skipped" not in runs[TORCHFT] else runs[TORCHFT]
-    rows = [row(name, runs[name], runs.get(f"{name}, clean"), _rate(name, runs[name]))
-            for name in (DEFAULTS, SYNC, DP, TORCHFT) if "skipped" not in runs[name]]
-    common.print_table(f"Equal wall time: {LEARNERS} learners/workers, gpt-tiny, H={args.H}, window {duration:g} s, "
-                       f"kills at {schedule} (mean every {MTBF:g} s, seed {args.seed})", rows)
+    runs[f"{TORCHFT}, clean"] = (
+        run_torchft_or_skip(dec, duration, [], args.seed) if "skipped" not in runs[TORCHFT] else runs[TORCHFT]
+    )
+    rows = [
+        row(name, runs[name], runs.get(f"{name}, clean"), _rate(name, runs[name]))
+        for name in (DEFAULTS, SYNC, DP, TORCHFT)
+        if "skipped" not in runs[name]
+    ]
+    common.print_table(
+        f"Equal wall time: {LEARNERS} learners/workers, gpt-tiny, H={args.H}, window {duration:g} s, "
+        f"kills at {schedule} (mean every {MTBF:g} s, seed {args.seed})",
+        rows,
+    )
     result = verdict(rows)
     if "skipped" in runs[TORCHFT]:
         result["text"] += f"; torchft skipped: {runs[TORCHFT]['skipped']}"
     print(result["text"])
     png = args.out.with_suffix(".png")
     plot(runs, png)
-    common.write_json(args.out, {"benchmark": "wallclock", "quick": args.quick, "duration_s": duration, "mtbf_s": MTBF,
-                                 "seed": args.seed, "schedule": schedule, "settings": dec, "rows": rows,
-                                 "verdict": result, "runs": runs, "plot": common.shown(png)})
+    common.write_json(
+        args.out,
+        {
+            "benchmark": "wallclock",
+            "quick": args.quick,
+            "duration_s": duration,
+            "mtbf_s": MTBF,
+            "seed": args.seed,
+            "schedule": schedule,
+            "settings": dec,
+            "rows": rows,
+            "verdict": result,
+            "runs": runs,
+            "plot": common.shown(png),
+        },
+    )
     print(f"wrote {args.out} and {png}")
     return 0
 

@@ -101,17 +101,32 @@ def check_host(inv: Inventory, spec: HostSpec, advertise: str | None, port: int)
         if not advertise:
             local_end = getattr(host, "local_address", None)
             advertise = (local_end() if callable(local_end) else None) or "127.0.0.1"
-        out = host.run(f"{shlex.quote(python)} -c {shlex.quote(PROBE)} {shlex.quote(advertise)} {port}", timeout=120, check=False)
+        out = host.run(
+            f"{shlex.quote(python)} -c {shlex.quote(PROBE)} {shlex.quote(advertise)} {port}", timeout=120, check=False
+        )
         if out.status != 0:
-            result.add("python", False, f"{python}: {(out.stderr or out.stdout).strip().splitlines()[-1:] or ['not found']}")
+            result.add(
+                "python", False, f"{python}: {(out.stderr or out.stdout).strip().splitlines()[-1:] or ['not found']}"
+            )
             return result
         facts = json.loads(out.stdout.strip().splitlines()[-1])
         result.add("python", True, f"{facts['python']} ({facts['executable']})")
         torch_ok = "torch" in facts or spec.setup == "venv"
-        result.add("torch", torch_ok, facts.get("torch") or facts.get("torch_error", "missing") +
-                   (" (setup = venv installs it)" if spec.setup == "venv" else ""))
-        result.add("device", *(_device_ok(spec, facts) if "torch" in facts else (spec.device == "cpu", "unknown without torch")))
-        result.add("port", bool(facts.get("port")), f"reaches {advertise}:{port}" if facts.get("port") else facts.get("port_error", "no"))
+        result.add(
+            "torch",
+            torch_ok,
+            facts.get("torch")
+            or facts.get("torch_error", "missing") + (" (setup = venv installs it)" if spec.setup == "venv" else ""),
+        )
+        result.add(
+            "device",
+            *(_device_ok(spec, facts) if "torch" in facts else (spec.device == "cpu", "unknown without torch")),
+        )
+        result.add(
+            "port",
+            bool(facts.get("port")),
+            f"reaches {advertise}:{port}" if facts.get("port") else facts.get("port_error", "no"),
+        )
     except DldError as exc:
         result.add("ssh", False, exc.line())
     finally:

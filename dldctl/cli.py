@@ -34,7 +34,7 @@ app.add_typer(cli_learner.app, name="learner")
 app.add_typer(cli_simulate.app, name="simulate")
 
 
-try:   # typer >= 0.16 carries its own copy of click
+try:  # typer >= 0.16 carries its own copy of click
     from typer._click.exceptions import ClickException
 except ImportError:  # pragma: no cover - older typer on the real click
     from click.exceptions import ClickException  # type: ignore[no-redef]
@@ -54,7 +54,7 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except ClickException as exc:
         ctx = getattr(exc, "ctx", None)
-        if type(exc).__name__ == "NoArgsIsHelpError":   # `dldctl` or `dldctl chaos` alone: the help
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `dldctl` or `dldctl chaos` alone: the help
             exc.show()
         else:
             _error(exc.format_message() + (f" (`{ctx.command_path} -h` for help)" if ctx is not None else ""))

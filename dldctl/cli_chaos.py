@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import random
-import tomllib
 from pathlib import Path
-from typing import Optional
 
+import tomllib
 import typer
 from rich.console import Console
 
@@ -16,14 +15,15 @@ from dldctl.chaos.inject import Chaos
 from dldctl.chaos.plan import ACTIONS, PlanError, monkey_schedule, parse_experiment, seconds
 from dldctl.errors import ConfigError, OperationError, UsageError
 
-app = typer.Typer(help="Break a live run on purpose: kill, pause, slow, partition, a monkey, experiments.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Break a live run on purpose: kill, pause, slow, partition, a monkey, experiments.", no_args_is_help=True
+)
 console = Console(highlight=False)
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 ForceOpt = typer.Option(False, "--force", help="Do it even if it leaves fewer live learners than the quorum.")
 
 
-def _chaos(run: Optional[str]) -> Chaos:
+def _chaos(run: str | None) -> Chaos:
     return Chaos(rundir.resolve(run))
 
 
@@ -35,8 +35,13 @@ def _confirm(question: str) -> bool:
 def kill(
     target: str = typer.Argument(..., help="learner-N or syncer"),
     signal: str = typer.Option("KILL", "--signal", help="KILL or TERM"),
-    down_for: Optional[str] = typer.Option(None, "--down-for", help="How long until the supervisor brings it back, e.g. 30s or 2m (default: its restart delay)."),
-    force: bool = ForceOpt, run: Optional[str] = RunOpt,
+    down_for: str | None = typer.Option(
+        None,
+        "--down-for",
+        help="How long until the supervisor brings it back, e.g. 30s or 2m (default: its restart delay).",
+    ),
+    force: bool = ForceOpt,
+    run: str | None = RunOpt,
 ) -> None:
     """Signal a learner's (or the syncer's) process group; the supervisor restarts it.
 
@@ -64,22 +69,28 @@ def _seconds(flag: str, text: str, positive: bool = False) -> float:
     return value
 
 
-def _timed(action: str, target: str, duration: str, factor: float, force: bool, run: Optional[str]) -> None:
+def _timed(action: str, target: str, duration: str, factor: float, force: bool, run: str | None) -> None:
     span = _seconds("--duration", duration, positive=True)
     if action == "slow" and factor <= 1.0:
         raise UsageError(f"--factor: must be > 1 (how many times slower), got {factor:g}")
     chaos = _chaos(run)
     try:
         chaos.guard(action, target, force, _confirm)
-        console.print(f"[red]{action} {target}[/]: {chaos.fault(action, target, span, factor)} "
-                      f"(undone automatically; `dldctl chaos heal` ends it now)")
+        console.print(
+            f"[red]{action} {target}[/]: {chaos.fault(action, target, span, factor)} "
+            f"(undone automatically; `dldctl chaos heal` ends it now)"
+        )
     finally:
         chaos.close()
 
 
 @app.command()
-def pause(target: str = typer.Argument(..., help="learner-N"), duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."),
-          force: bool = ForceOpt, run: Optional[str] = RunOpt) -> None:
+def pause(
+    target: str = typer.Argument(..., help="learner-N"),
+    duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."),
+    force: bool = ForceOpt,
+    run: str | None = RunOpt,
+) -> None:
     """SIGSTOP a learner (a hung straggler), SIGCONT after --duration.
 
     Example: dldctl chaos pause learner-1 --duration 20s
@@ -88,8 +99,12 @@ def pause(target: str = typer.Argument(..., help="learner-N"), duration: str = t
 
 
 @app.command()
-def slow(target: str = typer.Argument(..., help="learner-N"), factor: float = typer.Option(..., "--factor", help="How many times slower."),
-         duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."), run: Optional[str] = RunOpt) -> None:
+def slow(
+    target: str = typer.Argument(..., help="learner-N"),
+    factor: float = typer.Option(..., "--factor", help="How many times slower."),
+    duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."),
+    run: str | None = RunOpt,
+) -> None:
     """Make a learner run F times slower for a while.
 
     Example: dldctl chaos slow learner-3 --factor 4 --duration 1m
@@ -98,8 +113,12 @@ def slow(target: str = typer.Argument(..., help="learner-N"), factor: float = ty
 
 
 @app.command()
-def partition(target: str = typer.Argument(..., help="learner-N"), duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."),
-              force: bool = ForceOpt, run: Optional[str] = RunOpt) -> None:
+def partition(
+    target: str = typer.Argument(..., help="learner-N"),
+    duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."),
+    force: bool = ForceOpt,
+    run: str | None = RunOpt,
+) -> None:
     """Cut a learner off from the syncer both ways; it keeps training and reconnects after.
 
     Example: dldctl chaos partition learner-0 --duration 30s
@@ -108,9 +127,11 @@ def partition(target: str = typer.Argument(..., help="learner-N"), duration: str
 
 
 @app.command()
-def heal(target: Optional[str] = typer.Argument(None, help="Only this learner (default: with --all, everything)."),
-         all_: bool = typer.Option(False, "--all", help="Undo every active fault and kill hold."),
-         run: Optional[str] = RunOpt) -> None:
+def heal(
+    target: str | None = typer.Argument(None, help="Only this learner (default: with --all, everything)."),
+    all_: bool = typer.Option(False, "--all", help="Undo every active fault and kill hold."),
+    run: str | None = RunOpt,
+) -> None:
     """Undo active faults now (idempotent).
 
     Example: dldctl chaos heal --all
@@ -125,7 +146,7 @@ def heal(target: Optional[str] = typer.Argument(None, help="Only this learner (d
     console.print(f"healed: {', '.join(done)}" if done else "nothing to heal")
 
 
-def _targets(chaos: Chaos, targets: Optional[str]) -> list[str]:
+def _targets(chaos: Chaos, targets: str | None) -> list[str]:
     state = chaos.run.read_state()
     learners = sorted(n for n, p in state["procs"].items() if p["kind"] == "learner" and p["status"] != "stopped")
     if not targets:
@@ -142,12 +163,13 @@ def monkey(
     mtbf: str = typer.Option(..., "--mtbf", help="Mean time between faults (exponential gaps), e.g. 30s."),
     duration: str = typer.Option(..., "--duration", help="How long to run, e.g. 10m."),
     seed: int = typer.Option(0, "--seed", help="Same seed, same schedule."),
-    targets: Optional[str] = typer.Option(None, "--targets", help="Comma-separated learners (default: all)."),
+    targets: str | None = typer.Option(None, "--targets", help="Comma-separated learners (default: all)."),
     actions: str = typer.Option("kill", "--actions", help=f"Comma-separated, from {','.join(ACTIONS)}."),
     fault_duration: str = typer.Option("10s", "--fault-duration", help="How long a pause/slow/partition lasts."),
     down_for: str = typer.Option("0", "--down-for", help="How long a killed learner stays down (0: restart delay)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the schedule, inject nothing."),
-    force: bool = ForceOpt, run: Optional[str] = RunOpt,
+    force: bool = ForceOpt,
+    run: str | None = RunOpt,
 ) -> None:
     """A chaos monkey: Poisson-distributed faults, reproducible with --seed.
 
@@ -158,9 +180,15 @@ def monkey(
     chaos = _chaos(run)
     try:
         try:
-            schedule = monkey_schedule(random.Random(seed), mtbf_s=mtbf_s, duration_s=duration_s,
-                                       targets=_targets(chaos, targets), actions=[a.strip() for a in actions.split(",")],
-                                       fault_s=fault_s, down_for_s=down_s)
+            schedule = monkey_schedule(
+                random.Random(seed),
+                mtbf_s=mtbf_s,
+                duration_s=duration_s,
+                targets=_targets(chaos, targets),
+                actions=[a.strip() for a in actions.split(",")],
+                fault_s=fault_s,
+                down_for_s=down_s,
+            )
         except PlanError as exc:
             raise UsageError(str(exc)) from None
         console.print(f"monkey: {len(schedule)} faults over {duration_s:g} s (seed {seed})")
@@ -178,7 +206,7 @@ def monkey(
 def run_experiment(
     experiment: Path = typer.Argument(..., help="Experiment TOML (see examples/chaos-experiment.toml)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, inject nothing."),
-    run: Optional[str] = RunOpt,
+    run: str | None = RunOpt,
 ) -> None:
     """Run a declarative chaos experiment; ends with a verdict (exit 1 on fail) and a report.
 

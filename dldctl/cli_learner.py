@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -19,9 +18,10 @@ RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: t
 def add(
     host: str = typer.Option(..., "--host", help="Name of the host to run the new learners on."),
     count: int = typer.Option(1, "--count", help="How many learners to add."),
-    inventory_file: Optional[Path] = typer.Option(
-        None, "--inventory", help="An inventory that declares --host, for a host the run does not have yet."),
-    run: Optional[str] = RunOpt,
+    inventory_file: Path | None = typer.Option(
+        None, "--inventory", help="An inventory that declares --host, for a host the run does not have yet."
+    ),
+    run: str | None = RunOpt,
 ) -> None:
     """Add learners mid-run; they join by fetching the current global state.
 
@@ -34,7 +34,7 @@ def add(
 
 
 @app.command("remove")
-def remove(learner: str = typer.Argument(..., help="learner-N"), run: Optional[str] = RunOpt) -> None:
+def remove(learner: str = typer.Argument(..., help="learner-N"), run: str | None = RunOpt) -> None:
     """Take a learner out gracefully: it sends its due fragments, says bye, is not restarted.
 
     Example: dldctl learner remove learner-3

@@ -6,14 +6,15 @@ import json
 import signal
 import threading
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from dldctl import check as check_mod
-from dldctl import converge, down as down_mod, inventory, plan, rundir, up as up_mod
+from dldctl import converge, inventory, plan, rundir
+from dldctl import down as down_mod
+from dldctl import up as up_mod
 from dldctl.errors import DldError, UsageError
 from dldctl.hosts import LocalHost
 from dldctl.inventory import Inventory
@@ -24,13 +25,17 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 
 
-def load_inventory(path: Optional[Path]) -> Inventory:
+def load_inventory(path: Path | None) -> Inventory:
     return inventory.load(path) if path is not None else inventory.default_inventory()
 
 
 def up(
-    inventory_file: Optional[Path] = typer.Argument(None, metavar="[INVENTORY]", help="Inventory TOML; none = the built-in local default."),
-    detach: bool = typer.Option(False, "--detach", "-d", help="Return once the fleet is up instead of opening the live view."),
+    inventory_file: Path | None = typer.Argument(
+        None, metavar="[INVENTORY]", help="Inventory TOML; none = the built-in local default."
+    ),
+    detach: bool = typer.Option(
+        False, "--detach", "-d", help="Return once the fleet is up instead of opening the live view."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and touch nothing."),
     timeout: float = typer.Option(180.0, "--timeout", help="Seconds to wait for every process to run."),
 ) -> None:
@@ -57,14 +62,19 @@ def up(
         run = live
     else:
         run = up_mod.up(inv, str(inventory_file) if inventory_file else None, console, timeout)
-    console.print(f"\n[bold green]up:[/] {run.name}\n  dldctl status          live view\n"
-                  f"  dldctl logs learner-0  a learner's log\n  dldctl chaos kill learner-1\n  dldctl down")
+    console.print(
+        f"\n[bold green]up:[/] {run.name}\n  dldctl status          live view\n"
+        f"  dldctl logs learner-0  a learner's log\n  dldctl chaos kill learner-1\n  dldctl down"
+    )
     if not detach:
         from dldctl.cli_status import live_view
+
         live_view(run, interval=1.0)
 
 
-def down(run: Optional[str] = RunOpt, json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
+def down(
+    run: str | None = RunOpt, json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")
+) -> None:
     """Stop everything on every host: final checkpoint, final model, a summary.
 
     Example: dldctl down --run default
@@ -86,7 +96,7 @@ def logs(
     target: str = typer.Argument(..., help="learner-N, syncer or supervisor"),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines."),
     tail: int = typer.Option(50, "--tail", help="Lines from the end to start with."),
-    run: Optional[str] = RunOpt,
+    run: str | None = RunOpt,
 ) -> None:
     """Print (or follow) the log of a learner, the syncer or the supervisor.
 
@@ -121,7 +131,11 @@ def _log_location(run: rundir.RunDir, target: str) -> tuple:
     return host, f"{runtime.run_dir}/logs/{target}.log"
 
 
-def check(inventory_file: Optional[Path] = typer.Argument(None, metavar="[INVENTORY]", help="Inventory TOML; none = the built-in default.")) -> None:
+def check(
+    inventory_file: Path | None = typer.Argument(
+        None, metavar="[INVENTORY]", help="Inventory TOML; none = the built-in default."
+    ),
+) -> None:
     """Check every host: SSH, host key, Python, torch, device, and the syncer's port.
 
     Example: dldctl check inventory.toml

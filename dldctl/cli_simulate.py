@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -41,18 +42,35 @@ SCHEMA_GOODPUT = "dldctl.simulate.goodput/1"
 SCHEMA_BANDWIDTH = "dldctl.simulate.bandwidth/1"
 DEFAULT_LEARNERS = "8"
 DEFAULT_SWEEP_LEARNERS = "1,2,4,8,16"
-LABELS = {gp.DATA_PARALLEL: "data-parallel", gp.ELASTIC: "elastic data-parallel",
-          gp.DILOCO: "Decoupled DiLoCo"}
+LABELS = {gp.DATA_PARALLEL: "data-parallel", gp.ELASTIC: "elastic data-parallel", gp.DILOCO: "Decoupled DiLoCo"}
 
 # Core field -> the flag that sets it, so a ParamError from the core names what to change.
-FLEET_FLAGS = {"chips": "--chips", "learners": "--learners", "mtbi_s": "--mtbi-years",
-               "step_time_s": "--step-time", "step_jitter": "--step-jitter",
-               "recovery_s": "--recovery", "reconfig_s": "--reconfig", "restart_s": "--restart",
-               "checkpoint_every_s": "--checkpoint-every", "failure_domain": "--failure-domain",
-               "quorum": "--quorum", "horizon_s": "--hours"}
-LINK_FLAGS = {"params": "--params", "step_time_s": "--step-time", "H": "--H",
-              "fragments": "--fragments", "bits": "--bits", "tau": "--tau", "sites": "--sites",
-              "utilization": "--utilization", "dp_bits": "--dp-bits", "dp_overlap": "--dp-overlap"}
+FLEET_FLAGS = {
+    "chips": "--chips",
+    "learners": "--learners",
+    "mtbi_s": "--mtbi-years",
+    "step_time_s": "--step-time",
+    "step_jitter": "--step-jitter",
+    "recovery_s": "--recovery",
+    "reconfig_s": "--reconfig",
+    "restart_s": "--restart",
+    "checkpoint_every_s": "--checkpoint-every",
+    "failure_domain": "--failure-domain",
+    "quorum": "--quorum",
+    "horizon_s": "--hours",
+}
+LINK_FLAGS = {
+    "params": "--params",
+    "step_time_s": "--step-time",
+    "H": "--H",
+    "fragments": "--fragments",
+    "bits": "--bits",
+    "tau": "--tau",
+    "sites": "--sites",
+    "utilization": "--utilization",
+    "dp_bits": "--dp-bits",
+    "dp_overlap": "--dp-overlap",
+}
 
 T = TypeVar("T")
 
@@ -78,8 +96,11 @@ def _build(factory: Callable[..., T], flags: dict[str, str], **values: object) -
         shown = values.get(exc.field)
         if exc.field in _AS_TYPED and isinstance(shown, float):
             shown = _AS_TYPED[exc.field](shown)
-        raise UsageError(f"{flag} {exc.why} (got {shown:g})" if isinstance(shown, (int, float))
-                         else f"{flag} {exc.why} (got {shown!r})") from None
+        raise UsageError(
+            f"{flag} {exc.why} (got {shown:g})"
+            if isinstance(shown, (int, float))
+            else f"{flag} {exc.why} (got {shown!r})"
+        ) from None
 
 
 def _stdout() -> Console:
@@ -113,7 +134,7 @@ def _about(seconds: float) -> str:
 
 
 def _spread_cell(mean: float, p10: float, p90: float) -> str:
-    """"0.810  (0.807–0.813)": the mean, then the p10–p90 band dimmed."""
+    """ "0.810  (0.807–0.813)": the mean, then the p10–p90 band dimmed."""
     return f"{mean:.3f}  [dim]({p10:.3f}–{p90:.3f})[/]"
 
 
@@ -125,16 +146,21 @@ def _row_label(s: Summary) -> str:
 def _single_table(fleet: gp.FleetParams, results: Sequence[Summary], seeds: int) -> Table:
     """One fleet: a row per strategy with goodput, uptime and failures."""
     every = fleet.mtbi_s / fleet.chips
-    title = (f"{fleet.chips:,} chips, {fleet.learners} learners of ~{fleet.chips // fleet.learners:,}"
-             f" chips: the fleet loses a chip every {_about(every)} on average "
-             f"({format_duration(fleet.horizon_s)} simulated, {seeds} seeds; p10–p90 in brackets)")
+    title = (
+        f"{fleet.chips:,} chips, {fleet.learners} learners of ~{fleet.chips // fleet.learners:,}"
+        f" chips: the fleet loses a chip every {_about(every)} on average "
+        f"({format_duration(fleet.horizon_s)} simulated, {seeds} seeds; p10–p90 in brackets)"
+    )
     table = Table(title=title, title_justify="left")
     for name in ("strategy", "goodput", "system uptime", "failures/run"):
         table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
     for s in results:
-        table.add_row(_row_label(s), _spread_cell(s.goodput.mean, s.goodput.p10, s.goodput.p90),
-                      _spread_cell(s.uptime.mean, s.uptime.p10, s.uptime.p90),
-                      f"{s.failures.mean:,.0f}")
+        table.add_row(
+            _row_label(s),
+            _spread_cell(s.goodput.mean, s.goodput.p10, s.goodput.p90),
+            _spread_cell(s.uptime.mean, s.uptime.p10, s.uptime.p90),
+            f"{s.failures.mean:,.0f}",
+        )
     return table
 
 
@@ -172,8 +198,15 @@ def _write_plot(path: Path, results: Sequence[Summary], chips: Sequence[int]) ->
             hi = [getattr(s, metric).p90 for s in cells]
             # Data-parallel lines dashed and on top: DiLoCo M=1 coincides with elastic.
             dp = cells[0].learners is None
-            ax.plot([s.chips for s in cells], means, "--" if dp else "-", marker="o",
-                    label=label, zorder=3 if dp else 2, linewidth=2.2 if dp else 1.5)
+            ax.plot(
+                [s.chips for s in cells],
+                means,
+                "--" if dp else "-",
+                marker="o",
+                label=label,
+                zorder=3 if dp else 2,
+                linewidth=2.2 if dp else 1.5,
+            )
             ax.fill_between([s.chips for s in cells], lo, hi, alpha=0.15)
         ax.set_xscale("log")
         ax.minorticks_off()
@@ -187,8 +220,9 @@ def _write_plot(path: Path, results: Sequence[Summary], chips: Sequence[int]) ->
     try:
         fig.savefig(path, dpi=110)
     except OSError as exc:
-        raise OperationError(f"could not write the plot to {path}: {exc.strerror or exc}",
-                             hint="choose a writable --plot path") from exc
+        raise OperationError(
+            f"could not write the plot to {path}: {exc.strerror or exc}", hint="choose a writable --plot path"
+        ) from exc
     finally:
         plt.close(fig)
 
@@ -200,8 +234,10 @@ def _sweep_lists(spec: str, learners: str | None) -> tuple[list[int], list[int]]
     if min(chips) < 1:
         raise UsageError(f"--sweep chip counts must be >= 1 (got {min(chips)})")
     if min(counts) < 1 or max(counts) > min(chips):
-        raise UsageError(f"--learners must be between 1 and the smallest swept chip count "
-                         f"{min(chips):,} (got {','.join(map(str, counts))})")
+        raise UsageError(
+            f"--learners must be between 1 and the smallest swept chip count "
+            f"{min(chips):,} (got {','.join(map(str, counts))})"
+        )
     return chips, counts
 
 
@@ -219,19 +255,26 @@ def _check_plot(plot: Path | None, sweeping: bool) -> None:
 @app.command()
 def goodput(
     chips: str | None = typer.Option(None, "--chips", help="Chips in the fleet (N): 150000, 150k, 1.2M."),
-    learners: str | None = typer.Option(None, "--learners",
-                                 help="DiLoCo learners (M) of N/M chips; a list with --sweep. "
-                                      f"Default {DEFAULT_LEARNERS}, or {DEFAULT_SWEEP_LEARNERS} with --sweep."),
+    learners: str | None = typer.Option(
+        None,
+        "--learners",
+        help="DiLoCo learners (M) of N/M chips; a list with --sweep. "
+        f"Default {DEFAULT_LEARNERS}, or {DEFAULT_SWEEP_LEARNERS} with --sweep.",
+    ),
     mtbi_years: float = typer.Option(1.0, "--mtbi-years", help="Mean time between interruptions per chip, years."),
     step_time: str = typer.Option("6s", "--step-time", help="Time of one training step."),
-    step_jitter: float = typer.Option(0.0, "--step-jitter",
-                                      help="Coefficient of variation of one replica's step time (stragglers)."),
+    step_jitter: float = typer.Option(
+        0.0, "--step-jitter", help="Coefficient of variation of one replica's step time (stragglers)."
+    ),
     recovery: str = typer.Option("30m", "--recovery", help="Failure until the failed replica is back in service."),
     reconfig: str = typer.Option("20s", "--reconfig", help="Pause of an elastic job (or learner) to shrink or grow."),
     restart: str = typer.Option("10m", "--restart", help="Non-elastic job: restart from the last checkpoint."),
-    checkpoint_every: str = typer.Option("30m", "--checkpoint-every", help="Checkpoint interval of the non-elastic job."),
-    failure_domain: str = typer.Option("128", "--failure-domain",
-                                       help="Chips one failure takes out: its model-parallel replica."),
+    checkpoint_every: str = typer.Option(
+        "30m", "--checkpoint-every", help="Checkpoint interval of the non-elastic job."
+    ),
+    failure_domain: str = typer.Option(
+        "128", "--failure-domain", help="Chips one failure takes out: its model-parallel replica."
+    ),
     quorum: int = typer.Option(1, "--quorum", help="DiLoCo minimum quorum K: learners needed for global progress."),
     hours: float = typer.Option(24.0, "--hours", help="Simulated wall time, hours."),
     seeds: int = typer.Option(10, "--seeds", help="Monte Carlo runs (seeds SEED .. SEED+N-1)."),
@@ -244,7 +287,8 @@ def goodput(
 
     Example: dldctl simulate goodput --chips 1.2M --learners 8 --seeds 20
 
-    Example: dldctl simulate goodput --sweep chips=150000,300000,600000,1200000,2400000 --learners 1,2,4,8,16 --plot sweep.png
+    Example: dldctl simulate goodput --sweep chips=150000,300000,600000,1200000,2400000 --learners 1,2,4,8,16
+    --plot sweep.png
     """
     if seeds < 1:
         raise UsageError(f"--seeds must be >= 1 (got {seeds})")
@@ -254,13 +298,16 @@ def goodput(
         raise UsageError("--chips is required (e.g. --chips 1.2M), or sweep with --sweep chips=...")
     _check_plot(plot, sweep_spec is not None)
     base = dict(
-        mtbi_s=mtbi_years * gp.YEAR_S, step_time_s=_parse("--step-time", step_time, parse_duration),
-        step_jitter=step_jitter, recovery_s=_parse("--recovery", recovery, parse_duration),
+        mtbi_s=mtbi_years * gp.YEAR_S,
+        step_time_s=_parse("--step-time", step_time, parse_duration),
+        step_jitter=step_jitter,
+        recovery_s=_parse("--recovery", recovery, parse_duration),
         reconfig_s=_parse("--reconfig", reconfig, parse_duration),
         restart_s=_parse("--restart", restart, parse_duration),
         checkpoint_every_s=_parse("--checkpoint-every", checkpoint_every, parse_duration),
         failure_domain=_parse("--failure-domain", failure_domain, parse_count),
-        quorum=quorum, horizon_s=hours * 3600.0,
+        quorum=quorum,
+        horizon_s=hours * 3600.0,
     )
     seed_list = list(range(seed, seed + seeds))
     if sweep_spec is None:
@@ -269,26 +316,33 @@ def goodput(
         _goodput_sweep(sweep_spec, learners, base, seed_list, plot, as_json)
 
 
-def _goodput_single(chips: str, learners: str | None, base: dict[str, Any],
-                    seeds: list[int], as_json: bool) -> None:
+def _goodput_single(chips: str, learners: str | None, base: dict[str, Any], seeds: list[int], as_json: bool) -> None:
     n = _parse("--chips", chips, parse_count)
     m = _parse("--learners", learners or DEFAULT_LEARNERS, parse_count)
     fleet = _build(gp.FleetParams, FLEET_FLAGS, chips=n, learners=m, **base)
     results = monte_carlo(fleet, seeds)
     if as_json:
-        _emit_json({"schema": SCHEMA_GOODPUT, "mode": "single",
-                    "params": {**asdict(fleet), "seeds": seeds},
-                    "results": [s.to_dict() for s in results]})
+        _emit_json(
+            {
+                "schema": SCHEMA_GOODPUT,
+                "mode": "single",
+                "params": {**asdict(fleet), "seeds": seeds},
+                "results": [s.to_dict() for s in results],
+            }
+        )
         return
     _stdout().print(_single_table(fleet, results, len(seeds)))
 
 
-def _goodput_sweep(spec: str, learners: str | None, base: dict[str, Any], seeds: list[int],
-                   plot: Path | None, as_json: bool) -> None:
+def _goodput_sweep(
+    spec: str, learners: str | None, base: dict[str, Any], seeds: list[int], plot: Path | None, as_json: bool
+) -> None:
     chips, counts = _sweep_lists(spec, learners)
     if base["quorum"] > min(counts):
-        raise UsageError(f"--quorum {base['quorum']} exceeds the smallest learner count {min(counts)}: "
-                         "lower --quorum or drop the small learner counts")
+        raise UsageError(
+            f"--quorum {base['quorum']} exceeds the smallest learner count {min(counts)}: "
+            "lower --quorum or drop the small learner counts"
+        )
     # Validate once at the largest fleet (which also bounds the failures per run).
     fleet = _build(gp.FleetParams, FLEET_FLAGS, chips=max(chips), learners=max(counts), **base)
     results = sweep(fleet, chips, counts, seeds)
@@ -296,8 +350,15 @@ def _goodput_sweep(spec: str, learners: str | None, base: dict[str, Any], seeds:
         _write_plot(plot, results, chips)
     if as_json:
         params = {**asdict(fleet), "chips": chips, "learners": counts, "seeds": seeds}
-        _emit_json({"schema": SCHEMA_GOODPUT, "mode": "sweep", "params": params,
-                    "plot": str(plot) if plot else None, "results": [s.to_dict() for s in results]})
+        _emit_json(
+            {
+                "schema": SCHEMA_GOODPUT,
+                "mode": "sweep",
+                "params": params,
+                "plot": str(plot) if plot else None,
+                "results": [s.to_dict() for s in results],
+            }
+        )
         return
     out = _stdout()
     out.print(_sweep_table("goodput", results, chips, len(seeds)))
@@ -310,20 +371,26 @@ def _link_table(report: bw.LinkReport) -> Table:
     """Both strategies' transfer, average and needed link, and utilization on --link-gbps."""
     p = report.params
     u = p.utilization
-    title = (f"{format_count(p.params)} parameters, {format_duration(p.step_time_s)} per step, "
-             f"{p.sites} sites; each site's link, each way")
+    title = (
+        f"{format_count(p.params)} parameters, {format_duration(p.step_time_s)} per step, "
+        f"{p.sites} sites; each site's link, each way"
+    )
     table = Table(title=title, title_justify="left")
-    columns = ["strategy", "per transfer", "every", "hidden by compute", "average",
-               f"needed for {u:.0%} busy"]
+    columns = ["strategy", "per transfer", "every", "hidden by compute", "average", f"needed for {u:.0%} busy"]
     if report.link_gbps is not None:
         columns.append(f"busy on {report.link_gbps:g} Gbit/s")
     for name in columns:
         table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
     for t in (report.data_parallel, report.diloco):
         need = t.required_gbps(u)
-        row = [LABELS[t.strategy], _bytes(t.bits / 8), format_duration(round(t.period_s, 3)),
-               format_duration(round(t.hidden_s, 3)), _gbps(t.average_gbps),
-               _gbps(need) if math.isfinite(need) else "unreachable"]
+        row = [
+            LABELS[t.strategy],
+            _bytes(t.bits / 8),
+            format_duration(round(t.period_s, 3)),
+            format_duration(round(t.hidden_s, 3)),
+            _gbps(t.average_gbps),
+            _gbps(need) if math.isfinite(need) else "unreachable",
+        ]
         if report.link_gbps is not None:
             row.append(f"{t.utilization_at(report.link_gbps):.1%}")
         table.add_row(*row)
@@ -354,8 +421,9 @@ def bandwidth(
     sites: int = typer.Option(4, "--sites", help="Data centres: data-parallel ring members, one DiLoCo learner each."),
     utilization: float = typer.Option(0.95, "--utilization", help="Target share of time computing, 0..1."),
     dp_bits: int = typer.Option(16, "--dp-bits", help="Data-parallel gradient precision: 8, 16 or 32."),
-    dp_overlap: float = typer.Option(2 / 3, "--dp-overlap",
-                                     help="Share of a step the all-reduce hides behind (the backward pass)."),
+    dp_overlap: float = typer.Option(
+        2 / 3, "--dp-overlap", help="Share of a step the all-reduce hides behind (the backward pass)."
+    ),
     link_gbps: float | None = typer.Option(None, "--link-gbps", help="Also: utilization each reaches on this link."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (schema in docs/simulate.md)."),
 ) -> None:
@@ -365,10 +433,18 @@ def bandwidth(
     """
     if params is None or step_time is None:
         raise UsageError("--params and --step-time are required (e.g. --params 12B --step-time 1s)")
-    values = dict(params=_parse("--params", params, parse_quantity),
-                  step_time_s=_parse("--step-time", step_time, parse_duration), H=H,
-                  fragments=fragments, bits=bits, tau=tau, sites=sites, utilization=utilization,
-                  dp_bits=dp_bits, dp_overlap=dp_overlap)
+    values = dict(
+        params=_parse("--params", params, parse_quantity),
+        step_time_s=_parse("--step-time", step_time, parse_duration),
+        H=H,
+        fragments=fragments,
+        bits=bits,
+        tau=tau,
+        sites=sites,
+        utilization=utilization,
+        dp_bits=dp_bits,
+        dp_overlap=dp_overlap,
+    )
     link = _build(bw.LinkParams, LINK_FLAGS, **values)
     if link_gbps is not None and not link_gbps > 0:
         raise UsageError(f"--link-gbps must be > 0 (got {link_gbps})")
@@ -384,13 +460,15 @@ def bandwidth(
 def _link_summary(report: bw.LinkReport) -> str:
     """The one-line conclusion under the bandwidth table."""
     p = report.params
-    ingress = (f"the syncer takes in {_gbps(report.syncer_ingress_gbps)} on average "
-               f"from {p.sites} learners.")
+    ingress = f"the syncer takes in {_gbps(report.syncer_ingress_gbps)} on average from {p.sites} learners."
     if not math.isfinite(report.diloco.required_gbps(p.utilization)):
-        return (f"Decoupled DiLoCo cannot reach {p.utilization:.0%} busy with --tau 0: raise --tau "
-                f"or lower --utilization; {ingress}")
+        return (
+            f"Decoupled DiLoCo cannot reach {p.utilization:.0%} busy with --tau 0: raise --tau "
+            f"or lower --utilization; {ingress}"
+        )
     if not math.isfinite(report.reduction):
-        return (f"Data-parallel cannot reach {p.utilization:.0%} busy at any link speed "
-                f"(nothing overlaps); {ingress}")
-    return (f"Decoupled DiLoCo needs {report.reduction:,.0f}x less link than data-parallel at "
-            f"{p.utilization:.0%} busy; {ingress}")
+        return f"Data-parallel cannot reach {p.utilization:.0%} busy at any link speed (nothing overlaps); {ingress}"
+    return (
+        f"Decoupled DiLoCo needs {report.reduction:,.0f}x less link than data-parallel at "
+        f"{p.utilization:.0%} busy; {ingress}"
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -34,7 +33,7 @@ def live_view(run: RunDir, interval: float = 1.0) -> None:
 
 
 def status(
-    run: Optional[str] = RunOpt,
+    run: str | None = RunOpt,
     once: bool = typer.Option(False, "--once", help="Print one plain snapshot (no screen control)."),
     json_out: bool = typer.Option(False, "--json", help="Print one snapshot as JSON."),
     interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes of the live view."),
@@ -54,8 +53,8 @@ def status(
 
 
 def report(
-    run: Optional[str] = RunOpt,
-    out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: RUN/report)."),
+    run: str | None = RunOpt,
+    out: Path | None = typer.Option(None, "--out", help="Output directory (default: RUN/report)."),
 ) -> None:
     """PNG plots and a markdown summary of a run, live or finished.
 

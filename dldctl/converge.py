@@ -53,7 +53,7 @@ def adopt_host(run: RunDir, spec: HostSpec) -> None:
     inv = stored_inventory(run)
     if any(h.name == spec.name for h in inv.hosts):
         return
-    merged = replace(inv, hosts=inv.hosts + (replace(spec, learners=0),))
+    merged = replace(inv, hosts=(*inv.hosts, replace(spec, learners=0)))
     inventory.validate(merged)
     _save_inventory(run, merged)
     run.event("host_add", spec.name, f"{spec.address} joins run {run.name}")
@@ -73,8 +73,9 @@ def add(run: RunDir, host_name: str, count: int, console: Console, wait_s: float
     try:
         built, digest = wheel.build(rundir.home() / "wheels") if not spec.local else (None, "")
         ids_here = [e["id"] for e in config["learners"] if e["host"] == spec.name]
-        runtime = provision.prepare(host, spec, run, config, built, digest, ids_here,
-                                    lambda h, s: console.print(f"{h}: {s}", highlight=False))
+        runtime = provision.prepare(
+            host, spec, run, config, built, digest, ids_here, lambda h, s: console.print(f"{h}: {s}", highlight=False)
+        )
     finally:
         host.close()
     _push_keys_to_remote_syncer(run, inv, config)
@@ -142,8 +143,10 @@ def converge(run: RunDir, inv: Inventory, console: Console) -> None:
     """Bring a live run's fleet to the inventory's learner counts (settings cannot change live)."""
     stored = stored_inventory(run)
     if inventory.to_dict(stored)["run"] != inventory.to_dict(inv)["run"]:
-        console.print("[yellow]the [run] table differs from the live run's; settings cannot change on a live run "
-                      "(`dldctl down`, then `dldctl up` for a new run). Converging the fleet only.[/]")
+        console.print(
+            "[yellow]the [run] table differs from the live run's; settings cannot change on a live run "
+            "(`dldctl down`, then `dldctl up` for a new run). Converging the fleet only.[/]"
+        )
     state = run.read_state()
     current: dict[str, list[str]] = {}
     for lid, proc in state["procs"].items():
@@ -156,7 +159,9 @@ def converge(run: RunDir, inv: Inventory, console: Console) -> None:
             adopt_host(run, spec)
             add(run, spec.name, spec.learners - len(have), console)
             changed = True
-        for lid in have[spec.learners:]:
+        for lid in have[spec.learners :]:
             remove(run, lid, console)
             changed = True
-    console.print(f"run {run.name} is live; " + ("converged to the inventory" if changed else "already matches the inventory"))
+    console.print(
+        f"run {run.name} is live; " + ("converged to the inventory" if changed else "already matches the inventory")
+    )

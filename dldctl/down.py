@@ -43,8 +43,10 @@ class Fleet:
         for record in self.procs:
             latest[record["target"]] = record
         self.latest = latest
-        self._taken = {(r["host"], r["pid"], r["start_ticks"]) for r in self.procs if not r["target"].startswith("spare-")}
-        self.unreachable: dict[str, str] = {}   # host -> why: its processes may still run
+        self._taken = {
+            (r["host"], r["pid"], r["start_ticks"]) for r in self.procs if not r["target"].startswith("spare-")
+        }
+        self.unreachable: dict[str, str] = {}  # host -> why: its processes may still run
 
     def host(self, name: str) -> Host:
         if name not in self.hosts:
@@ -137,7 +139,7 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
     fleet = Fleet(run)
     try:
         killed = fleet.stop(lambda r: r["target"] in ("supervisor", "watchdog"), 10.0)
-        killed += fleet.stop(fleet.idle_spare, 5.0)            # warm spares that never became a learner
+        killed += fleet.stop(fleet.idle_spare, 5.0)  # warm spares that never became a learner
         config = load_config(run)
         before = _syncer_snapshot(run, config)
         console.print("stopping learners (they send their last fragments)...")
@@ -151,8 +153,10 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
             raise OperationError(f"still running after down: {names}", hint="check those hosts by hand")
         if fleet.unreachable:
             hosts = "; ".join(f"{h}: {why}" for h, why in fleet.unreachable.items())
-            raise OperationError(f"could not reach every host, its processes may still run: {hosts}",
-                                 hint="run `dldctl down` again once the host answers")
+            raise OperationError(
+                f"could not reach every host, its processes may still run: {hosts}",
+                hint="run `dldctl down` again once the host answers",
+            )
     finally:
         fleet.close()
     try:
@@ -193,13 +197,25 @@ def _bring_home(run: RunDir, fleet: Fleet, exported: str) -> str:
 
 def summary(run: RunDir, snap: dict[str, Any] | None, exported: str, killed: list[dict[str, Any]]) -> dict[str, Any]:
     """The numbers a user wants after a run."""
-    out: dict[str, Any] = {"run": run.name, "dir": str(run.path), "final_model": exported or None,
-                           "killed": [r["target"] for r in killed]}
+    out: dict[str, Any] = {
+        "run": run.name,
+        "dir": str(run.path),
+        "final_model": exported or None,
+        "killed": [r["target"] for r in killed],
+    }
     if snap:
-        out.update(outer_steps=snap["syncer"]["outer_steps"], goodput=snap["goodput"],
-                   tokens_trained=snap["tokens"]["trained"], tokens_merged=snap["tokens"]["merged"],
-                   loss_train=snap["loss"]["train"], loss_eval=snap["loss"]["eval"],
-                   loss_global=snap["loss"].get("global"), guard_rollbacks=(snap.get("guard") or {}).get("rollbacks", 0),
-                   bytes_up=snap["bytes"]["up"], bytes_down=snap["bytes"]["down"],
-                   ddp_equivalent=snap["bytes"]["ddp_equivalent"], uptime_s=snap.get("uptime_s"))
+        out.update(
+            outer_steps=snap["syncer"]["outer_steps"],
+            goodput=snap["goodput"],
+            tokens_trained=snap["tokens"]["trained"],
+            tokens_merged=snap["tokens"]["merged"],
+            loss_train=snap["loss"]["train"],
+            loss_eval=snap["loss"]["eval"],
+            loss_global=snap["loss"].get("global"),
+            guard_rollbacks=(snap.get("guard") or {}).get("rollbacks", 0),
+            bytes_up=snap["bytes"]["up"],
+            bytes_down=snap["bytes"]["down"],
+            ddp_equivalent=snap["bytes"]["ddp_equivalent"],
+            uptime_s=snap.get("uptime_s"),
+        )
     return out

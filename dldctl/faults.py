@@ -45,8 +45,16 @@ def write_control(host: Host, runtime: HostRuntime, lid: str, updates: dict[str,
     host.put_bytes(json.dumps(data).encode(), control_file(runtime, lid), 0o644)
 
 
-def apply(kind: str, host: Host, runtime: HostRuntime, target: str, proc: ProcRef | None,
-          duration: float, factor: float = 1.0, sig: int = signal.SIGKILL) -> bool:
+def apply(
+    kind: str,
+    host: Host,
+    runtime: HostRuntime,
+    target: str,
+    proc: ProcRef | None,
+    duration: float,
+    factor: float = 1.0,
+    sig: int = signal.SIGKILL,
+) -> bool:
     """Inject a fault; False if the target process was not there to receive it."""
     until = time.time() + duration
     if kind == "kill":

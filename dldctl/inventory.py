@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from dldctl.errors import ConfigError
 from syncer.settings import RunSettings, SettingsError, from_mapping, suggest
@@ -31,12 +32,12 @@ _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 class SSHSpec:
     """[ssh]: defaults for every remote host (a host entry may override user/port)."""
 
-    user: str = ""                      # "" = from ~/.ssh/config or the local user
-    identity_file: str = ""             # "" = the SSH agent / ~/.ssh/config
-    port: int = 0                       # 0 = from ~/.ssh/config, else 22
+    user: str = ""  # "" = from ~/.ssh/config or the local user
+    identity_file: str = ""  # "" = the SSH agent / ~/.ssh/config
+    port: int = 0  # 0 = from ~/.ssh/config, else 22
     known_hosts: str = "~/.ssh/known_hosts"
-    host_key_policy: str = "strict"     # strict | accept-new
-    proxy_jump: str = ""                # "user@jumphost:port"
+    host_key_policy: str = "strict"  # strict | accept-new
+    proxy_jump: str = ""  # "user@jumphost:port"
     connect_timeout: float = 10.0
     use_ssh_config: bool = True
 
@@ -45,11 +46,11 @@ class SSHSpec:
 class SyncerSpec:
     """[syncer]: where the syncer runs and which ports it binds (0 = pick a free one)."""
 
-    host: str = "local"                 # "local" or the name of a [[hosts]] entry
+    host: str = "local"  # "local" or the name of a [[hosts]] entry
     port: int = 0
     control_port: int = 0
-    bind: str = ""                      # "" = 127.0.0.1 if every learner is local, else 0.0.0.0
-    advertise: str = ""                 # address learners dial; "" = worked out per run
+    bind: str = ""  # "" = 127.0.0.1 if every learner is local, else 0.0.0.0
+    advertise: str = ""  # address learners dial; "" = worked out per run
 
 
 @dataclass(frozen=True)
@@ -57,19 +58,19 @@ class HostSpec:
     """[[hosts]]: one machine and the learners it runs."""
 
     name: str
-    address: str                        # "local", an IP, a DNS name or an ~/.ssh/config alias
+    address: str  # "local", an IP, a DNS name or an ~/.ssh/config alias
     learners: int = 1
-    device: str = "cpu"                 # cpu | cuda | cuda:N
-    nproc: int = 1                      # ranks per learner (torchrun island)
-    threads: int = 1                    # torch threads per rank
-    batch_size: int = 0                 # 0 = [run] batch_size
-    throttle: float = 1.0               # >1 = artificially slower (demos and tests)
-    python: str = "python3"             # interpreter on the host (with torch, unless setup = "venv")
-    setup: str = "auto"                 # auto: use `python`, add our wheel | venv: fresh venv with torch
-    torch: str = "torch"                # what `setup = "venv"` installs
-    workdir: str = "~/.dldctl"          # remote base directory
-    user: str = ""                      # overrides [ssh] user
-    port: int = 0                       # overrides [ssh] port (0 = [ssh] port)
+    device: str = "cpu"  # cpu | cuda | cuda:N
+    nproc: int = 1  # ranks per learner (torchrun island)
+    threads: int = 1  # torch threads per rank
+    batch_size: int = 0  # 0 = [run] batch_size
+    throttle: float = 1.0  # >1 = artificially slower (demos and tests)
+    python: str = "python3"  # interpreter on the host (with torch, unless setup = "venv")
+    setup: str = "auto"  # auto: use `python`, add our wheel | venv: fresh venv with torch
+    torch: str = "torch"  # what `setup = "venv"` installs
+    workdir: str = "~/.dldctl"  # remote base directory
+    user: str = ""  # overrides [ssh] user
+    port: int = 0  # overrides [ssh] port (0 = [ssh] port)
     env: dict = field(default_factory=dict)
 
     @property
@@ -96,8 +97,12 @@ class Inventory:
             if h.name == name:
                 return h
         close = suggest(name, [h.name for h in self.hosts])
-        raise ConfigError(self.path, "hosts", f"no host named {name!r}",
-                          f"did you mean {close!r}?" if close else f"hosts are: {', '.join(h.name for h in self.hosts)}")
+        raise ConfigError(
+            self.path,
+            "hosts",
+            f"no host named {name!r}",
+            f"did you mean {close!r}?" if close else f"hosts are: {', '.join(h.name for h in self.hosts)}",
+        )
 
     def learner_hosts(self) -> list[tuple[str, HostSpec]]:
         """(learner id, host) in inventory order: learner-0, learner-1, ..."""
@@ -110,8 +115,7 @@ class Inventory:
 
 def default_inventory() -> Inventory:
     """The built-in default: a syncer and four learners of different speeds on this machine."""
-    run = RunSettings(name="default", model="gpt-small", H=32, fragments=4, seq_len=128, batch_size=16,
-                      eval_every=50)
+    run = RunSettings(name="default", model="gpt-small", H=32, fragments=4, seq_len=128, batch_size=16, eval_every=50)
     hosts = (
         HostSpec(name="local-fast", address="local", learners=2, batch_size=16),
         HostSpec(name="local-mid", address="local", learners=1, batch_size=12, throttle=1.5),
@@ -128,7 +132,9 @@ def load(path: str | os.PathLike[str]) -> Inventory:
     try:
         data = tomllib.loads(p.read_text())
     except FileNotFoundError:
-        raise ConfigError(str(p), None, "no such file", "check the path, or run `dldctl up` with no argument for the built-in default") from None
+        raise ConfigError(
+            str(p), None, "no such file", "check the path, or run `dldctl up` with no argument for the built-in default"
+        ) from None
     except OSError as exc:
         raise ConfigError(str(p), None, f"cannot read ({exc.strerror})") from exc
     except tomllib.TOMLDecodeError as exc:
@@ -143,7 +149,9 @@ def parse(data: dict[str, Any], path: str) -> Inventory:
     for key in data:
         if key not in TABLES:
             close = suggest(key, list(TABLES))
-            raise ConfigError(path, key, "unknown table", f"did you mean [{close}]?" if close else f"tables are {', '.join(TABLES)}")
+            raise ConfigError(
+                path, key, "unknown table", f"did you mean [{close}]?" if close else f"tables are {', '.join(TABLES)}"
+            )
     try:
         run = from_mapping(RunSettings, data.get("run", {}), "run")
         ssh = from_mapping(SSHSpec, data.get("ssh", {}), "ssh")
@@ -162,8 +170,12 @@ def _host(entry: Any, index: int) -> HostSpec:
         for required in ("name", "address"):
             if required not in entry:
                 label = entry.get("name", f"#{index + 1}")
-                raise SettingsError(f"hosts.{required}", f"host {label} has no {required}",
-                                    f"add {required} = \"...\" to that [[hosts]] entry" + (' ("local" for this machine)' if required == "address" else ""))
+                raise SettingsError(
+                    f"hosts.{required}",
+                    f"host {label} has no {required}",
+                    f'add {required} = "..." to that [[hosts]] entry'
+                    + (' ("local" for this machine)' if required == "address" else ""),
+                )
     label = entry.get("name", f"#{index + 1}") if isinstance(entry, dict) else f"#{index + 1}"
     try:
         return from_mapping(HostSpec, entry, "hosts")
@@ -179,21 +191,31 @@ def validate(inv: Inventory) -> None:
     except SettingsError as exc:
         raise ConfigError(path, f"run.{exc.key}", exc.problem, exc.fix) from None
     if not inv.hosts:
-        raise ConfigError(path, "hosts", "no hosts", 'add at least one [[hosts]] entry (address = "local" for this machine)')
+        raise ConfigError(
+            path, "hosts", "no hosts", 'add at least one [[hosts]] entry (address = "local" for this machine)'
+        )
     _validate_hosts(inv)
     total = inv.total_learners
     if total < 1:
         raise ConfigError(path, "hosts.learners", "the fleet has no learners", "set learners >= 1 on some host")
     if inv.run.quorum > total:
-        raise ConfigError(path, "run.quorum", f"quorum {inv.run.quorum} is larger than the fleet ({total} learners)",
-                          f"set quorum <= {total}")
+        raise ConfigError(
+            path,
+            "run.quorum",
+            f"quorum {inv.run.quorum} is larger than the fleet ({total} learners)",
+            f"set quorum <= {total}",
+        )
     _validate_model(inv)
     _validate_ssh(inv)
     if inv.syncer.host != "local":
         inv.host(inv.syncer.host)
     if inv.ssh.proxy_jump and inv.syncer.host == "local" and not inv.syncer.advertise:
-        raise ConfigError(path, "syncer.advertise", "hosts are reached through proxy_jump, but learners dial the syncer directly",
-                          "set advertise = the address at which the hosts can reach this machine")
+        raise ConfigError(
+            path,
+            "syncer.advertise",
+            "hosts are reached through proxy_jump, but learners dial the syncer directly",
+            "set advertise = the address at which the hosts can reach this machine",
+        )
 
 
 def _validate_hosts(inv: Inventory) -> None:
@@ -201,20 +223,35 @@ def _validate_hosts(inv: Inventory) -> None:
     for h in inv.hosts:
         key = f"hosts.{h.name}"
         if not _NAME.match(h.name):
-            raise ConfigError(inv.path, "hosts.name", f"host name {h.name!r} is not a simple name", "use letters, digits, '-', '_' or '.'")
+            raise ConfigError(
+                inv.path,
+                "hosts.name",
+                f"host name {h.name!r} is not a simple name",
+                "use letters, digits, '-', '_' or '.'",
+            )
         if h.name in seen:
-            raise ConfigError(inv.path, "hosts.name", f"duplicate host name {h.name!r}", "give every [[hosts]] entry its own name")
+            raise ConfigError(
+                inv.path, "hosts.name", f"duplicate host name {h.name!r}", "give every [[hosts]] entry its own name"
+            )
         seen.add(h.name)
         if not h.address.strip():
-            raise ConfigError(inv.path, f"{key}.address", "is empty", 'set the host\'s address, or "local" for this machine')
+            raise ConfigError(
+                inv.path, f"{key}.address", "is empty", 'set the host\'s address, or "local" for this machine'
+            )
         if not _DEVICE.match(h.device):
-            raise ConfigError(inv.path, f"{key}.device", f"{h.device!r} is not a device", 'use "cpu", "cuda" or "cuda:N"')
+            raise ConfigError(
+                inv.path, f"{key}.device", f"{h.device!r} is not a device", 'use "cpu", "cuda" or "cuda:N"'
+            )
         for attr, low in (("learners", 0), ("nproc", 1), ("threads", 1), ("batch_size", 0)):
             if getattr(h, attr) < low:
                 raise ConfigError(inv.path, f"{key}.{attr}", f"must be >= {low}, got {getattr(h, attr)}")
         if h.nproc > 1 and h.device.startswith("cuda:"):
-            raise ConfigError(inv.path, f"{key}.device", f"{h.device!r} with nproc = {h.nproc} puts every rank on one GPU",
-                              'use device = "cuda": each rank of the island takes its own local GPU')
+            raise ConfigError(
+                inv.path,
+                f"{key}.device",
+                f"{h.device!r} with nproc = {h.nproc} puts every rank on one GPU",
+                'use device = "cuda": each rank of the island takes its own local GPU',
+            )
         if h.throttle < 1.0:
             raise ConfigError(inv.path, f"{key}.throttle", f"must be >= 1.0 (1 = full speed), got {h.throttle}")
         if h.setup not in ("auto", "venv"):
@@ -232,33 +269,59 @@ def _validate_model(inv: Inventory) -> None:
         return  # a user's factory: the learner checks it when it builds the model
     if name not in model_mod.PRESETS:
         close = suggest(name, list(model_mod.PRESETS))
-        raise ConfigError(inv.path, "run.model", f"unknown model {name!r}",
-                          f"did you mean {close!r}?" if close else f"use one of {', '.join(model_mod.PRESETS)} or 'package.module:factory'")
+        raise ConfigError(
+            inv.path,
+            "run.model",
+            f"unknown model {name!r}",
+            f"did you mean {close!r}?"
+            if close
+            else f"use one of {', '.join(model_mod.PRESETS)} or 'package.module:factory'",
+        )
     preset = model_mod.PRESETS[name]
     if inv.run.seq_len > preset.block_size:
-        raise ConfigError(inv.path, "run.seq_len", f"{inv.run.seq_len} is longer than {name}'s {preset.block_size} positions",
-                          f"set seq_len <= {preset.block_size}")
+        raise ConfigError(
+            inv.path,
+            "run.seq_len",
+            f"{inv.run.seq_len} is longer than {name}'s {preset.block_size} positions",
+            f"set seq_len <= {preset.block_size}",
+        )
     tensors = len(model_mod.param_shapes(name, block_size=inv.run.seq_len))
     if inv.run.fragments > tensors:
-        raise ConfigError(inv.path, "run.fragments", f"{inv.run.fragments} fragments but {name} has only {tensors} parameter tensors",
-                          f"set fragments <= {tensors}")
+        raise ConfigError(
+            inv.path,
+            "run.fragments",
+            f"{inv.run.fragments} fragments but {name} has only {tensors} parameter tensors",
+            f"set fragments <= {tensors}",
+        )
 
 
 def _validate_ssh(inv: Inventory) -> None:
     if inv.ssh.host_key_policy not in ("strict", "accept-new"):
-        raise ConfigError(inv.path, "ssh.host_key_policy", f"{inv.ssh.host_key_policy!r} is not a policy",
-                          'use "strict" (default) or "accept-new"')
+        raise ConfigError(
+            inv.path,
+            "ssh.host_key_policy",
+            f"{inv.ssh.host_key_policy!r} is not a policy",
+            'use "strict" (default) or "accept-new"',
+        )
     if inv.ssh.identity_file and any(not h.local for h in inv.hosts):
         path = Path(os.path.expanduser(inv.ssh.identity_file))
         if not path.is_file() or not os.access(path, os.R_OK):
-            raise ConfigError(inv.path, "ssh.identity_file", f"cannot read {path}",
-                              "point identity_file at a readable private key, or leave it empty to use the SSH agent")
+            raise ConfigError(
+                inv.path,
+                "ssh.identity_file",
+                f"cannot read {path}",
+                "point identity_file at a readable private key, or leave it empty to use the SSH agent",
+            )
 
 
 def to_dict(inv: Inventory) -> dict[str, Any]:
     """The inventory as plain data (`parse` reads it back), kept in the run directory."""
-    return {"run": asdict(inv.run), "ssh": asdict(inv.ssh), "syncer": asdict(inv.syncer),
-            "hosts": [asdict(h) for h in inv.hosts]}
+    return {
+        "run": asdict(inv.run),
+        "ssh": asdict(inv.ssh),
+        "syncer": asdict(inv.syncer),
+        "hosts": [asdict(h) for h in inv.hosts],
+    }
 
 
 def with_host_learners(inv: Inventory, name: str, learners: int) -> Inventory:

@@ -32,8 +32,16 @@ def learner_argv(runtime: HostRuntime, entry: dict[str, Any]) -> list[str]:
     tail = ["--config", runtime.config, "--id", lid, "--workdir", learner_workdir(runtime, lid)]
     nproc = int(entry.get("nproc", 1))
     if nproc > 1:
-        return [runtime.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                "-m", "learner", *tail]
+        return [
+            runtime.python,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "learner",
+            *tail,
+        ]
     return [runtime.python, "-m", "learner", *tail]
 
 
@@ -51,8 +59,9 @@ SYNCER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_
 
 
 def start_syncer(host: Host, runtime: HostRuntime) -> ProcRef:
-    return host.start(syncer_argv(runtime), cwd=runtime.run_dir, log=log_path(runtime, "syncer"),
-                      env=_env(runtime, SYNCER_MALLOC))
+    return host.start(
+        syncer_argv(runtime), cwd=runtime.run_dir, log=log_path(runtime, "syncer"), env=_env(runtime, SYNCER_MALLOC)
+    )
 
 
 def learner_env(runtime: HostRuntime, entry: dict[str, Any], restarts: int) -> dict[str, str]:

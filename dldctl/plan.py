@@ -28,9 +28,18 @@ class LearnerPlan:
 
 def learner_entry(lid: str, host: HostSpec, shard: int, shards: int) -> dict[str, Any]:
     """The resolved-config entry of one learner."""
-    return {"id": lid, "host": host.name, "device": host.device, "batch_size": host.batch_size,
-            "throttle": host.throttle, "nproc": host.nproc, "threads": host.threads,
-            "env": dict(host.env), "shard": shard % shards, "shards": shards}
+    return {
+        "id": lid,
+        "host": host.name,
+        "device": host.device,
+        "batch_size": host.batch_size,
+        "throttle": host.throttle,
+        "nproc": host.nproc,
+        "threads": host.threads,
+        "env": dict(host.env),
+        "shard": shard % shards,
+        "shards": shards,
+    }
 
 
 def learner_plans(inv: Inventory) -> list[LearnerPlan]:
@@ -53,17 +62,28 @@ def syncer_section(inv: Inventory, run: RunDir, advertise: str) -> dict[str, Any
     if inv.syncer.host != "local":  # the syncer runs on an inventory host: dial that host
         advertise = control = inv.syncer.advertise or inv.host(inv.syncer.host).address
     # "dir" is relative to config.json, so it is the run directory on whichever host reads it
-    return {"host": inv.syncer.host, "bind_host": bind,
-            "port": inv.syncer.port or free_port(), "control_port": inv.syncer.control_port or free_port(),
-            "advertise": inv.syncer.advertise or advertise, "control_address": control, "dir": "."}
+    return {
+        "host": inv.syncer.host,
+        "bind_host": bind,
+        "port": inv.syncer.port or free_port(),
+        "control_port": inv.syncer.control_port or free_port(),
+        "advertise": inv.syncer.advertise or advertise,
+        "control_address": control,
+        "dir": ".",
+    }
 
 
 def resolved_config(inv: Inventory, run: RunDir, advertise: str) -> dict[str, Any]:
     """The JSON document every process of the run reads."""
-    return {"version": 1, "run_id": f"{inv.run.name}-{secrets.token_hex(4)}", "run": inv.run.to_dict(),
-            "syncer": syncer_section(inv, run, advertise),
-            "learners": [p.entry for p in learner_plans(inv)], "keys": {"dir": "keys"},
-            "inventory": inv.path}
+    return {
+        "version": 1,
+        "run_id": f"{inv.run.name}-{secrets.token_hex(4)}",
+        "run": inv.run.to_dict(),
+        "syncer": syncer_section(inv, run, advertise),
+        "learners": [p.entry for p in learner_plans(inv)],
+        "keys": {"dir": "keys"},
+        "inventory": inv.path,
+    }
 
 
 def write(inv: Inventory, run: RunDir, advertise: str = "127.0.0.1") -> dict[str, Any]:
@@ -104,14 +124,18 @@ def add_learners(run: RunDir, config: dict[str, Any], host: HostSpec, count: int
 
 def describe(inv: Inventory) -> list[str]:
     """Human-readable lines of what `up` would do (for --dry-run)."""
-    lines = [f"run {inv.run.name}: model {inv.run.model}, data {inv.run.data}, H={inv.run.H}, "
-             f"fragments={inv.run.fragments}, quorum={inv.run.quorum}, compression={inv.run.compression}, "
-             f"merge={inv.run.merge}{', INSECURE' if inv.run.insecure else ''}",
-             f"syncer on {inv.syncer.host} (port {inv.syncer.port or 'auto'})"]
+    lines = [
+        f"run {inv.run.name}: model {inv.run.model}, data {inv.run.data}, H={inv.run.H}, "
+        f"fragments={inv.run.fragments}, quorum={inv.run.quorum}, compression={inv.run.compression}, "
+        f"merge={inv.run.merge}{', INSECURE' if inv.run.insecure else ''}",
+        f"syncer on {inv.syncer.host} (port {inv.syncer.port or 'auto'})",
+    ]
     for plan in learner_plans(inv):
         h = plan.host
         where = "this machine" if h.local else f"{h.address} over SSH"
-        lines.append(f"{plan.id} on {h.name} ({where}): device {h.device}, nproc {h.nproc}, "
-                     f"batch {h.batch_size or inv.run.batch_size}, throttle {h.throttle:g}")
+        lines.append(
+            f"{plan.id} on {h.name} ({where}): device {h.device}, nproc {h.nproc}, "
+            f"batch {h.batch_size or inv.run.batch_size}, throttle {h.throttle:g}"
+        )
     lines += [f"WARNING: {risk}" for risk in inv.run.risks(len(learner_plans(inv)))]
     return lines

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dldctl.errors import RemoteCommandError, SetupError
 from dldctl.hosts import Host, LocalHost, SSHHost
@@ -27,16 +28,16 @@ class HostRuntime:
     """How to start the run's processes on one host."""
 
     host: str
-    python: str          # interpreter
-    pythonpath: str      # "" or the site dir holding our wheel
-    run_dir: str         # this run's directory on the host
-    config: str          # resolved configuration on the host
+    python: str  # interpreter
+    pythonpath: str  # "" or the site dir holding our wheel
+    run_dir: str  # this run's directory on the host
+    config: str  # resolved configuration on the host
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "HostRuntime":
+    def from_dict(cls, data: dict[str, Any]) -> HostRuntime:
         return cls(**{k: data[k] for k in ("host", "python", "pythonpath", "run_dir", "config")})
 
 
@@ -44,19 +45,34 @@ def open_host(spec: HostSpec, inv_ssh: Any, known_hosts: str | None = None) -> H
     """A LocalHost for address "local", else an SSHHost with the inventory's SSH settings."""
     if spec.local:
         return LocalHost(spec.name)
-    return SSHHost(spec.name, spec.address, user=spec.user or inv_ssh.user or None,
-                   port=spec.port or inv_ssh.port or None, identity_file=inv_ssh.identity_file or None,
-                   known_hosts=known_hosts or inv_ssh.known_hosts, host_key_policy=inv_ssh.host_key_policy,
-                   proxy_jump=inv_ssh.proxy_jump or None, connect_timeout=inv_ssh.connect_timeout,
-                   use_ssh_config=inv_ssh.use_ssh_config)
+    return SSHHost(
+        spec.name,
+        spec.address,
+        user=spec.user or inv_ssh.user or None,
+        port=spec.port or inv_ssh.port or None,
+        identity_file=inv_ssh.identity_file or None,
+        known_hosts=known_hosts or inv_ssh.known_hosts,
+        host_key_policy=inv_ssh.host_key_policy,
+        proxy_jump=inv_ssh.proxy_jump or None,
+        connect_timeout=inv_ssh.connect_timeout,
+        use_ssh_config=inv_ssh.use_ssh_config,
+    )
 
 
 def local_runtime(spec: HostSpec, run: RunDir) -> HostRuntime:
     return HostRuntime(spec.name, sys.executable, "", str(run.path), str(run.config))
 
 
-def prepare(host: Host, spec: HostSpec, run: RunDir, config: dict[str, Any], wheel: Path, digest: str,
-            learner_ids: list[str], progress: Progress) -> HostRuntime:
+def prepare(
+    host: Host,
+    spec: HostSpec,
+    run: RunDir,
+    config: dict[str, Any],
+    wheel: Path,
+    digest: str,
+    learner_ids: list[str],
+    progress: Progress,
+) -> HostRuntime:
     """Set up one host for this run (idempotent); returns how to start processes on it."""
     if spec.local:
         progress(spec.name, "local: nothing to copy")
@@ -113,14 +129,28 @@ def _setup(host: Host, spec: HostSpec, base: str, remote_wheel: str, digest: str
     marker = f"{site}/.dldctl-ok"
     if host.exists(marker):
         return spec.python, site
-    _step(host, spec, f"{shlex.quote(spec.python)} -m pip install -q --no-deps --no-compile --target {shlex.quote(site)} {shlex.quote(remote_wheel)}")
+    _step(
+        host,
+        spec,
+        f"{shlex.quote(spec.python)} -m pip install -q --no-deps --no-compile "
+        f"--target {shlex.quote(site)} {shlex.quote(remote_wheel)}",
+    )
     missing = _missing_modules(host, spec.python, site)
     if "torch" in missing:
-        raise SetupError(spec.name, f"{spec.python} has no torch",
-                         hint=f'install torch there, point python = "..." at an environment that has it, or set setup = "venv" for [[hosts]] {spec.name}')
+        raise SetupError(
+            spec.name,
+            f"{spec.python} has no torch",
+            hint=f'install torch there, point python = "..." at an environment that has it, '
+            f'or set setup = "venv" for [[hosts]] {spec.name}',
+        )
     light = [LIGHT_DEPS[m] for m in missing if m in LIGHT_DEPS]
     if light:
-        _step(host, spec, f"{shlex.quote(spec.python)} -m pip install -q --target {shlex.quote(site)} " + " ".join(shlex.quote(x) for x in light))
+        _step(
+            host,
+            spec,
+            f"{shlex.quote(spec.python)} -m pip install -q --target {shlex.quote(site)} "
+            + " ".join(shlex.quote(x) for x in light),
+        )
     host.put_bytes(digest.encode(), marker, 0o644)
     return spec.python, site
 
@@ -141,8 +171,10 @@ def _setup_venv(host: Host, spec: HostSpec, base: str, remote_wheel: str, digest
 
 
 def _missing_modules(host: Host, python: str, site: str) -> list[str]:
-    probe = ("import importlib.util as u; print(' '.join(m for m in ('torch','zmq','zstandard','numpy') "
-             "if u.find_spec(m) is None))")
+    probe = (
+        "import importlib.util as u; print(' '.join(m for m in ('torch','zmq','zstandard','numpy') "
+        "if u.find_spec(m) is None))"
+    )
     result = host.run(f"PYTHONPATH={shlex.quote(site)} {shlex.quote(python)} -c {shlex.quote(probe)}", timeout=120)
     return result.stdout.split()
 

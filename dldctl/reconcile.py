@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 FAST_DEATH_S = 30.0
-STALE_S = 15.0    # no supervisor heartbeat for this long: status warns (its loop is slow or stuck)
-HUNG_S = 120.0    # ... for this long: the watchdog kills and restarts it (an SSH call never blocks this long)
+STALE_S = 15.0  # no supervisor heartbeat for this long: status warns (its loop is slow or stuck)
+HUNG_S = 120.0  # ... for this long: the watchdog kills and restarts it (an SSH call never blocks this long)
 LIVE = ("starting", "up")
 
 
@@ -33,12 +33,12 @@ class Observation:
 
     alive: bool | None
     finished: str | None = None  # "finished" (budget spent) or "refused: why": do not restart
-    last_words: str = ""         # a dead process's last log line (its error, when it crashed)
+    last_words: str = ""  # a dead process's last log line (its error, when it crashed)
 
 
 @dataclass(frozen=True)
 class Action:
-    kind: str                   # "start" | "undo"
+    kind: str  # "start" | "undo"
     target: str
     fault: dict | None = None
 
@@ -48,8 +48,9 @@ def backoff_delay(fast_deaths: int, base: float, cap: float) -> float:
     return min(cap, base * (2 ** max(0, fast_deaths)))
 
 
-def decide(state: dict[str, Any], seen: dict[str, Observation], now: float, base_delay: float,
-           cap: float) -> tuple[list[Action], list[tuple[str, str, str]]]:
+def decide(
+    state: dict[str, Any], seen: dict[str, Observation], now: float, base_delay: float, cap: float
+) -> tuple[list[Action], list[tuple[str, str, str]]]:
     """Update `state` in place; return (actions, events as (kind, target, detail))."""
     actions: list[Action] = []
     events: list[tuple[str, str, str]] = []
@@ -61,8 +62,16 @@ def decide(state: dict[str, Any], seen: dict[str, Observation], now: float, base
     return actions, events
 
 
-def _one(name: str, e: dict[str, Any], obs: Observation | None, now: float, base: float, cap: float,
-         actions: list[Action], events: list[tuple[str, str, str]]) -> None:
+def _one(
+    name: str,
+    e: dict[str, Any],
+    obs: Observation | None,
+    now: float,
+    base: float,
+    cap: float,
+    actions: list[Action],
+    events: list[tuple[str, str, str]],
+) -> None:
     status = e["status"]
     if status in ("stopped", "finished", "starting"):
         return
@@ -87,24 +96,37 @@ def _one(name: str, e: dict[str, Any], obs: Observation | None, now: float, base
         actions.append(Action("start", name))
 
 
-def _died(name: str, e: dict[str, Any], obs: Observation, now: float, base: float, cap: float,
-          events: list[tuple[str, str, str]]) -> None:
+def _died(
+    name: str,
+    e: dict[str, Any],
+    obs: Observation,
+    now: float,
+    base: float,
+    cap: float,
+    events: list[tuple[str, str, str]],
+) -> None:
     e["proc"] = None
     if obs.finished == "finished":
         e["status"] = "finished"
         events.append(("finished", name, "spent its step/duration budget"))
         return
-    if obs.finished and e["kind"] == "syncer":   # restarting cannot help: it would refuse again
+    if obs.finished and e["kind"] == "syncer":  # restarting cannot help: it would refuse again
         e["status"] = "stopped"
-        events.append(("refused", name, f"{obs.finished}; not restarted (merges stop; the learners keep "
-                                        "training): restore a checkpoint or set on_no_checkpoint, then start it again"))
+        events.append(
+            (
+                "refused",
+                name,
+                f"{obs.finished}; not restarted (merges stop; the learners keep "
+                "training): restore a checkpoint or set on_no_checkpoint, then start it again",
+            )
+        )
         return
     if obs.finished:
         e["status"] = "stopped"
         events.append(("refused", name, f"{obs.finished}; not restarted (fix the cause, then `dldctl learner add`)"))
         return
     lived = now - (e["started_at"] if e.get("started_at") is not None else now)
-    killed = bool(e.get("chaos_kill"))   # killed on purpose: its log says nothing about why
+    killed = bool(e.get("chaos_kill"))  # killed on purpose: its log says nothing about why
     if killed:
         e["chaos_kill"] = False
     elif lived < FAST_DEATH_S:
@@ -137,8 +159,18 @@ def start_failed(e: dict[str, Any], now: float, base: float, cap: float) -> floa
 
 
 def new_proc(kind: str, host: str) -> dict[str, Any]:
-    return {"kind": kind, "host": host, "status": "pending", "proc": None, "restarts": 0, "fast_deaths": 0,
-            "started_at": None, "next_start": None, "hold_until": None, "chaos_kill": False}
+    return {
+        "kind": kind,
+        "host": host,
+        "status": "pending",
+        "proc": None,
+        "restarts": 0,
+        "fast_deaths": 0,
+        "started_at": None,
+        "next_start": None,
+        "hold_until": None,
+        "chaos_kill": False,
+    }
 
 
 def resume(state: dict[str, Any], records: list[dict[str, Any]], now: float) -> list[tuple[str, str, str]]:
@@ -155,15 +187,22 @@ def resume(state: dict[str, Any], records: list[dict[str, Any]], now: float) -> 
         record = latest.get(name)
         if record is not None and float(record.get("t", 0)) > float(e.get("started_at") or 0):
             kind = started(e, {"pid": int(record["pid"]), "start_ticks": int(record["start_ticks"])}, now)
-            events.append((kind, name, f"pid {record['pid']} on {e['host']} (adopted: the supervisor "
-                           "that started it died before recording it)"))
+            events.append(
+                (
+                    kind,
+                    name,
+                    f"pid {record['pid']} on {e['host']} (adopted: the supervisor "
+                    "that started it died before recording it)",
+                )
+            )
         else:
             e["status"] = "pending"
     return events
 
 
-def supervisor_health(record: dict[str, Any] | None, alive: bool, beat: float | None, now: float,
-                      run_status: str | None) -> str:
+def supervisor_health(
+    record: dict[str, Any] | None, alive: bool, beat: float | None, now: float, run_status: str | None
+) -> str:
     """One word for the supervisor: `ok`; `stale` (alive, no heartbeat for STALE_S); `hung` (for
     HUNG_S: the watchdog restarts it); `missing` (its pid is dead or none was recorded: the watchdog
     restarts it); `stopped` (the run is not up, so none should run). `beat` is its last heartbeat,

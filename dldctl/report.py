@@ -14,13 +14,15 @@ on the Agg canvas: no display is needed and no pyplot global state is touched.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -30,7 +32,10 @@ from dldctl.view_panels import fmt_bytes, fmt_duration
 
 PLOTS = ("loss.png", "goodput.png", "throughput.png", "bandwidth.png", "quorum.png")
 FAULT_STYLES = {  # event kind -> marker colour on the goodput plot
-    "fault_inject": "tab:purple", "death": "tab:red", "syncer_death": "black", "host_unreachable": "tab:orange",
+    "fault_inject": "tab:purple",
+    "death": "tab:red",
+    "syncer_death": "black",
+    "host_unreachable": "tab:orange",
 }
 
 
@@ -94,8 +99,10 @@ def load_run(run_dir: Path) -> RunRecord:
     samples = [m for m in metrics if m["kind"] == "sample"]
     rounds = [m for m in metrics if m["kind"] == "round"]
     if not samples and not rounds:
-        raise RunError(f"run {run_dir.name} has no metrics yet ({run_dir / 'metrics.jsonl'} is missing or empty)",
-                       hint="wait for the syncer's first sample, or pick another run with --run")
+        raise RunError(
+            f"run {run_dir.name} has no metrics yet ({run_dir / 'metrics.jsonl'} is missing or empty)",
+            hint="wait for the syncer's first sample, or pick another run with --run",
+        )
     return RunRecord(run_dir.resolve().name, samples, rounds, read_jsonl(run_dir / "events.jsonl"))
 
 
@@ -132,8 +139,11 @@ def plot_loss(run: RunRecord, path: Path) -> None:
     """Train and eval loss (the learners') and the global model's loss against tokens merged."""
     fig, ax = _figure("loss vs tokens merged", "tokens merged", "loss")
     drawn = False
-    for key, style, label in (("loss_train", "-", "train"), ("loss_eval", "o-", "eval"),
-                              ("loss_global", "s-", "global model (syncer)")):
+    for key, style, label in (
+        ("loss_train", "-", "train"),
+        ("loss_eval", "o-", "eval"),
+        ("loss_global", "s-", "global model (syncer)"),
+    ):
         points = [(_number(s.get("tokens_merged")), _number(s.get(key))) for s in run.samples]
         points = [(x, y) for x, y in points if x is not None and y is not None]
         if points:
@@ -178,8 +188,11 @@ def plot_throughput(run: RunRecord, path: Path) -> None:
     fig, ax = _figure("throughput", "time since start (s)", "tokens/s")
     ids = sorted({lid for s in run.samples if isinstance(s.get("learners"), dict) for lid in s["learners"]})
     for lid in ids:
-        rows = [{"t": s["t"], "v": s["learners"][lid].get("tokens_per_s")} for s in run.samples
-                if isinstance(s.get("learners"), dict) and isinstance(s["learners"].get(lid), dict)]
+        rows = [
+            {"t": s["t"], "v": s["learners"][lid].get("tokens_per_s")}
+            for s in run.samples
+            if isinstance(s.get("learners"), dict) and isinstance(s["learners"].get(lid), dict)
+        ]
         xs, ys = _series(rows, "v", run.t0)
         ax.plot(xs, ys, label=lid, linewidth=1.2)
     xs, ys = _series(run.samples, "tokens_per_s", run.t0)
@@ -194,7 +207,7 @@ def plot_throughput(run: RunRecord, path: Path) -> None:
 def _rates(samples: list[dict], value: Callable[[dict], float | None], t0: float) -> tuple[list[float], list[float]]:
     """Per-second rates of a cumulative counter between successive samples (resets skipped)."""
     xs, ys = [], []
-    for prev, cur in zip(samples, samples[1:]):
+    for prev, cur in itertools.pairwise(samples):
         a, b, dt = value(prev), value(cur), cur["t"] - prev["t"]
         if a is not None and b is not None and dt > 0 and b - a > 0:
             xs.append(cur["t"] - t0)
@@ -230,8 +243,7 @@ def plot_quorum(run: RunRecord, path: Path) -> None:
     xs, ys = _series(run.samples, "quorum_live", run.t0)
     if xs:
         ax.step(xs, ys, where="post", label="live", color="tab:blue")
-    rounds = [(r["t"] - run.t0, len(r["contributors"])) for r in run.rounds
-              if isinstance(r.get("contributors"), list)]
+    rounds = [(r["t"] - run.t0, len(r["contributors"])) for r in run.rounds if isinstance(r.get("contributors"), list)]
     if rounds:
         ax.plot([x for x, _ in rounds], [y for _, y in rounds], ".", label="round contributors", color="tab:green")
     mx, my = _series(run.samples or run.rounds, "quorum_min" if run.samples else "quorum", run.t0)
@@ -275,8 +287,10 @@ def _traffic_rows(last: dict) -> list[tuple[str, str]]:
     up, down, ddp = (_number(last.get(k)) for k in ("bytes_up", "bytes_down", "ddp_equivalent"))
     moved = (up or 0.0) + (down or 0.0)
     times = f" ({ddp / moved:,.0f}x what this run moved)" if ddp and moved else ""
-    return [("bytes up / down", f"{fmt_bytes(up)} / {fmt_bytes(down)} (total {fmt_bytes(moved)})"),
-            ("data-parallel equivalent", f"{fmt_bytes(ddp)}{times}")]
+    return [
+        ("bytes up / down", f"{fmt_bytes(up)} / {fmt_bytes(down)} (total {fmt_bytes(moved)})"),
+        ("data-parallel equivalent", f"{fmt_bytes(ddp)}{times}"),
+    ]
 
 
 def _round_rows(run: RunRecord) -> list[tuple[str, str]]:
@@ -290,8 +304,10 @@ def _round_rows(run: RunRecord) -> list[tuple[str, str]]:
     grace = [g for g in (_number(r.get("grace_used_s")) for r in run.rounds) if g is not None]
     return [
         ("merge rounds", f"{len(run.rounds)} (per fragment {frags})"),
-        ("contributors per round", f"mean {_mean(counts):.2f}, min {min(counts)}, max {max(counts)} "
-                                   f"(rounds by contributors {spread})"),
+        (
+            "contributors per round",
+            f"mean {_mean(counts):.2f}, min {min(counts)}, max {max(counts)} (rounds by contributors {spread})",
+        ),
         ("wait for quorum / grace used", f"mean {_fmt(_mean(waits), 2)} s / {_fmt(_mean(grace), 2)} s"),
     ]
 
@@ -308,8 +324,12 @@ def summary_rows(run: RunRecord) -> list[tuple[str, str]]:
         ("run", run.name),
         ("duration", f"{fmt_duration(run.t1 - run.t0)} ({_utc(run.t0)} to {_utc(run.t1)})"),
         *_loss_rows(run),
-        ("goodput (whole run)", "-" if goodput is None else f"{100 * goodput:.1f}%"
-         + (f" (lowest 60 s window {100 * min(windows):.1f}%)" if windows else "")),
+        (
+            "goodput (whole run)",
+            "-"
+            if goodput is None
+            else f"{100 * goodput:.1f}%" + (f" (lowest 60 s window {100 * min(windows):.1f}%)" if windows else ""),
+        ),
         ("tokens trained / merged", f"{trained or 0:,.0f} / {merged or 0:,.0f}{share}"),
         *_traffic_rows(last),
         ("outer steps", "-" if _number(last.get("outer_steps")) is None else f"{last['outer_steps']}"),
@@ -343,6 +363,7 @@ def build_report(run_dir: Path, out_dir: Path) -> list[Path]:
             writer(run, path)
         write_summary(run, paths[-1])
     except OSError as exc:
-        raise RunError(f"cannot write the report to {out_dir}: {exc.strerror or exc}",
-                       hint="choose another directory with --out") from exc
+        raise RunError(
+            f"cannot write the report to {out_dir}: {exc.strerror or exc}", hint="choose another directory with --out"
+        ) from exc
     return paths

@@ -19,8 +19,9 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from dldctl.errors import RunError
 from syncer import jsonl
@@ -50,10 +51,20 @@ class RunDir:
         return self.path.name
 
     def __getattr__(self, item: str) -> Path:
-        files = {"config": "config.json", "inventory": "inventory.toml", "state_file": "state.json",
-                 "lock_file": "state.lock", "events": "events.jsonl", "metrics": "metrics.jsonl",
-                 "keys": "keys", "checkpoints": "checkpoints", "logs": "logs", "learners": "learners",
-                 "supervisor_log": "supervisor.log", "final_model": "final_model.pt"}
+        files = {
+            "config": "config.json",
+            "inventory": "inventory.toml",
+            "state_file": "state.json",
+            "lock_file": "state.lock",
+            "events": "events.jsonl",
+            "metrics": "metrics.jsonl",
+            "keys": "keys",
+            "checkpoints": "checkpoints",
+            "logs": "logs",
+            "learners": "learners",
+            "supervisor_log": "supervisor.log",
+            "final_model": "final_model.pt",
+        }
         if item in files:
             return self.path / files[item]
         raise AttributeError(item)
@@ -71,14 +82,18 @@ class RunDir:
         if self._unsaved is not None:
             if _signature(self.state_file) == self._unsaved[1]:
                 return copy.deepcopy(self._unsaved[0])
-            self._unsaved, self._unsaved_count = None, 0   # another process wrote it since: it wins
+            self._unsaved, self._unsaved_count = None, 0  # another process wrote it since: it wins
         try:
             data = json.loads(self.state_file.read_text())
         except FileNotFoundError:
-            raise RunError(f"{self.state_file}: no state file; this is not a run directory (or `up` never got far)") from None
+            raise RunError(
+                f"{self.state_file}: no state file; this is not a run directory (or `up` never got far)"
+            ) from None
         except (OSError, ValueError) as exc:
-            raise RunError(f"{self.state_file}: corrupt state ({exc})",
-                           hint="`dldctl down --run " + self.name + "` still stops every process it can find") from None
+            raise RunError(
+                f"{self.state_file}: corrupt state ({exc})",
+                hint="`dldctl down --run " + self.name + "` still stops every process it can find",
+            ) from None
         if not isinstance(data, dict):
             raise RunError(f"{self.state_file}: corrupt state (not an object)")
         return data
@@ -102,15 +117,20 @@ class RunDir:
             return
         if self._unsaved is not None:
             count, self._unsaved, self._unsaved_count = self._unsaved_count, None, 0
-            self.event("write_resumed", jsonl.source(), f"writing state.json again: {count} changes were kept in memory")
+            self.event(
+                "write_resumed", jsonl.source(), f"writing state.json again: {count} changes were kept in memory"
+            )
 
     def _keep_unsaved(self, state: dict[str, Any], exc: OSError) -> None:
         first = self._unsaved is None
         self._unsaved = (copy.deepcopy(state), _signature(self.state_file))
         self._unsaved_count += 1
         if first:
-            jsonl.notify("write_dropped", f"{jsonl.why(exc)} writing state.json: keeping the state in memory "
-                         "until it can write again", self.events)
+            jsonl.notify(
+                "write_dropped",
+                f"{jsonl.why(exc)} writing state.json: keeping the state in memory until it can write again",
+                self.events,
+            )
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -152,8 +172,12 @@ class RunDir:
     def record_proc(self, target: str, host: str, proc: dict[str, int]) -> None:
         """Append to procs.jsonl: every process ever started, so `down` finds them all even
         if state.json is lost (never rotated; a line the disk cannot take is dropped and counted)."""
-        jsonl.append(self.path / "procs.jsonl", {"t": time.time(), "target": target, "host": host, **proc},
-                     max_bytes=0, notices=self.events)
+        jsonl.append(
+            self.path / "procs.jsonl",
+            {"t": time.time(), "target": target, "host": host, **proc},
+            max_bytes=0,
+            notices=self.events,
+        )
 
     def started_procs(self) -> list[dict[str, Any]]:
         return list(jsonl.read(self.path / "procs.jsonl"))

@@ -40,26 +40,47 @@ def _syncer_down(run: RunDir, config: dict[str, Any]) -> dict[str, Any]:
     """What we can say with the syncer down: the last sample it wrote, marked stale."""
     last = next((r for r in reversed(jsonl.tail(run.metrics, 50)) if r.get("kind") == "sample"), {})
     settings = config["run"]
-    ckpt = _last_checkpoint(run)   # may be newer than the last sample (the final checkpoint)
-    return {"syncer": {"alive": False, "fragments": settings.get("fragments", 0),
-                       "outer_steps": max(ckpt, last.get("outer_steps") or 0),
-                       "checkpoint_outer_step": ckpt, "rejected": {}, "dropped_sends": 0},
-            "quorum": {"min": settings.get("quorum", 1), "live": 0, "total": len(config["learners"]),
-                       "last_round_contributors": 0, "recent_contributors": [], "below_quorum": True},
-            "goodput": last.get("goodput", 0.0), "goodput_window": 0.0,
-            "tokens": {"trained": last.get("tokens_trained", 0), "merged": last.get("tokens_merged", 0), "per_s": 0.0},
-            "bytes": {"up": last.get("bytes_up", 0), "down": last.get("bytes_down", 0),
-                      "ddp_equivalent": last.get("ddp_equivalent", 0)},
-            "loss": {"train": last.get("loss_train"), "eval": last.get("loss_eval"), "global": last.get("loss_global")},
-            "stale_since": last.get("t"), "learners": [],
-            "stale_learners": last.get("learners") or {}}
+    ckpt = _last_checkpoint(run)  # may be newer than the last sample (the final checkpoint)
+    return {
+        "syncer": {
+            "alive": False,
+            "fragments": settings.get("fragments", 0),
+            "outer_steps": max(ckpt, last.get("outer_steps") or 0),
+            "checkpoint_outer_step": ckpt,
+            "rejected": {},
+            "dropped_sends": 0,
+        },
+        "quorum": {
+            "min": settings.get("quorum", 1),
+            "live": 0,
+            "total": len(config["learners"]),
+            "last_round_contributors": 0,
+            "recent_contributors": [],
+            "below_quorum": True,
+        },
+        "goodput": last.get("goodput", 0.0),
+        "goodput_window": 0.0,
+        "tokens": {"trained": last.get("tokens_trained", 0), "merged": last.get("tokens_merged", 0), "per_s": 0.0},
+        "bytes": {
+            "up": last.get("bytes_up", 0),
+            "down": last.get("bytes_down", 0),
+            "ddp_equivalent": last.get("ddp_equivalent", 0),
+        },
+        "loss": {"train": last.get("loss_train"), "eval": last.get("loss_eval"), "global": last.get("loss_global")},
+        "stale_since": last.get("t"),
+        "learners": [],
+        "stale_learners": last.get("learners") or {},
+    }
 
 
 def _last_checkpoint(run: RunDir) -> int:
     """The outer step of the newest checkpoint: from the file names (ckpt-EPOCH-STEP-MS.pt) in the
     local run directory, else from the last `checkpoint` event (a syncer on another host)."""
-    steps = [int(m.group(1)) for p in run.checkpoints.glob("ckpt-*.pt")
-             if (m := re.fullmatch(r"ckpt-\d+-(\d+)-\d+\.pt", p.name))]
+    steps = [
+        int(m.group(1))
+        for p in run.checkpoints.glob("ckpt-*.pt")
+        if (m := re.fullmatch(r"ckpt-\d+-(\d+)-\d+\.pt", p.name))
+    ]
     if steps:
         return max(steps)
     for event in reversed(jsonl.tail(run.events, 500)):
@@ -69,8 +90,9 @@ def _last_checkpoint(run: RunDir) -> int:
     return 0
 
 
-def learner_state(proc: dict[str, Any], syncer_row: dict[str, Any] | None, faults: list[dict[str, Any]],
-                  pid_alive: bool | None = None) -> str:
+def learner_state(
+    proc: dict[str, Any], syncer_row: dict[str, Any] | None, faults: list[dict[str, Any]], pid_alive: bool | None = None
+) -> str:
     """One state word from the process status, active faults and the syncer's view. `pid_alive` is
     what its pid says now (None: not checked, a remote host): a dead pid is `dead`, whatever a
     stale record says."""
@@ -78,7 +100,9 @@ def learner_state(proc: dict[str, Any], syncer_row: dict[str, Any] | None, fault
     if pid_alive is False and status in ("running", "unreachable"):
         return "dead"
     if status in ("dead", "stopped", "finished"):
-        return "restarting" if status == "dead" and proc.get("next_start") else ("dead" if status == "dead" else "stopped")
+        return (
+            "restarting" if status == "dead" and proc.get("next_start") else ("dead" if status == "dead" else "stopped")
+        )
     if status in ("pending", "starting"):
         return "starting"
     if status == "unreachable":
@@ -110,22 +134,25 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     snap["run"] = run.name
     snap["now"] = now
     ended = state.get("stopped_at") if state.get("status") == "down" else None
-    snap["uptime_s"] = float(ended or now) - float(state.get("created", now))   # a run that is down: how long it ran
+    snap["uptime_s"] = float(ended or now) - float(state.get("created", now))  # a run that is down: how long it ran
     snap["status"] = state.get("status")
     snap["insecure"] = bool(config["run"].get("insecure"))
     procs = state.get("procs", {})
     syncer_proc = procs.get("syncer", {})
     snap["syncer"]["bind"] = snap["syncer"].get("address")
-    snap["syncer"]["address"] = f"tcp://{config['syncer']['advertise']}:{config['syncer']['port']}"  # what learners dial
+    snap["syncer"]["address"] = (
+        f"tcp://{config['syncer']['advertise']}:{config['syncer']['port']}"  # what learners dial
+    )
     snap["syncer"]["restarts"] = syncer_proc.get("restarts", 0)
     if not snap["syncer"].get("alive"):
         snap["syncer"]["pid"] = (syncer_proc.get("proc") or {}).get("pid")
     alive = _local_pids_alive(run, procs)
-    snap["learners"] = _learner_rows(procs, snap.get("learners", []), state.get("faults", []), config,
-                                     snap.pop("stale_learners", {}), alive)
+    snap["learners"] = _learner_rows(
+        procs, snap.get("learners", []), state.get("faults", []), config, snap.pop("stale_learners", {}), alive
+    )
     snap["supervisor"] = supervisor_status(run, state, now)
     snap["faults"] = [f for f in state.get("faults", []) if not f.get("undone")]
-    snap["spares"] = sorted(state.get("spares", {}))   # hosts with a warm spare ready
+    snap["spares"] = sorted(state.get("spares", {}))  # hosts with a warm spare ready
     snap["events"] = jsonl.tail(run.events, EVENTS)
     return snap
 
@@ -136,27 +163,44 @@ def supervisor_status(run: RunDir, state: dict[str, Any], now: float) -> dict[st
     beat = watchdog.last_beat(run)
     alive = watchdog.alive(record)
     heard = reconcile.last_heard(record, beat)
-    return {"alive": alive, "state": reconcile.supervisor_health(record, alive, beat, now, state.get("status")),
-            "pid": record.get("pid"), "restarts": int(record.get("restarts", 0)),
-            "heartbeat_age_s": max(0.0, now - heard) if heard is not None else None,
-            "watchdog": {"alive": watchdog.alive(dog), "pid": dog.get("pid"), "restarts": int(dog.get("restarts", 0))}}
+    return {
+        "alive": alive,
+        "state": reconcile.supervisor_health(record, alive, beat, now, state.get("status")),
+        "pid": record.get("pid"),
+        "restarts": int(record.get("restarts", 0)),
+        "heartbeat_age_s": max(0.0, now - heard) if heard is not None else None,
+        "watchdog": {"alive": watchdog.alive(dog), "pid": dog.get("pid"), "restarts": int(dog.get("restarts", 0))},
+    }
 
 
 def _local_pids_alive(run: RunDir, procs: dict[str, Any]) -> dict[str, bool]:
     """name -> whether its recorded pid lives, for the running processes on this machine's hosts
     (address "local", or a host the inventory does not name, as the supervisor sees them)."""
     try:
-        remote = {h["name"] for h in json.loads((run.path / "inventory.json").read_text())["hosts"]
-                  if h.get("address") != "local"}
+        remote = {
+            h["name"]
+            for h in json.loads((run.path / "inventory.json").read_text())["hosts"]
+            if h.get("address") != "local"
+        }
     except (OSError, ValueError, KeyError, TypeError):
-        return {}   # cannot tell which hosts are this machine: check none
-    return {name: watchdog.alive(proc["proc"]) for name, proc in procs.items()
-            if proc.get("host") not in remote and isinstance(proc.get("proc"), dict)
-            and proc.get("status") in ("running", "unreachable")}
+        return {}  # cannot tell which hosts are this machine: check none
+    return {
+        name: watchdog.alive(proc["proc"])
+        for name, proc in procs.items()
+        if proc.get("host") not in remote
+        and isinstance(proc.get("proc"), dict)
+        and proc.get("status") in ("running", "unreachable")
+    }
 
 
-def _learner_rows(procs: dict[str, Any], syncer_rows: list[dict[str, Any]], faults: list[dict[str, Any]],
-                  config: dict[str, Any], stale: dict[str, Any], alive: dict[str, bool]) -> list[dict[str, Any]]:
+def _learner_rows(
+    procs: dict[str, Any],
+    syncer_rows: list[dict[str, Any]],
+    faults: list[dict[str, Any]],
+    config: dict[str, Any],
+    stale: dict[str, Any],
+    alive: dict[str, bool],
+) -> list[dict[str, Any]]:
     """One row per learner process; with the syncer down, step/tokens/loss from its last sample."""
     by_id = {row["id"]: row for row in syncer_rows}
     devices = {e["id"]: e.get("device", "cpu") for e in config["learners"]}
@@ -167,13 +211,36 @@ def _learner_rows(procs: dict[str, Any], syncer_rows: list[dict[str, Any]], faul
         srow = by_id.get(lid)
         mine = [f for f in faults if f.get("target") == lid]
         state = learner_state(proc, srow, mine, alive.get(lid))
-        row = {"id": lid, "host": proc.get("host"), "device": devices.get(lid, "cpu"),
-               "state": state, "pid": None if state == "stopped" or alive.get(lid) is False else (proc.get("proc") or {}).get("pid"),
-               "step": 0, "tokens": 0, "tokens_per_s": 0.0, "restarts": proc.get("restarts", 0),
-               "weight": 0.0, "heartbeat_age_s": None, "blocked_frac": 0.0, "straggler": False}
+        row = {
+            "id": lid,
+            "host": proc.get("host"),
+            "device": devices.get(lid, "cpu"),
+            "state": state,
+            "pid": None if state == "stopped" or alive.get(lid) is False else (proc.get("proc") or {}).get("pid"),
+            "step": 0,
+            "tokens": 0,
+            "tokens_per_s": 0.0,
+            "restarts": proc.get("restarts", 0),
+            "weight": 0.0,
+            "heartbeat_age_s": None,
+            "blocked_frac": 0.0,
+            "straggler": False,
+        }
         if srow:
-            for key in ("step", "tokens", "merged_tokens", "tokens_per_s", "weight", "heartbeat_age_s", "blocked_frac",
-                        "straggler", "loss", "eval_loss", "replica", "joins"):
+            for key in (
+                "step",
+                "tokens",
+                "merged_tokens",
+                "tokens_per_s",
+                "weight",
+                "heartbeat_age_s",
+                "blocked_frac",
+                "straggler",
+                "loss",
+                "eval_loss",
+                "replica",
+                "joins",
+            ):
                 if key in srow:
                     row[key] = srow[key]
         elif isinstance(stale.get(lid), dict):

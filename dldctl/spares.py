@@ -21,8 +21,8 @@ from dldctl import launch
 from dldctl.hosts import Host, ProcRef
 from dldctl.provision import HostRuntime
 
-SPARE_DELAY_S = 1.0   # after a handover (or a spare's death): the new learner joins from a spare in ~0.2 s
-FIRST_SPARE_S = 5.0   # after the supervisor starts: the fleet itself imports torch first
+SPARE_DELAY_S = 1.0  # after a handover (or a spare's death): the new learner joins from a spare in ~0.2 s
+FIRST_SPARE_S = 5.0  # after the supervisor starts: the fleet itself imports torch first
 
 
 def assignment_path(runtime: HostRuntime, host_name: str) -> str:
@@ -32,8 +32,11 @@ def assignment_path(runtime: HostRuntime, host_name: str) -> str:
 def hosts_wanting_spares(state: dict[str, Any], config: dict[str, Any]) -> set[str]:
     """Hosts with at least one single-process learner that may still need a (re)start."""
     nproc = {e["id"]: int(e.get("nproc", 1)) for e in config["learners"]}
-    return {e["host"] for name, e in state["procs"].items()
-            if e["kind"] == "learner" and e["status"] not in ("stopped", "finished") and nproc.get(name, 1) == 1}
+    return {
+        e["host"]
+        for name, e in state["procs"].items()
+        if e["kind"] == "learner" and e["status"] not in ("stopped", "finished") and nproc.get(name, 1) == 1
+    }
 
 
 def start_spare(host: Host, runtime: HostRuntime, host_name: str, entry: dict[str, Any]) -> ProcRef:

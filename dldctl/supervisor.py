@@ -50,8 +50,8 @@ class Supervisor:
         self.inv = self._read_inventory()
         self.hosts: dict[str, Host] = {}
         self._host_retry: dict[str, float] = {}
-        self._spare_after: dict[str, float] = {}   # host -> monotonic time before which no new spare
-        self._born = time.monotonic()               # the first spares wait until the fleet has started
+        self._spare_after: dict[str, float] = {}  # host -> monotonic time before which no new spare
+        self._born = time.monotonic()  # the first spares wait until the fleet has started
         self._mirrored = 0.0
         self._dog_backoff = watchdog.Backoff(base=2.0)
 
@@ -62,7 +62,7 @@ class Supervisor:
     def host(self, name: str) -> Host:
         if name not in self.hosts:
             spec = next((h for h in self.inv.hosts if h.name == name), None)
-            if spec is None:   # a host added to the live run (learner add --inventory, up) since we started
+            if spec is None:  # a host added to the live run (learner add --inventory, up) since we started
                 self.inv = self._read_inventory()
                 spec = next((h for h in self.inv.hosts if h.name == name), None)
             self.hosts[name] = LocalHost(name) if spec is None or spec.local else open_host(spec, self.inv.ssh)
@@ -120,13 +120,15 @@ class Supervisor:
         runtime = self.runtime(state, entry["host"])
         syncer = entry["kind"] == "syncer"
         workdir = runtime.run_dir if syncer else launch.learner_workdir(runtime, name)
-        refused = f"{workdir}/{'syncer.refused' if syncer else 'refused'}"   # syncer: syncer/checkpoint.py REFUSED
+        refused = f"{workdir}/{'syncer.refused' if syncer else 'refused'}"  # syncer: syncer/checkpoint.py REFUSED
         host = self.host(entry["host"])
         try:
             if not syncer and host.exists(f"{workdir}/finished"):
                 return "finished"
             if host.exists(refused):
-                return "refused: " + host.read_bytes(refused, 0, 2000 if syncer else 500).decode(errors="replace").strip()
+                return (
+                    "refused: " + host.read_bytes(refused, 0, 2000 if syncer else 500).decode(errors="replace").strip()
+                )
         except DldError:
             return None
         return None
@@ -232,7 +234,9 @@ class Supervisor:
         except (DldError, StopIteration) as exc:
             s = settings_from_dict(self.config()["run"])
             with self.run.update() as st:
-                delay = reconcile.start_failed(st["procs"][name], time.time(), s.restart_delay_s, s.restart_backoff_max_s)
+                delay = reconcile.start_failed(
+                    st["procs"][name], time.time(), s.restart_delay_s, s.restart_backoff_max_s
+                )
             self.run.event("start_failed", name, f"{exc}; next try in {delay:.1f} s")
             return
         record = {"pid": ref.pid, "start_ticks": ref.start_ticks}
@@ -242,7 +246,9 @@ class Supervisor:
         self.run.event(kind, name, f"pid {ref.pid} on {entry['host']}{how}")
 
     # -- warm spares (dldctl/spares.py) ---------------------------------------------------------
-    def _from_spare(self, host_name: str, runtime: HostRuntime, learner: dict[str, Any], restarts: int) -> ProcRef | None:
+    def _from_spare(
+        self, host_name: str, runtime: HostRuntime, learner: dict[str, Any], restarts: int
+    ) -> ProcRef | None:
         """The host's live spare, now told to become `learner`; None to start a fresh process."""
         if int(learner.get("nproc", 1)) != 1:
             return None
@@ -267,7 +273,7 @@ class Supervisor:
         have = dict(state.get("spares", {}))
         for host_name in list(have):
             if seen.get(f"spare-{host_name}", reconcile.Observation(True)).alive is False:
-                self._drop_spare(host_name, retry_s=10.0)   # it died: try again later
+                self._drop_spare(host_name, retry_s=10.0)  # it died: try again later
                 have.pop(host_name)
         wanted = spares.hosts_wanting_spares(state, config) if settings_from_dict(config["run"]).warm_spares else set()
         for host_name in set(have) - wanted:
@@ -283,7 +289,7 @@ class Supervisor:
 
     def _start_spare(self, state: dict[str, Any], config: dict[str, Any], host_name: str) -> None:
         entry = next(e for e in config["learners"] if e["host"] == host_name and int(e.get("nproc", 1)) == 1)
-        self._spare_after[host_name] = time.monotonic() + 30.0   # if it fails (or dies soon), not again at once
+        self._spare_after[host_name] = time.monotonic() + 30.0  # if it fails (or dies soon), not again at once
         try:
             ref = spares.start_spare(self.host(host_name), self.runtime(state, host_name), host_name, entry)
         except DldError as exc:
@@ -314,14 +320,21 @@ class Supervisor:
         ok = False
         if entry is not None:
             try:
-                ok = faults.undo(fault["kind"], self.host(entry["host"]), self.runtime(state, entry["host"]),
-                                 fault["target"], proc_ref(entry.get("proc")))
+                ok = faults.undo(
+                    fault["kind"],
+                    self.host(entry["host"]),
+                    self.runtime(state, entry["host"]),
+                    fault["target"],
+                    proc_ref(entry.get("proc")),
+                )
             except HostError as exc:
                 self.run.event("fault_undo_failed", fault["target"], f"{fault['kind']}: {exc}")
                 return
         with self.run.update() as st:
             st["faults"] = [f for f in st.get("faults", []) if f.get("id") != fault.get("id")]
-        self.run.event("fault_undo", fault["target"], f"{fault['kind']} undone{'' if ok else ' (process already gone)'}")
+        self.run.event(
+            "fault_undo", fault["target"], f"{fault['kind']} undone{'' if ok else ' (process already gone)'}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

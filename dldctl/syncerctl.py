@@ -34,13 +34,13 @@ class SyncerControl:
         self.sock.connect(address)
 
     @classmethod
-    def for_run(cls, config: dict[str, Any], run_path: Path) -> "SyncerControl":
+    def for_run(cls, config: dict[str, Any], run_path: Path) -> SyncerControl:
         sec = config["syncer"]
         host = sec.get("control_address") or "127.0.0.1"
         keys_dir = None if config["run"].get("insecure") else run_path / "keys"
         return cls(f"tcp://{host}:{sec['control_port']}", keys_dir)
 
-    def __enter__(self) -> "SyncerControl":
+    def __enter__(self) -> SyncerControl:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -53,8 +53,10 @@ class SyncerControl:
     def request(self, msg: Message, timeout: float = 3.0) -> Message:
         self.sock.send_multipart(encode(msg))
         if not self.sock.poll(int(timeout * 1000)):
-            raise SyncerError(f"the syncer at {self.address} did not answer within {timeout:g} s",
-                              hint="`dldctl logs syncer` shows why; the supervisor restarts a dead syncer")
+            raise SyncerError(
+                f"the syncer at {self.address} did not answer within {timeout:g} s",
+                hint="`dldctl logs syncer` shows why; the supervisor restarts a dead syncer",
+            )
         try:
             return decode(self.sock.recv_multipart())
         except ProtocolError as exc:

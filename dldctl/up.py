@@ -37,11 +37,11 @@ class Board:
 
     def __init__(self, console: Console, names: list[str]) -> None:
         self.console = console
-        self.stages = {n: "waiting" for n in names}
+        self.stages = dict.fromkeys(names, "waiting")
         self.lock = threading.Lock()
         self.live: Live | None = None
 
-    def __enter__(self) -> "Board":
+    def __enter__(self) -> Board:
         if self.console.is_terminal:
             self.live = Live(self.table(), console=self.console, refresh_per_second=8, transient=False)
             self.live.__enter__()
@@ -108,8 +108,10 @@ def advertise_address(hosts: dict[str, Host], console: Console | None = None) ->
             if address:
                 return address
     if remote and console is not None:
-        console.print("[yellow]could not tell which address the hosts reach this machine at (a jump host in "
-                      "~/.ssh/config?); learners will dial 127.0.0.1: set [syncer] advertise if that is wrong[/]")
+        console.print(
+            "[yellow]could not tell which address the hosts reach this machine at (a jump host in "
+            "~/.ssh/config?); learners will dial 127.0.0.1: set [syncer] advertise if that is wrong[/]"
+        )
     return "127.0.0.1"
 
 
@@ -117,12 +119,20 @@ def _check_quorum(inv: Inventory, errors: dict[str, DldError]) -> None:
     reachable = sum(h.learners for h in inv.hosts if h.name not in errors)
     if reachable < inv.run.quorum or reachable == 0:
         lines = "; ".join(e.line() for e in errors.values())
-        raise OperationError(f"only {reachable} learners are on reachable hosts, fewer than quorum {inv.run.quorum}: {lines}",
-                             hint="fix the hosts above (`dldctl check` tells more) or lower [run] quorum")
+        raise OperationError(
+            f"only {reachable} learners are on reachable hosts, fewer than quorum {inv.run.quorum}: {lines}",
+            hint="fix the hosts above (`dldctl check` tells more) or lower [run] quorum",
+        )
 
 
-def _provision_all(inv: Inventory, run: RunDir, config: dict[str, Any], hosts: dict[str, Host],
-                   errors: dict[str, DldError], board: Board) -> dict[str, provision.HostRuntime]:
+def _provision_all(
+    inv: Inventory,
+    run: RunDir,
+    config: dict[str, Any],
+    hosts: dict[str, Host],
+    errors: dict[str, DldError],
+    board: Board,
+) -> dict[str, provision.HostRuntime]:
     needs_wheel = any(not h.local for h in inv.hosts if h.name in hosts)
     built, digest = wheel.build(rundir.home() / "wheels") if needs_wheel else (Path(), "")
     by_host = provision.learners_by_host(config)
@@ -133,8 +143,9 @@ def _provision_all(inv: Inventory, run: RunDir, config: dict[str, Any], hosts: d
     def one(spec: HostSpec) -> None:
         try:
             with locks[(spec.address, spec.port, spec.workdir)]:
-                runtimes[spec.name] = provision.prepare(hosts[spec.name], spec, run, config, built, digest,
-                                                        by_host.get(spec.name, []), board)
+                runtimes[spec.name] = provision.prepare(
+                    hosts[spec.name], spec, run, config, built, digest, by_host.get(spec.name, []), board
+                )
             board(spec.name, "ready")
         except DldError as exc:
             errors[spec.name] = exc
@@ -145,8 +156,13 @@ def _provision_all(inv: Inventory, run: RunDir, config: dict[str, Any], hosts: d
     return runtimes
 
 
-def initial_state(inv: Inventory, run: RunDir, config: dict[str, Any], runtimes: dict[str, provision.HostRuntime],
-                  errors: dict[str, DldError]) -> dict[str, Any]:
+def initial_state(
+    inv: Inventory,
+    run: RunDir,
+    config: dict[str, Any],
+    runtimes: dict[str, provision.HostRuntime],
+    errors: dict[str, DldError],
+) -> dict[str, Any]:
     """Every process pending (the supervisor starts them); unreachable hosts' learners stopped."""
     syncer_host = inv.syncer.host if inv.syncer.host != "local" else "local"
     procs = {"syncer": reconcile.new_proc("syncer", syncer_host)}
@@ -158,9 +174,21 @@ def initial_state(inv: Inventory, run: RunDir, config: dict[str, Any], runtimes:
         procs[entry["id"]] = proc
     hosts = {name: {"runtime": rt.to_dict(), "status": "ok"} for name, rt in runtimes.items()}
     if "local" not in hosts:
-        hosts["local"] = {"runtime": provision.HostRuntime("local", sys.executable, "", str(run.path), str(run.config)).to_dict(), "status": "ok"}
-    return {"run": inv.run.name, "run_id": config["run_id"], "dir": str(run.path), "status": "starting",
-            "created": time.time(), "procs": procs, "hosts": hosts, "faults": [], "supervisor": None}
+        hosts["local"] = {
+            "runtime": provision.HostRuntime("local", sys.executable, "", str(run.path), str(run.config)).to_dict(),
+            "status": "ok",
+        }
+    return {
+        "run": inv.run.name,
+        "run_id": config["run_id"],
+        "dir": str(run.path),
+        "status": "starting",
+        "created": time.time(),
+        "procs": procs,
+        "hosts": hosts,
+        "faults": [],
+        "supervisor": None,
+    }
 
 
 def start_supervisor(run: RunDir) -> None:
@@ -170,7 +198,9 @@ def start_supervisor(run: RunDir) -> None:
     with run.update() as state:
         state["status"] = "up"
         pids = {role: (state.get(role) or {}).get("pid") for role in watchdog.ROLES}
-    said = ", ".join(f"{role} pid {pids[role]}{'' if started[role] else ' (already running)'}" for role in watchdog.ROLES)
+    said = ", ".join(
+        f"{role} pid {pids[role]}{'' if started[role] else ' (already running)'}" for role in watchdog.ROLES
+    )
     run.event("up", "run", said)
 
 
@@ -218,8 +248,10 @@ def up(inv: Inventory, source: str | None, console: Console, timeout: float = 18
         start_supervisor(run)
         missing = wait_running(run, board, timeout)
     if missing:
-        console.print(f"[yellow]still starting after {timeout:.0f} s: {', '.join(missing)}[/] "
-                      f"(the supervisor keeps trying; `dldctl logs <target>` shows why)")
+        console.print(
+            f"[yellow]still starting after {timeout:.0f} s: {', '.join(missing)}[/] "
+            f"(the supervisor keeps trying; `dldctl logs <target>` shows why)"
+        )
     for name, exc in errors.items():
         console.print(f"[red]left out host {name}:[/] {exc.line()}", highlight=False)
     return run

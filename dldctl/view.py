@@ -49,11 +49,11 @@ from dldctl.view_panels import (
     loss_panel,
     num,
     pick_learners,
-    run_uptime,
-    section,
     quorum_colour,
     quorum_label,
     quorum_panel,
+    run_uptime,
+    section,
     sparkline,
     state_style,
     supervisor_note,
@@ -63,13 +63,36 @@ from dldctl.view_panels import (
 )
 
 __all__ = [
-    "History", "render_live", "render_plain", "learners_table", "sparkline", "fmt_bytes",
-    "fmt_count", "fmt_rate", "fmt_duration", "fmt_pct", "state_style", "quorum_colour",
-    "quorum_label", "goodput_style", "STATE_STYLES",
+    "STATE_STYLES",
+    "History",
+    "fmt_bytes",
+    "fmt_count",
+    "fmt_duration",
+    "fmt_pct",
+    "fmt_rate",
+    "goodput_style",
+    "learners_table",
+    "quorum_colour",
+    "quorum_label",
+    "render_live",
+    "render_plain",
+    "sparkline",
+    "state_style",
 ]
 
-SERIES = ("goodput", "goodput_window", "tokens_per_s", "up_per_s", "down_per_s", "bytes_per_s",
-          "loss_train", "loss_eval", "loss_global", "quorum_live", "contributors")
+SERIES = (
+    "goodput",
+    "goodput_window",
+    "tokens_per_s",
+    "up_per_s",
+    "down_per_s",
+    "bytes_per_s",
+    "loss_train",
+    "loss_eval",
+    "loss_global",
+    "quorum_live",
+    "contributors",
+)
 
 
 class History:
@@ -125,8 +148,7 @@ class History:
         totals = (num(dig(snapshot, "bytes", "up")), num(dig(snapshot, "bytes", "down")))
         dt = taken - self._last_now if taken is not None and self._last_now is not None else None
         for name, total, before in zip(("up_per_s", "down_per_s"), totals, self._last_bytes):
-            if values[name] is None and dt and dt > 0 and total is not None and before is not None \
-                    and total >= before:
+            if values[name] is None and dt and dt > 0 and total is not None and before is not None and total >= before:
                 values[name] = (total - before) / dt
         up, down = values["up_per_s"], values["down_per_s"]
         values["bytes_per_s"] = None if up is None and down is None else (up or 0.0) + (down or 0.0)
@@ -208,16 +230,25 @@ def _learner_cells(learner: dict, snapshot: dict, now: float, history: History |
     }
 
 
-def learners_table(snapshot: dict, now: float, history: History | None = None,
-                   rows: int | None = None, compact: int = 0, expand: bool = True) -> Table:
+def learners_table(
+    snapshot: dict,
+    now: float,
+    history: History | None = None,
+    rows: int | None = None,
+    compact: int = 0,
+    expand: bool = True,
+) -> Table:
     """One row per learner (at most `rows`, troubled learners kept first); stragglers marked `*`.
     `compact` 1 leaves out device and trend, 2 also host and weight; without a history no trend."""
     learners = dicts(snapshot.get("learners"))
     shown = learners
     if rows is not None and len(learners) > rows:
         shown = pick_learners(learners, max(0, rows - 1))
-    columns = [(name, options) for name, options, level in LEARNER_COLUMNS
-               if compact <= level and not (name == "trend" and history is None)]
+    columns = [
+        (name, options)
+        for name, options, level in LEARNER_COLUMNS
+        if compact <= level and not (name == "trend" and history is None)
+    ]
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=expand, padding=(0, 1))
     for name, options in columns:
         table.add_column(name, **options)
@@ -234,12 +265,20 @@ def learners_panel(snapshot: dict, history: History, now: float, rows: int | Non
     """The learners table in a panel titled with how many run."""
     learners = dicts(snapshot.get("learners"))
     running = sum(1 for learner in learners if learner.get("state") == "running")
-    body: RenderableType = learners_table(snapshot, now, history, rows, compact) if learners \
-        else Text("no learners reported", "dim")
+    body: RenderableType = (
+        learners_table(snapshot, now, history, rows, compact) if learners else Text("no learners reported", "dim")
+    )
     stragglers = any(learner.get("straggler") is True for learner in learners)
-    return Panel(body, title=f"[bold]learners[/] {running}/{len(learners)} running", title_align="left",
-                 subtitle="[yellow]* straggler[/]" if stragglers else None, subtitle_align="right",
-                 border_style="blue", box=box.ROUNDED, padding=(0, 1))
+    return Panel(
+        body,
+        title=f"[bold]learners[/] {running}/{len(learners)} running",
+        title_align="left",
+        subtitle="[yellow]* straggler[/]" if stragglers else None,
+        subtitle_align="right",
+        border_style="blue",
+        box=box.ROUNDED,
+        padding=(0, 1),
+    )
 
 
 # ---------------------------------------------------------------- the live layout
@@ -317,8 +356,10 @@ def supervisor_line(snapshot: dict, now: float) -> tuple[str, str]:
     if sup.get("state") == "stopped":
         return "stopped (the run is not up)", ""
     dog = section(sup, "watchdog")
-    said = f"pid {fmt_int(sup.get('pid'))}  restarts {fmt_int(sup.get('restarts'))}  " \
-           f"watchdog {'pid ' + fmt_int(dog.get('pid')) if dog.get('alive') is True else 'MISSING'}"
+    said = (
+        f"pid {fmt_int(sup.get('pid'))}  restarts {fmt_int(sup.get('restarts'))}  "
+        f"watchdog {'pid ' + fmt_int(dog.get('pid')) if dog.get('alive') is True else 'MISSING'}"
+    )
     note = supervisor_note(snapshot, now)
     if sup.get("state") == "ok":
         return f"alive  {said}", note[1] if note else ""
@@ -328,8 +369,10 @@ def supervisor_line(snapshot: dict, now: float) -> tuple[str, str]:
 def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
     s, q, t, b = (section(snapshot, key) for key in ("syncer", "quorum", "tokens", "bytes"))
     if syncer_alive(snapshot):
-        syncer = (f"alive  {text_of(s.get('address'))}  pid {fmt_int(s.get('pid'))}  epoch {fmt_int(s.get('epoch'))}"
-                  f"  restarts {fmt_int(s.get('restarts'))}  fragments {fmt_int(s.get('fragments'))}")
+        syncer = (
+            f"alive  {text_of(s.get('address'))}  pid {fmt_int(s.get('pid'))}  epoch {fmt_int(s.get('epoch'))}"
+            f"  restarts {fmt_int(s.get('restarts'))}  fragments {fmt_int(s.get('fragments'))}"
+        )
     else:
         syncer = f"SYNCER DOWN  {text_of(s.get('address'))}  restarts {fmt_int(s.get('restarts'))}"
     recent = q.get("recent_contributors") if isinstance(q.get("recent_contributors"), list) else []
@@ -346,19 +389,31 @@ def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
         ("syncer", syncer),
         *([("supervisor", supervisor_line(snapshot, now)[0])] if "supervisor" in snapshot else []),
         ("outer", f"steps {fmt_int(s.get('outer_steps'))}  checkpoint {fmt_int(s.get('checkpoint_outer_step'))}"),
-        ("quorum", f"{quorum_label(snapshot)}  live {fmt_int(q.get('live'))}/{fmt_int(q.get('total'))}"
-                   f"  min {fmt_int(q.get('min'))}  last round {fmt_int(q.get('last_round_contributors'))}"
-                   f"  recent [{' '.join(fmt_int(v) for v in recent[-10:])}]"
-                   f"  grace {fmt_float(q.get('grace_used_s'), 2)}/{fmt_float(q.get('grace_window_s'), 2)}s"
-                   f"  open rounds {fmt_int(q.get('open_rounds'))}"),
+        (
+            "quorum",
+            f"{quorum_label(snapshot)}  live {fmt_int(q.get('live'))}/{fmt_int(q.get('total'))}"
+            f"  min {fmt_int(q.get('min'))}  last round {fmt_int(q.get('last_round_contributors'))}"
+            f"  recent [{' '.join(fmt_int(v) for v in recent[-10:])}]"
+            f"  grace {fmt_float(q.get('grace_used_s'), 2)}/{fmt_float(q.get('grace_window_s'), 2)}s"
+            f"  open rounds {fmt_int(q.get('open_rounds'))}",
+        ),
         ("goodput", f"{fmt_pct(snapshot.get('goodput'))} run  {fmt_pct(snapshot.get('goodput_window'))} last 60s"),
-        ("tokens", f"{fmt_rate(t.get('per_s'), 'tok')}  trained {fmt_count(t.get('trained'))}"
-                   f"  merged {fmt_count(t.get('merged'))}"),
-        ("bytes", f"up {fmt_bytes(up)} ({fmt_rate(b.get('up_per_s'))})  down {fmt_bytes(down)}"
-                  f" ({fmt_rate(b.get('down_per_s'))})  compression {f'{ratio:.1f}x' if ratio is not None else '-'}"
-                  f"  data-parallel equivalent {fmt_bytes(ddp)}{times}"),
-        ("loss", f"train {fmt_float(loss.get('train'))}  eval {fmt_float(loss.get('eval'))}"
-                 f"  global {fmt_float(loss.get('global'))}"),
+        (
+            "tokens",
+            f"{fmt_rate(t.get('per_s'), 'tok')}  trained {fmt_count(t.get('trained'))}"
+            f"  merged {fmt_count(t.get('merged'))}",
+        ),
+        (
+            "bytes",
+            f"up {fmt_bytes(up)} ({fmt_rate(b.get('up_per_s'))})  down {fmt_bytes(down)}"
+            f" ({fmt_rate(b.get('down_per_s'))})  compression {f'{ratio:.1f}x' if ratio is not None else '-'}"
+            f"  data-parallel equivalent {fmt_bytes(ddp)}{times}",
+        ),
+        (
+            "loss",
+            f"train {fmt_float(loss.get('train'))}  eval {fmt_float(loss.get('eval'))}"
+            f"  global {fmt_float(loss.get('global'))}",
+        ),
         *[("warning", str(w)) for w in (s.get("warnings") or []) + (s.get("risks") or [])],
     ]
 
@@ -371,8 +426,12 @@ def render_plain(snapshot: dict, now: float, max_events: int = 10) -> Renderable
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     for key, value in _plain_rows(snapshot, now):
-        style = "red" if (key == "syncer" and not syncer_alive(snapshot)) or \
-            (key == "quorum" and quorum_colour(snapshot) == "red") else ""
+        style = (
+            "red"
+            if (key == "syncer" and not syncer_alive(snapshot))
+            or (key == "quorum" and quorum_colour(snapshot) == "red")
+            else ""
+        )
         if key == "supervisor":
             style = supervisor_line(snapshot, now)[1]
         grid.add_row(key, Text(value, "yellow" if key == "warning" else style))
@@ -382,8 +441,10 @@ def render_plain(snapshot: dict, now: float, max_events: int = 10) -> Renderable
     learners = dicts(snapshot.get("learners"))
     events = dicts(snapshot.get("events"))[-max_events:] if max_events > 0 else []
     return Group(
-        grid, Text(""),
-        learners_table(snapshot, now, expand=False) if learners else Text("no learners reported", "dim"), Text(""),
+        grid,
+        Text(""),
+        learners_table(snapshot, now, expand=False) if learners else Text("no learners reported", "dim"),
+        Text(""),
         Text(f"last {len(events)} events (newest last)", "bold"),
         event_table(events, now) if events else Text("no events yet", "dim"),
     )

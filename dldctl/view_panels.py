@@ -12,7 +12,8 @@ expected: every accessor here answers None for that and every formatter renders 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
@@ -39,10 +40,20 @@ STATE_STYLES = {
 }
 
 EVENT_STYLES = {
-    "join": "green", "quorum_regained": "green", "syncer_start": "green",
-    "death": "bold red", "syncer_death": "bold red", "quorum_lost": "bold red",
-    "host_unreachable": "red", "fault_inject": "magenta", "fault_undo": "cyan",
-    "restart": "cyan", "resync": "cyan", "checkpoint": "blue", "reject": "yellow", "leave": "dim",
+    "join": "green",
+    "quorum_regained": "green",
+    "syncer_start": "green",
+    "death": "bold red",
+    "syncer_death": "bold red",
+    "quorum_lost": "bold red",
+    "host_unreachable": "red",
+    "fault_inject": "magenta",
+    "fault_undo": "cyan",
+    "restart": "cyan",
+    "resync": "cyan",
+    "checkpoint": "blue",
+    "reject": "yellow",
+    "leave": "dim",
 }
 
 # ---------------------------------------------------------------- safe access and formatting
@@ -172,11 +183,17 @@ def supervisor_note(snapshot: dict, now: float) -> tuple[str, str] | None:
     sup = section(snapshot, "supervisor")
     word, dog = sup.get("state"), dig(sup, "watchdog", "alive")
     age = fmt_duration(live_age(snapshot, sup.get("heartbeat_age_s"), now))
-    heal = "the watchdog restarts it" if dog is True else "no watchdog either: `dldctl up` with the run's inventory restarts it"
-    return {"missing": (f"SUPERVISOR MISSING for {age}: {heal}", "bold red"),
-            "hung": (f"supervisor not heard for {age}: {heal}", "bold red"),
-            "stale": (f"supervisor not heard for {age}", "yellow"),
-            "ok": ("no watchdog: the supervisor restarts it", "yellow") if dog is False else None}.get(str(word))
+    heal = (
+        "the watchdog restarts it"
+        if dog is True
+        else "no watchdog either: `dldctl up` with the run's inventory restarts it"
+    )
+    return {
+        "missing": (f"SUPERVISOR MISSING for {age}: {heal}", "bold red"),
+        "hung": (f"supervisor not heard for {age}: {heal}", "bold red"),
+        "stale": (f"supervisor not heard for {age}", "yellow"),
+        "ok": ("no watchdog: the supervisor restarts it", "yellow") if dog is False else None,
+    }.get(str(word))
 
 
 def quorum_colour(snapshot: dict) -> str:
@@ -244,16 +261,29 @@ def sparkline(values: Sequence[Any], width: int, lo: float | None = None, hi: fl
 class Spark:
     """A one-line renderable: `prefix` + a sparkline as wide as the space left + `suffix`."""
 
-    def __init__(self, prefix: Text | str, values: Sequence[Any], suffix: Text | str = "", *,
-                 lo: float | None = None, hi: float | None = None, style: str = "cyan") -> None:
+    def __init__(
+        self,
+        prefix: Text | str,
+        values: Sequence[Any],
+        suffix: Text | str = "",
+        *,
+        lo: float | None = None,
+        hi: float | None = None,
+        style: str = "cyan",
+    ) -> None:
         self.prefix, self.suffix = Text(prefix) if isinstance(prefix, str) else prefix, suffix
         self.values, self.lo, self.hi, self.style = values, lo, hi, style
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         suffix = Text(self.suffix) if isinstance(self.suffix, str) else self.suffix
         room = options.max_width - self.prefix.cell_len - suffix.cell_len
-        line = Text.assemble(self.prefix, (sparkline(self.values, room, self.lo, self.hi), self.style),
-                             suffix, no_wrap=True, overflow="ellipsis")
+        line = Text.assemble(
+            self.prefix,
+            (sparkline(self.values, room, self.lo, self.hi), self.style),
+            suffix,
+            no_wrap=True,
+            overflow="ellipsis",
+        )
         yield line
 
 
@@ -273,8 +303,14 @@ def lines(*rows: RenderableType) -> Table:
 
 def titled(title: str | Text, body: RenderableType, border: str = "blue") -> Panel:
     """A panel with the project's look."""
-    return Panel(body, title=Text(title, "bold") if isinstance(title, str) else title, title_align="left",
-                 border_style=border, box=box.ROUNDED, padding=(0, 1))
+    return Panel(
+        body,
+        title=Text(title, "bold") if isinstance(title, str) else title,
+        title_align="left",
+        border_style=border,
+        box=box.ROUNDED,
+        padding=(0, 1),
+    )
 
 
 def run_uptime(snapshot: dict, now: float) -> float | None:
@@ -301,7 +337,7 @@ def pick_learners(learners: list[dict], room: int) -> list[dict]:
     def trouble(item: tuple[int, dict]) -> int:
         return 0 if item[1].get("state") not in ("running", None) or item[1].get("straggler") else 1
 
-    kept = sorted(sorted(enumerate(learners), key=trouble)[:max(0, room)], key=lambda i: i[0])
+    kept = sorted(sorted(enumerate(learners), key=trouble)[: max(0, room)], key=lambda i: i[0])
     return [learner for _, learner in kept]
 
 
@@ -313,7 +349,7 @@ SEP = (" │ ", "dim")
 def short_id(learner_id: Any) -> str:
     """`learner-3` -> `#3` for tight spaces; other names unchanged."""
     name = text_of(learner_id)
-    return "#" + name[len("learner-"):] if name.startswith("learner-") else name
+    return "#" + name[len("learner-") :] if name.startswith("learner-") else name
 
 
 def header_notes(snapshot: dict, now: float) -> Text:
@@ -363,15 +399,29 @@ def header_panel(snapshot: dict, now: float, compact: bool = False) -> Panel:
         parts += [(" SYNCER DOWN ", "bold white on red"), " ", text_of(s.get("address"))]
     if num(s.get("restarts")):
         parts += [(" restarts ", "dim"), (fmt_int(s.get("restarts")), "yellow")]
-    parts += [SEP, ("outer ", "dim"), (fmt_int(s.get("outer_steps")), "bold"),
-              SEP, ("ckpt ", "dim"), fmt_int(s.get("checkpoint_outer_step")),
-              SEP, fmt_int(s.get("fragments")), (" fragments", "dim")]
+    parts += [
+        SEP,
+        ("outer ", "dim"),
+        (fmt_int(s.get("outer_steps")), "bold"),
+        SEP,
+        ("ckpt ", "dim"),
+        fmt_int(s.get("checkpoint_outer_step")),
+        SEP,
+        fmt_int(s.get("fragments")),
+        (" fragments", "dim"),
+    ]
     border = "green" if syncer_alive(snapshot) else ("white" if down else "red")
     if not down and dig(snapshot, "supervisor", "state") in ("missing", "hung"):
         border = "red"
-    return Panel(line(*parts), title=Text.assemble(" dldctl ", (text_of(snapshot.get("run")), "bold"), " "),
-                 title_align="left", subtitle=header_notes(snapshot, now) or None,
-                 subtitle_align="right", border_style=border, box=box.HEAVY if border == "red" else box.ROUNDED)
+    return Panel(
+        line(*parts),
+        title=Text.assemble(" dldctl ", (text_of(snapshot.get("run")), "bold"), " "),
+        title_align="left",
+        subtitle=header_notes(snapshot, now) or None,
+        subtitle_align="right",
+        border_style=border,
+        box=box.HEAVY if border == "red" else box.ROUNDED,
+    )
 
 
 def quorum_panel(snapshot: dict, recent: Sequence[Any] | None = None) -> Panel:
@@ -382,10 +432,17 @@ def quorum_panel(snapshot: dict, recent: Sequence[Any] | None = None) -> Panel:
     if recent is None:
         recent = q.get("recent_contributors") if isinstance(q.get("recent_contributors"), list) else []
     top = total if total else max([v for v in map(num, recent) if v is not None], default=None)
-    first = line(("live ", "dim"), (f"{fmt_int(live)}/{fmt_int(total)}", f"bold {colour}"),
-                 ("  min ", "dim"), fmt_int(minimum))
-    rounds = Spark(Text("rounds ", "dim"), recent, Text.assemble((" last ", "dim"),
-                   fmt_int(q.get("last_round_contributors"))), lo=0.0, hi=top, style=colour)
+    first = line(
+        ("live ", "dim"), (f"{fmt_int(live)}/{fmt_int(total)}", f"bold {colour}"), ("  min ", "dim"), fmt_int(minimum)
+    )
+    rounds = Spark(
+        Text("rounds ", "dim"),
+        recent,
+        Text.assemble((" last ", "dim"), fmt_int(q.get("last_round_contributors"))),
+        lo=0.0,
+        hi=top,
+        style=colour,
+    )
     if colour == "red" and syncer_alive(snapshot):
         missing = fmt_int(minimum - live) if minimum is not None and live is not None else DASH
         third = line((f"{fmt_int(q.get('open_rounds'))} rounds open, need {missing} more", "red"))
@@ -396,19 +453,27 @@ def quorum_panel(snapshot: dict, recent: Sequence[Any] | None = None) -> Panel:
     return titled(title, lines(first, rounds, third), border=colour)
 
 
-def goodput_panel(snapshot: dict, history: "History") -> Panel:
+def goodput_panel(snapshot: dict, history: History) -> Panel:
     """Goodput of the whole run and of the last minute, with their history."""
     whole, window = snapshot.get("goodput"), snapshot.get("goodput_window")
-    first = line((fmt_pct(whole), f"bold {goodput_style(whole)}"), (" run  ", "dim"),
-                 (fmt_pct(window), goodput_style(window)), (" last 60s", "dim"))
-    return titled("goodput", lines(
-        first,
-        Spark(Text("run ", "dim"), history.get("goodput"), lo=0.0, hi=1.0, style=goodput_style(whole)),
-        Spark(Text("60s ", "dim"), history.get("goodput_window"), lo=0.0, hi=1.0, style=goodput_style(window)),
-    ), border=goodput_style(whole) if num(whole) is not None else "blue")
+    first = line(
+        (fmt_pct(whole), f"bold {goodput_style(whole)}"),
+        (" run  ", "dim"),
+        (fmt_pct(window), goodput_style(window)),
+        (" last 60s", "dim"),
+    )
+    return titled(
+        "goodput",
+        lines(
+            first,
+            Spark(Text("run ", "dim"), history.get("goodput"), lo=0.0, hi=1.0, style=goodput_style(whole)),
+            Spark(Text("60s ", "dim"), history.get("goodput_window"), lo=0.0, hi=1.0, style=goodput_style(window)),
+        ),
+        border=goodput_style(whole) if num(whole) is not None else "blue",
+    )
 
 
-def loss_panel(snapshot: dict, history: "History") -> Panel:
+def loss_panel(snapshot: dict, history: History) -> Panel:
     """The learners' train and eval loss and the global model's, with their history and best values
     (a quality guard trip is in the header's notes, `guard_note`)."""
     train, evals, glob = history.get("loss_train"), history.get("loss_eval"), history.get("loss_global")
@@ -416,52 +481,82 @@ def loss_panel(snapshot: dict, history: "History") -> Panel:
     def best(values: Sequence[Any]) -> str:
         return fmt_float(min((v for v in map(num, values) if v is not None), default=None))
 
-    return titled("loss", lines(
-        Spark(Text.assemble(("train ", "dim"), (fmt_float(dig(snapshot, "loss", "train")), "bold"), " "), train),
-        Spark(Text.assemble(("eval  ", "dim"), (fmt_float(dig(snapshot, "loss", "eval")), "bold"), " "), evals,
-              style="magenta"),
-        Spark(Text.assemble(("global ", "dim"), (fmt_float(dig(snapshot, "loss", "global")), "bold"), " "), glob,
-              style="green"),
-        line(("best ", "dim"), best(train), (" / ", "dim"), best(evals), (" / ", "dim"), best(glob)),
-    ))
+    return titled(
+        "loss",
+        lines(
+            Spark(Text.assemble(("train ", "dim"), (fmt_float(dig(snapshot, "loss", "train")), "bold"), " "), train),
+            Spark(
+                Text.assemble(("eval  ", "dim"), (fmt_float(dig(snapshot, "loss", "eval")), "bold"), " "),
+                evals,
+                style="magenta",
+            ),
+            Spark(
+                Text.assemble(("global ", "dim"), (fmt_float(dig(snapshot, "loss", "global")), "bold"), " "),
+                glob,
+                style="green",
+            ),
+            line(("best ", "dim"), best(train), (" / ", "dim"), best(evals), (" / ", "dim"), best(glob)),
+        ),
+    )
 
 
 def guard_note(snapshot: dict) -> str:
     """The quality guard's trips, if it ever tripped ("" otherwise); the live and plain views' words."""
     guard = snapshot.get("guard") or {}
     last = guard.get("last") or {}
-    return "" if not guard.get("trips") else (f"QUALITY GUARD: {guard['trips']} trip(s), {guard.get('rollbacks', 0)} rollback(s); "
-            f"last score {fmt_float(last.get('loss'))} ({'good' if last.get('good') else 'FLAGGED'})")
+    return (
+        ""
+        if not guard.get("trips")
+        else (
+            f"QUALITY GUARD: {guard['trips']} trip(s), {guard.get('rollbacks', 0)} rollback(s); "
+            f"last score {fmt_float(last.get('loss'))} ({'good' if last.get('good') else 'FLAGGED'})"
+        )
+    )
 
 
-
-def throughput_panel(snapshot: dict, history: "History") -> Panel:
+def throughput_panel(snapshot: dict, history: History) -> Panel:
     """Tokens/s of the fleet with its history, tokens trained and merged, tokens/s per learner."""
     t = section(snapshot, "tokens")
     trained, merged = num(t.get("trained")), num(t.get("merged"))
     share = f" ({fmt_pct(merged / trained)})" if trained and merged is not None else ""
-    first = line((fmt_rate(t.get("per_s"), "tok"), "bold"), ("  trained ", "dim"), fmt_count(trained),
-                 ("  merged ", "dim"), fmt_count(merged), share)
+    first = line(
+        (fmt_rate(t.get("per_s"), "tok"), "bold"),
+        ("  trained ", "dim"),
+        fmt_count(trained),
+        ("  merged ", "dim"),
+        fmt_count(merged),
+        share,
+    )
     per: list[Any] = []
     for learner in dicts(snapshot.get("learners")):
-        per += [(short_id(learner.get("id")) + " ", state_style(learner.get("state")) or "dim"),
-                fmt_count(learner.get("tokens_per_s")), "  "]
+        per += [
+            (short_id(learner.get("id")) + " ", state_style(learner.get("state")) or "dim"),
+            fmt_count(learner.get("tokens_per_s")),
+            "  ",
+        ]
     return titled("throughput", lines(first, Spark("", history.get("tokens_per_s"), lo=0.0), line(*per)))
 
 
-def bandwidth_panel(snapshot: dict, history: "History") -> Panel:
+def bandwidth_panel(snapshot: dict, history: History) -> Panel:
     """Bytes up and down per second, compression ratio, and data-parallel's traffic for the same work."""
     b = section(snapshot, "bytes")
     ratio = num(b.get("compression_ratio"))
     ratio = ratio if ratio else None  # 0 means nothing pushed yet
     up_s, down_s = (b.get(k) if num(b.get(k)) is not None else history.latest(k) for k in ("up_per_s", "down_per_s"))
-    first = line(("↑ ", "dim"), (fmt_rate(up_s), "bold"), ("  ↓ ", "dim"), (fmt_rate(down_s), "bold"),
-                 ("  compression ", "dim"), f"{ratio:.1f}x" if ratio is not None else DASH)
+    first = line(
+        ("↑ ", "dim"),
+        (fmt_rate(up_s), "bold"),
+        ("  ↓ ", "dim"),
+        (fmt_rate(down_s), "bold"),
+        ("  compression ", "dim"),
+        f"{ratio:.1f}x" if ratio is not None else DASH,
+    )
     up, down, ddp = num(b.get("up")), num(b.get("down")), num(b.get("ddp_equivalent"))
     moved = (up or 0.0) + (down or 0.0) if up is not None or down is not None else None
     times = f" ({ddp / moved:,.0f}x)" if ddp is not None and moved else ""
-    third = line(("data-parallel ", "dim"), (fmt_bytes(ddp), "yellow"), (" vs ", "dim"),
-                 (fmt_bytes(moved), "green"), times)
+    third = line(
+        ("data-parallel ", "dim"), (fmt_bytes(ddp), "yellow"), (" vs ", "dim"), (fmt_bytes(moved), "green"), times
+    )
     return titled("bandwidth", lines(first, Spark("", history.get("bytes_per_s"), lo=0.0, style="green"), third))
 
 
@@ -489,8 +584,12 @@ def event_table(events: list[dict], now: float) -> Table:
     for event in events:
         t, kind = num(event.get("t")), text_of(event.get("kind"))
         age = f"{fmt_duration(now - t)} ago" if t is not None else DASH
-        grid.add_row(Text(age, "dim"), Text(kind, EVENT_STYLES.get(kind, "")),
-                     text_of(event.get("target")), Text(text_of(event.get("detail")), "dim"))
+        grid.add_row(
+            Text(age, "dim"),
+            Text(kind, EVENT_STYLES.get(kind, "")),
+            text_of(event.get("target")),
+            Text(text_of(event.get("detail")), "dim"),
+        )
     return grid
 
 

@@ -35,7 +35,7 @@ from dldctl.hosts import LocalHost, ProcRef
 from dldctl.rundir import RunDir, proc_alive
 
 CHECK_S = 1.0
-FAST_S = 30.0          # a restarted supervisor that dies sooner than this is a fast death: back off
+FAST_S = 30.0  # a restarted supervisor that dies sooner than this is a fast death: back off
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 60.0
 ROLES = ("supervisor", "watchdog")
@@ -84,8 +84,11 @@ def respawn(run: RunDir, role: str) -> tuple[ProcRef, dict[str, Any] | None] | N
         before = state.get(role)
         if state.get("status") not in reconcile.LIVE or alive(before):
             return None
-        ref = LocalHost("local").start([sys.executable, "-m", f"dldctl.{role}", "--run", str(run.path)],
-                                       cwd=str(run.path), log=str(log_path(run, role)))
+        ref = LocalHost("local").start(
+            [sys.executable, "-m", f"dldctl.{role}", "--run", str(run.path)],
+            cwd=str(run.path),
+            log=str(log_path(run, role)),
+        )
         run.record_proc(role, "local", {"pid": ref.pid, "start_ticks": ref.start_ticks})
         restarts = int(before.get("restarts", 0)) + 1 if isinstance(before, dict) else 0
         state[role] = {"pid": ref.pid, "start_ticks": ref.start_ticks, "started": time.time(), "restarts": restarts}
@@ -119,7 +122,7 @@ class Watchdog:
         self.run = run
         self.stop = threading.Event()
         self.backoff = Backoff()
-        self.lost: str | None = None    # why the supervisor is missing, from when we noticed until it is back
+        self.lost: str | None = None  # why the supervisor is missing, from when we noticed until it is back
 
     def loop(self) -> None:
         self.run.event("watchdog_start", "watchdog", f"pid {os.getpid()}; watching the supervisor every {CHECK_S:g} s")
@@ -130,16 +133,16 @@ class Watchdog:
     def step(self) -> bool:
         """One look at the supervisor (and a restart if due); False once the watchdog should exit."""
         if not self.run.state_file.exists():
-            return False                            # the run directory is gone
+            return False  # the run directory is gone
         try:
             state = self.run.read_state()
         except RunError:
-            return True                             # corrupt: `down` still finds us in procs.jsonl
+            return True  # corrupt: `down` still finds us in procs.jsonl
         if state.get("status") not in reconcile.LIVE:
             return False
         mine = state.get("watchdog")
         if isinstance(mine, dict) and mine.get("pid") != os.getpid() and alive(mine):
-            return False                            # another watchdog is the recorded one
+            return False  # another watchdog is the recorded one
         record = state.get("supervisor")
         now = time.time()
         health = reconcile.supervisor_health(record, alive(record), last_beat(self.run), now, state.get("status"))
@@ -169,7 +172,7 @@ class Watchdog:
             self.run.event("supervisor_restart_failed", "supervisor", f"{exc.line()}; next try in {delay:.0f} s")
             return
         if started is None:
-            return                                  # someone else restarted it, or the run is stopping
+            return  # someone else restarted it, or the run is stopping
         ref, before = started
         lived = now - float(before["started"]) if before and isinstance(before.get("started"), (int, float)) else None
         delay = self.backoff.restarted(lived, time.monotonic())

@@ -54,7 +54,9 @@ def build(cache: Path) -> tuple[Path, str]:
     out.parent.mkdir(parents=True, exist_ok=True)
     info = f"{DIST}-{__version__}.dist-info"
     meta = {
-        f"{info}/METADATA": "Metadata-Version: 2.1\nName: dldctl\nVersion: " + __version__ + "\n"
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: dldctl\nVersion: "
+        + __version__
+        + "\n"
         + "".join(f"Requires-Dist: {r}\n" for r in LEARNER_REQUIRES),
         f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: dldctl\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }

@@ -22,8 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from workload import data
-from workload import Workload, WorkloadContext, batch_seed
+from workload import Workload, WorkloadContext, batch_seed, data
 
 
 class CharGRU(nn.Module):
@@ -37,7 +36,7 @@ class CharGRU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, T) int64 -> logits (B, T, vocab)."""
-        h, _ = self.rnn(self.embed(x))   # (B, T, hidden); each step sees only the past
+        h, _ = self.rnn(self.embed(x))  # (B, T, hidden); each step sees only the past
         return self.head(h)
 
 
@@ -57,15 +56,35 @@ def factory(ctx: WorkloadContext) -> Workload:
     """The workload for learner `ctx.learner_index` of `ctx.shards`."""
     s = ctx.settings
     seq_len = int(s.get("seq_len", 64))
-    model = CharGRU().to(ctx.device)   # built on the CPU from the seeded RNG, then moved
+    model = CharGRU().to(ctx.device)  # built on the CPU from the seeded RNG, then moved
     corpus = data.load_corpus(str(s.get("data", "builtin")))
     if corpus.vocab_size != 256:
         raise ValueError(f"examples.custom_model reads bytes; data {s.get('data')!r} has vocab {corpus.vocab_size}")
     shards, (ev0, ev1) = data.split(corpus, shards=ctx.shards)
     start, stop = shards[ctx.learner_index]
-    train = data.Batches(corpus.tokens, start, stop, batch_size=ctx.batch_size, seq_len=seq_len,
-                         seed=batch_seed(ctx.seed, ctx.learner_index), device=ctx.device)
-    held_out = data.eval_batches(corpus.tokens, ev0, ev1, batch_size=int(s.get("batch_size", 16)),
-                                 seq_len=seq_len, count=int(s.get("eval_batches", 2)), device=ctx.device)
-    return Workload(model=model, next_batch=train.next, loss=loss, tokens=tokens,
-                    eval_batches=held_out, embedding_names={"embed.weight"})
+    train = data.Batches(
+        corpus.tokens,
+        start,
+        stop,
+        batch_size=ctx.batch_size,
+        seq_len=seq_len,
+        seed=batch_seed(ctx.seed, ctx.learner_index),
+        device=ctx.device,
+    )
+    held_out = data.eval_batches(
+        corpus.tokens,
+        ev0,
+        ev1,
+        batch_size=int(s.get("batch_size", 16)),
+        seq_len=seq_len,
+        count=int(s.get("eval_batches", 2)),
+        device=ctx.device,
+    )
+    return Workload(
+        model=model,
+        next_batch=train.next,
+        loss=loss,
+        tokens=tokens,
+        eval_batches=held_out,
+        embedding_names={"embed.weight"},
+    )

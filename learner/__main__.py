@@ -23,11 +23,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m learner", description=__doc__)
     parser.add_argument("--config", required=True, type=Path, help="resolved run configuration (JSON)")
     parser.add_argument("--id", help="this learner's name, e.g. learner-0")
-    parser.add_argument("--workdir", type=Path, default=None, help="where control.json lives (default: next to the config)")
-    parser.add_argument("--spare", type=Path, default=None, metavar="ASSIGNMENT",
-                        help="start as a warm spare: wait for this file to say which learner to become")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="where control.json lives (default: next to the config)"
+    )
+    parser.add_argument(
+        "--spare",
+        type=Path,
+        default=None,
+        metavar="ASSIGNMENT",
+        help="start as a warm spare: wait for this file to say which learner to become",
+    )
     args = parser.parse_args(argv)
-    jsonl.guard_stdio()   # a full disk under our log must not kill training: lines are dropped and counted
+    jsonl.guard_stdio()  # a full disk under our log must not kill training: lines are dropped and counted
     if args.spare is not None:
         spare.warm_up()
         log(f"spare pid {os.getpid()} ready; waiting for {args.spare}")
@@ -47,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     island = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from learner.island import Island
+
         island = Island.from_env(cfg.spec.device)
     incarnation = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     trainer = Trainer(cfg, incarnation, island)

@@ -14,8 +14,9 @@ import os
 import socket as pysocket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import zmq
@@ -26,7 +27,7 @@ from syncer import codec, faultpoints, keys
 from syncer.protocol import Message, ProtocolError, check_raw_fragment, decode, encode
 
 FETCH_WINDOW = 4
-GOODBYE_WAIT_S = 2.0   # at exit, how long to wait for the syncer's receipt of the bye
+GOODBYE_WAIT_S = 2.0  # at exit, how long to wait for the syncer's receipt of the bye
 
 
 @dataclass
@@ -40,7 +41,7 @@ class PushItem:
     c_tokens: int
     c_time: float
     step_time: float
-    base_epoch: int = 0          # the syncer epoch in which base_version was applied
+    base_epoch: int = 0  # the syncer epoch in which base_version was applied
 
 
 def coalesce(older: PushItem | None, newer: PushItem) -> PushItem:
@@ -53,15 +54,29 @@ def coalesce(older: PushItem | None, newer: PushItem) -> PushItem:
     base), the older one is dropped: newest wins."""
     if older is None or (older.base_version, older.base_epoch) != (newer.base_version, newer.base_epoch):
         return newer
-    return PushItem(newer.fragment, older.delta + newer.delta, newer.base_version, older.c_steps + newer.c_steps,
-                    older.c_tokens + newer.c_tokens, older.c_time + newer.c_time, newer.step_time, newer.base_epoch)
+    return PushItem(
+        newer.fragment,
+        older.delta + newer.delta,
+        newer.base_version,
+        older.c_steps + newer.c_steps,
+        older.c_tokens + newer.c_tokens,
+        older.c_time + newer.c_time,
+        newer.step_time,
+        newer.base_epoch,
+    )
 
 
 class SyncerClient(threading.Thread):
     """Background syncer client; all public methods are safe to call from the training thread."""
 
-    def __init__(self, cfg: LearnerConfig, manifest: list, sizes: list[int],
-                 init_values: Callable[[], list[torch.Tensor]], incarnation: str) -> None:
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        manifest: list,
+        sizes: list[int],
+        init_values: Callable[[], list[torch.Tensor]],
+        incarnation: str,
+    ) -> None:
         super().__init__(name=f"syncer-client-{cfg.spec.id}", daemon=True)
         self.cfg, self.s = cfg, cfg.settings
         self.manifest, self.init_values = manifest, init_values
@@ -72,14 +87,20 @@ class SyncerClient(threading.Thread):
         self.fatal: str | None = None
         self.goodbye_confirmed = False
         self.bytes_sent = self.bytes_received = 0
-        self.counters: dict[str, int] = {"pushes_sent": 0, "updates": 0, "refetches": 0, "reconnects": 0, "bad_messages": 0}
+        self.counters: dict[str, int] = {
+            "pushes_sent": 0,
+            "updates": 0,
+            "refetches": 0,
+            "reconnects": 0,
+            "bad_messages": 0,
+        }
         self._pending: dict[int, PushItem] = {}
-        self._sending = 0               # a push taken off _pending while it is sent
-        self._replies: set[int] = set()   # fragments whose new global value answers one of our pushes
+        self._sending = 0  # a push taken off _pending while it is sent
+        self._replies: set[int] = set()  # fragments whose new global value answers one of our pushes
         self._forced: set[int] = set()
-        self._calls: set[int] = set()     # fragments whose round the syncer has called (round_clock = syncer)
+        self._calls: set[int] = set()  # fragments whose round the syncer has called (round_clock = syncer)
         self._stats: dict[str, Any] = {"step": 0, "tokens": 0, "state": "joining"}
-        self.resume_step = 0            # where the syncer says this incarnation's step counter starts
+        self.resume_step = 0  # where the syncer says this incarnation's step counter starts
         self._partitioned = False
         self._halt = threading.Event()
         self._flush = threading.Event()
@@ -153,8 +174,11 @@ class SyncerClient(threading.Thread):
     def replica_snapshot(self) -> dict[str, Any]:
         """The replica's versions and values (for `replica.pt` at exit)."""
         with self.lock:
-            return {"versions": list(self.replica.versions), "epoch": self.replica.epoch,
-                    "fragments": [t.clone() if t is not None else None for t in self.replica.latest]}
+            return {
+                "versions": list(self.replica.versions),
+                "epoch": self.replica.epoch,
+                "fragments": [t.clone() if t is not None else None for t in self.replica.latest],
+            }
 
     def pending(self) -> int:
         with self.lock:
@@ -239,10 +263,14 @@ class SyncerClient(threading.Thread):
     def _heartbeat_meta(self) -> dict[str, Any]:
         with self.lock:
             meta = dict(self._stats)
-            meta.update(versions=list(self.replica.versions), crcs=list(self.replica.crcs),
-                        crc_mismatches=self.replica.mismatches)
-        meta.update(bytes_sent=self.bytes_sent, bytes_received=self.bytes_received,
-                    pending_pushes=len(self._pending), link="up")
+            meta.update(
+                versions=list(self.replica.versions),
+                crcs=list(self.replica.crcs),
+                crc_mismatches=self.replica.mismatches,
+            )
+        meta.update(
+            bytes_sent=self.bytes_sent, bytes_received=self.bytes_received, pending_pushes=len(self._pending), link="up"
+        )
         return meta
 
     def _set_link(self, state: str) -> None:
@@ -253,7 +281,7 @@ class SyncerClient(threading.Thread):
     def _open_socket(self, now: float) -> None:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)        # no queueing to a syncer that is not there
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing to a syncer that is not there
         sock.setsockopt(zmq.SNDHWM, 64)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
@@ -290,11 +318,23 @@ class SyncerClient(threading.Thread):
 
     def _hello(self, now: float) -> None:
         self._hello_at = now
-        self._send(Message("hello", {
-            "learner": self.cfg.spec.id, "incarnation": self.incarnation, "run": self.cfg.run_id,
-            "pid": os.getpid(), "host": pysocket.gethostname(), "device": self.cfg.spec.device,
-            "batch_size": self.cfg.batch_size, "codecs": list(codec.MODES), "manifest": self.manifest,
-            "fragments": self.replica.count}))
+        self._send(
+            Message(
+                "hello",
+                {
+                    "learner": self.cfg.spec.id,
+                    "incarnation": self.incarnation,
+                    "run": self.cfg.run_id,
+                    "pid": os.getpid(),
+                    "host": pysocket.gethostname(),
+                    "device": self.cfg.spec.device,
+                    "batch_size": self.cfg.batch_size,
+                    "codecs": list(codec.MODES),
+                    "manifest": self.manifest,
+                    "fragments": self.replica.count,
+                },
+            )
+        )
 
     # -- incoming ----------------------------------------------------------------------------
     def _receive_all(self) -> None:
@@ -312,9 +352,15 @@ class SyncerClient(threading.Thread):
                 print(f"learner: dropped a bad message from the syncer: {exc}", flush=True)
 
     def _dispatch(self, msg: Message) -> None:
-        handler = {"welcome": self._on_welcome, "ack": self._on_ack, "state": self._on_state,
-                   "update": self._on_update, "resync": self._on_resync, "error": self._on_error,
-                   "call": self._on_call}.get(msg.kind)
+        handler = {
+            "welcome": self._on_welcome,
+            "ack": self._on_ack,
+            "state": self._on_state,
+            "update": self._on_update,
+            "resync": self._on_resync,
+            "error": self._on_error,
+            "call": self._on_call,
+        }.get(msg.kind)
         if handler is None:
             raise ProtocolError("unexpected_kind", f"syncer sent {msg.kind!r}")
         handler(msg)
@@ -327,8 +373,9 @@ class SyncerClient(threading.Thread):
         self._set_link("up")
         self._sync_epoch(msg["epoch"], msg["initialized"], msg["versions"])
         if msg["init_owner"] and not msg["initialized"]:
-            self._init_queue = [(p, off) for p in range(self.replica.count)
-                                for off in range(0, self.replica.sizes[p], self._chunk)]
+            self._init_queue = [
+                (p, off) for p in range(self.replica.count) for off in range(0, self.replica.sizes[p], self._chunk)
+            ]
 
     def _on_ack(self, msg: Message) -> None:
         self._sync_epoch(msg["epoch"], msg["initialized"], msg["versions"])
@@ -424,9 +471,10 @@ class SyncerClient(threading.Thread):
             finally:
                 with self.lock:
                     self._sending = 0
-                    if not ok:   # not connected: keep it for when the link is back
-                        self._pending[item.fragment] = coalesce(item, self._pending[item.fragment]) \
-                            if item.fragment in self._pending else item
+                    if not ok:  # not connected: keep it for when the link is back
+                        self._pending[item.fragment] = (
+                            coalesce(item, self._pending[item.fragment]) if item.fragment in self._pending else item
+                        )
             if not ok:
                 return
             sent.add(item.fragment)
@@ -434,8 +482,15 @@ class SyncerClient(threading.Thread):
 
     def _send_push(self, item: PushItem) -> bool:
         blob = codec.encode(item.delta, self.s.compression, self.s.block)
-        meta = {"fragment": item.fragment, "base_version": item.base_version, "seq": self.counters["pushes_sent"],
-                "epoch": item.base_epoch, "c_steps": item.c_steps, "c_tokens": item.c_tokens,
-                "c_time": item.c_time, "step_time": item.step_time}
+        meta = {
+            "fragment": item.fragment,
+            "base_version": item.base_version,
+            "seq": self.counters["pushes_sent"],
+            "epoch": item.base_epoch,
+            "c_steps": item.c_steps,
+            "c_tokens": item.c_tokens,
+            "c_time": item.c_time,
+            "step_time": item.step_time,
+        }
         faultpoints.hit("push")
         return self._send(Message("push", meta, [blob]))

@@ -21,10 +21,10 @@ class LearnerSpec:
     id: str
     host: str = "local"
     device: str = "cpu"
-    batch_size: int = 0          # 0: the run's batch_size
-    throttle: float = 1.0        # >1: artificially this many times slower (demos, tests)
-    nproc: int = 1               # ranks in this learner's torchrun island
-    threads: int = 1             # torch intra-op threads per rank
+    batch_size: int = 0  # 0: the run's batch_size
+    throttle: float = 1.0  # >1: artificially this many times slower (demos, tests)
+    nproc: int = 1  # ranks in this learner's torchrun island
+    threads: int = 1  # torch intra-op threads per rank
     env: dict = field(default_factory=dict)
     shard: int = 0
     shards: int = 1
@@ -38,8 +38,8 @@ class LearnerConfig:
     settings: RunSettings
     spec: LearnerSpec
     syncer_address: str
-    secret_key: Path | None      # this learner's CURVE key pair (NAME.key_secret)
-    syncer_key: Path | None      # the syncer's public key
+    secret_key: Path | None  # this learner's CURVE key pair (NAME.key_secret)
+    syncer_key: Path | None  # the syncer's public key
     workdir: Path
 
     @property
@@ -65,8 +65,7 @@ def load(path: Path, learner_id: str, workdir: Path | None = None) -> LearnerCon
         raise ValueError(f"{path}: {exc}") from exc
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{path}: missing or malformed entry {exc}") from exc
-    return LearnerConfig(str(data["run_id"]), settings, spec, address, secret, syncer_key,
-                         workdir or base / learner_id)
+    return LearnerConfig(str(data["run_id"]), settings, spec, address, secret, syncer_key, workdir or base / learner_id)
 
 
 def _entry(data: dict[str, Any], learner_id: str) -> dict[str, Any]:

@@ -28,14 +28,14 @@ class Island:
     def __init__(self, rank: int, world: int, local_rank: int, device: torch.device) -> None:
         self.rank, self.world, self.local_rank = rank, world, local_rank
         self.device = device
-        self.stopped = False   # every rank has seen rank 0's stop (see close)
+        self.stopped = False  # every rank has seen rank 0's stop (see close)
 
     @property
     def leader(self) -> bool:
         return self.rank == 0
 
     @classmethod
-    def from_env(cls, device_name: str) -> "Island":
+    def from_env(cls, device_name: str) -> Island:
         """Join the process group torchrun set up (env:// rendezvous)."""
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -63,8 +63,9 @@ class Island:
         dist.broadcast(counter, src=0)
         return int(counter)
 
-    def share(self, stop: bool, applies: Applies, outer: OuterState,
-              pushes: list[int] | None = None) -> tuple[bool, Applies, list[int]]:
+    def share(
+        self, stop: bool, applies: Applies, outer: OuterState, pushes: list[int] | None = None
+    ) -> tuple[bool, Applies, list[int]]:
         """Rank 0's decision for this step (stop? which fragments to apply, which to push), on
         every rank. A pushed fragment's mark moves on every rank, so that a rebase (local :=
         global + local - mark) lands the same on all of them."""
@@ -93,15 +94,21 @@ class Island:
         trainer.build()
         values = [torch.empty(n, device=self.device) for n in trainer.plan.sizes()]
         trainer.resume(self.share_start(values))
-        outer = OuterState.start(trainer.plan, trainer.s.H, trainer.s.alpha, [(0, v) for v in values], trainer.params,
-                                 rebase=trainer.s.rebase)
+        outer = OuterState.start(
+            trainer.plan,
+            trainer.s.H,
+            trainer.s.alpha,
+            [(0, v) for v in values],
+            trainer.params,
+            rebase=trainer.s.rebase,
+        )
         opt = trainer.optimizer()
         while True:
             trainer._train_step(opt, outer)
             stop, applies, pushed = self.share(False, [], outer)
             for p, version, value in applies:
                 outer.apply(p, version, value, trainer.params)
-            for p in pushed:   # rank 0 sent it: the work up to here is no longer local-only
+            for p in pushed:  # rank 0 sent it: the work up to here is no longer local-only
                 outer.take_outer_gradient(p, trainer.params)
             if trainer.step % trainer.s.eval_every == 0:
                 self.identical(trainer.params)

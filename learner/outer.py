@@ -18,8 +18,8 @@ work is sent with the next push instead of lost (no step is lost, none is sent t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import torch
 
@@ -90,8 +90,9 @@ class OuterState:
         return delta, counters
 
     @torch.no_grad()
-    def apply(self, p: int, version: int, value: torch.Tensor, params: Mapping[str, torch.Tensor],
-              epoch: int = 0) -> None:
+    def apply(
+        self, p: int, version: int, value: torch.Tensor, params: Mapping[str, torch.Tensor], epoch: int = 0
+    ) -> None:
         """Take a global fragment: overwrite (alpha = 0), mix, or rebase; it becomes the new mark.
 
         Overwrite drops the local work since the last push (the price of the overlap); rebase
@@ -111,13 +112,21 @@ class OuterState:
             self.mark[p] = mixed
         self.base_version[p] = version
         self.base_epoch[p] = epoch
-        if not self.rebase:   # rebase keeps the work since the push, and its counters
+        if not self.rebase:  # rebase keeps the work since the push, and its counters
             self.counters[p].reset()
         self.awaiting[p] = False
 
     @classmethod
-    def start(cls, plan: FragmentPlan, H: int, alpha: float, values: list[tuple[int, torch.Tensor]],
-              params: Mapping[str, torch.Tensor], epoch: int = 0, rebase: bool = False) -> "OuterState":
+    def start(
+        cls,
+        plan: FragmentPlan,
+        H: int,
+        alpha: float,
+        values: list[tuple[int, torch.Tensor]],
+        params: Mapping[str, torch.Tensor],
+        epoch: int = 0,
+        rebase: bool = False,
+    ) -> OuterState:
         """Load the fetched global state into the model and make it every fragment's mark."""
         state = cls(plan, H, alpha, rebase)
         for p, (version, value) in enumerate(values):

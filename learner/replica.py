@@ -144,5 +144,8 @@ class Replica:
         """Fragments where the syncer reports a newer version than ours and no fetch is running."""
         if len(versions) != self.count:
             return []
-        return [p for p in range(self.count)
-                if versions[p] > self.versions[p] and p not in self.fetches and self.latest[p] is not None]
+        return [
+            p
+            for p in range(self.count)
+            if versions[p] > self.versions[p] and p not in self.fetches and self.latest[p] is not None
+        ]

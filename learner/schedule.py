@@ -7,11 +7,12 @@ from __future__ import annotations
 import math
 
 SCHEDULES = ("constant", "cosine")
-FLOOR = 0.1   # cosine ends at FLOOR x lr
+FLOOR = 0.1  # cosine ends at FLOOR x lr
 
 
-def learning_rate(step: int, lr: float, warmup: int, schedule: str = "constant", steps: int = 0,
-                  resumed_at: int = 0) -> float:
+def learning_rate(
+    step: int, lr: float, warmup: int, schedule: str = "constant", steps: int = 0, resumed_at: int = 0
+) -> float:
     """lr for 0-based inner step `step` (cosine needs `steps`, the budget, > 0). A learner that
     resumed its counter at `resumed_at` > 0 (a restart: its optimizer's moments start from zero)
     warms up again over `warmup` steps to the schedule's rate there."""

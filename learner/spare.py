@@ -41,7 +41,7 @@ def wait_for_assignment(path: Path, poll_s: float = POLL_S) -> dict[str, Any]:
         path.unlink(missing_ok=True)
         if isinstance(data, dict) and isinstance(data.get("id"), str):
             return data
-        time.sleep(poll_s)   # not an assignment: wait for a proper one
+        time.sleep(poll_s)  # not an assignment: wait for a proper one
 
 
 def become(data: dict[str, Any]) -> None:

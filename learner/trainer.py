@@ -29,9 +29,9 @@ from learner.client import PushItem, SyncerClient
 from learner.config import LearnerConfig
 from learner.outer import OuterState
 from learner.schedule import learning_rate
-from workload import Workload, WorkloadContext, build_workload
 from syncer import fragments
 from syncer.merge import ema
+from workload import Workload, WorkloadContext, build_workload
 
 
 class Trainer:
@@ -44,18 +44,18 @@ class Trainer:
         self.stop = threading.Event()
         self.device = resolve_device(cfg.spec.device, island)
         self.step = self.tokens = 0
-        self.resumed_at = 0   # the step this incarnation started at (resume)
+        self.resumed_at = 0  # the step this incarnation started at (resume)
         self.loss_ema: float | None = None
         self.eval_loss: float | None = None
         self.step_time: float | None = None
         self.tokens_per_s = 0.0
         self.blocked_s = self.busy_s = 0.0
-        self.train_started = self.train_ended = 0.0   # monotonic seconds: the training loop
-        self.waited: set[int] = set()   # max_lag: fragments whose unanswered push was waited for
+        self.train_started = self.train_ended = 0.0  # monotonic seconds: the training loop
+        self.waited: set[int] = set()  # max_lag: fragments whose unanswered push was waited for
         self._control_mtime = 0.0
         self._control: dict[str, float] = {}
         self.wl: Workload | None = None
-        self.phase = 0              # added to the step counter by the sync schedule (lockstep_phase)
+        self.phase = 0  # added to the step counter by the sync schedule (lockstep_phase)
 
     # -- join --------------------------------------------------------------------------------
     def build(self) -> None:
@@ -64,14 +64,21 @@ class Trainer:
         # the same batches); the model init depends only on the run's seed
         rank = self.island.rank if self.island else 0
         restarts = int(os.environ.get("DLDCTL_RESTARTS", "0") or 0)
-        ctx = WorkloadContext(settings=self.s.to_dict(), learner_index=self.cfg.spec.shard,
-                              shards=self.cfg.spec.shards, batch_size=self.cfg.batch_size,
-                              device=self.device, seed=self.s.seed + 1_000_003 * rank + 7_919 * restarts)
+        ctx = WorkloadContext(
+            settings=self.s.to_dict(),
+            learner_index=self.cfg.spec.shard,
+            shards=self.cfg.spec.shards,
+            batch_size=self.cfg.batch_size,
+            device=self.device,
+            seed=self.s.seed + 1_000_003 * rank + 7_919 * restarts,
+        )
         self.wl = build_workload(ctx)
         self.train_model = self.island.wrap(self.wl.model) if self.island else self.wl.model
         self.params = {n: p.data for n, p in self.wl.model.named_parameters()}
-        self.manifest = [fragments.TensorSpec(n, tuple(t.shape), "embedding" if n in self.wl.embedding_names else "dense")
-                         for n, t in self.params.items()]
+        self.manifest = [
+            fragments.TensorSpec(n, tuple(t.shape), "embedding" if n in self.wl.embedding_names else "dense")
+            for n, t in self.params.items()
+        ]
         self.plan = fragments.plan(self.manifest, self.s.fragments)
 
     def join(self, client: SyncerClient) -> OuterState | None:
@@ -97,7 +104,7 @@ class Trainer:
         liveness_s limit until the counters drift into line (about 20 s at quorum 4 on 2 cores).
         Otherwise nothing waits on the order, and the counter starts at 0."""
         if self.s.syncer_clock:
-            return 0   # the syncer calls the rounds: no schedule of its own
+            return 0  # the syncer calls the rounds: no schedule of its own
         return outer.lockstep_phase() if not self.s.overlap or self.s.max_lag else 0
 
     def optimizer(self) -> torch.optim.Optimizer:
@@ -110,12 +117,19 @@ class Trainer:
     def run(self) -> int:
         """Train until the step/duration budget or SIGTERM; returns the exit code."""
         self.build()
-        client = SyncerClient(self.cfg, fragments.manifest_to_json(self.manifest), self.plan.sizes(),
-                              self.initial_fragments, self.incarnation)
+        client = SyncerClient(
+            self.cfg,
+            fragments.manifest_to_json(self.manifest),
+            self.plan.sizes(),
+            self.initial_fragments,
+            self.incarnation,
+        )
         client.start()
         world = f", island of world {self.island.world}" if self.island else ""
-        log(f"{self.cfg.spec.id}: {sum(t.numel() for t in self.params.values())} parameters on {self.device}, "
-            f"{self.plan.count} fragments{world}, joining {self.cfg.syncer_address}")
+        log(
+            f"{self.cfg.spec.id}: {sum(t.numel() for t in self.params.values())} parameters on {self.device}, "
+            f"{self.plan.count} fragments{world}, joining {self.cfg.syncer_address}"
+        )
         outer = self.join(client)
         if outer is None:
             return self._finish(client, None)
@@ -135,7 +149,7 @@ class Trainer:
                 self._bound_lag(client, outer)
             applies = self._collect(client, opt)
             due = self._due(client, outer) if not stop else []
-            if self.island is not None:   # every rank applies, and moves its marks for, the same fragments
+            if self.island is not None:  # every rank applies, and moves its marks for, the same fragments
                 stop, applies, due = self.island.share(stop, applies, outer, due)
             for p, version, value in applies:
                 outer.apply(p, version, value, self.params, client.epoch())
@@ -190,7 +204,9 @@ class Trainer:
         outer.count_step(ntok, dt)
         self.step_time = ema(self.step_time, dt)
         self.tokens_per_s = ntok / self.step_time if self.step_time else 0.0
-        self.loss_ema = value if self.loss_ema is None or not math.isfinite(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * value
+        self.loss_ema = (
+            value if self.loss_ema is None or not math.isfinite(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * value
+        )
         if not math.isfinite(value):
             self._diverged = True
 
@@ -223,8 +239,18 @@ class Trainer:
         for p in due:
             pushed_at = client.versions()[p]
             delta, c = outer.take_outer_gradient(p, self.params)
-            client.push(PushItem(p, delta, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0,
-                                 outer.base_epoch[p]))
+            client.push(
+                PushItem(
+                    p,
+                    delta,
+                    outer.base_version[p],
+                    c.steps,
+                    c.tokens,
+                    c.time,
+                    self.step_time or 0.0,
+                    outer.base_epoch[p],
+                )
+            )
             if not self.s.overlap:
                 self._wait_for_merge(client, p, pushed_at)
 
@@ -235,16 +261,24 @@ class Trainer:
         syncer is unreachable: a learner never waits on a syncer that is gone. Once per reply."""
         if not self.s.max_lag or not self.s.overlap:
             return
-        late = [p for p in range(outer.plan.count)
-                if outer.awaiting[p] and p not in self.waited and outer.counters[p].steps >= self.s.max_lag]
+        late = [
+            p
+            for p in range(outer.plan.count)
+            if outer.awaiting[p] and p not in self.waited and outer.counters[p].steps >= self.s.max_lag
+        ]
         for p in late:
             deadline = time.monotonic() + self.s.liveness_s
-            while (client.linked() and not client.has_reply(p) and time.monotonic() < deadline
-                   and not self.stop.is_set() and client.fatal is None):
+            while (
+                client.linked()
+                and not client.has_reply(p)
+                and time.monotonic() < deadline
+                and not self.stop.is_set()
+                and client.fatal is None
+            ):
                 time.sleep(0.002)
                 self._read_control(client)
                 self._publish(client)
-            self.waited.add(p)   # not again until its reply is applied
+            self.waited.add(p)  # not again until its reply is applied
 
     def _wait_for_merge(self, client: SyncerClient, p: int, pushed_at: int) -> None:
         """Synchronous DiLoCo (overlap = false): block until the merge of p has come back;
@@ -260,20 +294,30 @@ class Trainer:
         if self.step % self.s.eval_every == 0 and self.step > 0:
             if self.island is not None:
                 same = self.island.identical(self.params)
-                log(f"{self.cfg.spec.id}: island of {self.island.world} ranks "
-                    + ("identical" if same else "DIVERGED: ranks hold different parameters"))
+                log(
+                    f"{self.cfg.spec.id}: island of {self.island.world} ranks "
+                    + ("identical" if same else "DIVERGED: ranks hold different parameters")
+                )
             self.eval_loss = self.evaluate()
-            log(f"{self.cfg.spec.id}: step {self.step} loss {self.loss_ema:.4f} eval {self.eval_loss:.4f} "
-                f"{self.tokens_per_s:.0f} tok/s versions {client.versions()}")
+            log(
+                f"{self.cfg.spec.id}: step {self.step} loss {self.loss_ema:.4f} eval {self.eval_loss:.4f} "
+                f"{self.tokens_per_s:.0f} tok/s versions {client.versions()}"
+            )
         self._publish(client)
 
     def _publish(self, client: SyncerClient) -> None:
         """Progress for the next heartbeat (cheap: called while waiting, too)."""
         total = self.busy_s + self.blocked_s
-        client.set_stats(step=self.step, tokens=self.tokens, state=self._state(),
-                         tokens_per_s=self.tokens_per_s, step_time=self.step_time or 0.0,
-                         blocked_frac=self.blocked_s / total if total else 0.0,
-                         loss=_finite(self.loss_ema), eval_loss=_finite(self.eval_loss))
+        client.set_stats(
+            step=self.step,
+            tokens=self.tokens,
+            state=self._state(),
+            tokens_per_s=self.tokens_per_s,
+            step_time=self.step_time or 0.0,
+            blocked_frac=self.blocked_s / total if total else 0.0,
+            loss=_finite(self.loss_ema),
+            eval_loss=_finite(self.eval_loss),
+        )
 
     def _state(self) -> str:
         if self._slow_factor() > 1.0:
@@ -311,8 +355,14 @@ class Trainer:
     def _write_finished(self) -> None:
         """The marker that says the budget is spent (the supervisor does not restart it), with what
         the loop did: steps, tokens, wall seconds of the loop, and its compute and blocked parts."""
-        record = {"steps": self.step, "tokens": self.tokens, "device": str(self.device),
-                  "train_s": self.train_ended - self.train_started, "busy_s": self.busy_s, "blocked_s": self.blocked_s}
+        record = {
+            "steps": self.step,
+            "tokens": self.tokens,
+            "device": str(self.device),
+            "train_s": self.train_ended - self.train_started,
+            "busy_s": self.busy_s,
+            "blocked_s": self.blocked_s,
+        }
         _write_marker(self.cfg.workdir / "finished", json.dumps(record) + "\n")
 
     def _finish(self, client: SyncerClient, outer: OuterState | None) -> int:
@@ -321,8 +371,18 @@ class Trainer:
             for p in range(self.plan.count):
                 if outer.counters[p].steps:
                     delta, c = outer.take_outer_gradient(p, self.params)
-                    client.push(PushItem(p, delta, outer.base_version[p], c.steps, c.tokens, c.time,
-                                         self.step_time or 0.0, outer.base_epoch[p]))
+                    client.push(
+                        PushItem(
+                            p,
+                            delta,
+                            outer.base_version[p],
+                            c.steps,
+                            c.tokens,
+                            c.time,
+                            self.step_time or 0.0,
+                            outer.base_epoch[p],
+                        )
+                    )
         client.stop(flush_s=3.0)
         if outer is not None:
             _save_replica(client.replica_snapshot(), self.cfg.workdir / "replica.pt")
@@ -333,8 +393,10 @@ class Trainer:
             _write_marker(self.cfg.workdir / "refused", client.fatal + "\n")  # restarting cannot help
             return 2
         if outer is not None and not client.goodbye_confirmed:
-            log(f"{self.cfg.spec.id}: the syncer did not confirm the goodbye; it will see this learner "
-                "as unreachable, not as gone, and may have missed the last pushes")
+            log(
+                f"{self.cfg.spec.id}: the syncer did not confirm the goodbye; it will see this learner "
+                "as unreachable, not as gone, and may have missed the last pushes"
+            )
         log(f"{self.cfg.spec.id}: stopped after {self.step} steps, {self.tokens} tokens")
         return 0
 
@@ -357,7 +419,7 @@ def resolve_device(name: str, island: Any = None) -> torch.device:
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise RuntimeError(f"device {name!r} requested but torch.cuda.is_available() is False on this host")
-        if name == "cuda":   # set_device needs an index: "cuda" alone raises in torch >= 2.11
+        if name == "cuda":  # set_device needs an index: "cuda" alone raises in torch >= 2.11
             name = f"cuda:{island.local_rank if island is not None else torch.cuda.current_device()}"
         device = torch.device(name)
         torch.cuda.set_device(device)
@@ -394,7 +456,7 @@ def _save_replica(snapshot: Any, path: Path) -> None:
     try:
         torch.save(snapshot, tmp)
         os.replace(tmp, path)
-    except (OSError, RuntimeError) as exc:   # torch reports a failed write as RuntimeError
+    except (OSError, RuntimeError) as exc:  # torch reports a failed write as RuntimeError
         log(f"cannot write {path.name} ({exc}); the last replica is not kept")
         try:
             tmp.unlink(missing_ok=True)
@@ -404,8 +466,10 @@ def _save_replica(snapshot: Any, path: Path) -> None:
 
 def install_signal_handlers(trainer: Trainer) -> None:
     """SIGTERM/SIGINT: finish the step, send due fragments, exit cleanly."""
+
     def handler(signum: int, _frame: Any) -> None:
         trainer.stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")

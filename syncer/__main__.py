@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None, guard_stdio: bool = False) -> int:
     parser = argparse.ArgumentParser(prog="python -m syncer", description=__doc__)
     parser.add_argument("--config", required=True, type=Path, help="resolved run configuration (JSON)")
     args = parser.parse_args(argv)
-    if guard_stdio:   # as a program: a full disk under our log must not kill the syncer (lines dropped, counted)
+    if guard_stdio:  # as a program: a full disk under our log must not kill the syncer (lines dropped, counted)
         jsonl.guard_stdio()
     try:
         cfg = config.load(args.config)
@@ -31,11 +31,14 @@ def main(argv: list[str] | None = None, guard_stdio: bool = False) -> int:
         signal.signal(sig, lambda *_: server.stopping.set())
     try:
         server.open()
-    except (OSError, checkpoint.CheckpointError) as exc:   # e.g. the run's history was lost: refused
+    except (OSError, checkpoint.CheckpointError) as exc:  # e.g. the run's history was lost: refused
         print(f"syncer: error: {exc}", file=sys.stderr)
         server.close()
         return 1
-    print(f"syncer: serving run {cfg.run_id} on {cfg.bind} (control {cfg.control_bind}), epoch {server.core.epoch}", flush=True)
+    print(
+        f"syncer: serving run {cfg.run_id} on {cfg.bind} (control {cfg.control_bind}), epoch {server.core.epoch}",
+        flush=True,
+    )
     try:
         server.run()
     finally:

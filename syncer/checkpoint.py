@@ -35,9 +35,9 @@ from syncer.core import GlobalModel, SyncerCore
 
 MAGIC = b"DLDCKPT1"
 PREFIX = "ckpt-"
-HISTORY = "history.json"     # the run's counters, rewritten with every checkpoint
-REFUSED = "syncer.refused"   # in the run directory: the syncer refused to start (the supervisor reads it)
-NAME = re.compile(r"ckpt-(\d+)-(\d+)-\d+\.pt")   # epoch, outer step: readable even when the body is not
+HISTORY = "history.json"  # the run's counters, rewritten with every checkpoint
+REFUSED = "syncer.refused"  # in the run directory: the syncer refused to start (the supervisor reads it)
+NAME = re.compile(r"ckpt-(\d+)-(\d+)-\d+\.pt")  # epoch, outer step: readable even when the body is not
 
 
 class CheckpointError(RuntimeError):
@@ -54,17 +54,32 @@ def state_dict(core: SyncerCore, wall: float, copy: bool = False) -> dict[str, A
     m = core.model
     assert m is not None
     if copy:
-        return {**state_dict(core, wall), "versions": list(m.versions), "theta": [t.clone() for t in m.theta],
-                "momentum": [t.clone() for t in m.momentum], "residual": [t.clone() for t in m.residual]}
+        return {
+            **state_dict(core, wall),
+            "versions": list(m.versions),
+            "theta": [t.clone() for t in m.theta],
+            "momentum": [t.clone() for t in m.momentum],
+            "residual": [t.clone() for t in m.residual],
+        }
     return {
-        "format": 1, "run_id": core.run_id, "epoch": core.epoch, "saved_at": wall,
-        "manifest": fragments.manifest_to_json(m.manifest), "fragments": m.plan.count,
-        "theta": m.theta, "versions": m.versions, "momentum": m.momentum, "residual": m.residual,
-        "outer_steps": core.outer_steps, "fleet": core.fleet.state_dict(),
-        "bytes_up": core.bytes_up, "bytes_down": core.bytes_down,
+        "format": 1,
+        "run_id": core.run_id,
+        "epoch": core.epoch,
+        "saved_at": wall,
+        "manifest": fragments.manifest_to_json(m.manifest),
+        "fragments": m.plan.count,
+        "theta": m.theta,
+        "versions": m.versions,
+        "momentum": m.momentum,
+        "residual": m.residual,
+        "outer_steps": core.outer_steps,
+        "fleet": core.fleet.state_dict(),
+        "bytes_up": core.bytes_up,
+        "bytes_down": core.bytes_down,
         # a restarted syncer judges scores and clips norms against the history it had, not
         # against the first stale contributions after an outage
-        "guard": core.guard.state_dict(), "norm_history": {p: list(d) for p, d in core._norm_history.items()},
+        "guard": core.guard.state_dict(),
+        "norm_history": {p: list(d) for p, d in core._norm_history.items()},
         "warnings": list(core.warnings),
     }
 
@@ -78,8 +93,9 @@ def restore(core: SyncerCore, state: dict[str, Any], now: float) -> None:
         raise CheckpointError(f"checkpoint has {state['fragments']} fragments, settings say {core.s.fragments}")
     manifest = fragments.manifest_from_json(state["manifest"])
     plan = fragments.plan(manifest, state["fragments"])
-    model = GlobalModel(manifest, plan, list(state["theta"]), list(state["versions"]),
-                        list(state["momentum"]), list(state["residual"]))
+    model = GlobalModel(
+        manifest, plan, list(state["theta"]), list(state["versions"]), list(state["momentum"]), list(state["residual"])
+    )
     if [t.numel() for t in model.theta] != plan.sizes():
         raise CheckpointError("checkpoint tensors do not match its own fragment plan")
     outer_steps, bytes_up, bytes_down = int(state["outer_steps"]), int(state["bytes_up"]), int(state["bytes_down"])
@@ -124,10 +140,10 @@ def save(directory: Path, state: dict[str, Any], keep: int = 3) -> Path:
             fh.write(body[len(body) // 2 :])
             fh.flush()
             os.fsync(fh.fileno())
-        history = _write_history(directory, state, name)   # before either rename: a full disk fails both
+        history = _write_history(directory, state, name)  # before either rename: a full disk fails both
         os.replace(tmp, final)
         os.replace(history, directory / HISTORY)
-        _fsync_dir(directory)   # both renames
+        _fsync_dir(directory)  # both renames
     except OSError as exc:
         try:
             tmp.unlink(missing_ok=True)
@@ -145,12 +161,25 @@ def save(directory: Path, state: dict[str, Any], keep: int = 3) -> Path:
 
 def _write_history(directory: Path, state: dict[str, Any], name: str) -> Path:
     """The counters of checkpoint `name` as JSON in a temp file (fsynced; the caller renames it)."""
-    record = {k: state[k] for k in ("run_id", "epoch", "saved_at", "outer_steps", "fragments", "fleet",
-                                    "bytes_up", "bytes_down", "warnings") if k in state}
+    record = {
+        k: state[k]
+        for k in (
+            "run_id",
+            "epoch",
+            "saved_at",
+            "outer_steps",
+            "fragments",
+            "fleet",
+            "bytes_up",
+            "bytes_down",
+            "warnings",
+        )
+        if k in state
+    }
     record.update(format=1, checkpoint=name, versions=[int(v) for v in state["versions"]])
     tmp = directory / f".{HISTORY}.tmp"
     with open(tmp, "w") as fh:
-        json.dump(record, fh, default=str)   # informational: never fail a checkpoint over a field's type
+        json.dump(record, fh, default=str)  # informational: never fail a checkpoint over a field's type
         fh.flush()
         os.fsync(fh.fileno())
     return tmp
@@ -202,7 +231,7 @@ def read_history(directory: Path) -> tuple[dict[str, Any] | None, str | None]:
     path = directory / HISTORY
     try:
         record = json.loads(path.read_text())
-    except (FileNotFoundError, NotADirectoryError):   # no history (or no checkpoint directory at all)
+    except (FileNotFoundError, NotADirectoryError):  # no history (or no checkpoint directory at all)
         return None, None
     except (OSError, ValueError) as exc:
         return None, f"{HISTORY}: unreadable ({exc})"
@@ -226,10 +255,10 @@ class LostHistory:
     """A run that had merged, with no checkpoint left to resume: what is known of what was lost."""
 
     directory: Path
-    problems: tuple[str, ...]        # what was wrong with each checkpoint file (and the history)
-    history: dict[str, Any] | None   # the newest readable history record
-    epoch: int                       # the newest epoch known
-    outer_steps: int                 # the newest outer step known
+    problems: tuple[str, ...]  # what was wrong with each checkpoint file (and the history)
+    history: dict[str, Any] | None  # the newest readable history record
+    epoch: int  # the newest epoch known
+    outer_steps: int  # the newest outer step known
 
     @property
     def merged_tokens(self) -> int | None:
@@ -250,16 +279,20 @@ class LostHistory:
 
     def refusal(self) -> str:
         """The one-line error of a syncer that refuses to start a new global model."""
-        return (f"no valid checkpoint in {self.directory}, but this run had merged ({self.what()}): {self.why()}; "
-                f"refusing to start a new global model. Restore a checkpoint into {self.directory}, or set "
-                f'on_no_checkpoint = "from-learner" in the run\'s settings to start a new global model from a '
-                f"learner's weights (the counters continue)")
+        return (
+            f"no valid checkpoint in {self.directory}, but this run had merged ({self.what()}): {self.why()}; "
+            f"refusing to start a new global model. Restore a checkpoint into {self.directory}, or set "
+            f'on_no_checkpoint = "from-learner" in the run\'s settings to start a new global model from a '
+            f"learner's weights (the counters continue)"
+        )
 
     def warning(self) -> str:
         """The lasting status warning of a run that went on with a new global model."""
-        return (f"history lost at outer step {self.outer_steps} (epoch {self.epoch}): no valid checkpoint in "
-                f"{self.directory}; a new global model was started from a learner's weights "
-                f'(on_no_checkpoint = "from-learner"); the counters continue, the training before does not')
+        return (
+            f"history lost at outer step {self.outer_steps} (epoch {self.epoch}): no valid checkpoint in "
+            f"{self.directory}; a new global model was started from a learner's weights "
+            f'(on_no_checkpoint = "from-learner"); the counters continue, the training before does not'
+        )
 
 
 def lost_history(directory: Path, problems: list[str]) -> LostHistory | None:
@@ -272,8 +305,11 @@ def lost_history(directory: Path, problems: list[str]) -> LostHistory | None:
     if history is not None:
         epoch, outer = max(epoch, int(history.get("epoch", 0))), max(outer, int(history["outer_steps"]))
     if not problems:
-        problems = [f"no checkpoint file left ({HISTORY} says the run reached outer step {outer})" if history
-                    else "no checkpoint file left"]
+        problems = [
+            f"no checkpoint file left ({HISTORY} says the run reached outer step {outer})"
+            if history
+            else "no checkpoint file left"
+        ]
     return LostHistory(directory, tuple(problems + ([trouble] if trouble else [])), history, epoch, outer)
 
 
@@ -309,6 +345,8 @@ def export_model(core: SyncerCore, path: Path) -> None:
     for p in range(m.plan.count):
         m.plan.scatter(p, m.theta[p], tensors)
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save({"state_dict": tensors, "outer_steps": core.outer_steps, "versions": list(m.versions),
-                "run_id": core.run_id}, tmp)
+    torch.save(
+        {"state_dict": tensors, "outer_steps": core.outer_steps, "versions": list(m.versions), "run_id": core.run_id},
+        tmp,
+    )
     os.replace(tmp, path)

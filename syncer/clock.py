@@ -36,10 +36,10 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-LINK_S = 0.05   # both sides poll their sockets every 20 ms, and the push is encoded before it leaves
+LINK_S = 0.05  # both sides poll their sockets every 20 ms, and the push is encoded before it leaves
 
 
 @dataclass
@@ -60,7 +60,7 @@ class RoundClock:
         """Move the phase to `now`; the fragments whose call point it passed (each at most once)."""
         times = [t for t in step_times if t > 0 and math.isfinite(t)]
         if not times:
-            self.last = now            # nobody training: the clock stands still
+            self.last = now  # nobody training: the clock stands still
             return []
         self.t_step = statistics.median(times)
         before = self.phase

@@ -35,7 +35,7 @@ MAGIC = b"DQ"
 FORMAT = 2
 MODES = ("none", "bf16", "int8", "int4")
 _HEADER = struct.Struct("<2sBBQIQ")
-HEADER_SIZE = _HEADER.size   # bytes before the zstd frame
+HEADER_SIZE = _HEADER.size  # bytes before the zstd frame
 _QMAX = {"int8": 127, "int4": 7}
 MAX_NUMEL = 1 << 34  # a sanity bound: no fragment is 64 GiB of fp32
 _ROUNDER = 1.5 * 2.0**23  # y + R - R rounds an fp32 |y| < 2^22 to the nearest integer (ties to even)
@@ -52,8 +52,8 @@ class Quantized:
     mode: str
     numel: int
     block: int
-    codes: torch.Tensor    # int8 codes (int4/int8), bf16 or fp32 values
-    scales: torch.Tensor   # fp32, one per block (empty for bf16/none)
+    codes: torch.Tensor  # int8 codes (int4/int8), bf16 or fp32 values
+    scales: torch.Tensor  # fp32, one per block (empty for bf16/none)
 
 
 _local = threading.local()
@@ -73,8 +73,9 @@ def quantize(x: torch.Tensor, mode: str = "int4", block: int = 128) -> Quantized
     return _quantize(x, mode, block)[0]
 
 
-def quantize_roundtrip(x: torch.Tensor, mode: str = "int4", block: int = 128,
-                       out: torch.Tensor | None = None) -> tuple[Quantized, torch.Tensor]:
+def quantize_roundtrip(
+    x: torch.Tensor, mode: str = "int4", block: int = 128, out: torch.Tensor | None = None
+) -> tuple[Quantized, torch.Tensor]:
     """`quantize(x)` and `dequantize` of it in one go (the syncer's publish step).
 
     The values are bit-identical to `dequantize(q)` (the same `code * scale` products); computing
@@ -87,8 +88,9 @@ def quantize_roundtrip(x: torch.Tensor, mode: str = "int4", block: int = 128,
     return q, dequantize(q) if values is None else values
 
 
-def _quantize(x: torch.Tensor, mode: str, block: int, want_values: bool = False,
-              out: torch.Tensor | None = None) -> tuple[Quantized, torch.Tensor | None]:
+def _quantize(
+    x: torch.Tensor, mode: str, block: int, want_values: bool = False, out: torch.Tensor | None = None
+) -> tuple[Quantized, torch.Tensor | None]:
     if mode not in MODES:
         raise CodecError(f"unknown compression mode {mode!r}; use one of {', '.join(MODES)}")
     x = x.detach().reshape(-1).to("cpu", torch.float32)
@@ -229,7 +231,9 @@ def decode_quantized(blob: bytes, expect_numel: int | None = None, kernel: Any =
             q = Quantized(mode, numel, block, buf.view(torch.bfloat16), empty)
         else:
             nblocks = -(-numel // block)
-            q = Quantized(mode, numel, block, buf[4 * nblocks :].view(torch.int8), buf[: 4 * nblocks].view(torch.float32))
+            q = Quantized(
+                mode, numel, block, buf[4 * nblocks :].view(torch.int8), buf[: 4 * nblocks].view(torch.float32)
+            )
     _check_finite(q)
     return q
 
@@ -247,7 +251,9 @@ def _decompress(payload: memoryview, raw_len: int) -> bytearray:
             got += n
         extra = reader.read(1) if got == raw_len else b""
     if got != raw_len or extra:
-        raise CodecError(f"payload decompressed to {got + len(extra)}{'+' if extra else ''} bytes, header says {raw_len}")
+        raise CodecError(
+            f"payload decompressed to {got + len(extra)}{'+' if extra else ''} bytes, header says {raw_len}"
+        )
     return raw
 
 
@@ -288,8 +294,9 @@ def _check_finite(q: Quantized) -> None:
         # is: one check per block instead of one per value. NaN fails both comparisons below.
         low, high = torch.aminmax(q.scales * _QMAX[q.mode])
         if not (float(low) >= 0 and float(high) < float("inf")):
-            raise CodecError("non-finite or negative quantization scale, or scale x code overflows fp32 "
-                             "(NaN/Inf in the source)")
+            raise CodecError(
+                "non-finite or negative quantization scale, or scale x code overflows fp32 (NaN/Inf in the source)"
+            )
     elif q.codes.numel() and not _all_finite(q.codes):
         raise CodecError("NaN or Inf values")
 

@@ -54,5 +54,12 @@ def load(path: Path) -> SyncerConfig:
         raise ValueError(f"{path}: {exc}") from exc
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{path}: missing or malformed entry {exc}") from exc
-    return SyncerConfig(str(data["run_id"]), settings, f"tcp://{bind_host}:{port}",
-                        f"tcp://{bind_host}:{cport}", run_dir, learners, keys_dir)
+    return SyncerConfig(
+        str(data["run_id"]),
+        settings,
+        f"tcp://{bind_host}:{port}",
+        f"tcp://{bind_host}:{cport}",
+        run_dir,
+        learners,
+        keys_dir,
+    )

@@ -15,7 +15,8 @@ from __future__ import annotations
 import collections
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -32,11 +33,19 @@ from syncer.settings import RunSettings
 class SyncerCore:
     """Rounds, merges and the global model for one run."""
 
-    def __init__(self, settings: RunSettings, run_id: str, declared: list[str], now: float,
-                 epoch: int = 1, clock: Callable[[], float] = time.perf_counter,
-                 on_merge: Callable[[int], None] | None = None, kernel: Any = None) -> None:
+    def __init__(
+        self,
+        settings: RunSettings,
+        run_id: str,
+        declared: list[str],
+        now: float,
+        epoch: int = 1,
+        clock: Callable[[], float] = time.perf_counter,
+        on_merge: Callable[[int], None] | None = None,
+        kernel: Any = None,
+    ) -> None:
         self.s = settings
-        self.kernel = kernel          # syncer.native.Kernel or None (torch round step)
+        self.kernel = kernel  # syncer.native.Kernel or None (torch round step)
         self.on_merge = on_merge
         self.run_id = run_id
         self.epoch = epoch
@@ -64,12 +73,12 @@ class SyncerCore:
         self._previous: dict[int, tuple[int, torch.Tensor, int]] = {}
         self._serving: dict[int, float] = {}
         self._last_seq: dict[tuple[str, str], int] = {}
-        self.membership = Membership()   # learner_lost/back and quorum events
+        self.membership = Membership()  # learner_lost/back and quorum events
         self._backlogged: set[tuple[str, int]] = set()
-        self.guard = QualityGuard(settings.quality_guard)   # syncer/quality.py scores and rolls back
-        self.scored_at: int | None = None   # outer step of the last snapshot scored (None: score at once)
+        self.guard = QualityGuard(settings.quality_guard)  # syncer/quality.py scores and rolls back
+        self.scored_at: int | None = None  # outer step of the last snapshot scored (None: score at once)
         self.snapshot_tag = 0
-        self.warnings: list[str] = []   # lasting, shown in status (e.g. the run's history was lost)
+        self.warnings: list[str] = []  # lasting, shown in status (e.g. the run's history was lost)
 
     # -- dispatch ----------------------------------------------------------------------------
     def handle(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
@@ -92,7 +101,10 @@ class SyncerCore:
     def _hello(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
         if msg["run"] != self.run_id:
             self.reject("wrong_run", learner, f"run {msg['run']!r}", now, out)
-            out.send(learner, Message("error", {"reason": f"this syncer serves run {self.run_id}, not {msg['run']}", "fatal": True}))
+            out.send(
+                learner,
+                Message("error", {"reason": f"this syncer serves run {self.run_id}, not {msg['run']}", "fatal": True}),
+            )
             return
         try:
             manifest = fragments.manifest_from_json(msg["manifest"])
@@ -104,12 +116,27 @@ class SyncerCore:
             out.send(learner, Message("error", {"reason": problem, "fatal": True}))
             return
         info, fresh = self.fleet.hello(msg.meta, now)
-        out.event(now, "join" if info.joins == 1 and fresh else ("rejoin" if fresh else "reconnect"), learner,
-                  f"pid {info.pid} on {info.host} ({info.device})")
+        out.event(
+            now,
+            "join" if info.joins == 1 and fresh else ("rejoin" if fresh else "reconnect"),
+            learner,
+            f"pid {info.pid} on {info.host} ({info.device})",
+        )
         owner = self._claim_init(learner, manifest, now)
-        out.send(learner, Message("welcome", {
-            "epoch": self.epoch, "initialized": self.model is not None, "init_owner": owner,
-            "versions": self.versions(), "chunk_numel": self.chunk_numel(), "step": info.step}))
+        out.send(
+            learner,
+            Message(
+                "welcome",
+                {
+                    "epoch": self.epoch,
+                    "initialized": self.model is not None,
+                    "init_owner": owner,
+                    "versions": self.versions(),
+                    "chunk_numel": self.chunk_numel(),
+                    "step": info.step,
+                },
+            ),
+        )
 
     def _manifest_problem(self, manifest: list[fragments.TensorSpec], count: int) -> str | None:
         if count != self.s.fragments:
@@ -147,8 +174,13 @@ class SyncerCore:
             plan = fragments.plan(self._init_manifest, self.s.fragments)
             self.model = GlobalModel.fresh(self._init_manifest, plan, self._init_buffers)
             self._init_buffers = []
-            out.event(now, "initialized", "syncer", f"{self.model.numel} parameters from {learner}, "
-                      f"{plan.count} fragments, imbalance {plan.imbalance():.3f}")
+            out.event(
+                now,
+                "initialized",
+                "syncer",
+                f"{self.model.numel} parameters from {learner}, "
+                f"{plan.count} fragments, imbalance {plan.imbalance():.3f}",
+            )
             self._broadcast_ack(now, out)
 
     def _bye(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
@@ -197,8 +229,22 @@ class SyncerCore:
         self._serving[p] = now
         version, value, crc = self._version_of(p, msg.get("version"))
         payload = value[offset : offset + n].numpy().tobytes()
-        out.send(learner, Message("state", {"fragment": p, "version": version, "offset": offset,
-                                            "numel": n, "total": total, "epoch": self.epoch, "crc": crc}, [payload]))
+        out.send(
+            learner,
+            Message(
+                "state",
+                {
+                    "fragment": p,
+                    "version": version,
+                    "offset": offset,
+                    "numel": n,
+                    "total": total,
+                    "epoch": self.epoch,
+                    "crc": crc,
+                },
+                [payload],
+            ),
+        )
         self.counters["state_chunks"] += 1
 
     def _version_of(self, p: int, wanted: Any) -> tuple[int, torch.Tensor, int]:
@@ -220,7 +266,9 @@ class SyncerCore:
         if len(msg.payloads) != 1 or msg["c_steps"] < 1 or msg["c_tokens"] < 0 or msg["c_time"] < 0:
             raise ProtocolError("schema", "push: needs one payload, c_steps >= 1, c_tokens >= 0, c_time >= 0")
         try:
-            delta = codec.decode_quantized(msg.payloads[0], expect_numel=self.model.theta[p].numel(), kernel=self.kernel)
+            delta = codec.decode_quantized(
+                msg.payloads[0], expect_numel=self.model.theta[p].numel(), kernel=self.kernel
+            )
         except codec.CodecError as exc:
             reason = "nan" if "NaN" in str(exc) or "non-finite" in str(exc) else "codec"
             self.reject(reason, learner, f"fragment {p}: {exc}", now, out)
@@ -231,8 +279,16 @@ class SyncerCore:
             self.reject(problem[0], learner, problem[1], now, out)
             return
         contribution = Contribution(
-            learner, delta, int(msg["c_steps"]), int(msg["c_tokens"]), float(msg["c_time"]),
-            float(msg["step_time"]), int(msg["base_version"]), now, len(msg.payloads[0]))
+            learner,
+            delta,
+            int(msg["c_steps"]),
+            int(msg["c_tokens"]),
+            float(msg["c_time"]),
+            float(msg["step_time"]),
+            int(msg["base_version"]),
+            now,
+            len(msg.payloads[0]),
+        )
         rnd = self.rounds.setdefault(p, Round(p))
         rnd.add(contribution, self.s.quorum, GraceFn(self.s.grace_gamma, self.s.tau, self.t_sync or 0.0))
         self.counters["pushes"] += 1
@@ -249,7 +305,10 @@ class SyncerCore:
         if msg["seq"] <= self._last_seq.get(key, -1):
             return "replay", f"push seq {msg['seq']} after {self._last_seq[key]}"
         if msg["epoch"] == self.epoch and msg["base_version"] > self.model.versions[p]:
-            return "future_version", f"base version {msg['base_version']} > current {self.model.versions[p]} of fragment {p}"
+            return (
+                "future_version",
+                f"base version {msg['base_version']} > current {self.model.versions[p]} of fragment {p}",
+            )
         self._last_seq[key] = msg["seq"]
         return None
 
@@ -296,12 +355,13 @@ class SyncerCore:
             recipients = connected
             if rnd.called_at is not None:
                 if len(rnd.contributions) >= self.s.quorum:
-                    continue                         # it closes at its deadline
+                    continue  # it closes at its deadline
                 recipients = [lid for lid in connected if lid not in rnd.contributions]
                 self.counters["recalls"] += 1
             rnd.call(now, window)
-            out.broadcast(recipients, Message("call", {"fragment": p, "epoch": self.epoch,
-                                                       "version": self.model.versions[p]}))
+            out.broadcast(
+                recipients, Message("call", {"fragment": p, "epoch": self.epoch, "version": self.model.versions[p]})
+            )
             self.counters["calls"] += 1
 
     def flush(self, now: float, out: Outbox) -> int:
@@ -338,12 +398,24 @@ class SyncerCore:
         self._keep_previous(p, now)
         m = self.model
         blob, crc = self._step(p, contribs, now, want_crc=(m.versions[p] + 1) % self.s.checksum_every == 0)
-        self._crcs[p] = crc   # None: computed only if a state transfer needs it (`_crc`)
+        self._crcs[p] = crc  # None: computed only if a state transfer needs it (`_crc`)
         m.versions[p] += 1
         recipients = list(self.fleet.connected(now))
-        out.broadcast(recipients, Message("update", {
-            "fragment": p, "version": m.versions[p], "from_version": m.versions[p] - 1,
-            "epoch": self.epoch, "contributors": [c.learner for c in contribs], "crc": self._crcs[p]}, [blob]))
+        out.broadcast(
+            recipients,
+            Message(
+                "update",
+                {
+                    "fragment": p,
+                    "version": m.versions[p],
+                    "from_version": m.versions[p] - 1,
+                    "epoch": self.epoch,
+                    "contributors": [c.learner for c in contribs],
+                    "crc": self._crcs[p],
+                },
+                [blob],
+            ),
+        )
         weights = [c.weight for c in contribs]
         self._account(rnd, contribs, weights, now, out, blob_bytes=len(blob) * len(recipients), t0=t0)
         return carried
@@ -362,11 +434,16 @@ class SyncerCore:
             kept = rest.c_steps if rest is not None else 0
             dropped = max(0, round(c.c_steps * (1.0 - c.backlog)) - kept)
             self.counters["backlog_dropped_steps"] += dropped
-            if (c.learner, p) not in self._backlogged:   # once per backlog, not once per round that absorbs it
+            if (c.learner, p) not in self._backlogged:  # once per backlog, not once per round that absorbs it
                 self._backlogged.add((c.learner, p))
-                out.event(now, "backlog", c.learner, f"fragment {p}: {c.c_steps} steps since its last merge, "
-                          f"{c.backlog * c.c_steps:.0f} counted now (max_backlog {self.s.max_backlog:g} periods), "
-                          f"{kept} carried to the next rounds, {dropped} dropped")
+                out.event(
+                    now,
+                    "backlog",
+                    c.learner,
+                    f"fragment {p}: {c.c_steps} steps since its last merge, "
+                    f"{c.backlog * c.c_steps:.0f} counted now (max_backlog {self.s.max_backlog:g} periods), "
+                    f"{kept} carried to the next rounds, {dropped} dropped",
+                )
             if rest is not None:
                 carried.append(rest)
         return carried
@@ -380,7 +457,9 @@ class SyncerCore:
         else:
             self._previous.pop(p, None)
 
-    def _step(self, p: int, contribs: list[Contribution], now: float, want_crc: bool = True) -> tuple[bytes, int | None]:
+    def _step(
+        self, p: int, contribs: list[Contribution], now: float, want_crc: bool = True
+    ) -> tuple[bytes, int | None]:
         """Merge, Nesterov and publish fragment p in place; returns the update blob and the new
         crc32 (None unless `want_crc`: updates carry it every `checksum_every` versions).
 
@@ -401,12 +480,27 @@ class SyncerCore:
         kinds = [kind for _, _, kind in segments]
         if grams is None:  # plain mean, no clipping: the coefficients need no norms
             grams = torch.zeros(len(segments), len(deltas), len(deltas), dtype=torch.float64)
-        coefs = merge.coefficients(grams, [c.weight for c in contribs], kinds, self.s.merge, factors=factors, scale=scale)
-        return fused.publish(deltas, coefs, segments, m.theta[p], m.momentum[p], m.residual[p], self.s.outer_lr,
-                             self.s.outer_momentum, self.s.compression, self.s.block, self.kernel, want_crc)
+        coefs = merge.coefficients(
+            grams, [c.weight for c in contribs], kinds, self.s.merge, factors=factors, scale=scale
+        )
+        return fused.publish(
+            deltas,
+            coefs,
+            segments,
+            m.theta[p],
+            m.momentum[p],
+            m.residual[p],
+            self.s.outer_lr,
+            self.s.outer_momentum,
+            self.s.compression,
+            self.s.block,
+            self.kernel,
+            want_crc,
+        )
 
-    def _step_reference(self, p: int, contribs: list[Contribution], now: float,
-                        want_crc: bool = True) -> tuple[bytes, int | None]:
+    def _step_reference(
+        self, p: int, contribs: list[Contribution], now: float, want_crc: bool = True
+    ) -> tuple[bytes, int | None]:
         """`_step` on whole fp32 fragments (merge.merge, nesterov_change_, quantize_roundtrip).
 
         Every buffer is updated in place:
@@ -421,20 +515,28 @@ class SyncerCore:
         sqnorms = merge.segment_sqnorms(deltas, segments) if rda or self.s.robust_clip > 0 else None
         factors = self._clipped(p, sqnorms, [c.backlog for c in contribs])
         scale = self._fleet_scale(contribs, now)
-        merged = merge.merge(deltas, [c.weight for c in contribs], segments, self.s.merge,
-                             factors=factors, scale=min(1.0, scale), sqnorms=sqnorms, out=deltas[0])
+        merged = merge.merge(
+            deltas,
+            [c.weight for c in contribs],
+            segments,
+            self.s.merge,
+            factors=factors,
+            scale=min(1.0, scale),
+            sqnorms=sqnorms,
+            out=deltas[0],
+        )
         change = merge.nesterov_change_(m.residual[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum)
         q, applied = codec.quantize_roundtrip(change, self.s.compression, self.s.block, out=merged)
         blob = codec.encode_quantized(q)  # before `change` moves on: q may share its memory ("none")
-        m.theta[p].add_(applied)          # a separate fp32 add, exactly as learners apply the blob
-        change.sub_(applied)              # m.residual[p] is `change`: now the carried residual
+        m.theta[p].add_(applied)  # a separate fp32 add, exactly as learners apply the blob
+        change.sub_(applied)  # m.residual[p] is `change`: now the carried residual
         return blob, m.crc(p) if want_crc else None
 
     def _fleet_scale(self, contribs: list[Contribution], now: float) -> float:
         """This round's share of the live fleet's tokens per sync period (1.0 when disabled)."""
         for c in contribs:
             self.fleet.observe_rate(c.learner, c.c_tokens / c.c_steps)
-        if not self.s.fleet_scale or self.s.syncer_clock:   # one round per period: nothing to share out
+        if not self.s.fleet_scale or self.s.syncer_clock:  # one round per period: nothing to share out
             return 1.0
         members = self.fleet.live(now) | {c.learner for c in contribs}
         period = sum(self.fleet.tokens_per_step(m, self.s.seq_len) for m in members) * self.s.H
@@ -460,8 +562,16 @@ class SyncerCore:
         period = self.round_clock.steps_per_period(own) if self.s.syncer_clock else float(self.s.H)
         return backlog_factor(c.c_steps, period, self.s.max_backlog)
 
-    def _account(self, rnd: Round, contribs: list[Contribution], weights: list[float], now: float,
-                 out: Outbox, blob_bytes: int, t0: float) -> None:
+    def _account(
+        self,
+        rnd: Round,
+        contribs: list[Contribution],
+        weights: list[float],
+        now: float,
+        out: Outbox,
+        blob_bytes: int,
+        t0: float,
+    ) -> None:
         total_w = sum(weights) or 1.0
         for c, w in zip(contribs, weights):
             self.fleet.merged(c.learner, round(c.c_tokens * c.backlog), c.c_time * c.backlog, self.s.fragments, w, now)
@@ -471,16 +581,26 @@ class SyncerCore:
         self.t_sync = merge.ema(self.t_sync, dt, 0.8)
         grace_used = max(0.0, now - rnd.quorum_at) if rnd.quorum_at is not None else 0.0
         self.recent_rounds.append({"contributors": len(contribs), "grace_s": rnd.grace_s, "grace_used_s": grace_used})
-        out.metrics.append({
-            "t": now, "kind": "round", "fragment": rnd.fragment, "version": self.model.versions[rnd.fragment],
-            "contributors": [c.learner for c in contribs],
-            "weights": {c.learner: round(w / total_w, 4) for c, w in zip(contribs, weights)},
-            "tokens": sum(c.c_tokens for c in contribs),
-            "wait_quorum_s": max(0.0, (rnd.quorum_at or now) - (rnd.called_at or rnd.first_at or now)),
-            "grace_s": rnd.grace_s, "grace_used_s": grace_used,
-            "bytes_in": sum(c.nbytes for c in contribs), "bytes_out": blob_bytes, "merge_s": dt,
-            "live": len(self.fleet.live(now)), "quorum": self.s.quorum,
-            "staleness": max(self.model.versions[rnd.fragment] - 1 - c.base_version for c in contribs)})
+        out.metrics.append(
+            {
+                "t": now,
+                "kind": "round",
+                "fragment": rnd.fragment,
+                "version": self.model.versions[rnd.fragment],
+                "contributors": [c.learner for c in contribs],
+                "weights": {c.learner: round(w / total_w, 4) for c, w in zip(contribs, weights)},
+                "tokens": sum(c.c_tokens for c in contribs),
+                "wait_quorum_s": max(0.0, (rnd.quorum_at or now) - (rnd.called_at or rnd.first_at or now)),
+                "grace_s": rnd.grace_s,
+                "grace_used_s": grace_used,
+                "bytes_in": sum(c.nbytes for c in contribs),
+                "bytes_out": blob_bytes,
+                "merge_s": dt,
+                "live": len(self.fleet.live(now)),
+                "quorum": self.s.quorum,
+                "staleness": max(self.model.versions[rnd.fragment] - 1 - c.base_version for c in contribs),
+            }
+        )
 
     def drop_caches(self) -> None:
         """Forget the kept crcs and previous versions (the global model was replaced)."""
@@ -492,6 +612,10 @@ class SyncerCore:
 
 
 _HANDLERS: dict[str, Callable[[SyncerCore, str, Message, float, Outbox], None]] = {
-    "hello": SyncerCore._hello, "init": SyncerCore._init, "state_req": SyncerCore._state_req,
-    "push": SyncerCore._push, "heartbeat": SyncerCore._heartbeat, "bye": SyncerCore._bye,
+    "hello": SyncerCore._hello,
+    "init": SyncerCore._init,
+    "state_req": SyncerCore._state_req,
+    "push": SyncerCore._push,
+    "heartbeat": SyncerCore._heartbeat,
+    "bye": SyncerCore._bye,
 }

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from syncer.core import SyncerCore
 
 
-HOLD_LIMIT_S = 60.0   # a checkpoint waits at most this long for its score
+HOLD_LIMIT_S = 60.0  # a checkpoint waits at most this long for its score
 
 
 class GlobalEvaluator(threading.Thread):
@@ -37,7 +37,7 @@ class GlobalEvaluator(threading.Thread):
     def __init__(self, settings: dict[str, Any]) -> None:
         super().__init__(name="global-eval", daemon=True)
         self.settings = settings
-        self.problem: str | None = None       # why it cannot score (set once, then it stops)
+        self.problem: str | None = None  # why it cannot score (set once, then it stops)
         self._todo: queue.Queue = queue.Queue(maxsize=1)
         self._done: queue.Queue = queue.Queue()
         self._halt = threading.Event()
@@ -80,7 +80,7 @@ class GlobalEvaluator(threading.Thread):
     def run(self) -> None:
         try:
             model, plan, batches, loss_fn = self._build()
-        except Exception as exc:  # noqa: BLE001 - any factory failure: say why, score nothing
+        except Exception as exc:
             self.problem = f"{type(exc).__name__}: {exc}"[:300]
             return
         while not self._halt.is_set():
@@ -91,7 +91,7 @@ class GlobalEvaluator(threading.Thread):
             t0 = time.perf_counter()
             try:
                 loss = self._score(model, plan, batches, loss_fn, snap)
-            except Exception as exc:  # noqa: BLE001 - a factory's loss failing: say why, score no more
+            except Exception as exc:
                 self.problem = f"scoring failed: {type(exc).__name__}: {exc}"[:300]
                 return
             self._done.put((snap.tag, loss, time.perf_counter() - t0))
@@ -99,18 +99,27 @@ class GlobalEvaluator(threading.Thread):
 
     def _build(self) -> tuple[torch.nn.Module, fragments.FragmentPlan, list[Any], Any]:
         s = self.settings
-        ctx = WorkloadContext(settings=s, learner_index=0, shards=1, batch_size=int(s["batch_size"]),
-                              device=torch.device("cpu"), seed=int(s["seed"]))
+        ctx = WorkloadContext(
+            settings=s,
+            learner_index=0,
+            shards=1,
+            batch_size=int(s["batch_size"]),
+            device=torch.device("cpu"),
+            seed=int(s["seed"]),
+        )
         wl = build_workload(ctx)
         wl.model.eval()
         params = dict(wl.model.named_parameters())
-        manifest = [fragments.TensorSpec(n, tuple(t.shape), "embedding" if n in wl.embedding_names else "dense")
-                    for n, t in params.items()]
+        manifest = [
+            fragments.TensorSpec(n, tuple(t.shape), "embedding" if n in wl.embedding_names else "dense")
+            for n, t in params.items()
+        ]
         return wl.model, fragments.plan(manifest, int(s["fragments"])), wl.eval_batches, wl.loss
 
     @torch.no_grad()
-    def _score(self, model: torch.nn.Module, plan: fragments.FragmentPlan, batches: list[Any], loss_fn: Any,
-               snap: Snapshot) -> float:
+    def _score(
+        self, model: torch.nn.Module, plan: fragments.FragmentPlan, batches: list[Any], loss_fn: Any, snap: Snapshot
+    ) -> float:
         params = {n: p.data for n, p in model.named_parameters()}
         for p, theta in enumerate(snap.theta):
             plan.scatter(p, theta, params)
@@ -125,7 +134,7 @@ class Scoring:
     def __init__(self, evaluator: GlobalEvaluator | None) -> None:
         self.ev = evaluator
         self._said = False
-        self._held: dict[int, dict[str, Any]] = {}   # snapshot tag -> the checkpoint state taken with it
+        self._held: dict[int, dict[str, Any]] = {}  # snapshot tag -> the checkpoint state taken with it
 
     @property
     def gates_checkpoints(self) -> bool:
@@ -140,7 +149,7 @@ class Scoring:
             del self._held[tag]
         return bool(stale)
 
-    def tick(self, core: "SyncerCore", now: float, out: Outbox, checkpoint: bool = False) -> dict[str, Any] | None:
+    def tick(self, core: SyncerCore, now: float, out: Outbox, checkpoint: bool = False) -> dict[str, Any] | None:
         """Fold in finished scores and hand over the next snapshot. With `checkpoint` (one is due),
         the snapshot is taken now with a copy of the checkpoint state; that state is returned, to be
         written, once its score comes back good (a flagged one is rolled back instead)."""
@@ -149,8 +158,13 @@ class Scoring:
         if self.ev.problem is not None:
             if not self._said:
                 self._said = True
-                out.event(now, "global_eval_off", "syncer", f"cannot score the global model on the syncer: "
-                          f"{self.ev.problem}; make the model factory importable here or set global_eval_every = 0")
+                out.event(
+                    now,
+                    "global_eval_off",
+                    "syncer",
+                    f"cannot score the global model on the syncer: "
+                    f"{self.ev.problem}; make the model factory importable here or set global_eval_every = 0",
+                )
             return None
         ready = None
         for tag, loss, _seconds in self.ev.results():
@@ -160,7 +174,7 @@ class Scoring:
                 ready = held
         if not self.ev.busy:
             if checkpoint and not self._held and core.model is not None:
-                core.scored_at = None          # score now, the state a checkpoint will hold
+                core.scored_at = None  # score now, the state a checkpoint will hold
             snap = quality.take_snapshot(core, now)
             if snap is not None:
                 if checkpoint and not self._held:
@@ -168,7 +182,7 @@ class Scoring:
                 self.ev.submit(snap)
         return ready
 
-    def final(self, core: "SyncerCore", now: float, out: Outbox) -> None:
+    def final(self, core: SyncerCore, now: float, out: Outbox) -> None:
         """Score the state about to be exported, so an export is never of a state the guard flags
         (a flagged one is rolled back first)."""
         if self.ev is None or self.ev.problem is not None or core.model is None:

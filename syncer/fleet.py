@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 WEIGHT_WINDOW_S = 60.0
-RATE_WINDOW_S = 2.0      # a learner's step rate is measured over heartbeats at least this far apart
+RATE_WINDOW_S = 2.0  # a learner's step rate is measured over heartbeats at least this far apart
 
 
 @dataclass
@@ -31,22 +31,22 @@ class LearnerInfo:
     last_seen: float = 0.0
     state: str = "joining"
     step: int = 0
-    tokens: int = 0                 # tokens trained by this incarnation
-    tokens_base: int = 0            # tokens of earlier incarnations
+    tokens: int = 0  # tokens trained by this incarnation
+    tokens_base: int = 0  # tokens of earlier incarnations
     tokens_per_s: float = 0.0
     step_time: float = 0.0
     blocked_frac: float = 0.0
     loss: float | None = None
     eval_loss: float | None = None
     left: bool = False
-    versions: list = field(default_factory=list)     # the learner's replica, as last reported
+    versions: list = field(default_factory=list)  # the learner's replica, as last reported
     crcs: list = field(default_factory=list)
     crc_mismatches: int = 0
     joins: int = 0
     merged_tokens: float = 0.0
-    step_tokens: float = 0.0        # tokens per inner step, as its contributions show
-    step_rate: float = 0.0          # inner steps per second, measured from its heartbeats
-    rate_anchor: tuple[int, float] | None = None   # (step, time) the rate is measured from
+    step_tokens: float = 0.0  # tokens per inner step, as its contributions show
+    step_rate: float = 0.0  # inner steps per second, measured from its heartbeats
+    rate_anchor: tuple[int, float] | None = None  # (step, time) the rate is measured from
 
     def seconds_per_step(self) -> float:
         """Wall time per inner step: measured (waits, evals and syncs included) once known,
@@ -95,7 +95,7 @@ class Fleet:
         if info is None:
             info = self.learners[lid] = LearnerInfo(id=lid)
         fresh = info.incarnation != meta["incarnation"]
-        if fresh:   # its step counter (the inner lr schedule's position) resumes; see resume_step
+        if fresh:  # its step counter (the inner lr schedule's position) resumes; see resume_step
             resume = info.step if info.joins else self.resume_step(lid, now)
             info.tokens_base += info.tokens
             info.tokens, info.step, info.state = 0, resume, "joining"
@@ -113,22 +113,25 @@ class Fleet:
         spare, a late host) so takes up the fleet's place on the lr schedule instead of warming
         up to the peak rate while the others decay. A rejoining learner (a new incarnation of a
         known id) continues its own counter instead (hello)."""
-        steps = [i.step for i in self.learners.values()
-                 if i.id != lid and i.state != "joining" and i.live(now, self.liveness_s)]
+        steps = [
+            i.step
+            for i in self.learners.values()
+            if i.id != lid and i.state != "joining" and i.live(now, self.liveness_s)
+        ]
         return int(statistics.median(steps)) if steps else 0
 
     def heartbeat(self, lid: str, meta: dict[str, Any], now: float) -> None:
         """Fold a heartbeat's progress report into the learner's record."""
         info = self.learners[lid]
         step = int(meta["step"])
-        if step >= info.step:   # below it: a new incarnation still joining, before its resume step
+        if step >= info.step:  # below it: a new incarnation still joining, before its resume step
             self.steps_total += step - info.step
             info.step = step
         info.tokens = int(meta["tokens"])
         info.state = str(meta["state"])[:16]
         if info.state == "running":
             info.measure_rate(step, now)
-        else:   # joining, slow, paused: the rate starts over when it trains normally again
+        else:  # joining, slow, paused: the rate starts over when it trains normally again
             info.rate_anchor = None
         for key in ("tokens_per_s", "step_time", "blocked_frac"):
             value = meta.get(key)
@@ -168,7 +171,8 @@ class Fleet:
     def live(self, now: float) -> set[str]:
         """Learners heard from recently that are training (not joining, not left)."""
         return {
-            lid for lid, info in self.learners.items()
+            lid
+            for lid, info in self.learners.items()
             if info.live(now, self.liveness_s) and info.state not in ("joining", "starting")
         }
 
@@ -222,7 +226,11 @@ class Fleet:
         return sum(i.tokens_per_s for i in self.learners.values() if i.live(now, self.liveness_s))
 
     def mean_loss(self, now: float, key: str) -> float | None:
-        values = [getattr(i, key) for i in self.learners.values() if getattr(i, key) is not None and i.live(now, self.liveness_s)]
+        values = [
+            getattr(i, key)
+            for i in self.learners.values()
+            if getattr(i, key) is not None and i.live(now, self.liveness_s)
+        ]
         return sum(values) / len(values) if values else None
 
     def rows(self, now: float) -> list[dict[str, Any]]:
@@ -234,27 +242,48 @@ class Fleet:
         for lid in sorted(self.learners, key=_learner_order):
             info = self.learners[lid]
             live = info.live(now, self.liveness_s)
-            out.append({
-                "id": lid, "host": info.host, "device": info.device, "pid": info.pid,
-                "state": info.state if live or info.left else "unreachable",
-                "step": info.step, "tokens": info.total_tokens, "merged_tokens": int(info.merged_tokens),
-                "tokens_per_s": info.tokens_per_s if live else 0.0,
-                "weight": shares.get(lid, 0.0),
-                "heartbeat_age_s": max(0.0, now - info.last_seen) if info.last_seen else None,
-                "blocked_frac": info.blocked_frac, "joins": info.joins,
-                "straggler": bool(live and median > 0 and info.tokens_per_s < 0.5 * median),
-                "loss": info.loss, "eval_loss": info.eval_loss,
-            })
+            out.append(
+                {
+                    "id": lid,
+                    "host": info.host,
+                    "device": info.device,
+                    "pid": info.pid,
+                    "state": info.state if live or info.left else "unreachable",
+                    "step": info.step,
+                    "tokens": info.total_tokens,
+                    "merged_tokens": int(info.merged_tokens),
+                    "tokens_per_s": info.tokens_per_s if live else 0.0,
+                    "weight": shares.get(lid, 0.0),
+                    "heartbeat_age_s": max(0.0, now - info.last_seen) if info.last_seen else None,
+                    "blocked_frac": info.blocked_frac,
+                    "joins": info.joins,
+                    "straggler": bool(live and median > 0 and info.tokens_per_s < 0.5 * median),
+                    "loss": info.loss,
+                    "eval_loss": info.eval_loss,
+                }
+            )
         return out
 
     # -- persistence ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"provisioned_s": self.provisioned_s, "merged_s": self.merged_s,
-                "merged_tokens": self.merged_tokens, "steps_total": self.steps_total,
-                "declared": self.declared,
-                "learners": {lid: {"incarnation": i.incarnation, "tokens_base": i.tokens_base, "tokens": i.tokens,
-                                   "step": i.step, "joins": i.joins, "merged_tokens": i.merged_tokens}
-                             for lid, i in self.learners.items()}}
+        return {
+            "provisioned_s": self.provisioned_s,
+            "merged_s": self.merged_s,
+            "merged_tokens": self.merged_tokens,
+            "steps_total": self.steps_total,
+            "declared": self.declared,
+            "learners": {
+                lid: {
+                    "incarnation": i.incarnation,
+                    "tokens_base": i.tokens_base,
+                    "tokens": i.tokens,
+                    "step": i.step,
+                    "joins": i.joins,
+                    "merged_tokens": i.merged_tokens,
+                }
+                for lid, i in self.learners.items()
+            },
+        }
 
     def load_state_dict(self, state: dict[str, Any], now: float, saved_at: float) -> None:
         """Restore counters; the time the syncer was down still counts as provisioned."""
@@ -266,9 +295,15 @@ class Fleet:
         # the same incarnation saying hello again is a reconnect: its counters continue from here
         for lid, saved in state.get("learners", {}).items():
             self.learners[lid] = LearnerInfo(
-                id=lid, incarnation=str(saved["incarnation"]), tokens_base=int(saved["tokens_base"]),
-                tokens=int(saved["tokens"]), step=int(saved["step"]), joins=int(saved["joins"]),
-                merged_tokens=float(saved["merged_tokens"]), state="unreachable")
+                id=lid,
+                incarnation=str(saved["incarnation"]),
+                tokens_base=int(saved["tokens_base"]),
+                tokens=int(saved["tokens"]),
+                step=int(saved["step"]),
+                joins=int(saved["joins"]),
+                merged_tokens=float(saved["merged_tokens"]),
+                state="unreachable",
+            )
         self._last_tick = now
 
 

@@ -8,9 +8,10 @@ fragment travels as one flat fp32 vector: its pieces concatenated in model order
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import torch
 
@@ -40,7 +41,7 @@ class Piece:
     """Rows [start, stop) of tensor `name` (whole tensor: 0..shape[0]), at `offset` in its fragment."""
 
     name: str
-    index: int        # position of the tensor in the manifest
+    index: int  # position of the tensor in the manifest
     start: int
     stop: int
     row: int
@@ -103,7 +104,7 @@ def _pieces(specs: Sequence[TensorSpec], ideal: float) -> list[Piece]:
         if spec.numel > ideal and rows > 1:
             splits = min(rows, math.ceil(spec.numel / ideal))
         bounds = [round(i * rows / splits) for i in range(splits + 1)]
-        for start, stop in zip(bounds, bounds[1:]):
+        for start, stop in itertools.pairwise(bounds):
             out.append(Piece(spec.name, index, start, stop, spec.row, spec.kind))
     return out
 

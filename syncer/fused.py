@@ -28,15 +28,16 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 
 from syncer import codec
 
-SLICE = 1 << 18   # values per slice: big enough that per-op overhead is small, M + 4 slices stay in L3
-NATIVE_MAX_BLOCK = 4096          # fused.c MAX_BLOCK
-NATIVE_MAX_CONTRIBUTIONS = 16    # fused.c MAX_M
+SLICE = 1 << 18  # values per slice: big enough that per-op overhead is small, M + 4 slices stay in L3
+NATIVE_MAX_BLOCK = 4096  # fused.c MAX_BLOCK
+NATIVE_MAX_CONTRIBUTIONS = 16  # fused.c MAX_M
 Segments = Sequence[tuple[int, int, str]]
 
 
@@ -76,16 +77,19 @@ def _decode(deltas: Sequence[codec.Quantized], start: int, stop: int, rows: torc
 
 def native_fits(deltas: Sequence[codec.Quantized], block: int, mode: str | None = None) -> bool:
     """Whether the native kernel handles these contributions (and this output mode)."""
-    return (all(d.mode in ("int4", "int8") and d.block == block for d in deltas) and block <= NATIVE_MAX_BLOCK
-            and len(deltas) <= NATIVE_MAX_CONTRIBUTIONS and (mode is None or mode in ("int4", "int8")))
+    return (
+        all(d.mode in ("int4", "int8") and d.block == block for d in deltas)
+        and block <= NATIVE_MAX_BLOCK
+        and len(deltas) <= NATIVE_MAX_CONTRIBUTIONS
+        and (mode is None or mode in ("int4", "int8"))
+    )
 
 
 def _bounds(segments: Segments, numel: int) -> torch.Tensor:
     return torch.tensor([o for o, _, _ in segments] + [numel], dtype=torch.int64)
 
 
-def gram(deltas: Sequence[codec.Quantized], segments: Segments, block: int,
-         kernel: Any = None) -> torch.Tensor | None:
+def gram(deltas: Sequence[codec.Quantized], segments: Segments, block: int, kernel: Any = None) -> torch.Tensor | None:
     """(segments, M, M) float64: per segment, the Gram matrix of the contributions; None if any
     entry overflowed fp32 (values near 1e19: the caller falls back to the reference path)."""
     numel = deltas[0].numel
@@ -103,10 +107,20 @@ def gram(deltas: Sequence[codec.Quantized], segments: Segments, block: int,
     return grams if bool(torch.isfinite(grams).all()) else None
 
 
-def publish(deltas: Sequence[codec.Quantized], coefs: torch.Tensor, segments: Segments,
-            theta: torch.Tensor, momentum: torch.Tensor, residual: torch.Tensor,
-            lr: float, beta: float, mode: str, block: int, kernel: Any = None,
-            want_crc: bool = True) -> tuple[bytes, int | None]:
+def publish(
+    deltas: Sequence[codec.Quantized],
+    coefs: torch.Tensor,
+    segments: Segments,
+    theta: torch.Tensor,
+    momentum: torch.Tensor,
+    residual: torch.Tensor,
+    lr: float,
+    beta: float,
+    mode: str,
+    block: int,
+    kernel: Any = None,
+    want_crc: bool = True,
+) -> tuple[bytes, int | None]:
     """Merge (coefs: (segments, M) fp32), outer step and publish; returns (blob, crc32 of theta,
     or None unless `want_crc`).
 
@@ -117,9 +131,21 @@ def publish(deltas: Sequence[codec.Quantized], coefs: torch.Tensor, segments: Se
     numel = theta.numel()
     if kernel is not None and native_fits(deltas, block, mode):
         encoder = codec.ChunkEncoder(mode, numel, block)
-        kernel.publish([d.codes for d in deltas], [d.scales for d in deltas], block, coefs.contiguous(),
-                       _bounds(segments, numel), theta, momentum, residual, lr, beta, 7 if mode == "int4" else 127,
-                       encoder.scales, encoder.codes)
+        kernel.publish(
+            [d.codes for d in deltas],
+            [d.scales for d in deltas],
+            block,
+            coefs.contiguous(),
+            _bounds(segments, numel),
+            theta,
+            momentum,
+            residual,
+            lr,
+            beta,
+            7 if mode == "int4" else 127,
+            encoder.scales,
+            encoder.codes,
+        )
         return encoder.finish(), zlib.crc32(memoryview(theta.numpy())) if want_crc else None
     size = slice_size(deltas, block, numel)
     rows = torch.empty(len(deltas), size, dtype=torch.float32)
@@ -134,7 +160,7 @@ def publish(deltas: Sequence[codec.Quantized], coefs: torch.Tensor, segments: Se
         buf, change, values = momentum[start:stop], residual[start:stop], theta[start:stop]
         torch.add(g, buf, alpha=beta, out=buf)
         change.add_(g, alpha=-lr).add_(buf, alpha=-lr * beta)
-        applied = encoder.put(start, change, merged)   # g is dead: its memory is the work area
+        applied = encoder.put(start, change, merged)  # g is dead: its memory is the work area
         values.add_(applied)
         change.sub_(applied)
         if want_crc:

@@ -44,8 +44,9 @@ class GlobalModel:
     residual: list[torch.Tensor]
 
     @classmethod
-    def fresh(cls, manifest: list[fragments.TensorSpec], plan: fragments.FragmentPlan,
-              theta: list[torch.Tensor]) -> "GlobalModel":
+    def fresh(
+        cls, manifest: list[fragments.TensorSpec], plan: fragments.FragmentPlan, theta: list[torch.Tensor]
+    ) -> GlobalModel:
         zeros = [torch.zeros_like(t) for t in theta]
         return cls(manifest, plan, theta, [0] * plan.count, zeros, [torch.zeros_like(t) for t in theta])
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-HISTORY = 8          # good scores the reference is taken from
+HISTORY = 8  # good scores the reference is taken from
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Snapshot:
     versions: list[int]
     theta: list[torch.Tensor]
     taken_at: float
-    merged_tokens: float = 0.0     # tokens merged into the global model when the copy was taken
+    merged_tokens: float = 0.0  # tokens merged into the global model when the copy was taken
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Verdict:
     """What the guard made of one score."""
 
     loss: float
-    reference: float | None     # best of the recent good scores (None: nothing to compare yet)
+    reference: float | None  # best of the recent good scores (None: nothing to compare yet)
     good: bool
 
     @property
@@ -51,17 +51,18 @@ class Verdict:
 class QualityGuard:
     """Recent good scores, the last good snapshot and the one being scored."""
 
-    threshold: float                       # 0: never flags
+    threshold: float  # 0: never flags
     history: collections.deque = field(default_factory=lambda: collections.deque(maxlen=HISTORY))
     last_good: Snapshot | None = None
     pending: Snapshot | None = None
-    last: dict[str, Any] | None = None     # the latest score, for status and metrics
+    last: dict[str, Any] | None = None  # the latest score, for status and metrics
     trips: int = 0
 
     def judge(self, loss: float) -> Verdict:
         reference = min(self.history) if self.history else None
         bad = not math.isfinite(loss) or (
-            self.threshold > 0 and reference is not None and loss > reference * (1.0 + self.threshold))
+            self.threshold > 0 and reference is not None and loss > reference * (1.0 + self.threshold)
+        )
         return Verdict(loss, reference, not bad)
 
     def offer(self, snap: Snapshot) -> None:
@@ -80,8 +81,15 @@ class QualityGuard:
             self.last_good = snap
         else:
             self.trips += 1
-        self.last = {"t": now, "loss": loss, "outer_step": snap.outer_step, "good": verdict.good,
-                     "reference": verdict.reference, "age_s": now - snap.taken_at, "trips": self.trips}
+        self.last = {
+            "t": now,
+            "loss": loss,
+            "outer_step": snap.outer_step,
+            "good": verdict.good,
+            "reference": verdict.reference,
+            "age_s": now - snap.taken_at,
+            "trips": self.trips,
+        }
         return verdict, snap
 
     def state_dict(self) -> dict[str, Any]:

@@ -30,8 +30,9 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -43,13 +44,13 @@ def _default_source() -> str:
 
 
 class _Config:
-    events: Path | None = None     # where notices go as events (besides stderr)
+    events: Path | None = None  # where notices go as events (besides stderr)
     source: str = _default_source()
-    max_bytes: int = 0             # default cap of append(); 0 = none
+    max_bytes: int = 0  # default cap of append(); 0 = none
 
 
 _config = _Config()
-_totals: collections.Counter = collections.Counter()   # file name -> records dropped in this process
+_totals: collections.Counter = collections.Counter()  # file name -> records dropped in this process
 _in_notice = threading.local()
 
 
@@ -106,10 +107,10 @@ class _Sink(abc.ABC):
     def __init__(self, max_bytes: int = 0, notices: Path | None = None) -> None:
         self.max_bytes = max_bytes
         self.notices = notices
-        self.dropped = 0        # since writing last worked
+        self.dropped = 0  # since writing last worked
         self.reason = ""
         self._announced = False
-        self._cut = False       # a partial line is on disk: begin the next write with a newline
+        self._cut = False  # a partial line is on disk: begin the next write with a newline
         self._lock = threading.RLock()
 
     # what a kind of sink provides: FileSink (a named file) and FdSink (stdout/stderr's fd)
@@ -155,12 +156,15 @@ class _Sink(abc.ABC):
                 resumed, self.dropped, self._announced = self.dropped, 0, False
         if not ok:
             if announce is not None and not notify("write_dropped", announce, self.notices):
-                self._announced = False     # inside another notice: say it at the next drop
+                self._announced = False  # inside another notice: say it at the next drop
             return False
-        if resumed and not notify("write_resumed", f"writing {self.name()} again: {resumed} {self.what} were "
-                                  f"dropped ({self.reason})", self.notices):
+        if resumed and not notify(
+            "write_resumed",
+            f"writing {self.name()} again: {resumed} {self.what} were dropped ({self.reason})",
+            self.notices,
+        ):
             with self._lock:
-                self.dropped += resumed     # say it at the next good write
+                self.dropped += resumed  # say it at the next good write
                 self._announced = True
         return True
 
@@ -207,7 +211,7 @@ def _rotate(fd: int, path: str) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        return False        # another process is rotating it
+        return False  # another process is rotating it
     try:
         mine = os.fstat(fd)
         try:
@@ -304,10 +308,10 @@ class Writer:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError:
-            pass                # the first write says so
+            pass  # the first write says so
         self.sink = FileSink(self.path, _config.max_bytes if max_bytes is None else max_bytes, keep_open=True)
         try:
-            self.sink._acquire()   # create the file now, as before; a failure is the first write's
+            self.sink._acquire()  # create the file now, as before; a failure is the first write's
         except OSError:
             pass
 
@@ -445,7 +449,7 @@ def read(path: Path, *, since: float | None = None) -> Iterator[dict[str, Any]]:
     """Records of a JSON-lines log (its rotated segment first), skipping truncated or corrupt lines."""
     for part in segments(path):
         try:
-            fh = open(part, "rb")
+            fh = open(part, "rb")  # noqa: SIM115 (a missing segment is skipped, not raised)
         except FileNotFoundError:
             continue
         with fh:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -52,9 +52,15 @@ def rda_tensor(vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> tor
 
 
 def merge(
-    deltas: Sequence[torch.Tensor], weights: Sequence[float], segments: Segments, rule: str = "rda",
-    *, factors: Sequence[float] | None = None, scale: float = 1.0,
-    sqnorms: Sequence[Sequence[float]] | None = None, out: torch.Tensor | None = None,
+    deltas: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    segments: Segments,
+    rule: str = "rda",
+    *,
+    factors: Sequence[float] | None = None,
+    scale: float = 1.0,
+    sqnorms: Sequence[Sequence[float]] | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Merge outer gradients of one fragment: RDA per tensor (mean for embeddings) or plain mean.
 
@@ -90,8 +96,15 @@ def merge(
     return out
 
 
-def coefficients(grams: torch.Tensor, weights: Sequence[float], kinds: Sequence[str], rule: str = "rda",
-                 *, factors: Sequence[float] | None = None, scale: float = 1.0) -> torch.Tensor:
+def coefficients(
+    grams: torch.Tensor,
+    weights: Sequence[float],
+    kinds: Sequence[str],
+    rule: str = "rda",
+    *,
+    factors: Sequence[float] | None = None,
+    scale: float = 1.0,
+) -> torch.Tensor:
     """(segments, M) fp32: merged segment s = sum_m coef[s, m] * v_m, the same merge as `merge`.
 
     `grams` (segments, M, M) holds the Gram matrix <v_m, v_n> of the contributions per segment:
@@ -109,13 +122,17 @@ def coefficients(grams: torch.Tensor, weights: Sequence[float], kinds: Sequence[
         raise ValueError(f"unknown merge rule {rule!r}")
     rows = []
     for g, kind in zip(grams.tolist(), kinds):
-        rows.append(mean if rule == "mean" or count == 1 or kind == "embedding"
-                    else _rda_coefficients(g, weights, factors, total, scale))
+        rows.append(
+            mean
+            if rule == "mean" or count == 1 or kind == "embedding"
+            else _rda_coefficients(g, weights, factors, total, scale)
+        )
     return torch.tensor(rows, dtype=torch.float32).view(len(rows), count)
 
 
-def _rda_coefficients(g: list[list[float]], weights: Sequence[float], factors: Sequence[float], total: float,
-                      scale: float) -> list[float]:
+def _rda_coefficients(
+    g: list[list[float]], weights: Sequence[float], factors: Sequence[float], total: float, scale: float
+) -> list[float]:
     """RDA of one segment from its Gram matrix: c_m = w_m / (|v_m| total), times mean norm / |sum c v|."""
     count = len(weights)
     norms = [math.sqrt(max(0.0, g[m][m])) for m in range(count)]
@@ -133,8 +150,9 @@ def segment_sqnorms(deltas: Sequence[torch.Tensor], segments: Segments) -> list[
     return [[_sqnorm(d[o : o + n]) for o, n, _ in segments] for d in deltas]
 
 
-def _weighted_sum(vectors: Sequence[torch.Tensor], coefs: Sequence[float],
-                  out: torch.Tensor | None = None) -> torch.Tensor:
+def _weighted_sum(
+    vectors: Sequence[torch.Tensor], coefs: Sequence[float], out: torch.Tensor | None = None
+) -> torch.Tensor:
     """sum_m coefs[m] * vectors[m], into `out` (a new tensor when None)."""
     out = torch.mul(vectors[0], coefs[0], out=out) if out is not None else vectors[0] * coefs[0]
     for v, c in zip(vectors[1:], coefs[1:]):
@@ -142,8 +160,14 @@ def _weighted_sum(vectors: Sequence[torch.Tensor], coefs: Sequence[float],
     return out
 
 
-def _rda_into(parts: Sequence[torch.Tensor], weights: Sequence[float], factors: Sequence[float],
-              sqnorms: Sequence[float], scale: float, out: torch.Tensor) -> None:
+def _rda_into(
+    parts: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    factors: Sequence[float],
+    sqnorms: Sequence[float],
+    scale: float,
+    out: torch.Tensor,
+) -> None:
     """RDA of `f_m * parts[m]` times `scale`, written into `out` (see rda_tensor)."""
     total = float(sum(weights))
     norms = [math.sqrt(sq) for sq in sqnorms]
@@ -177,8 +201,9 @@ def nesterov_step(
     return theta - update * lr, new_buf
 
 
-def nesterov_change_(change: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: float = 0.7,
-                     momentum: float = 0.9) -> torch.Tensor:
+def nesterov_change_(
+    change: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: float = 0.7, momentum: float = 0.9
+) -> torch.Tensor:
     """`nesterov_step` in place, as the parameter change: no theta needed, nothing allocated.
 
     buf <- grad + momentum * buf (torch.optim.SGD's buffer update, in one pass), then

@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,26 +34,62 @@ _NUM = (int, float)
 # kind -> (code, required metadata fields and their types)
 SCHEMAS: dict[str, tuple[int, dict[str, tuple[type, ...]]]] = {
     # learner -> syncer
-    "hello": (1, {"learner": (str,), "incarnation": (str,), "run": (str,), "pid": (int,),
-                  "host": (str,), "device": (str,), "batch_size": (int,), "codecs": (list,),
-                  "manifest": (list,), "fragments": (int,)}),
+    "hello": (
+        1,
+        {
+            "learner": (str,),
+            "incarnation": (str,),
+            "run": (str,),
+            "pid": (int,),
+            "host": (str,),
+            "device": (str,),
+            "batch_size": (int,),
+            "codecs": (list,),
+            "manifest": (list,),
+            "fragments": (int,),
+        },
+    ),
     "init": (2, {"fragment": (int,), "offset": (int,), "numel": (int,), "total": (int,)}),
     "state_req": (3, {"fragment": (int,), "offset": (int,)}),
-    "push": (4, {"fragment": (int,), "base_version": (int,), "seq": (int,), "epoch": (int,),
-                 "c_steps": (int,), "c_tokens": (int,), "c_time": _NUM, "step_time": _NUM}),
+    "push": (
+        4,
+        {
+            "fragment": (int,),
+            "base_version": (int,),
+            "seq": (int,),
+            "epoch": (int,),
+            "c_steps": (int,),
+            "c_tokens": (int,),
+            "c_time": _NUM,
+            "step_time": _NUM,
+        },
+    ),
     "heartbeat": (5, {"step": (int,), "tokens": (int,), "state": (str,)}),
-    "bye": (6, {"reason": (str,)}),       # the syncer echoes it back as a receipt
+    "bye": (6, {"reason": (str,)}),  # the syncer echoes it back as a receipt
     # syncer -> learner
-    "welcome": (10, {"epoch": (int,), "initialized": (bool,), "init_owner": (bool,),
-                     "versions": (list,), "chunk_numel": (int,), "step": (int,)}),
-    "state": (11, {"fragment": (int,), "version": (int,), "offset": (int,), "numel": (int,),
-                   "total": (int,), "epoch": (int,)}),
-    "update": (12, {"fragment": (int,), "version": (int,), "from_version": (int,),
-                    "epoch": (int,), "contributors": (list,)}),
+    "welcome": (
+        10,
+        {
+            "epoch": (int,),
+            "initialized": (bool,),
+            "init_owner": (bool,),
+            "versions": (list,),
+            "chunk_numel": (int,),
+            "step": (int,),
+        },
+    ),
+    "state": (
+        11,
+        {"fragment": (int,), "version": (int,), "offset": (int,), "numel": (int,), "total": (int,), "epoch": (int,)},
+    ),
+    "update": (
+        12,
+        {"fragment": (int,), "version": (int,), "from_version": (int,), "epoch": (int,), "contributors": (list,)},
+    ),
     "ack": (13, {"epoch": (int,), "versions": (list,), "initialized": (bool,)}),
     "resync": (14, {"fragment": (int,), "reason": (str,)}),
     "error": (15, {"reason": (str,), "fatal": (bool,)}),
-    "call": (16, {"fragment": (int,), "epoch": (int,), "version": (int,)}),   # the round clock: push p now
+    "call": (16, {"fragment": (int,), "epoch": (int,), "version": (int,)}),  # the round clock: push p now
     # operator <-> syncer (control socket)
     "status_req": (20, {}),
     "status": (21, {"snapshot": (dict,)}),

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from syncer.core import SyncerCore
 
 
-def take_snapshot(core: "SyncerCore", now: float) -> Snapshot | None:
+def take_snapshot(core: SyncerCore, now: float) -> Snapshot | None:
     """A copy of the global model to score, if one is due (None otherwise)."""
     m = core.model
     every = core.s.global_eval_every
@@ -31,41 +31,64 @@ def take_snapshot(core: "SyncerCore", now: float) -> Snapshot | None:
         return None
     core.scored_at = core.outer_steps
     core.snapshot_tag += 1
-    snap = Snapshot(core.snapshot_tag, core.outer_steps, list(m.versions), [t.clone() for t in m.theta], now,
-                    core.fleet.merged_tokens)
+    snap = Snapshot(
+        core.snapshot_tag,
+        core.outer_steps,
+        list(m.versions),
+        [t.clone() for t in m.theta],
+        now,
+        core.fleet.merged_tokens,
+    )
     core.guard.offer(snap)
     return snap
 
 
-def apply_score(core: "SyncerCore", tag: int, loss: float, now: float, out: Outbox) -> Verdict | None:
+def apply_score(core: SyncerCore, tag: int, loss: float, now: float, out: Outbox) -> Verdict | None:
     """Record the score of snapshot `tag`: a metrics record, and a rollback if the guard flags it."""
     judged = core.guard.record(tag, loss, now)
     if judged is None:
         return None
     verdict, snap = judged
-    out.metrics.append({"t": now, "kind": "global_eval", "loss": loss, "outer_step": snap.outer_step,
-                        "taken_at": snap.taken_at, "tokens_merged": int(snap.merged_tokens),
-                        "good": verdict.good, "reference": verdict.reference, "versions": snap.versions})
+    out.metrics.append(
+        {
+            "t": now,
+            "kind": "global_eval",
+            "loss": loss,
+            "outer_step": snap.outer_step,
+            "taken_at": snap.taken_at,
+            "tokens_merged": int(snap.merged_tokens),
+            "good": verdict.good,
+            "reference": verdict.reference,
+            "versions": snap.versions,
+        }
+    )
     if not verdict.good:
         _flagged(core, verdict, snap, now, out)
     return verdict
 
 
-def _flagged(core: "SyncerCore", verdict: Verdict, snap: Snapshot, now: float, out: Outbox) -> None:
+def _flagged(core: SyncerCore, verdict: Verdict, snap: Snapshot, now: float, out: Outbox) -> None:
     good = core.guard.last_good
     ref = f"{verdict.reference:.3f}" if verdict.reference is not None else "none"
     rise = f"{100 * verdict.rise:+.0f}%" if verdict.rise is not None else "non-finite"
-    head = (f"global model held-out loss {verdict.loss:.4g} at outer step {snap.outer_step} is {rise} against "
-            f"the best of its recent scores ({ref}; quality_guard {core.s.quality_guard:g})")
+    head = (
+        f"global model held-out loss {verdict.loss:.4g} at outer step {snap.outer_step} is {rise} against "
+        f"the best of its recent scores ({ref}; quality_guard {core.s.quality_guard:g})"
+    )
     if good is None:
         out.event(now, "quality_guard", "syncer", f"{head}; no good state to roll back to")
         return
     rollback(core, good, now, out)
-    out.event(now, "quality_guard", "syncer", f"{head}: rolled back to the state of outer step {good.outer_step}"
-              f" (loss {core.guard.history[-1]:.3f}), every learner refetches it")
+    out.event(
+        now,
+        "quality_guard",
+        "syncer",
+        f"{head}: rolled back to the state of outer step {good.outer_step}"
+        f" (loss {core.guard.history[-1]:.3f}), every learner refetches it",
+    )
 
 
-def rollback(core: "SyncerCore", good: Snapshot, now: float, out: Outbox) -> None:
+def rollback(core: SyncerCore, good: Snapshot, now: float, out: Outbox) -> None:
     """Restore `good` as the global model (new versions, so every replica refetches it)."""
     m = core.model
     assert m is not None
@@ -77,6 +100,8 @@ def rollback(core: "SyncerCore", good: Snapshot, now: float, out: Outbox) -> Non
     core.drop_caches()
     core.rounds.clear()
     core.counters["rollbacks"] += 1
-    core.scored_at = None           # score the restored state at once
-    core.since_checkpoint = max(core.since_checkpoint, core.s.checkpoint_every)   # and checkpoint it
-    out.broadcast(list(core.fleet.connected(now)), Message("resync", {"fragment": -1, "reason": "quality_guard rollback"}))
+    core.scored_at = None  # score the restored state at once
+    core.since_checkpoint = max(core.since_checkpoint, core.s.checkpoint_every)  # and checkpoint it
+    out.broadcast(
+        list(core.fleet.connected(now)), Message("resync", {"fragment": -1, "reason": "quality_guard rollback"})
+    )

@@ -30,14 +30,14 @@ class Contribution:
     base_version: int
     arrived: float
     nbytes: int
-    backlog: float = 1.0     # < 1: the contribution spans more sync periods than max_backlog allows
+    backlog: float = 1.0  # < 1: the contribution spans more sync periods than max_backlog allows
 
     @property
     def weight(self) -> float:
         """The token weight of the work that counts (a backlog is weighted as `backlog` of it)."""
         return merge.token_weight(self.c_tokens, self.c_steps) * self.backlog
 
-    def remainder(self, now: float, carry: float = -1.0) -> "Contribution | None":
+    def remainder(self, now: float, carry: float = -1.0) -> Contribution | None:
         """What of the share `1 - backlog` that a capped contribution could not count this round
         waits for the fragment's next rounds, as a contribution of its own (outer gradient and
         counters scaled alike): all of it with `carry` < 0, else at most `carry` times the share
@@ -49,11 +49,19 @@ class Contribution:
         if rest * self.c_steps < 1.0:
             return None
         values = torch.mul(codec.dequantize(self.delta), rest)
-        return Contribution(self.learner, codec.Quantized("none", values.numel(), self.delta.block, values, values.new_empty(0)),
-                            max(1, round(self.c_steps * rest)), round(self.c_tokens * rest), self.c_time * rest,
-                            self.step_time, self.base_version, now, 0)
+        return Contribution(
+            self.learner,
+            codec.Quantized("none", values.numel(), self.delta.block, values, values.new_empty(0)),
+            max(1, round(self.c_steps * rest)),
+            round(self.c_tokens * rest),
+            self.c_time * rest,
+            self.step_time,
+            self.base_version,
+            now,
+            0,
+        )
 
-    def add(self, other: "Contribution") -> None:
+    def add(self, other: Contribution) -> None:
         """Sum a second contribution of the same learner into this one (the sum is kept in fp32)."""
         total = torch.add(codec.dequantize(self.delta), codec.dequantize(other.delta))
         self.delta = codec.Quantized("none", total.numel(), self.delta.block, total, total.new_empty(0))
@@ -74,15 +82,15 @@ class Round:
     first_at: float | None = None
     quorum_at: float | None = None
     grace_s: float = 0.0
-    called_at: float | None = None     # syncer clock: when the round was called
-    deadline: float | None = None      # syncer clock: when it closes with whoever is in (>= quorum)
-    answered: set[str] = field(default_factory=set)   # syncer clock: learners heard from since the call
+    called_at: float | None = None  # syncer clock: when the round was called
+    deadline: float | None = None  # syncer clock: when it closes with whoever is in (>= quorum)
+    answered: set[str] = field(default_factory=set)  # syncer clock: learners heard from since the call
 
     def call(self, now: float, window: float) -> None:
         """The syncer's clock calls this round: it may close from now on, at the latest at now + window."""
         self.called_at, self.deadline = now, now + window
 
-    def add(self, c: Contribution, quorum: int, grace_fn: "GraceFn") -> None:
+    def add(self, c: Contribution, quorum: int, grace_fn: GraceFn) -> None:
         """Add (or sum in) a contribution; start the grace window when quorum is first reached."""
         if c.learner in self.contributions:
             self.contributions[c.learner].add(c)

@@ -14,8 +14,9 @@ import collections
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import zmq
@@ -35,8 +36,8 @@ SAMPLE_EVERY_S = 2.0
 # a failed handshake (garbage that is not ZMTP, a peer gone mid-handshake) is a rejection; a dropped
 # connection is also what a message over max_message_mb causes (libzmq does not say why).
 WATCHED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_DISCONNECTED
-CHECKPOINT_EVENT_EVERY_S = 30.0   # routine checkpoints: at most one event per this (the header shows the latest)
-CHECKPOINT_IDLE_S = 30.0     # also checkpoint this often if anything merged since the last one
+CHECKPOINT_EVENT_EVERY_S = 30.0  # routine checkpoints: at most one event per this (the header shows the latest)
+CHECKPOINT_IDLE_S = 30.0  # also checkpoint this often if anything merged since the last one
 
 
 class Keyring:
@@ -104,10 +105,17 @@ class SyncerServer:
         self.metrics = jsonl.Writer(cfg.run_dir / "metrics.jsonl")
         epoch = _next_epoch(cfg.run_dir / "syncer.epoch", checkpoint.newest_name(cfg.checkpoint_dir)[0] + 1)
         self.kernel = native.load()
-        self.core = SyncerCore(cfg.settings, cfg.run_id, list(cfg.learners), wall(), epoch=epoch,
-                               on_merge=self._on_merge, kernel=self.kernel)
-        self.routes: dict[bytes, str] = {}     # routing id -> learner id (after hello)
-        self.peers: dict[str, bytes] = {}      # learner id -> newest routing id
+        self.core = SyncerCore(
+            cfg.settings,
+            cfg.run_id,
+            list(cfg.learners),
+            wall(),
+            epoch=epoch,
+            on_merge=self._on_merge,
+            kernel=self.kernel,
+        )
+        self.routes: dict[bytes, str] = {}  # routing id -> learner id (after hello)
+        self.peers: dict[str, bytes] = {}  # learner id -> newest routing id
         self._last_sample = 0.0
         self._last_ckpt = wall()
         self._ckpt_retry_at = 0.0
@@ -117,7 +125,7 @@ class SyncerServer:
         self.learner_sock: zmq.Socket | None = None
         self.control_sock: zmq.Socket | None = None
         self.monitor: zmq.Socket | None = None
-        self.disconnects = 0            # learner connections dropped, by a peer or by libzmq
+        self.disconnects = 0  # learner connections dropped, by a peer or by libzmq
         every = cfg.settings.global_eval_every
         self.scoring = Scoring(GlobalEvaluator(cfg.settings.to_dict()) if every > 0 else None)
 
@@ -126,7 +134,7 @@ class SyncerServer:
         """Resume from the newest valid checkpoint, start authentication, bind both sockets.
         Raises checkpoint.HistoryLostError (before binding anything) when the run had merged, no
         checkpoint is valid and on_no_checkpoint = "refuse"."""
-        (self.cfg.run_dir / checkpoint.REFUSED).unlink(missing_ok=True)   # a previous refusal's marker
+        (self.cfg.run_dir / checkpoint.REFUSED).unlink(missing_ok=True)  # a previous refusal's marker
         if self.kernel is None:
             self.event("native_kernel", "syncer", f"not used ({native.problem}): merging with torch, 2-2.7x slower")
         self._resume()
@@ -139,13 +147,19 @@ class SyncerServer:
             self.keyring = Keyring(self.cfg.keys_dir)
             self.auth = _Authenticator(self.ctx, self.keyring)
             self.auth.start()
-            self.auth.configure_curve_callback("learners", _Provider(self.keyring, lambda n: n.startswith("learner-"), "learners"))
+            self.auth.configure_curve_callback(
+                "learners", _Provider(self.keyring, lambda n: n.startswith("learner-"), "learners")
+            )
             self.auth.configure_curve_callback("control", _Provider(self.keyring, lambda n: n == "operator", "control"))
         self.learner_sock = self._bind(self.cfg.bind, "learners", server_keys)
         self.monitor = self.learner_sock.get_monitor_socket(WATCHED)
         self.control_sock = self._bind(self.cfg.control_bind, "control", server_keys)
-        self.event("syncer_start", "syncer", f"epoch {self.core.epoch}, pid {os.getpid()}, "
-                   f"{'INSECURE (no CURVE)' if self.cfg.settings.insecure else 'CURVE'} on {self.cfg.bind}")
+        self.event(
+            "syncer_start",
+            "syncer",
+            f"epoch {self.core.epoch}, pid {os.getpid()}, "
+            f"{'INSECURE (no CURVE)' if self.cfg.settings.insecure else 'CURVE'} on {self.cfg.bind}",
+        )
 
     def _bind(self, address: str, domain: str, server_keys: tuple[bytes, bytes] | None) -> zmq.Socket:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -174,12 +188,14 @@ class SyncerServer:
         for problem in problems:
             self.event("checkpoint_corrupt", "syncer", f"skipped {problem}")
         if restored:
-            self.event("syncer_resume", "syncer", f"from outer step {self.core.outer_steps}, versions {self.core.versions()}")
+            self.event(
+                "syncer_resume", "syncer", f"from outer step {self.core.outer_steps}, versions {self.core.versions()}"
+            )
             return
         lost = checkpoint.lost_history(self.cfg.checkpoint_dir, problems)
         decision = checkpoint.start_decision(lost, self.cfg.settings.on_no_checkpoint)
         if lost is None or decision == "fresh":
-            return   # a brand-new run: the first learner's weights initialize the global model
+            return  # a brand-new run: the first learner's weights initialize the global model
         if decision == "refuse":
             self._refuse(lost)
         self._without_history(lost, now)
@@ -193,19 +209,21 @@ class SyncerServer:
             tmp.write_text(line + "\n")
             os.replace(tmp, marker)
         except OSError:
-            pass   # an unwritable run dir: the line still goes to stderr and the event log
+            pass  # an unwritable run dir: the line still goes to stderr and the event log
         self.event("syncer_refused", "syncer", line)
         raise checkpoint.HistoryLostError(line)
 
     def _without_history(self, lost: checkpoint.LostHistory, now: float) -> None:
         """on_no_checkpoint = "from-learner": the counters continue, a loud event, a lasting warning."""
         missing = checkpoint.continue_counters(self.core, lost, now)
-        self.core.since_checkpoint = self.cfg.settings.checkpoint_every   # checkpoint the new model at once
+        self.core.since_checkpoint = self.cfg.settings.checkpoint_every  # checkpoint the new model at once
         versions = (lost.history or {}).get("versions")
-        detail = (f"{lost.warning()}. Lost: {lost.what()}"
-                  + (f", fragment versions {versions} (the new model's start at 0)" if versions else "")
-                  + f". Checkpoints: {lost.why()}"
-                  + (f". Not carried on: {', '.join(missing)}" if missing else ""))
+        detail = (
+            f"{lost.warning()}. Lost: {lost.what()}"
+            + (f", fragment versions {versions} (the new model's start at 0)" if versions else "")
+            + f". Checkpoints: {lost.why()}"
+            + (f". Not carried on: {', '.join(missing)}" if missing else "")
+        )
         self.event("history_lost", "syncer", detail)
 
     # -- the loop ----------------------------------------------------------------------------
@@ -251,8 +269,12 @@ class SyncerServer:
                 self.disconnects += 1
             else:
                 self.core.rejected["handshake_failed"] += 1
-                self._quiet_event("reject:handshake", "reject", "unknown", "a connection failed its handshake (not ZMTP, "
-                                  "or gone mid-handshake); dropped")
+                self._quiet_event(
+                    "reject:handshake",
+                    "reject",
+                    "unknown",
+                    "a connection failed its handshake (not ZMTP, or gone mid-handshake); dropped",
+                )
 
     def _tick(self) -> None:
         now = self.wall()
@@ -260,7 +282,7 @@ class SyncerServer:
         self.core.tick(now, out)
         idle_due = now - self._last_ckpt > CHECKPOINT_IDLE_S and self.core.since_checkpoint > 0
         due = (self.core.checkpoint_due() or idle_due) and now >= self._ckpt_retry_at
-        scored = self.scoring.tick(self.core, now, out, checkpoint=due)   # a state whose score came back good
+        scored = self.scoring.tick(self.core, now, out, checkpoint=due)  # a state whose score came back good
         self._flush(out)
         if now - self._last_sample >= SAMPLE_EVERY_S:
             self._last_sample = now
@@ -425,16 +447,27 @@ class SyncerServer:
     def _sample(self, now: float) -> dict[str, Any]:
         snap = self.status(now)
         return {
-            "t": now, "kind": "sample", "goodput": snap["goodput"], "goodput_window": snap["goodput_window"],
-            "tokens_trained": snap["tokens"]["trained"], "tokens_merged": snap["tokens"]["merged"],
-            "tokens_per_s": snap["tokens"]["per_s"], "bytes_up": snap["bytes"]["up"],
-            "bytes_down": snap["bytes"]["down"], "ddp_equivalent": snap["bytes"]["ddp_equivalent"],
-            "loss_train": snap["loss"]["train"], "loss_eval": snap["loss"]["eval"], "loss_global": snap["loss"]["global"],
-            "quorum_live": snap["quorum"]["live"], "quorum_min": snap["quorum"]["min"],
-            "outer_steps": snap["syncer"]["outer_steps"], "dropped_writes": jsonl.dropped(),
-            "learners": {row["id"]: {k: row[k] for k in ("tokens_per_s", "step", "state", "loss", "tokens",
-                                                                 "blocked_frac")}
-                         for row in snap["learners"]},
+            "t": now,
+            "kind": "sample",
+            "goodput": snap["goodput"],
+            "goodput_window": snap["goodput_window"],
+            "tokens_trained": snap["tokens"]["trained"],
+            "tokens_merged": snap["tokens"]["merged"],
+            "tokens_per_s": snap["tokens"]["per_s"],
+            "bytes_up": snap["bytes"]["up"],
+            "bytes_down": snap["bytes"]["down"],
+            "ddp_equivalent": snap["bytes"]["ddp_equivalent"],
+            "loss_train": snap["loss"]["train"],
+            "loss_eval": snap["loss"]["eval"],
+            "loss_global": snap["loss"]["global"],
+            "quorum_live": snap["quorum"]["live"],
+            "quorum_min": snap["quorum"]["min"],
+            "outer_steps": snap["syncer"]["outer_steps"],
+            "dropped_writes": jsonl.dropped(),
+            "learners": {
+                row["id"]: {k: row[k] for k in ("tokens_per_s", "step", "state", "loss", "tokens", "blocked_frac")}
+                for row in snap["learners"]
+            },
         }
 
     def save_checkpoint(self, final: bool = False, state: dict[str, Any] | None = None) -> Path | None:
@@ -456,7 +489,7 @@ class SyncerServer:
         detail = f"outer step {state['outer_steps']}{' (final)' if final else ''}: {path.name}"
         if final:
             self.event("checkpoint", "syncer", detail)
-        else:   # a small model checkpoints many times a second: keep the event log for what matters
+        else:  # a small model checkpoints many times a second: keep the event log for what matters
             self._quiet_event("checkpoint", "checkpoint", "syncer", detail, every_s=CHECKPOINT_EVENT_EVERY_S)
         return path
 

@@ -13,15 +13,16 @@ import json
 import re
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 COMPRESSIONS = ("int4", "int8", "bf16", "none")
 ROUND_CLOCKS = ("syncer", "learner")
 MERGES = ("rda", "mean")
-NO_CHECKPOINT = ("refuse", "from-learner")   # on_no_checkpoint: refuse to start a new global model, or start one
+NO_CHECKPOINT = ("refuse", "from-learner")  # on_no_checkpoint: refuse to start a new global model, or start one
 
 
 class SettingsError(ValueError):
@@ -40,110 +41,149 @@ class RunSettings:
     """What the learners train and how the syncer merges; every field has a safe default."""
 
     name: str = "dldctl"
-    model: str = "gpt-small"          # gpt-tiny | gpt-small | gpt-medium | gpt2-124m | pkg.mod:factory
-    data: str = "builtin"             # builtin | path to a text file/dir | path to a uint16 .bin
+    model: str = "gpt-small"  # gpt-tiny | gpt-small | gpt-medium | gpt2-124m | pkg.mod:factory
+    data: str = "builtin"  # builtin | path to a text file/dir | path to a uint16 .bin
     seed: int = 0
-    steps: int = 0                    # inner steps per learner; 0 = until `dldctl down`
-    duration: float = 0.0             # seconds; 0 = until `dldctl down`
+    steps: int = 0  # inner steps per learner; 0 = until `dldctl down`
+    duration: float = 0.0  # seconds; 0 = until `dldctl down`
     # inner optimizer (AdamW)
     seq_len: int = 128
-    batch_size: int = 16              # default per learner; a host may override it
+    batch_size: int = 16  # default per learner; a host may override it
     lr: float = 3e-3
     warmup: int = 50
-    lr_schedule: str = "constant"     # constant | cosine (to 10% of lr at `steps`; needs steps)
+    lr_schedule: str = "constant"  # constant | cosine (to 10% of lr at `steps`; needs steps)
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     eval_every: int = 50
     eval_batches: int = 4
     # Decoupled DiLoCo
-    H: int = 64                       # inner steps between two syncs of one fragment
-    fragments: int = 4                # P; one fragment leaves every H/P steps
-    tau: int = 2                      # overlap: a reply may be applied up to tau steps late
-    round_clock: str = "syncer"       # syncer: it calls each fragment's round for the whole fleet; learner: own steps
-    quorum: int = 1                   # K: minimum distinct learners to close a round
-    grace_gamma: float = 0.5          # safety factor of the adaptive grace window
-    compression: str = "int4"         # int4 | int8 | bf16 | none
-    block: int = 128                  # values per absmax quantization block
-    merge: str = "rda"                # rda | mean
-    outer_lr: float = 1.0             # plain averaging of the outer gradients (DiLoCo's Nesterov: 0.7, 0.9)
+    H: int = 64  # inner steps between two syncs of one fragment
+    fragments: int = 4  # P; one fragment leaves every H/P steps
+    tau: int = 2  # overlap: a reply may be applied up to tau steps late
+    round_clock: str = "syncer"  # syncer: it calls each fragment's round for the whole fleet; learner: own steps
+    quorum: int = 1  # K: minimum distinct learners to close a round
+    grace_gamma: float = 0.5  # safety factor of the adaptive grace window
+    compression: str = "int4"  # int4 | int8 | bf16 | none
+    block: int = 128  # values per absmax quantization block
+    merge: str = "rda"  # rda | mean
+    outer_lr: float = 1.0  # plain averaging of the outer gradients (DiLoCo's Nesterov: 0.7, 0.9)
     outer_momentum: float = 0.0
-    alpha: float = 0.0                # 0 = overwrite the local fragment with the global one
-    rebase: bool = True               # apply a reply on top of the work done since the push (none lost)
-    checksum_every: int = 8           # updates carry the fragment's crc32 every N versions (1 = always)
-    robust_clip: float = 10.0         # >0: clip each contribution's norm to this x median (0 = off)
-    fleet_scale: bool = True          # round_clock = learner: scale each round by its share of the period's tokens
-    global_eval_every: int = 32       # score the global model every this many outer steps (0 = off)
-    quality_guard: float = 0.1        # roll back a score this far above the recent best (0 = off)
-    max_backlog: float = 2.0          # a contribution counts for at most this many of its sync periods (0 = off)
-    max_carry: float = 2.0            # of a capped contribution's rest, this many periods wait for the next rounds (-1 = all)
-    overlap: bool = True              # False: a learner waits for each merge (synchronous DiLoCo)
-    max_lag: int = 0                  # >0: a learner waits for a reply this many steps late (at most liveness_s)
+    alpha: float = 0.0  # 0 = overwrite the local fragment with the global one
+    rebase: bool = True  # apply a reply on top of the work done since the push (none lost)
+    checksum_every: int = 8  # updates carry the fragment's crc32 every N versions (1 = always)
+    robust_clip: float = 10.0  # >0: clip each contribution's norm to this x median (0 = off)
+    fleet_scale: bool = True  # round_clock = learner: scale each round by its share of the period's tokens
+    global_eval_every: int = 32  # score the global model every this many outer steps (0 = off)
+    quality_guard: float = 0.1  # roll back a score this far above the recent best (0 = off)
+    max_backlog: float = 2.0  # a contribution counts for at most this many of its sync periods (0 = off)
+    max_carry: float = 2.0  # of a capped contribution's rest, this many periods wait for the next rounds (-1 = all)
+    overlap: bool = True  # False: a learner waits for each merge (synchronous DiLoCo)
+    max_lag: int = 0  # >0: a learner waits for a reply this many steps late (at most liveness_s)
     # operations
-    checkpoint_every: int = 20        # merges between syncer checkpoints
+    checkpoint_every: int = 20  # merges between syncer checkpoints
     keep_checkpoints: int = 3
-    max_log_mb: float = 1024.0        # metrics.jsonl, events.jsonl, process logs: rotated to NAME.1 past this (0 = never)
+    max_log_mb: float = 1024.0  # metrics.jsonl, events.jsonl, process logs: rotated to NAME.1 past this (0 = never)
     on_no_checkpoint: str = "refuse"  # refuse | from-learner: a run that had merged finds no valid checkpoint
     heartbeat_s: float = 0.5
-    liveness_s: float = 3.0           # a learner silent this long is not live
+    liveness_s: float = 3.0  # a learner silent this long is not live
     state_chunk_mb: float = 4.0
-    max_queue: int = 256              # pushes queued at the syncer before the oldest is dropped
-    max_message_mb: float = 512.0     # larger messages are refused by the socket itself
+    max_queue: int = 256  # pushes queued at the syncer before the oldest is dropped
+    max_message_mb: float = 512.0  # larger messages are refused by the socket itself
     restart_delay_s: float = 2.0
     restart_backoff_max_s: float = 60.0
-    warm_spares: bool = True          # keep one pre-started learner per host to replace the next that dies
-    insecure: bool = False            # no CURVE: only for debugging on a trusted network
+    warm_spares: bool = True  # keep one pre-started learner per host to replace the next that dies
+    insecure: bool = False  # no CURVE: only for debugging on a trusted network
 
     def validate(self) -> None:
         """Cross-field and range rules that need no knowledge of the fleet or the model."""
-        _check(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.name) is not None, "name",
-               f"must be 1-64 letters, digits, '_', '.' or '-' starting with a letter or digit, got {self.name!r}",
-               "it names the run directory, e.g. name = \"exp-1\"")
+        _check(
+            re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.name) is not None,
+            "name",
+            f"must be 1-64 letters, digits, '_', '.' or '-' starting with a letter or digit, got {self.name!r}",
+            'it names the run directory, e.g. name = "exp-1"',
+        )
         _check(self.H >= 1, "H", f"must be >= 1, got {self.H}")
         _check(self.fragments >= 1, "fragments", f"must be >= 1, got {self.fragments}")
         _check(
             self.H % self.fragments == 0,
             "H",
             f"H={self.H} must be a multiple of fragments={self.fragments}",
-            f"so one fragment leaves every H/fragments steps, e.g. H = {self.fragments * max(1, round(self.H / self.fragments))}",
+            "so one fragment leaves every H/fragments steps, "
+            f"e.g. H = {self.fragments * max(1, round(self.H / self.fragments))}",
         )
         _check(self.tau >= 0, "tau", f"must be >= 0, got {self.tau}")
         _check(self.max_lag >= 0, "max_lag", f"must be >= 0 (0 = never wait), got {self.max_lag}")
         _check(self.quorum >= 1, "quorum", f"must be >= 1, got {self.quorum}")
         _check(0.0 <= self.grace_gamma < 1.0, "grace_gamma", f"must be in [0, 1), got {self.grace_gamma}")
         _one_of(self.round_clock, ROUND_CLOCKS, "round_clock")
-        _check(self.max_backlog == 0 or self.max_backlog >= 1, "max_backlog",
-               f"must be 0 (off) or >= 1 sync period, got {self.max_backlog}")
-        _check(self.max_carry == -1 or self.max_carry >= 0, "max_carry",
-               f"must be >= 0 sync periods or -1 (carry all), got {self.max_carry}")
+        _check(
+            self.max_backlog == 0 or self.max_backlog >= 1,
+            "max_backlog",
+            f"must be 0 (off) or >= 1 sync period, got {self.max_backlog}",
+        )
+        _check(
+            self.max_carry == -1 or self.max_carry >= 0,
+            "max_carry",
+            f"must be >= 0 sync periods or -1 (carry all), got {self.max_carry}",
+        )
         _one_of(self.compression, COMPRESSIONS, "compression")
         _one_of(self.merge, MERGES, "merge")
         _one_of(self.on_no_checkpoint, NO_CHECKPOINT, "on_no_checkpoint")
         _one_of(self.lr_schedule, ("constant", "cosine"), "lr_schedule")
-        _check(self.lr_schedule != "cosine" or self.steps > 0, "lr_schedule",
-               "cosine decays over the step budget, but steps = 0 (no budget)", "set steps, e.g. steps = 5000")
+        _check(
+            self.lr_schedule != "cosine" or self.steps > 0,
+            "lr_schedule",
+            "cosine decays over the step budget, but steps = 0 (no budget)",
+            "set steps, e.g. steps = 5000",
+        )
         _check(self.block >= 8 and self.block % 2 == 0, "block", f"must be an even number >= 8, got {self.block}")
         _check(self.outer_lr > 0, "outer_lr", f"must be > 0, got {self.outer_lr}")
         _check(0.0 <= self.outer_momentum < 1.0, "outer_momentum", f"must be in [0, 1), got {self.outer_momentum}")
         _check(0.0 <= self.alpha < 1.0, "alpha", f"must be in [0, 1), got {self.alpha}")
-        _check(not (self.rebase and self.alpha > 0), "rebase", "rebase (on by default) cannot be combined with alpha > 0",
-               "to mix with alpha, also set rebase = false")
-        _check(self.global_eval_every >= 0, "global_eval_every",
-               f"must be >= 0 outer steps (0 = off), got {self.global_eval_every}")
-        _check(0 <= self.quality_guard <= 10, "quality_guard",
-               f"must be a relative rise between 0 (off) and 10, got {self.quality_guard}")
+        _check(
+            not (self.rebase and self.alpha > 0),
+            "rebase",
+            "rebase (on by default) cannot be combined with alpha > 0",
+            "to mix with alpha, also set rebase = false",
+        )
+        _check(
+            self.global_eval_every >= 0,
+            "global_eval_every",
+            f"must be >= 0 outer steps (0 = off), got {self.global_eval_every}",
+        )
+        _check(
+            0 <= self.quality_guard <= 10,
+            "quality_guard",
+            f"must be a relative rise between 0 (off) and 10, got {self.quality_guard}",
+        )
         _check(self.robust_clip >= 0, "robust_clip", f"must be >= 0 (0 = off), got {self.robust_clip}")
-        for key in ("seq_len", "batch_size", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "max_queue",
-                    "checksum_every"):
+        for key in (
+            "seq_len",
+            "batch_size",
+            "eval_every",
+            "eval_batches",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "max_queue",
+            "checksum_every",
+        ):
             _check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         for key in ("lr", "heartbeat_s", "liveness_s", "state_chunk_mb", "max_message_mb"):
             _check(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
         _check(self.liveness_s > self.heartbeat_s, "liveness_s", "must be longer than heartbeat_s")
-        _check(self.state_chunk_mb * 2 <= self.max_message_mb, "state_chunk_mb", "must be at most half of max_message_mb")
-        _check(self.max_log_mb >= 0, "max_log_mb", f"must be >= 0 (0 = never rotate), got {self.max_log_mb}",
-               "each log keeps at most this much plus one rotated segment, e.g. max_log_mb = 1024")
+        _check(
+            self.state_chunk_mb * 2 <= self.max_message_mb, "state_chunk_mb", "must be at most half of max_message_mb"
+        )
+        _check(
+            self.max_log_mb >= 0,
+            "max_log_mb",
+            f"must be >= 0 (0 = never rotate), got {self.max_log_mb}",
+            "each log keeps at most this much plus one rotated segment, e.g. max_log_mb = 1024",
+        )
         _check(self.restart_delay_s >= 0, "restart_delay_s", f"must be >= 0, got {self.restart_delay_s}")
-        _check(self.restart_backoff_max_s >= self.restart_delay_s, "restart_backoff_max_s",
-               "must be >= restart_delay_s")
+        _check(
+            self.restart_backoff_max_s >= self.restart_delay_s, "restart_backoff_max_s", "must be >= restart_delay_s"
+        )
         _check(self.steps >= 0 and self.duration >= 0, "steps", "steps and duration must be >= 0 (0 = unlimited)")
 
     @property
@@ -163,17 +203,25 @@ class RunSettings:
         where known."""
         out = []
         if self.overlap and self.outer_momentum >= 0.5 and self.H <= 32:
-            out.append(f"outer_momentum = {self.outer_momentum:g} at H = {self.H} with the overlap: Nesterov momentum "
-                       "diverged on gpt-tiny at H <= 32; the default outer_lr = 1, outer_momentum = 0 did not")
+            out.append(
+                f"outer_momentum = {self.outer_momentum:g} at H = {self.H} with the overlap: Nesterov momentum "
+                "diverged on gpt-tiny at H <= 32; the default outer_lr = 1, outer_momentum = 0 did not"
+            )
         if self.overlap and self.round_clock == "learner" and not self.fleet_scale and self.quorum < max(2, learners):
-            out.append("round_clock = \"learner\" with fleet_scale = false and a quorum below the fleet: nearly "
-                       "every push is a round of its own, applied at full size (diverged to 41.7 in our runs)")
+            out.append(
+                'round_clock = "learner" with fleet_scale = false and a quorum below the fleet: nearly '
+                "every push is a round of its own, applied at full size (diverged to 41.7 in our runs)"
+            )
         if self.max_backlog == 0:
-            out.append("max_backlog = 0: a syncer outage's or a partition's backlog is merged as one outer step "
-                       "(a 30 s outage took the global model from 2.70 to 16.4)")
+            out.append(
+                "max_backlog = 0: a syncer outage's or a partition's backlog is merged as one outer step "
+                "(a 30 s outage took the global model from 2.70 to 16.4)"
+            )
         if self.global_eval_every == 0 or self.quality_guard == 0:
-            out.append("the global model is not scored or not guarded (global_eval_every / quality_guard = 0): "
-                       "damage to it shows nowhere")
+            out.append(
+                "the global model is not scored or not guarded (global_eval_every / quality_guard = 0): "
+                "damage to it shows nowhere"
+            )
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -258,7 +306,9 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], table: str = "") -> T:
         values[key] = coerced
     missing = [f.name for f in fields(cls) if f.name not in values and _required(f)]  # type: ignore[arg-type]
     if missing:
-        raise SettingsError(f"{prefix}{missing[0]}", "is required", f"add {missing[0]} = ... to [{table or 'the table'}]")
+        raise SettingsError(
+            f"{prefix}{missing[0]}", "is required", f"add {missing[0]} = ... to [{table or 'the table'}]"
+        )
     return cls(**values)
 
 
@@ -267,7 +317,7 @@ def _type_fix(cls: type, key: str, kind: str) -> str:
     default = next((f.default for f in fields(cls) if f.name == key), dataclasses.MISSING)  # type: ignore[arg-type]
     if default is dataclasses.MISSING or isinstance(default, (tuple, list, dict)):
         return f"write {key} as {kind}"
-    example = json.dumps(default)   # TOML and JSON agree on strings, numbers and booleans
+    example = json.dumps(default)  # TOML and JSON agree on strings, numbers and booleans
     return f"write {key} as {kind}, e.g. {key} = {example}"
 
 

@@ -37,34 +37,57 @@ def snapshot(core: SyncerCore, now: float) -> dict[str, Any]:
         "now": now,
         "insecure": core.s.insecure,
         "syncer": {
-            "alive": True, "fragments": core.s.fragments, "outer_steps": core.outer_steps,
-            "checkpoint_outer_step": core.checkpoint_outer_step, "epoch": core.epoch,
-            "initialized": core.model is not None, "params": n_params,
-            "versions": core.versions(), "rejected": dict(core.rejected),
-            "dropped_sends": core.counters["dropped_sends"], "dropped_pushes": core.counters["dropped_pushes"],
-            "clipped": core.counters["clipped"], "t_sync_s": core.t_sync or 0.0,
-            "warnings": list(core.warnings),   # lasting: e.g. the run's history was lost
-            "risks": core.s.risks(len(fleet.declared)),          # settings known to hurt the global model
+            "alive": True,
+            "fragments": core.s.fragments,
+            "outer_steps": core.outer_steps,
+            "checkpoint_outer_step": core.checkpoint_outer_step,
+            "epoch": core.epoch,
+            "initialized": core.model is not None,
+            "params": n_params,
+            "versions": core.versions(),
+            "rejected": dict(core.rejected),
+            "dropped_sends": core.counters["dropped_sends"],
+            "dropped_pushes": core.counters["dropped_pushes"],
+            "clipped": core.counters["clipped"],
+            "t_sync_s": core.t_sync or 0.0,
+            "warnings": list(core.warnings),  # lasting: e.g. the run's history was lost
+            "risks": core.s.risks(len(fleet.declared)),  # settings known to hurt the global model
         },
         "quorum": {
-            "min": core.s.quorum, "live": len(live), "total": len(fleet.declared),
+            "min": core.s.quorum,
+            "live": len(live),
+            "total": len(fleet.declared),
             "last_round_contributors": last.get("contributors", 0),
             "recent_contributors": [r["contributors"] for r in rounds],
-            "grace_window_s": last.get("grace_s", 0.0), "grace_used_s": last.get("grace_used_s", 0.0),
+            "grace_window_s": last.get("grace_s", 0.0),
+            "grace_used_s": last.get("grace_used_s", 0.0),
             "open_rounds": sum(1 for r in core.rounds.values() if r.contributions),
             "below_quorum": len(live) < core.s.quorum,
         },
         "goodput": fleet.goodput(),
         "goodput_window": fleet.goodput_window(),
-        "tokens": {"trained": fleet.trained_tokens(), "merged": int(fleet.merged_tokens),
-                   "per_s": fleet.tokens_per_s(now)},
-        "bytes": {"up": up, "down": down,
-                  "ddp_equivalent": ddp_equivalent_bytes(fleet.steps_total, n_params, len(fleet.declared)),
-                  "compression_ratio": _ratio(core)},
-        "loss": {"train": fleet.mean_loss(now, "loss"), "eval": fleet.mean_loss(now, "eval_loss"),
-                 "global": (core.guard.last or {}).get("loss")},
-        "guard": {"threshold": core.s.quality_guard, "last": core.guard.last, "trips": core.guard.trips,
-                  "rollbacks": core.counters["rollbacks"]},
+        "tokens": {
+            "trained": fleet.trained_tokens(),
+            "merged": int(fleet.merged_tokens),
+            "per_s": fleet.tokens_per_s(now),
+        },
+        "bytes": {
+            "up": up,
+            "down": down,
+            "ddp_equivalent": ddp_equivalent_bytes(fleet.steps_total, n_params, len(fleet.declared)),
+            "compression_ratio": _ratio(core),
+        },
+        "loss": {
+            "train": fleet.mean_loss(now, "loss"),
+            "eval": fleet.mean_loss(now, "eval_loss"),
+            "global": (core.guard.last or {}).get("loss"),
+        },
+        "guard": {
+            "threshold": core.s.quality_guard,
+            "last": core.guard.last,
+            "trips": core.guard.trips,
+            "rollbacks": core.counters["rollbacks"],
+        },
         "learners": _with_replicas(core, fleet.rows(now)),
         "wire_bytes": wire,
     }
@@ -76,9 +99,12 @@ def _with_replicas(core: SyncerCore, rows: list[dict[str, Any]]) -> list[dict[st
     for row in rows:
         info = core.fleet.learners[row["id"]]
         same = [p for p, v in enumerate(info.versions[: len(versions)]) if v == versions[p]]
-        row["replica"] = {"versions": list(info.versions), "current": len(same),
-                          "identical": sum(1 for p in same if _agree(info.crcs, crcs, p)),
-                          "crc_mismatches": info.crc_mismatches}
+        row["replica"] = {
+            "versions": list(info.versions),
+            "current": len(same),
+            "identical": sum(1 for p in same if _agree(info.crcs, crcs, p)),
+            "crc_mismatches": info.crc_mismatches,
+        }
     return rows
 
 

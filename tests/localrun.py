@@ -32,16 +32,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_config(directory: Path, learners: list[dict[str, Any]], run: dict[str, Any] | None = None,
-                 insecure: bool = False, run_id: str = "testrun") -> Path:
+def write_config(
+    directory: Path,
+    learners: list[dict[str, Any]],
+    run: dict[str, Any] | None = None,
+    insecure: bool = False,
+    run_id: str = "testrun",
+) -> Path:
     """A resolved configuration plus keys for the syncer, the operator and every learner."""
     directory.mkdir(parents=True, exist_ok=True)
     # H = 8 keeps tests fast; at so small an H the outer Nesterov momentum (0.9) diverges within a
     # few thousand steps on gpt-tiny, while plain averaging (lr 1, momentum 0) is stable
-    settings = {"model": "gpt-tiny", "seq_len": 32, "batch_size": 8, "H": 8, "fragments": 4,
-                "outer_lr": 1.0, "outer_momentum": 0.0,
-                "eval_every": 20, "eval_batches": 2, "heartbeat_s": 0.2, "liveness_s": 1.5,
-                "insecure": insecure, "warmup": 5}
+    settings = {
+        "model": "gpt-tiny",
+        "seq_len": 32,
+        "batch_size": 8,
+        "H": 8,
+        "fragments": 4,
+        "outer_lr": 1.0,
+        "outer_momentum": 0.0,
+        "eval_every": 20,
+        "eval_batches": 2,
+        "heartbeat_s": 0.2,
+        "liveness_s": 1.5,
+        "insecure": insecure,
+        "warmup": 5,
+    }
     settings.update(run or {})
     entries = []
     for i, extra in enumerate(learners):
@@ -51,10 +67,21 @@ def write_config(directory: Path, learners: list[dict[str, Any]], run: dict[str,
         keydir = directory / "keys"
         for name in ["syncer", "operator", *(e["id"] for e in entries)]:
             keys.create(keydir, name)
-    cfg = {"version": 1, "run_id": run_id, "run": settings,
-           "syncer": {"host": "local", "bind_host": "127.0.0.1", "port": free_port(),
-                      "control_port": free_port(), "advertise": "127.0.0.1", "dir": str(directory)},
-           "learners": entries, "keys": {"dir": "keys"}}
+    cfg = {
+        "version": 1,
+        "run_id": run_id,
+        "run": settings,
+        "syncer": {
+            "host": "local",
+            "bind_host": "127.0.0.1",
+            "port": free_port(),
+            "control_port": free_port(),
+            "advertise": "127.0.0.1",
+            "dir": str(directory),
+        },
+        "learners": entries,
+        "keys": {"dir": "keys"},
+    }
     path = directory / "config.json"
     path.write_text(json.dumps(cfg, indent=1))
     return path
@@ -71,18 +98,19 @@ class LocalRun:
         self.ctx = zmq.Context()
         self._ctl: zmq.Socket | None = None
 
-    def __enter__(self) -> "LocalRun":
+    def __enter__(self) -> LocalRun:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def _spawn(self, name: str, argv: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = open(self.dir / f"{name}.log", "ab")
+        log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 (the child's stdout; closed at stop)
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))  # keep the caller's
         env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", **(extra_env or {}))
-        proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
+        )
         log.close()
         self.procs[name] = proc
         return proc
@@ -95,7 +123,9 @@ class LocalRun:
         tail = ["-m", "learner", "--config", str(self.config), "--id", lid]
         nproc = int(self.cfg["learners"][i].get("nproc", 1))
         if nproc > 1:  # an island: the same command dldctl runs
-            return self._spawn(lid, ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *tail], env)
+            return self._spawn(
+                lid, ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *tail], env
+            )
         return self._spawn(lid, tail, env)
 
     def wait_log(self, name: str, text: str, timeout: float) -> None:
@@ -172,8 +202,10 @@ class LocalRun:
                 if name == "syncer" and proc.poll() is not None and not self._expect_dead(name):
                     raise AssertionError(f"syncer exited ({proc.returncode}): {self.log('syncer')[-2000:]}")
             time.sleep(poll)
-        raise AssertionError(f"timed out waiting for {what}; last snapshot: {json.dumps(snap)[:3000]}\n"
-                             + "\n".join(f"--- {n}\n{self.log(n)[-1500:]}" for n in self.procs))
+        raise AssertionError(
+            f"timed out waiting for {what}; last snapshot: {json.dumps(snap)[:3000]}\n"
+            + "\n".join(f"--- {n}\n{self.log(n)[-1500:]}" for n in self.procs)
+        )
 
     def _expect_dead(self, name: str) -> bool:
         return getattr(self, "expect_dead", set()).__contains__(name)

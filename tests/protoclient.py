@@ -19,22 +19,34 @@ from syncer import codec, fragments, keys
 from syncer.protocol import Message, decode, encode
 
 # a small manifest: 6 tensors, 4 fragments
-MANIFEST = [fragments.TensorSpec("wte", (32, 8), "embedding"), fragments.TensorSpec("a", (64,)),
-            fragments.TensorSpec("b", (16, 8)), fragments.TensorSpec("c", (40,)),
-            fragments.TensorSpec("d", (8, 8)), fragments.TensorSpec("e", (24,))]
+MANIFEST = [
+    fragments.TensorSpec("wte", (32, 8), "embedding"),
+    fragments.TensorSpec("a", (64,)),
+    fragments.TensorSpec("b", (16, 8)),
+    fragments.TensorSpec("c", (40,)),
+    fragments.TensorSpec("d", (8, 8)),
+    fragments.TensorSpec("e", (24,)),
+]
 
 
 class ProtoClient:
     """One DEALER connection to a syncer, driven synchronously by a test."""
 
-    def __init__(self, address: str, learner: str, run_id: str, keydir: Path | None,
-                 key_name: str | None = None, fragments_count: int = 4) -> None:
+    def __init__(
+        self,
+        address: str,
+        learner: str,
+        run_id: str,
+        keydir: Path | None,
+        key_name: str | None = None,
+        fragments_count: int = 4,
+    ) -> None:
         self.learner = learner
         self.run_id = run_id
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.SNDTIMEO, 5000)   # a refused handshake leaves no pipe: never block a test
+        self.sock.setsockopt(zmq.SNDTIMEO, 5000)  # a refused handshake leaves no pipe: never block a test
         if keydir is not None:
             name = key_name or learner
             self.sock.curve_publickey, self.sock.curve_secretkey = keys.load_pair(keydir / f"{name}.key_secret")
@@ -75,16 +87,32 @@ class ProtoClient:
         return not self.sock.poll(int(timeout * 1000))
 
     def hello(self) -> Message:
-        self.send(Message("hello", {"learner": self.learner, "incarnation": self.incarnation, "run": self.run_id,
-                                    "pid": os.getpid(), "host": "test", "device": "cpu", "batch_size": 4,
-                                    "codecs": list(codec.MODES), "manifest": fragments.manifest_to_json(MANIFEST),
-                                    "fragments": self.plan.count}))
+        self.send(
+            Message(
+                "hello",
+                {
+                    "learner": self.learner,
+                    "incarnation": self.incarnation,
+                    "run": self.run_id,
+                    "pid": os.getpid(),
+                    "host": "test",
+                    "device": "cpu",
+                    "batch_size": 4,
+                    "codecs": list(codec.MODES),
+                    "manifest": fragments.manifest_to_json(MANIFEST),
+                    "fragments": self.plan.count,
+                },
+            )
+        )
         return self.recv("welcome")
 
     def upload_init(self, values: list[torch.Tensor]) -> None:
         for p, t in enumerate(values):
-            self.send(Message("init", {"fragment": p, "offset": 0, "numel": t.numel(), "total": t.numel()},
-                              [t.numpy().tobytes()]))
+            self.send(
+                Message(
+                    "init", {"fragment": p, "offset": 0, "numel": t.numel(), "total": t.numel()}, [t.numpy().tobytes()]
+                )
+            )
 
     def fetch(self) -> list[torch.Tensor]:
         out = []
@@ -94,12 +122,33 @@ class ProtoClient:
             out.append(torch.frombuffer(bytearray(msg.payloads[0]), dtype=torch.float32))
         return out
 
-    def push(self, p: int, delta: torch.Tensor, c_steps: int, c_tokens: int, step_time: float = 0.05,
-             base_version: int = 0, compression: str = "int4") -> None:
+    def push(
+        self,
+        p: int,
+        delta: torch.Tensor,
+        c_steps: int,
+        c_tokens: int,
+        step_time: float = 0.05,
+        base_version: int = 0,
+        compression: str = "int4",
+    ) -> None:
         self.seq += 1
-        self.send(Message("push", {"fragment": p, "base_version": base_version, "seq": self.seq, "epoch": 1,
-                                   "c_steps": c_steps, "c_tokens": c_tokens, "c_time": c_steps * step_time,
-                                   "step_time": step_time}, [codec.encode(delta, compression)]))
+        self.send(
+            Message(
+                "push",
+                {
+                    "fragment": p,
+                    "base_version": base_version,
+                    "seq": self.seq,
+                    "epoch": 1,
+                    "c_steps": c_steps,
+                    "c_tokens": c_tokens,
+                    "c_time": c_steps * step_time,
+                    "step_time": step_time,
+                },
+                [codec.encode(delta, compression)],
+            )
+        )
 
     def heartbeat(self, **stats: Any) -> None:
         meta = {"step": 1, "tokens": 1, "state": "running", **stats}

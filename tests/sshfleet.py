@@ -35,7 +35,7 @@ class FleetHost:
     user: str
     identity_file: Path
     known_hosts: Path
-    host_key: Path            # the sshd's private host key (its .pub beside it)
+    host_key: Path  # the sshd's private host key (its .pub beside it)
     log: Path
     pid: int
 
@@ -47,8 +47,12 @@ class FleetHost:
 
 def keygen(path: Path, comment: str) -> Path:
     """Generate an ed25519 key pair at `path` (and `path`.pub) with no passphrase."""
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f",
-                    str(path)], check=True, timeout=30, stdin=subprocess.DEVNULL)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
     return path
 
 
@@ -67,16 +71,20 @@ def write_ssh_config(path: Path, alias: str, host: FleetHost) -> Path:
         f"    Port {host.port}\n"
         f"    User {host.user}\n"
         f"    IdentityFile {host.identity_file}\n"
-        f"    UserKnownHostsFile {host.known_hosts}\n")
+        f"    UserKnownHostsFile {host.known_hosts}\n"
+    )
     return path
 
 
 class SSHFleet:
     """Start/stop one sshd per loopback address; see the module docstring."""
 
-    def __init__(self, workdir: Path, addresses: tuple[str, ...] = ("127.0.0.2", "127.0.0.3",
-                                                                    "127.0.0.4"),
-                 sshd_options: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        addresses: tuple[str, ...] = ("127.0.0.2", "127.0.0.3", "127.0.0.4"),
+        sshd_options: dict[str, str] | None = None,
+    ) -> None:
         for address in addresses:
             if not address.startswith("127."):
                 raise ValueError(f"test hosts must be on loopback, not {address}")
@@ -92,20 +100,21 @@ class SSHFleet:
         self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def start(self) -> SSHFleet:
         """Generate keys, start every sshd, wait until each answers with a banner."""
         if not os.access(SSHD, os.X_OK):
-            raise RuntimeError(f"{SSHD} not found: run the project's test script (.ci/run), "
-                               "which installs openssh-server")
+            raise RuntimeError(
+                f"{SSHD} not found: run the project's test script (.ci/run), which installs openssh-server"
+            )
         PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
         self.workdir.mkdir(parents=True, exist_ok=True)
         keygen(self.identity_file, "dldctl-test-user")
-        (self.workdir / "authorized_keys").write_text(
-            Path(f"{self.identity_file}.pub").read_text())
+        (self.workdir / "authorized_keys").write_text(Path(f"{self.identity_file}.pub").read_text())
         try:
             for address in self.addresses:
                 self.hosts.append(self.start_sshd(address))
@@ -115,8 +124,14 @@ class SSHFleet:
         self.write_known_hosts(self.known_hosts, self.hosts)
         return self
 
-    def start_sshd(self, address: str, *, host_key: Path | None = None, port: int | None = None,
-                   options: dict[str, str] | None = None) -> FleetHost:
+    def start_sshd(
+        self,
+        address: str,
+        *,
+        host_key: Path | None = None,
+        port: int | None = None,
+        options: dict[str, str] | None = None,
+    ) -> FleetHost:
         """Start one more sshd (stopped by `stop()` too); `host_key` reuses an existing key."""
         hdir = self.workdir / f"{address}-{len(self._procs)}"
         hdir.mkdir()
@@ -127,31 +142,31 @@ class SSHFleet:
         log = hdir / "sshd.log"
         with open(log, "ab") as out:
             # -D: stay in the foreground, our child; -e: log to stderr (the log file)
-            proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+            )
         self._procs.append(proc)
         self._wait_ready(proc, address, port, log)
-        return FleetHost(address, port, "root", self.identity_file, self.known_hosts, host_key,
-                         log, proc.pid)
+        return FleetHost(address, port, "root", self.identity_file, self.known_hosts, host_key, log, proc.pid)
 
-    def _write_config(self, hdir: Path, address: str, port: int, host_key: Path,
-                      options: dict[str, str]) -> Path:
+    def _write_config(self, hdir: Path, address: str, port: int, host_key: Path, options: dict[str, str]) -> Path:
         settings = {
             "ListenAddress": f"{address}:{port}",
             "HostKey": str(host_key),
             "PidFile": str(hdir / "sshd.pid"),
             "AuthorizedKeysFile": str(self.workdir / "authorized_keys"),
-            "PermitRootLogin": "prohibit-password",   # we run as root; keys only
+            "PermitRootLogin": "prohibit-password",  # we run as root; keys only
             "PubkeyAuthentication": "yes",
             "PasswordAuthentication": "no",
             "KbdInteractiveAuthentication": "no",
-            "StrictModes": "no",                      # pytest's tmp dirs are not 0700 everywhere
+            "StrictModes": "no",  # pytest's tmp dirs are not 0700 everywhere
             "UsePAM": "no",
             "LogLevel": "VERBOSE",
             "PrintMotd": "no",
-            "AllowTcpForwarding": "yes",              # proxy_jump goes through direct-tcpip
+            "AllowTcpForwarding": "yes",  # proxy_jump goes through direct-tcpip
             "Subsystem": "sftp internal-sftp",
-            **self.sshd_options, **options,
+            **self.sshd_options,
+            **options,
         }
         path = hdir / "sshd_config"
         path.write_text("".join(f"{k} {v}\n" for k, v in settings.items()))
@@ -202,8 +217,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.kill()
             proc.wait(timeout=5)
     finally:
-        for pid in children:   # sessions outlive the listener; they are ours too
-            for sig in (signal.SIGCONT, signal.SIGTERM):   # CONT: a test may have stopped it
+        for pid in children:  # sessions outlive the listener; they are ours too
+            for sig in (signal.SIGCONT, signal.SIGTERM):  # CONT: a test may have stopped it
                 _kill(pid, sig)
 
 

@@ -14,8 +14,8 @@ import contextlib
 import errno
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -26,15 +26,16 @@ def mounted(path: Path, size: str) -> Iterator[Path]:
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True, timeout=30
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
         yield path
     finally:
         if subprocess.run(["umount", str(path)], capture_output=True, timeout=30).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)   # still busy: detach
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)  # still busy: detach
 
 
 def fill(directory: Path, name: str = "filler") -> Path:
@@ -52,7 +53,7 @@ def fill(directory: Path, name: str = "filler") -> Path:
                     raise
                 if len(block) == 1:
                     break
-                block = block[: len(block) // 16 or 1]   # then the last bytes of the last page
+                block = block[: len(block) // 16 or 1]  # then the last bytes of the last page
     finally:
         os.close(fd)
     return path

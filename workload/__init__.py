@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,23 +34,23 @@ from workload import gpt as model_mod
 class WorkloadContext:
     """What a factory is given: the run settings and this learner's place in the fleet."""
 
-    settings: dict          # the resolved run settings: model, data, seed, seq_len, lr, batch_size, ...
-    learner_index: int      # 0-based; picks the train shard
-    shards: int             # how many train shards the corpus is cut into
-    batch_size: int         # this learner's batch size (a host may override the run's default)
+    settings: dict  # the resolved run settings: model, data, seed, seq_len, lr, batch_size, ...
+    learner_index: int  # 0-based; picks the train shard
+    shards: int  # how many train shards the corpus is cut into
+    batch_size: int  # this learner's batch size (a host may override the run's default)
     device: torch.device
-    seed: int               # the data seed: with learner_index, seeds this learner's batch order
+    seed: int  # the data seed: with learner_index, seeds this learner's batch order
 
 
 @dataclass
 class Workload:
     """What the training loop trains: the model and everything it needs to feed it."""
 
-    model: torch.nn.Module                                 # already on ctx.device
-    next_batch: Callable[[], Any]                          # next training batch, on the device
-    loss: Callable[[torch.nn.Module, Any], torch.Tensor]   # scalar training loss of a batch
-    tokens: Callable[[Any], int]                           # exact tokens in a batch
-    eval_batches: list[Any]                                # fixed held-out batches (same on every learner)
+    model: torch.nn.Module  # already on ctx.device
+    next_batch: Callable[[], Any]  # next training batch, on the device
+    loss: Callable[[torch.nn.Module, Any], torch.Tensor]  # scalar training loss of a batch
+    tokens: Callable[[Any], int]  # exact tokens in a batch
+    eval_batches: list[Any]  # fixed held-out batches (same on every learner)
     embedding_names: set[str] = field(default_factory=set)  # params merged by a plain mean
 
 
@@ -83,13 +84,33 @@ def gpt_workload(ctx: WorkloadContext) -> Workload:
     model.to(device)
     shards, (ev0, ev1) = data_mod.split(corpus, shards=ctx.shards)
     start, stop = shards[ctx.learner_index]
-    batches = data_mod.Batches(corpus.tokens, start, stop, batch_size=ctx.batch_size, seq_len=seq_len,
-                               seed=batch_seed(ctx.seed, ctx.learner_index), device=device)
+    batches = data_mod.Batches(
+        corpus.tokens,
+        start,
+        stop,
+        batch_size=ctx.batch_size,
+        seq_len=seq_len,
+        seed=batch_seed(ctx.seed, ctx.learner_index),
+        device=device,
+    )
     # eval windows use the run's batch size, not this host's, so every learner scores the same text
-    held_out = data_mod.eval_batches(corpus.tokens, ev0, ev1, batch_size=int(s.get("batch_size", ctx.batch_size)),
-                                     seq_len=seq_len, count=int(s.get("eval_batches", 4)), device=device)
-    return Workload(model=model, next_batch=batches.next, loss=gpt_loss, tokens=batch_tokens,
-                    eval_batches=held_out, embedding_names=model.embedding_names())
+    held_out = data_mod.eval_batches(
+        corpus.tokens,
+        ev0,
+        ev1,
+        batch_size=int(s.get("batch_size", ctx.batch_size)),
+        seq_len=seq_len,
+        count=int(s.get("eval_batches", 4)),
+        device=device,
+    )
+    return Workload(
+        model=model,
+        next_batch=batches.next,
+        loss=gpt_loss,
+        tokens=batch_tokens,
+        eval_batches=held_out,
+        embedding_names=model.embedding_names(),
+    )
 
 
 def resolve(model: str) -> Callable[[WorkloadContext], Workload]:
@@ -108,12 +129,16 @@ def resolve(model: str) -> Callable[[WorkloadContext], Workload]:
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
-            raise ImportError(f"model {model!r}: module {module_name!r} ({getattr(module, '__file__', '?')}) "
-                              f"has no attribute {attr!r}; define factory(ctx) -> Workload there")
+            raise ImportError(
+                f"model {model!r}: module {module_name!r} ({getattr(module, '__file__', '?')}) "
+                f"has no attribute {attr!r}; define factory(ctx) -> Workload there"
+            )
         target = getattr(target, part)
     if not callable(target) or isinstance(target, type(os)):
-        raise ValueError(f"model {model!r}: {module_name}.{attr} is a {type(target).__name__}, not a "
-                         "callable factory(ctx) -> Workload")
+        raise ValueError(
+            f"model {model!r}: {module_name}.{attr} is a {type(target).__name__}, not a "
+            "callable factory(ctx) -> Workload"
+        )
     return target
 
 
@@ -128,8 +153,10 @@ def _import(spec: str, module_name: str) -> Any:
                 f"model {spec!r}: cannot import module {module_name!r} ({exc}); install its package on "
                 f"the learner host or put its directory on PYTHONPATH (working directory: {os.getcwd()})"
             ) from exc
-        raise ImportError(f"model {spec!r}: importing {module_name!r} failed: it needs {missing!r}, "
-                          f"which is not installed on this host ({exc})") from exc
+        raise ImportError(
+            f"model {spec!r}: importing {module_name!r} failed: it needs {missing!r}, "
+            f"which is not installed on this host ({exc})"
+        ) from exc
     except ImportError as exc:
         raise ImportError(f"model {spec!r}: importing {module_name!r} failed: {exc}") from exc
 

@@ -28,19 +28,19 @@ import os
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
 from torch import Tensor
 
-BUILTIN_MAX_BYTES = 24 << 20       # the stdlib minus tests is ~13 MB on 3.11; a bound for others
-DEFAULT_BIN_VOCAB = 50304          # GPT-2's 50257 padded to a multiple of 64, as in nanoGPT
-CACHE_FORMAT = 1                   # bump when the prepared layout changes
+BUILTIN_MAX_BYTES = 24 << 20  # the stdlib minus tests is ~13 MB on 3.11; a bound for others
+DEFAULT_BIN_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64, as in nanoGPT
+CACHE_FORMAT = 1  # bump when the prepared layout changes
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
-_SEPARATOR = b"\n"                 # between concatenated files
+_SEPARATOR = b"\n"  # between concatenated files
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Corpus:
     tokens: np.ndarray
     vocab_size: int
     source: str
-    digest: str = ""       # sha256 of the prepared bytes when known (builtin, text dir): compare across hosts
+    digest: str = ""  # sha256 of the prepared bytes when known (builtin, text dir): compare across hosts
 
 
 def cache_root(cache_dir: str | None = None) -> Path:
@@ -61,9 +61,7 @@ def cache_root(cache_dir: str | None = None) -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "dldctl"
 
 
-def load_corpus(
-    spec: str = "builtin", *, vocab_size: int | None = None, cache_dir: str | None = None
-) -> Corpus:
+def load_corpus(spec: str = "builtin", *, vocab_size: int | None = None, cache_dir: str | None = None) -> Corpus:
     """The corpus named by `spec`: "builtin", a text file or directory, or a uint16 .bin file."""
     if spec == "builtin":
         _check_byte_vocab(vocab_size, spec)
@@ -72,7 +70,7 @@ def load_corpus(
     if not path.exists():
         raise FileNotFoundError(
             f"data {spec!r}: no such file or directory ({path.resolve()}); "
-            "use \"builtin\", a text file or directory, or a uint16 .bin file"
+            'use "builtin", a text file or directory, or a uint16 .bin file'
         )
     if path.is_file() and path.suffix == ".bin":
         return _load_bin(path, DEFAULT_BIN_VOCAB if vocab_size is None else vocab_size, cache_dir)
@@ -95,6 +93,7 @@ def _check_byte_vocab(vocab_size: int | None, spec: str) -> None:
 
 # --------------------------------------------------------------------------- reading sources
 
+
 def stdlib_sources() -> list[Path]:
     """The standard library's .py files, sorted by relative path, without tests or site-packages."""
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -113,7 +112,7 @@ def _concat(paths: list[Path], limit: int | None) -> tuple[bytes, int]:
         try:
             data = path.read_bytes()
         except OSError:
-            continue   # unreadable (permissions, a dangling link): skip it, deterministically
+            continue  # unreadable (permissions, a dangling link): skip it, deterministically
         parts.append(data + _SEPARATOR)
         total += len(data) + len(_SEPARATOR)
         used += 1
@@ -143,7 +142,7 @@ def _text_files(root: Path) -> list[Path]:
                     if b"\0" not in fh.read(8192):
                         found.append(path)
             except OSError:
-                continue   # unreadable: skipped, like a binary file
+                continue  # unreadable: skipped, like a binary file
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
 
 
@@ -174,6 +173,7 @@ def _builtin_key() -> str:
 
 # --------------------------------------------------------------------------- the on-disk cache
 
+
 def _cached(key: str, source: str, read, vocab_size: int | None, cache_dir: str | None) -> Corpus:
     """Load prepared bytes `key` from the cache, or prepare them with `read()` and store them."""
     root = cache_root(cache_dir)
@@ -183,14 +183,20 @@ def _cached(key: str, source: str, read, vocab_size: int | None, cache_dir: str 
         tokens, info = hit
         return Corpus(tokens, vocab_size or 256, source, info.get("sha256", ""))
     blob, info = read()
-    info = {**info, "format": CACHE_FORMAT, "source": source, "bytes": len(blob),
-            "sha256": hashlib.sha256(blob).hexdigest(), "dtype": "uint8"}
+    info = {
+        **info,
+        "format": CACHE_FORMAT,
+        "source": source,
+        "bytes": len(blob),
+        "sha256": hashlib.sha256(blob).hexdigest(),
+        "dtype": "uint8",
+    }
     try:
         root.mkdir(parents=True, exist_ok=True)
         _atomic_write(raw, blob)
-        _atomic_write(meta, json.dumps(info, indent=1).encode())   # the sidecar commits the entry
+        _atomic_write(meta, json.dumps(info, indent=1).encode())  # the sidecar commits the entry
         tokens = np.memmap(raw, dtype=np.uint8, mode="r")
-    except OSError as exc:   # a read-only home: still train, just without the cache
+    except OSError as exc:  # a read-only home: still train, just without the cache
         print(f"dldctl: cannot cache the corpus in {root} ({exc}); using it from memory", file=sys.stderr)
         tokens = np.frombuffer(blob, dtype=np.uint8)
     return Corpus(tokens, vocab_size or 256, source, info["sha256"])
@@ -211,7 +217,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
     """Write to a temporary file beside `path`, then rename it over `path` (atomic on POSIX)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o644)   # mkstemp makes it 0600; other users' learners may share the cache
+        os.fchmod(fd, 0o644)  # mkstemp makes it 0600; other users' learners may share the cache
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -226,15 +232,19 @@ def _load_bin(path: Path, vocab_size: int, cache_dir: str | None) -> Corpus:
     """A headerless uint16 token file; every token is checked < vocab_size (result cached)."""
     size = path.stat().st_size
     if size == 0 or size % 2:
-        raise ValueError(f"data {str(path)!r}: a .bin corpus must hold uint16 tokens, "
-                         f"but its size ({size} bytes) is {'zero' if size == 0 else 'odd'}")
+        raise ValueError(
+            f"data {str(path)!r}: a .bin corpus must hold uint16 tokens, "
+            f"but its size ({size} bytes) is {'zero' if size == 0 else 'odd'}"
+        )
     if not 2 <= vocab_size <= 65536:
         raise ValueError(f"data {str(path)!r}: vocab_size must be in 2..65536 for uint16 tokens, got {vocab_size}")
     tokens = np.memmap(path, dtype=np.uint16, mode="r")
     top = _max_token(path, tokens, cache_dir)
     if top >= vocab_size:
-        raise ValueError(f"data {str(path)!r}: holds token id {top}, not < vocab_size {vocab_size}; "
-                         f"set vocab_size to at least {top + 1} (GPT-2 BPE: 50304)")
+        raise ValueError(
+            f"data {str(path)!r}: holds token id {top}, not < vocab_size {vocab_size}; "
+            f"set vocab_size to at least {top + 1} (GPT-2 BPE: 50304)"
+        )
     return Corpus(tokens, vocab_size, f"uint16 tokens {path}")
 
 
@@ -248,16 +258,17 @@ def _max_token(path: Path, tokens: np.ndarray, cache_dir: str | None) -> int:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     chunk = 1 << 24
-    top = max(int(tokens[i:i + chunk].max()) for i in range(0, len(tokens), chunk))
+    top = max(int(tokens[i : i + chunk].max()) for i in range(0, len(tokens), chunk))
     try:
         note.parent.mkdir(parents=True, exist_ok=True)
         _atomic_write(note, json.dumps({"path": str(path), "max_token": top}).encode())
     except OSError:
-        pass   # uncached: the scan simply runs again next time
+        pass  # uncached: the scan simply runs again next time
     return top
 
 
 # --------------------------------------------------------------------------- split and batches
+
 
 def split(
     corpus: Corpus, *, shards: int, eval_fraction: float = 0.02, max_eval_tokens: int = 1 << 20
@@ -267,7 +278,9 @@ def split(
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
     if not 0.0 < eval_fraction < 1.0 or max_eval_tokens < 1:
-        raise ValueError(f"eval_fraction must be in (0, 1) and max_eval_tokens >= 1, got {eval_fraction}, {max_eval_tokens}")
+        raise ValueError(
+            f"eval_fraction must be in (0, 1) and max_eval_tokens >= 1, got {eval_fraction}, {max_eval_tokens}"
+        )
     n_eval = max(1, min(int(n * eval_fraction), max_eval_tokens))
     n_train = n - n_eval
     if n_train < shards:
@@ -278,7 +291,7 @@ def split(
 
 def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """x = tokens[s : s+T], y = tokens[s+1 : s+T+1] for each start s, as int64 (B, T) on `device`."""
-    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]          # (B, T+1)
+    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]  # (B, T+1)
     buf = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))  # one gather, one copy
     if device.type == "cuda":
         buf = buf.pin_memory().to(device, non_blocking=True)
@@ -291,22 +304,33 @@ def _check_range(tokens: np.ndarray, start: int, stop: int, seq_len: int, what: 
     if not 0 <= start < stop <= len(tokens):
         raise ValueError(f"{what} range [{start}, {stop}) is outside the corpus (0..{len(tokens)})")
     if stop - start < seq_len + 1:
-        raise ValueError(f"{what} range [{start}, {stop}) holds {stop - start} tokens: fewer than "
-                         f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len, fewer learners or more data")
+        raise ValueError(
+            f"{what} range [{start}, {stop}) holds {stop - start} tokens: fewer than "
+            f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len, fewer learners or more data"
+        )
 
 
 class Batches:
     """Random windows of tokens[start:stop], seeded: an endless iterator of (x, y) int64 (B, T)."""
 
-    def __init__(self, tokens: np.ndarray, start: int, stop: int, *, batch_size: int, seq_len: int,
-                 seed: int, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        start: int,
+        stop: int,
+        *,
+        batch_size: int,
+        seq_len: int,
+        seed: int,
+        device: str | torch.device = "cpu",
+    ) -> None:
         if batch_size < 1 or seq_len < 1:
             raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
         _check_range(tokens, start, stop, seq_len, "shard")
         self.tokens, self.start, self.stop = tokens, start, stop
         self.batch_size, self.seq_len = batch_size, seq_len
         self.device = torch.device(device)
-        self.tokens_per_batch = batch_size * seq_len   # every x position is one trained token
+        self.tokens_per_batch = batch_size * seq_len  # every x position is one trained token
         self._rng = np.random.default_rng(seed)
 
     def next(self) -> tuple[Tensor, Tensor]:
@@ -321,8 +345,16 @@ class Batches:
         return self.next()
 
 
-def eval_batches(tokens: np.ndarray, start: int, stop: int, *, batch_size: int, seq_len: int,
-                 count: int, device: str | torch.device = "cpu") -> list[tuple[Tensor, Tensor]]:
+def eval_batches(
+    tokens: np.ndarray,
+    start: int,
+    stop: int,
+    *,
+    batch_size: int,
+    seq_len: int,
+    count: int,
+    device: str | torch.device = "cpu",
+) -> list[tuple[Tensor, Tensor]]:
     """`count` fixed batches of windows evenly spaced over tokens[start:stop] (no RNG at all)."""
     if batch_size < 1 or seq_len < 1 or count < 1:
         raise ValueError(f"batch_size, seq_len and count must be >= 1, got {batch_size}, {seq_len}, {count}")
@@ -330,4 +362,4 @@ def eval_batches(tokens: np.ndarray, start: int, stop: int, *, batch_size: int, 
     last = stop - seq_len - 1
     starts = np.linspace(start, last, num=batch_size * count).round().astype(np.int64)
     dev = torch.device(device)
-    return [_windows(tokens, starts[i * batch_size:(i + 1) * batch_size], seq_len, dev) for i in range(count)]
+    return [_windows(tokens, starts[i * batch_size : (i + 1) * batch_size], seq_len, dev) for i in range(count)]

@@ -29,13 +29,13 @@ from torch import Tensor
 class GPTConfig:
     """Hyper-parameters of one GPT; `block_size` is the number of learned positions."""
 
-    vocab_size: int = 256     # bytes by default; 50304 for GPT-2 BPE (50257 padded to x64)
-    block_size: int = 128     # longest sequence the position table allows
+    vocab_size: int = 256  # bytes by default; 50304 for GPT-2 BPE (50257 padded to x64)
+    block_size: int = 128  # longest sequence the position table allows
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
-    dropout: float = 0.0      # 0 for DiLoCo runs: the inner steps are short and data is plenty
-    bias: bool = True         # biases in Linears and LayerNorms, like GPT-2
+    dropout: float = 0.0  # 0 for DiLoCo runs: the inner steps are short and data is plenty
+    bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
 
 
 PRESETS: dict[str, GPTConfig] = {
@@ -73,9 +73,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)
         # flash/memory-efficient kernels where available; is_causal masks the future
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
         return self.resid_dropout(self.c_proj(y))
 
@@ -105,8 +103,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))   # communicate between positions
-        x = x + self.mlp(self.ln_2(x))    # compute at each position
+        x = x + self.attn(self.ln_1(x))  # communicate between positions
+        x = x + self.mlp(self.ln_2(x))  # compute at each position
         return x
 
 
@@ -118,13 +116,15 @@ class GPT(nn.Module):
         if config.vocab_size < 1 or config.block_size < 1:
             raise ValueError(f"vocab_size and block_size must be >= 1, got {config}")
         self.config = config
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),   # token embedding
-            wpe=nn.Embedding(config.block_size, config.n_embd),   # position embedding
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding
+                wpe=nn.Embedding(config.block_size, config.n_embd),  # position embedding
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # weight tying: the head shares the token table, so named_parameters() lists it once,
         # as transformer.wte.weight (registered first)
@@ -148,17 +148,17 @@ class GPT(nn.Module):
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """idx, targets: (B, T) int64. Returns logits (B, T, vocab) and the mean cross-entropy."""
-        B, T = idx.size()
-        if T > self.config.block_size:
+        _B, T = idx.size()
+        if self.config.block_size < T:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         pos = torch.arange(0, T, dtype=torch.long, device=idx.device)  # (T,)
-        tok_emb = self.transformer.wte(idx)   # (B, T, C)
-        pos_emb = self.transformer.wpe(pos)   # (T, C), broadcast over the batch
+        tok_emb = self.transformer.wte(idx)  # (B, T, C)
+        pos_emb = self.transformer.wpe(pos)  # (T, C), broadcast over the batch
         x = self.transformer.drop(tok_emb + pos_emb)
         for block in self.transformer.h:
             x = block(x)
         x = self.transformer.ln_f(x)
-        logits = self.lm_head(x)              # (B, T, vocab)
+        logits = self.lm_head(x)  # (B, T, vocab)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))

@@ -13,7 +13,8 @@ import json
 import secrets
 import signal
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dldctl import faults
 from dldctl.chaos.plan import ACTIONS
@@ -39,8 +40,8 @@ class Chaos:
         self.inv = parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
         self.settings = load_config(run)["run"]
         self._hosts: dict[str, Host] = {}
-        self.started: set[str] = set()     # ids of the faults this instance injected
-        self.held: set[str] = set()        # targets this instance killed with a hold
+        self.started: set[str] = set()  # ids of the faults this instance injected
+        self.held: set[str] = set()  # targets this instance killed with a hold
 
     def close(self) -> None:
         for host in self._hosts.values():
@@ -57,7 +58,10 @@ class Chaos:
         procs = state.get("procs", {})
         if target not in procs or (target == "syncer" and action != "kill"):
             known = ", ".join(sorted(n for n in procs if n != "syncer"))
-            raise UsageError(f"cannot {action} {target!r}", hint=f"learners: {known}" + ("; the syncer can only be killed" if target == "syncer" else ""))
+            raise UsageError(
+                f"cannot {action} {target!r}",
+                hint=f"learners: {known}" + ("; the syncer can only be killed" if target == "syncer" else ""),
+            )
         entry = procs[target]
         return entry, self._host(entry["host"]), HostRuntime.from_dict(state["hosts"][entry["host"]]["runtime"])
 
@@ -72,11 +76,15 @@ class Chaos:
         after = len([lid for lid in live if lid != target])
         if after >= quorum:
             return
-        question = (f"{action} {target} leaves {after} live learners, below the minimum quorum {quorum}: "
-                    "the global model stops progressing until it is back. Go ahead?")
+        question = (
+            f"{action} {target} leaves {after} live learners, below the minimum quorum {quorum}: "
+            "the global model stops progressing until it is back. Go ahead?"
+        )
         if confirm is None or not confirm(question):
-            raise ChaosError(f"refused: {action} {target} would leave {after} live learners < quorum {quorum}",
-                             hint="pass --force to do it anyway")
+            raise ChaosError(
+                f"refused: {action} {target} would leave {after} live learners < quorum {quorum}",
+                hint="pass --force to do it anyway",
+            )
 
     # -- faults ------------------------------------------------------------------------------
     def kill(self, target: str, sig: str = "KILL", down_for: float | None = None) -> str:
@@ -109,8 +117,14 @@ class Chaos:
         ref = entry.get("proc")
         if entry["status"] != "running" or not ref:
             raise ChaosError(f"{target} is not running (status {entry['status']})")
-        record = {"id": secrets.token_hex(4), "kind": action, "target": target, "until": time.time() + duration,
-                  "injected_at": time.time(), "factor": factor}
+        record = {
+            "id": secrets.token_hex(4),
+            "kind": action,
+            "target": target,
+            "until": time.time() + duration,
+            "injected_at": time.time(),
+            "factor": factor,
+        }
         with self.run.update() as state:  # registered first: the undo survives our death
             state.setdefault("faults", []).append(record)
         self.started.add(record["id"])
@@ -122,8 +136,11 @@ class Chaos:
         if not ok:
             self._forget(record["id"])
             raise ChaosError(f"{target} (pid {ref['pid']}) was already gone")
-        detail = {"pause": f"SIGSTOP for {duration:g} s", "slow": f"x{factor:g} slower for {duration:g} s",
-                  "partition": f"cut off from the syncer for {duration:g} s"}[action]
+        detail = {
+            "pause": f"SIGSTOP for {duration:g} s",
+            "slow": f"x{factor:g} slower for {duration:g} s",
+            "partition": f"cut off from the syncer for {duration:g} s",
+        }[action]
         self.run.event("fault_inject", target, detail)
         return detail
 
@@ -141,7 +158,13 @@ class Chaos:
             if mine and (target is None or fault["target"] == target):
                 entry, host, runtime = self._target(fault["target"], fault["kind"])
                 ref = entry.get("proc")
-                faults.undo(fault["kind"], host, runtime, fault["target"], ProcRef(ref["pid"], ref["start_ticks"]) if ref else None)
+                faults.undo(
+                    fault["kind"],
+                    host,
+                    runtime,
+                    fault["target"],
+                    ProcRef(ref["pid"], ref["start_ticks"]) if ref else None,
+                )
                 self._forget(fault["id"])
                 self.run.event("fault_undo", fault["target"], f"{fault['kind']} healed")
                 done.append(f"{fault['kind']} {fault['target']}")

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from dldctl.sim.units import parse_duration
 
@@ -38,14 +39,17 @@ class Fault:
     at: float
     action: str
     target: str
-    duration: float = 0.0         # pause/slow/partition; kill: the time it stays down (down_for)
-    factor: float = 3.0           # slow
-    signal: str = "KILL"          # kill
+    duration: float = 0.0  # pause/slow/partition; kill: the time it stays down (down_for)
+    factor: float = 3.0  # slow
+    signal: str = "KILL"  # kill
 
     def describe(self) -> str:
-        extra = {"kill": f"signal {self.signal}, down for {self.duration:g} s" if self.duration else f"signal {self.signal}",
-                 "pause": f"for {self.duration:g} s", "slow": f"x{self.factor:g} for {self.duration:g} s",
-                 "partition": f"for {self.duration:g} s"}[self.action]
+        extra = {
+            "kill": f"signal {self.signal}, down for {self.duration:g} s" if self.duration else f"signal {self.signal}",
+            "pause": f"for {self.duration:g} s",
+            "slow": f"x{self.factor:g} for {self.duration:g} s",
+            "partition": f"for {self.duration:g} s",
+        }[self.action]
         return f"t+{self.at:7.1f}s {self.action:<9} {self.target:<10} {extra}"
 
 
@@ -57,7 +61,7 @@ class Check:
     op: str
     value: float = 0.0
     text: str = ""
-    relative: float | None = None    # `<op> start +/- N%`: the bound is start x (1 + relative)
+    relative: float | None = None  # `<op> start +/- N%`: the bound is start x (1 + relative)
 
     @property
     def throughout(self) -> bool:
@@ -104,16 +108,26 @@ def parse_check(text: str) -> Check:
         return Check(m.group(1), m.group(2), 0.0, text.strip(), sign * float(m.group(4) or 0) / 100.0)
     m = _CHECK.match(text)
     if not m:
-        raise PlanError(f"check {text!r} is not '<path> <op> <number>', '<path> rising' or "
-                        "'<path> <op> start + N%' (e.g. 'quorum.live >= 3', 'loss.global <= start + 5%')")
+        raise PlanError(
+            f"check {text!r} is not '<path> <op> <number>', '<path> rising' or "
+            "'<path> <op> start + N%' (e.g. 'quorum.live >= 3', 'loss.global <= start + 5%')"
+        )
     raw = m.group(3)
     value = 1.0 if raw == "true" else 0.0 if raw == "false" else float(raw)
     return Check(m.group(1), m.group(2), value, text.strip())
 
 
-def monkey_schedule(rng: random.Random, *, mtbf_s: float, duration_s: float, targets: Sequence[str],
-                    actions: Sequence[str], fault_s: float = 10.0, slow_factor: float = 3.0,
-                    down_for_s: float = 0.0) -> list[Fault]:
+def monkey_schedule(
+    rng: random.Random,
+    *,
+    mtbf_s: float,
+    duration_s: float,
+    targets: Sequence[str],
+    actions: Sequence[str],
+    fault_s: float = 10.0,
+    slow_factor: float = 3.0,
+    down_for_s: float = 0.0,
+) -> list[Fault]:
     """Faults at exponential gaps (a Poisson process of mean gap `mtbf_s`) over `duration_s`."""
     if mtbf_s <= 0 or duration_s <= 0:
         raise PlanError("mtbf and duration must be > 0")
@@ -142,7 +156,7 @@ class Experiment:
     faults: tuple[Fault, ...]
     steady: tuple[Check, ...] = ()
     aborts: tuple[Check, ...] = ()
-    settle_s: float = 20.0          # after the last fault, time to recover before the final check
+    settle_s: float = 20.0  # after the last fault, time to recover before the final check
     sample_every: float = 1.0
     heal_on_abort: bool = True
     path: str = ""
@@ -178,7 +192,7 @@ def _fault(entry: Any, i: int) -> Fault:
 def seconds(value: Any, where: str) -> float:
     """A duration in seconds from a number or a string such as "30s", "5m", "800ms" (>= 0)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise PlanError(f"{where}: must be seconds or a duration such as \"30s\", got {value!r}")
+        raise PlanError(f'{where}: must be seconds or a duration such as "30s", got {value!r}')
     try:
         out = parse_duration(value) if isinstance(value, str) else float(value)
     except ValueError as exc:
@@ -206,7 +220,7 @@ def _only(table: Any, known: set[str], where: str) -> None:
 def _check_entry(entry: Any, table: str, i: int) -> Check:
     _only(entry, {"check"}, f"[[{table}]] #{i + 1}")
     if "check" not in entry:
-        raise PlanError(f"[[{table}]] #{i + 1}: missing check = \"<path> <op> <number>\"")
+        raise PlanError(f'[[{table}]] #{i + 1}: missing check = "<path> <op> <number>"')
     return parse_check(str(entry["check"]))
 
 
@@ -229,8 +243,17 @@ def parse_experiment(data: dict[str, Any], path: str = "") -> Experiment:
     every = seconds(head.get("sample_every", 1.0), "[experiment] sample_every")
     if every <= 0:
         raise PlanError("[experiment] sample_every: must be > 0 seconds")
-    return Experiment(str(head.get("name", "experiment")), duration, faults, steady, aborts, settle,
-                      every, bool(data.get("rollback", {}).get("heal", True)), path)
+    return Experiment(
+        str(head.get("name", "experiment")),
+        duration,
+        faults,
+        steady,
+        aborts,
+        settle,
+        every,
+        bool(data.get("rollback", {}).get("heal", True)),
+        path,
+    )
 
 
 @dataclass
@@ -246,11 +269,18 @@ class FaultReport:
     goodput_after: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        rel = lambda t: None if t is None or self.injected_at is None else round(t - self.injected_at, 2)  # noqa: E731
-        return {"fault": self.fault.describe().strip(), "action": self.fault.action, "target": self.fault.target,
-                "injected_at": self.injected_at, "detected_after_s": rel(self.detected_at),
-                "back_after_s": rel(self.back_at), "work_lost_tokens": self.work_lost_tokens,
-                "goodput_during": self.goodput_during, "goodput_after": self.goodput_after}
+        rel = lambda t: None if t is None or self.injected_at is None else round(t - self.injected_at, 2)
+        return {
+            "fault": self.fault.describe().strip(),
+            "action": self.fault.action,
+            "target": self.fault.target,
+            "injected_at": self.injected_at,
+            "detected_after_s": rel(self.detected_at),
+            "back_after_s": rel(self.back_at),
+            "work_lost_tokens": self.work_lost_tokens,
+            "goodput_during": self.goodput_during,
+            "goodput_after": self.goodput_after,
+        }
 
 
 @dataclass

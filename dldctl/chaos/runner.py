@@ -15,8 +15,9 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from rich.console import Console
 
@@ -76,8 +77,7 @@ def monkey(chaos: Chaos, schedule: list[Fault], console: Console, *, force: bool
     return injected
 
 
-def run_experiment(chaos: Chaos, run: RunDir, exp: Experiment, console: Console,
-                   sleep: Sleep = time.sleep) -> Result:
+def run_experiment(chaos: Chaos, run: RunDir, exp: Experiment, console: Console, sleep: Sleep = time.sleep) -> Result:
     """Steady state, faults on time, sampling, abort/rollback, verdict and report."""
     t0 = time.time()
     samples = [collect(run)]
@@ -122,8 +122,14 @@ def _write(run: RunDir, exp: Experiment, result: Result, t0: float) -> Path:
     out = run.path / "chaos"
     out.mkdir(exist_ok=True)
     stem = out / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(t0))}"
-    payload = {"experiment": exp.name, "file": exp.path, "passed": result.passed, "reasons": result.reasons,
-               "aborted": result.aborted, "faults": [f.to_dict() for f in result.faults]}
+    payload = {
+        "experiment": exp.name,
+        "file": exp.path,
+        "passed": result.passed,
+        "reasons": result.reasons,
+        "aborted": result.aborted,
+        "faults": [f.to_dict() for f in result.faults],
+    }
     stem.with_suffix(".json").write_text(json.dumps(payload, indent=1))
     stem.with_suffix(".md").write_text(verdict.markdown(exp, result))
     return stem

@@ -13,12 +13,20 @@ from typing import Any
 
 from dldctl.chaos.plan import Experiment, FaultReport, Result, lookup
 
-DETECT = {"kill": ("death", "learner_lost", "syncer_death"), "pause": ("learner_lost",),
-          "partition": ("learner_lost",), "slow": ()}
+DETECT = {
+    "kill": ("death", "learner_lost", "syncer_death"),
+    "pause": ("learner_lost",),
+    "partition": ("learner_lost",),
+    "slow": (),
+}
 # recovery = the syncer hears the learner again; a fault too short to be noticed by the syncer
 # (no detection event) counts as back when it is undone
-BACK = {"kill": ("rejoin", "learner_back", "syncer_resume", "syncer_start"), "pause": ("learner_back",),
-        "partition": ("learner_back",), "slow": ("fault_undo",)}
+BACK = {
+    "kill": ("rejoin", "learner_back", "syncer_resume", "syncer_start"),
+    "pause": ("learner_back",),
+    "partition": ("learner_back",),
+    "slow": ("fault_undo",),
+}
 AFTER_S = 30.0
 
 
@@ -46,8 +54,13 @@ def _mean(values: list[float]) -> float | None:
 
 
 def _goodput(samples: list[dict[str, Any]], start: float, end: float) -> float | None:
-    return _mean([float(s["goodput_window"]) for s in samples
-                  if start <= s.get("now", 0) <= end and isinstance(s.get("goodput_window"), (int, float))])
+    return _mean(
+        [
+            float(s["goodput_window"])
+            for s in samples
+            if start <= s.get("now", 0) <= end and isinstance(s.get("goodput_window"), (int, float))
+        ]
+    )
 
 
 def _work_lost(samples: list[dict[str, Any]], target: str, at: float) -> int | None:
@@ -58,15 +71,24 @@ def _work_lost(samples: list[dict[str, Any]], target: str, at: float) -> int | N
     return max(0, int(row.get("tokens", 0) - row["merged_tokens"]))
 
 
-def fault_report(exp: Experiment, i: int, injected: float | None, samples: list[dict[str, Any]],
-                 events: list[dict[str, Any]], end: float) -> FaultReport:
+def fault_report(
+    exp: Experiment,
+    i: int,
+    injected: float | None,
+    samples: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    end: float,
+) -> FaultReport:
     fault = exp.faults[i]
     rep = FaultReport(fault, injected)
     if injected is None:
         return rep
     target = fault.target
-    rep.detected_at = (_slow_seen(samples, target, injected) if fault.action == "slow"
-                       else _first_event(events, DETECT[fault.action], target, injected))
+    rep.detected_at = (
+        _slow_seen(samples, target, injected)
+        if fault.action == "slow"
+        else _first_event(events, DETECT[fault.action], target, injected)
+    )
     rep.back_at = _first_event(events, BACK[fault.action], target, rep.detected_at or injected)
     if rep.detected_at is None and fault.action in ("pause", "partition"):
         rep.back_at = _first_event(events, ("fault_undo",), target, injected)
@@ -78,8 +100,13 @@ def fault_report(exp: Experiment, i: int, injected: float | None, samples: list[
     return rep
 
 
-def evaluate(exp: Experiment, samples: list[dict[str, Any]], events: list[dict[str, Any]],
-             injected: list[float | None], aborted: str | None = None) -> Result:
+def evaluate(
+    exp: Experiment,
+    samples: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    injected: list[float | None],
+    aborted: str | None = None,
+) -> Result:
     """Pass/fail with reasons, and the per-fault reports."""
     result = Result(passed=True, aborted=aborted)
     if not samples:
@@ -93,14 +120,22 @@ def evaluate(exp: Experiment, samples: list[dict[str, Any]], events: list[dict[s
             result.passed = False
             result.reasons.append(f"steady state not restored at the end: {check.text}")
     for check in exp.steady:
-        broken = next((snap for snap in samples if check.throughout and lookup(snap, check.path) is not None
-                       and not check.holds(snap, first)), None)   # unknown in between (syncer away): not judged
+        broken = next(
+            (
+                snap
+                for snap in samples
+                if check.throughout and lookup(snap, check.path) is not None and not check.holds(snap, first)
+            ),
+            None,
+        )  # unknown in between (syncer away): not judged
         if broken is not None:
             result.passed = False
             start, value = lookup(first, check.path), lookup(broken, check.path)
-            result.reasons.append(f"steady state broken during the experiment: {check.text} "
-                                  f"({value} at t={float(broken.get('now', 0)) - float(first.get('now', 0)):.0f} s, "
-                                  f"{start} at the start)")
+            result.reasons.append(
+                f"steady state broken during the experiment: {check.text} "
+                f"({value} at t={float(broken.get('now', 0)) - float(first.get('now', 0)):.0f} s, "
+                f"{start} at the start)"
+            )
     if aborted:
         result.passed = False
         result.reasons.append(f"aborted: {aborted}")
@@ -117,11 +152,17 @@ def markdown(exp: Experiment, result: Result) -> str:
     """A human-readable report."""
     lines = [f"# chaos experiment: {exp.name}", "", f"**verdict: {'PASS' if result.passed else 'FAIL'}**", ""]
     lines += [f"- {r}" for r in result.reasons] + ([""] if result.reasons else [])
-    lines += ["| fault | detected after | back after | work lost (tokens) | goodput during | goodput after |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "| fault | detected after | back after | work lost (tokens) | goodput during | goodput after |",
+        "|---|---|---|---|---|---|",
+    ]
     for rep in result.faults:
         d = rep.to_dict()
-        fmt = lambda v, suffix="": "-" if v is None else (f"{v:.2f}{suffix}" if isinstance(v, float) else f"{v}{suffix}")  # noqa: E731
-        lines.append(f"| {d['fault']} | {fmt(d['detected_after_s'], ' s')} | {fmt(d['back_after_s'], ' s')} | "
-                     f"{fmt(d['work_lost_tokens'])} | {fmt(d['goodput_during'])} | {fmt(d['goodput_after'])} |")
+        fmt = lambda v, suffix="": (
+            "-" if v is None else (f"{v:.2f}{suffix}" if isinstance(v, float) else f"{v}{suffix}")
+        )
+        lines.append(
+            f"| {d['fault']} | {fmt(d['detected_after_s'], ' s')} | {fmt(d['back_after_s'], ' s')} | "
+            f"{fmt(d['work_lost_tokens'])} | {fmt(d['goodput_during'])} | {fmt(d['goodput_after'])} |"
+        )
     return "\n".join(lines) + "\n"

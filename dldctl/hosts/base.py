@@ -118,7 +118,7 @@ def parse_started(host: str, argv: list[str], result: CommandResult) -> ProcRef:
     """The `ProcRef` announced by the launcher, or a HostError saying why nothing started."""
     for line in result.stdout.splitlines():
         if line.startswith(STARTED_MARKER):
-            stat = parse_stat(line[len(STARTED_MARKER):])
+            stat = parse_stat(line[len(STARTED_MARKER) :])
             if stat is not None:
                 return ProcRef(stat.pid, stat.start_ticks)
     why = output_tail(result) or f"exit status {result.status}"
@@ -150,8 +150,15 @@ class Host(ABC):
     name: str
 
     @abstractmethod
-    def run(self, command: str, *, timeout: float = 60.0, input: bytes | None = None,
-            check: bool = True, env: dict[str, str] | None = None) -> CommandResult:
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float = 60.0,
+        input: bytes | None = None,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> CommandResult:
         """Run a shell command line; raise RemoteCommandError on non-zero status if `check`."""
 
     @abstractmethod
@@ -187,8 +194,7 @@ class Host(ABC):
         """The absolute home directory of the user we act as."""
 
     @abstractmethod
-    def start(self, argv: list[str], *, cwd: str, log: str,
-              env: dict[str, str] | None = None) -> ProcRef:
+    def start(self, argv: list[str], *, cwd: str, log: str, env: dict[str, str] | None = None) -> ProcRef:
         """Start `argv` detached (own session, stdin /dev/null, output appended to `log`)."""
 
     @abstractmethod
@@ -218,8 +224,9 @@ class Host(ABC):
         data = data[:-1] if data.endswith(b"\n") else data
         return b"\n".join(data.split(b"\n")[-lines:]).decode("utf-8", "replace")
 
-    def follow(self, path: str, *, from_end_lines: int = 10, poll_s: float = 0.5,
-               stop: Callable[[], bool] | None = None) -> Iterator[str]:
+    def follow(
+        self, path: str, *, from_end_lines: int = 10, poll_s: float = 0.5, stop: Callable[[], bool] | None = None
+    ) -> Iterator[str]:
         """Yield the last `from_end_lines` lines, then each new line (no trailing newline).
 
         Waits for the file to appear; starts over if it is truncated. Ends when `stop()` is true
@@ -229,7 +236,7 @@ class Host(ABC):
         pending = b""
         while not (stop and stop()):
             size = self.size(path)
-            if size is None:                      # not created yet, or being rotated
+            if size is None:  # not created yet, or being rotated
                 time.sleep(poll_s)
                 continue
             if offset is None:
@@ -238,7 +245,7 @@ class Host(ABC):
                 yield from _decode(done[-from_end_lines:] if from_end_lines > 0 else [])
                 continue
             if size < offset:
-                offset, pending = 0, b""          # truncated or replaced: read it from the start
+                offset, pending = 0, b""  # truncated or replaced: read it from the start
             if size > offset:
                 chunk = self.read_bytes(path, offset, min(size - offset, 1 << 20))
                 offset += len(chunk)
@@ -261,6 +268,7 @@ class Host(ABC):
     def __enter__(self) -> Host:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()

@@ -45,28 +45,38 @@ class LocalHost(Host):
     def __init__(self, name: str = "local") -> None:
         self.name = name
 
-    def run(self, command: str, *, timeout: float = 60.0, input: bytes | None = None,
-            check: bool = True, env: dict[str, str] | None = None) -> CommandResult:
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float = 60.0,
+        input: bytes | None = None,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> CommandResult:
         """Run `command` under /bin/sh; stdout and stderr are drained concurrently."""
         full_env = {**os.environ, **env} if env else None
         try:
             proc = subprocess.Popen(
-                command, shell=True, env=full_env, start_new_session=True,
+                command,
+                shell=True,
+                env=full_env,
+                start_new_session=True,
                 stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
         except OSError as exc:
             raise HostError(self.name, f"cannot run `{command}`: {exc.strerror}") from exc
         try:
             out, err = proc.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             self._kill_group(proc)
-            raise HostError(self.name, f"`{command}` did not finish within {timeout:g}s "
-                            "(killed it)") from exc
+            raise HostError(self.name, f"`{command}` did not finish within {timeout:g}s (killed it)") from exc
         except BaseException:
-            self._kill_group(proc)               # Ctrl-C in the CLI: leave nothing behind
+            self._kill_group(proc)  # Ctrl-C in the CLI: leave nothing behind
             raise
-        result = CommandResult(proc.returncode, out.decode("utf-8", "replace"),
-                               err.decode("utf-8", "replace"))
+        result = CommandResult(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
         if check and result.status != 0:
             raise RemoteCommandError(self.name, command, result.status, output_tail(result))
         return result
@@ -168,8 +178,7 @@ class LocalHost(Host):
         """The current user's home directory."""
         return os.path.expanduser("~")
 
-    def start(self, argv: list[str], *, cwd: str, log: str,
-              env: dict[str, str] | None = None) -> ProcRef:
+    def start(self, argv: list[str], *, cwd: str, log: str, env: dict[str, str] | None = None) -> ProcRef:
         """Start `argv` detached; `env` reaches it through the environment, never argv."""
         script = launcher_script(argv, os.path.expanduser(cwd), os.path.expanduser(log))
         result = self.run(script, timeout=30.0, check=False, env=env)
@@ -184,7 +193,7 @@ class LocalHost(Host):
         """
         stat = read_stat(ref.pid)
         if stat is not None and stat.start_ticks != ref.start_ticks:
-            return False                          # pid reused by an unrelated process
+            return False  # pid reused by an unrelated process
         live = is_live(stat, ref)
         try:
             if group:

@@ -28,7 +28,6 @@ import random
 import secrets
 import shlex
 import signal as _signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,15 +38,35 @@ from typing import TypeVar
 import paramiko
 
 from dldctl.errors import (
-    DldError, HostError, RemoteCommandError, SSHAuthError, SSHError, UnreachableError, UsageError,
+    DldError,
+    HostError,
+    RemoteCommandError,
+    SSHAuthError,
+    SSHError,
+    UnreachableError,
+    UsageError,
 )
 from dldctl.hosts.base import (
-    CommandResult, Host, ProcRef, env_exports, expand_home, is_live, launcher_script,
-    output_tail, parse_started, parse_stat,
+    CommandResult,
+    Host,
+    ProcRef,
+    env_exports,
+    expand_home,
+    is_live,
+    launcher_script,
+    output_tail,
+    parse_started,
+    parse_stat,
 )
 from dldctl.hosts.sshconfig import (
-    DEFAULT_CONFIG, POLICIES, SSHTarget, classify_connect_error, load_identity, make_policy,
-    parse_jump, resolve_target,
+    DEFAULT_CONFIG,
+    POLICIES,
+    SSHTarget,
+    classify_connect_error,
+    load_identity,
+    make_policy,
+    parse_jump,
+    resolve_target,
 )
 
 # paramiko logs each failed handshake (with a traceback) at ERROR; with no handler configured,
@@ -57,7 +76,7 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 MAX_CONCURRENT_CONNECTS = 6
 CONNECT_ATTEMPTS = 6
 BACKOFF_BASE_S, BACKOFF_CAP_S = 0.2, 3.0
-COMMAND_SLOTS_PER_HOST = 7            # + 1 SFTP channel = 8 <= sshd's MaxSessions 10
+COMMAND_SLOTS_PER_HOST = 7  # + 1 SFTP channel = 8 <= sshd's MaxSessions 10
 _CONNECT_SLOTS = threading.BoundedSemaphore(MAX_CONCURRENT_CONNECTS)
 T = TypeVar("T")
 
@@ -72,7 +91,7 @@ class _Transient(Exception):
 
 def _backoff(attempt: int) -> float:
     """Capped exponential backoff with jitter, so that retrying clients spread out."""
-    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** attempt) * random.uniform(0.5, 1.0)
+    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt) * random.uniform(0.5, 1.0)
 
 
 def _sh(script: str) -> str:
@@ -83,45 +102,69 @@ def _sh(script: str) -> str:
 class SSHHost(Host):
     """A remote machine reached over SSH (optionally through jump hosts)."""
 
-    def __init__(self, name: str, address: str, *, user: str | None = None,
-                 port: int | None = None, identity_file: str | os.PathLike[str] | None = None,
-                 known_hosts: str | os.PathLike[str] | None = None,
-                 host_key_policy: str = "strict", proxy_jump: str | None = None,
-                 connect_timeout: float = 10.0, keepalive_s: int = 15,
-                 use_ssh_config: bool = True,
-                 ssh_config_file: str | os.PathLike[str] | None = None,
-                 op_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        address: str,
+        *,
+        user: str | None = None,
+        port: int | None = None,
+        identity_file: str | os.PathLike[str] | None = None,
+        known_hosts: str | os.PathLike[str] | None = None,
+        host_key_policy: str = "strict",
+        proxy_jump: str | None = None,
+        connect_timeout: float = 10.0,
+        keepalive_s: int = 15,
+        use_ssh_config: bool = True,
+        ssh_config_file: str | os.PathLike[str] | None = None,
+        op_timeout: float = 60.0,
+    ) -> None:
         self.name = name
         if host_key_policy not in POLICIES:
-            raise UsageError(f"host {name}: unknown host_key_policy {host_key_policy!r}",
-                             hint='use "strict" or "accept-new"')
+            raise UsageError(
+                f"host {name}: unknown host_key_policy {host_key_policy!r}", hint='use "strict" or "accept-new"'
+            )
         config = (ssh_config_file or DEFAULT_CONFIG) if use_ssh_config else None
         self.target: SSHTarget = resolve_target(
-            address, user=user, port=port, identity_file=identity_file,
-            known_hosts=known_hosts, proxy_jump=proxy_jump, config_file=config)
+            address,
+            user=user,
+            port=port,
+            identity_file=identity_file,
+            known_hosts=known_hosts,
+            proxy_jump=proxy_jump,
+            config_file=config,
+        )
         self.policy = host_key_policy
-        self.connect_timeout, self.keepalive_s, self.op_timeout = \
-            connect_timeout, keepalive_s, op_timeout
-        self._lock = threading.RLock()          # guards the connection
-        self._sftp_lock = threading.RLock()     # one SFTP request stream at a time; taken first
+        self.connect_timeout, self.keepalive_s, self.op_timeout = connect_timeout, keepalive_s, op_timeout
+        self._lock = threading.RLock()  # guards the connection
+        self._sftp_lock = threading.RLock()  # one SFTP request stream at a time; taken first
         self._slots = threading.BoundedSemaphore(COMMAND_SLOTS_PER_HOST)
         self._client: paramiko.SSHClient | None = None
         self._sftp_client: paramiko.SFTPClient | None = None
         self._home: str | None = None
         self._jump = self._make_jump(identity_file, config) if self.target.proxy_jump else None
 
-    def _make_jump(self, identity_file: str | os.PathLike[str] | None,
-                   config: str | os.PathLike[str] | None) -> SSHHost:
+    def _make_jump(
+        self, identity_file: str | os.PathLike[str] | None, config: str | os.PathLike[str] | None
+    ) -> SSHHost:
         """The next hop towards us of `proxy_jump` ("a,b": a is reached first, then b)."""
         hops = (self.target.proxy_jump or "").split(",")
         user, address, port = parse_jump(hops[-1].strip())
         return SSHHost(
-            f"{hops[-1].strip()} (jump host for {self.name})", address, user=user, port=port,
-            identity_file=identity_file, known_hosts=self.target.known_hosts,
-            host_key_policy=self.policy, proxy_jump=",".join(hops[:-1]) or None,
-            connect_timeout=self.connect_timeout, keepalive_s=self.keepalive_s,
-            use_ssh_config=config is not None, ssh_config_file=config,
-            op_timeout=self.op_timeout)
+            f"{hops[-1].strip()} (jump host for {self.name})",
+            address,
+            user=user,
+            port=port,
+            identity_file=identity_file,
+            known_hosts=self.target.known_hosts,
+            host_key_policy=self.policy,
+            proxy_jump=",".join(hops[:-1]) or None,
+            connect_timeout=self.connect_timeout,
+            keepalive_s=self.keepalive_s,
+            use_ssh_config=config is not None,
+            ssh_config_file=config,
+            op_timeout=self.op_timeout,
+        )
 
     # ----- connection ------------------------------------------------------------------------
 
@@ -149,7 +192,7 @@ class SSHHost(Host):
         """Handshake under the process-wide connect limit, retrying transient failures."""
         keys = self._identities()
         for attempt in range(CONNECT_ATTEMPTS):
-            sock = self._jump_channel()     # before taking a slot: the jump's connect takes one
+            sock = self._jump_channel()  # before taking a slot: the jump's connect takes one
             with _CONNECT_SLOTS:
                 try:
                     return self._handshake(sock, keys)
@@ -164,7 +207,7 @@ class SSHHost(Host):
         keys = []
         for path in self.target.identity_files:
             if not self.target.identity_explicit and not os.path.exists(path):
-                continue                    # as ssh: a missing IdentityFile in config is skipped
+                continue  # as ssh: a missing IdentityFile in config is skipped
             try:
                 keys.append((path, load_identity(self.name, path)))
             except SSHAuthError:
@@ -179,16 +222,16 @@ class SSHHost(Host):
         t = self.target
         try:
             return self._jump._transport().open_channel(
-                "direct-tcpip", (t.address, t.port), ("127.0.0.1", 0),
-                timeout=self.connect_timeout)
+                "direct-tcpip", (t.address, t.port), ("127.0.0.1", 0), timeout=self.connect_timeout
+            )
         except paramiko.ChannelException as exc:
-            raise UnreachableError(self.name, f"jump host {self._jump.name} cannot reach "
-                                   f"{t.address}:{t.port} ({exc})") from exc
+            raise UnreachableError(
+                self.name, f"jump host {self._jump.name} cannot reach {t.address}:{t.port} ({exc})"
+            ) from exc
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise SSHError(self.name, f"jump host {self._jump.name} failed: {exc}") from exc
 
-    def _handshake(self, sock: paramiko.Channel | None,
-                   keys: list[tuple[str, paramiko.PKey]]) -> paramiko.SSHClient:
+    def _handshake(self, sock: paramiko.Channel | None, keys: list[tuple[str, paramiko.PKey]]) -> paramiko.SSHClient:
         """One connect attempt: TCP, banner, key exchange, host key check, authentication."""
         t = self.target
         client = paramiko.SSHClient()
@@ -200,15 +243,22 @@ class SSHHost(Host):
         client.set_missing_host_key_policy(make_policy(self.name, self.policy, t))
         try:
             client.connect(
-                t.address, port=t.port, username=t.user, pkey=keys[0][1] if keys else None,
+                t.address,
+                port=t.port,
+                username=t.user,
+                pkey=keys[0][1] if keys else None,
                 key_filename=[path for path, _ in keys[1:]] or None,
-                allow_agent=True, look_for_keys=not t.identity_files, sock=sock,
-                timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
-                auth_timeout=self.connect_timeout, channel_timeout=self.connect_timeout)
+                allow_agent=True,
+                look_for_keys=not t.identity_files,
+                sock=sock,
+                timeout=self.connect_timeout,
+                banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout,
+                channel_timeout=self.connect_timeout,
+            )
         except Exception as exc:
             client.close()
-            retry, error = classify_connect_error(
-                self.name, t, exc, self.connect_timeout, CONNECT_ATTEMPTS)
+            retry, error = classify_connect_error(self.name, t, exc, self.connect_timeout, CONNECT_ATTEMPTS)
             if retry:
                 raise _Transient(error) from exc
             raise error from exc
@@ -245,8 +295,10 @@ class SSHHost(Host):
     def _session(self, deadline: float) -> Iterator[paramiko.Channel]:
         """A session channel for one command, within this host's concurrency limit."""
         if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise HostError(self.name, "timed out waiting for a free SSH session "
-                            f"({COMMAND_SLOTS_PER_HOST} commands already running)")
+            raise HostError(
+                self.name,
+                f"timed out waiting for a free SSH session ({COMMAND_SLOTS_PER_HOST} commands already running)",
+            )
         try:
             wait = min(self.connect_timeout, max(0.1, deadline - time.monotonic()))
             chan = self._reopening("an SSH session", lambda t: t.open_session(timeout=wait))
@@ -270,10 +322,9 @@ class SSHHost(Host):
                 yield sftp
             except FileNotFoundError as exc:
                 raise HostError(self.name, f"cannot {what}: no such file") from exc
-            except (socket.timeout, TimeoutError) as exc:
+            except TimeoutError as exc:
                 self._reset()
-                raise HostError(self.name, f"cannot {what}: no answer within "
-                                f"{self.op_timeout:g}s") from exc
+                raise HostError(self.name, f"cannot {what}: no answer within {self.op_timeout:g}s") from exc
             except (paramiko.SSHException, EOFError) as exc:
                 self._reset()
                 raise SSHError(self.name, f"cannot {what}: connection lost ({exc})") from exc
@@ -283,7 +334,7 @@ class SSHHost(Host):
     def _open_sftp(self, transport: paramiko.Transport) -> paramiko.SFTPClient:
         sftp = paramiko.SFTPClient.from_transport(transport)
         assert sftp is not None
-        sftp.get_channel().settimeout(self.op_timeout)   # per request: a dead host errors out
+        sftp.get_channel().settimeout(self.op_timeout)  # per request: a dead host errors out
         return sftp
 
     def _path(self, remote: str) -> str:
@@ -291,8 +342,15 @@ class SSHHost(Host):
 
     # ----- commands --------------------------------------------------------------------------
 
-    def run(self, command: str, *, timeout: float = 60.0, input: bytes | None = None,
-            check: bool = True, env: dict[str, str] | None = None) -> CommandResult:
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float = 60.0,
+        input: bytes | None = None,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> CommandResult:
         """Run a command line in the user's login shell on the host."""
         wire, stdin = command, input or b""
         if env:
@@ -309,15 +367,17 @@ class SSHHost(Host):
                 if not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
                     raise TimeoutError
             except TimeoutError as exc:
-                raise HostError(self.name, f"`{command}` did not finish within {timeout:g}s",
-                                hint="it may still be running on the host") from exc
+                raise HostError(
+                    self.name,
+                    f"`{command}` did not finish within {timeout:g}s",
+                    hint="it may still be running on the host",
+                ) from exc
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 raise SSHError(self.name, f"connection lost running `{command}`: {exc}") from exc
             status = chan.recv_exit_status()
         if status == -1 and not chan.get_transport().is_active():
             raise SSHError(self.name, f"connection lost running `{command}`")
-        result = CommandResult(status, out.decode("utf-8", "replace"),
-                               err.decode("utf-8", "replace"))
+        result = CommandResult(status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
         if check and status != 0:
             raise RemoteCommandError(self.name, command, status, output_tail(result))
         return result
@@ -343,7 +403,7 @@ class SSHHost(Host):
             try:
                 self.run(_sh(f"rm -f -- {shlex.quote(tmp)}"), check=False, timeout=10.0)
             except DldError:
-                pass                             # the original error is the one to report
+                pass  # the original error is the one to report
             raise
 
     def put_bytes(self, data: bytes, remote: str, mode: int = 0o600) -> None:
@@ -351,9 +411,11 @@ class SSHHost(Host):
         dest = self._path(remote)
         q_dir, q_dest = shlex.quote(posixpath.dirname(dest) or "."), shlex.quote(dest)
         q_tmp = shlex.quote(f"{dest}.{secrets.token_hex(4)}.tmp")
-        script = (f"mkdir -p -- {q_dir} && umask 077 && cat > {q_tmp} && "
-                  f"chmod {mode:o} {q_tmp} && mv -f -- {q_tmp} {q_dest} || "
-                  f"{{ rm -f -- {q_tmp}; exit 1; }}")
+        script = (
+            f"mkdir -p -- {q_dir} && umask 077 && cat > {q_tmp} && "
+            f"chmod {mode:o} {q_tmp} && mv -f -- {q_tmp} {q_dest} || "
+            f"{{ rm -f -- {q_tmp}; exit 1; }}"
+        )
         result = self.run(_sh(script), input=data, check=False, timeout=self.op_timeout)
         if result.status != 0:
             raise HostError(self.name, f"cannot write {remote}: {output_tail(result).strip()}")
@@ -409,7 +471,7 @@ class SSHHost(Host):
                     try:
                         sftp.mkdir(current, mode)
                     except OSError:
-                        sftp.stat(current)       # created meanwhile by someone else: fine
+                        sftp.stat(current)  # created meanwhile by someone else: fine
 
     def home(self) -> str:
         """The remote user's home directory (where SFTP starts)."""
@@ -420,8 +482,7 @@ class SSHHost(Host):
 
     # ----- processes -------------------------------------------------------------------------
 
-    def start(self, argv: list[str], *, cwd: str, log: str,
-              env: dict[str, str] | None = None) -> ProcRef:
+    def start(self, argv: list[str], *, cwd: str, log: str, env: dict[str, str] | None = None) -> ProcRef:
         """Start `argv` detached: it outlives this connection; `env` never appears in argv."""
         script = launcher_script(argv, self._path(cwd), self._path(log))
         result = self.run(_sh(script), timeout=self.op_timeout, check=False, env=env)
@@ -436,7 +497,8 @@ class SSHHost(Host):
             f'  set -f; set -- ${{s##*\\) }}\n  [ "${{20}}" = {ref.start_ticks} ] || exit 3\n'
             "  case $1 in Z|X) ;; *) live=0 ;; esac\nfi\n"
             + ("" if group else "[ $live = 0 ] || exit 3\n")
-            + f"kill -s {name} {target} 2>/dev/null || exit 3\nexit $live\n")
+            + f"kill -s {name} {target} 2>/dev/null || exit 3\nexit $live\n"
+        )
         return self.run(_sh(script), timeout=self.op_timeout, check=False).status == 0
 
     def _stats(self, pids: list[int]) -> dict[int, str]:
@@ -473,7 +535,7 @@ class SSHHost(Host):
 def _pump(chan: paramiko.Channel, data: bytes, deadline: float) -> tuple[bytes, bytes]:
     """Feed `data` to stdin while draining stdout and stderr, until EOF; TimeoutError at
     `deadline`. Everything in one loop, so neither side can block the other (paramiko#448)."""
-    wake = threading.Event()                  # set by paramiko whenever either buffer gets data
+    wake = threading.Event()  # set by paramiko whenever either buffer gets data
     chan.in_buffer.set_event(wake)
     chan.in_stderr_buffer.set_event(wake)
     out, err, sent = bytearray(), bytearray(), 0
@@ -488,15 +550,14 @@ def _pump(chan: paramiko.Channel, data: bytes, deadline: float) -> tuple[bytes, 
             err += chan.recv_stderr(1 << 16)
             busy = True
         if sent < len(data) and chan.send_ready():
-            sent += chan.send(data[sent:sent + (1 << 15)])
+            sent += chan.send(data[sent : sent + (1 << 15)])
             if sent == len(data):
                 chan.shutdown_write()
             busy = True
-        if (chan.eof_received or chan.closed) and not busy and not chan.recv_ready() \
-                and not chan.recv_stderr_ready():
+        if (chan.eof_received or chan.closed) and not busy and not chan.recv_ready() and not chan.recv_stderr_ready():
             return bytes(out), bytes(err)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError
         if not busy:
-            wake.wait(min(remaining, 0.05))   # 50 ms cap: window space for stdin sets no event
+            wake.wait(min(remaining, 0.05))  # 50 ms cap: window space for stdin sets no event

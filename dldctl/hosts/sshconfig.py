@@ -27,7 +27,13 @@ import paramiko
 from paramiko.ssh_exception import NoValidConnectionsError
 
 from dldctl.errors import (
-    ConfigError, DldError, HostKeyError, SSHAuthError, SSHError, UnreachableError, UsageError,
+    ConfigError,
+    DldError,
+    HostKeyError,
+    SSHAuthError,
+    SSHError,
+    UnreachableError,
+    UsageError,
 )
 
 POLICIES = ("strict", "accept-new")
@@ -46,15 +52,21 @@ class SSHTarget:
     port: int
     user: str
     identity_files: tuple[str, ...]
-    identity_explicit: bool        # given by the caller: a missing file is an error, not skipped
+    identity_explicit: bool  # given by the caller: a missing file is an error, not skipped
     known_hosts: Path
     proxy_jump: str | None
 
 
-def resolve_target(alias: str, *, user: str | None, port: int | None,
-                   identity_file: str | os.PathLike[str] | None,
-                   known_hosts: str | os.PathLike[str] | None, proxy_jump: str | None,
-                   config_file: str | os.PathLike[str] | None) -> SSHTarget:
+def resolve_target(
+    alias: str,
+    *,
+    user: str | None,
+    port: int | None,
+    identity_file: str | os.PathLike[str] | None,
+    known_hosts: str | os.PathLike[str] | None,
+    proxy_jump: str | None,
+    config_file: str | os.PathLike[str] | None,
+) -> SSHTarget:
     """Merge explicit arguments over `~/.ssh/config` (explicit wins, as on ssh's command line)."""
     cfg = _lookup(alias, config_file) if config_file is not None else {"hostname": alias}
     explicit = identity_file is not None
@@ -114,18 +126,21 @@ def load_identity(host: str, path: str) -> paramiko.PKey:
     try:
         return paramiko.PKey.from_path(path)
     except FileNotFoundError as exc:
-        raise SSHAuthError(host, f"identity file {path} does not exist",
-                           hint="fix [ssh] identity_file") from exc
+        raise SSHAuthError(host, f"identity file {path} does not exist", hint="fix [ssh] identity_file") from exc
     except PermissionError as exc:
-        raise SSHAuthError(host, f"identity file {path} is not readable",
-                           hint=f"check its owner and permissions: ls -l {path}") from exc
+        raise SSHAuthError(
+            host, f"identity file {path} is not readable", hint=f"check its owner and permissions: ls -l {path}"
+        ) from exc
     except paramiko.PasswordRequiredException as exc:
-        raise SSHAuthError(host, f"identity file {path} is passphrase-protected",
-                           hint=f"load it into the agent: ssh-add {path}") from exc
+        raise SSHAuthError(
+            host, f"identity file {path} is passphrase-protected", hint=f"load it into the agent: ssh-add {path}"
+        ) from exc
     except (paramiko.SSHException, ValueError, OSError) as exc:
-        raise SSHAuthError(host, f"identity file {path} is not a usable private key ({exc})",
-                           hint="point [ssh] identity_file at the private key, not the .pub") \
-            from exc
+        raise SSHAuthError(
+            host,
+            f"identity file {path} is not a usable private key ({exc})",
+            hint="point [ssh] identity_file at the private key, not the .pub",
+        ) from exc
 
 
 def known_hosts_name(address: str, port: int) -> str:
@@ -157,17 +172,14 @@ class _StrictPolicy(paramiko.MissingHostKeyPolicy):
     def __init__(self, host: str, target: SSHTarget) -> None:
         self.host, self.target = host, target
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
-                         key: paramiko.PKey) -> None:
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         t = self.target
-        scan = f"ssh-keyscan -p {t.port} {t.address}" if t.port != 22 else \
-            f"ssh-keyscan {t.address}"
+        scan = f"ssh-keyscan -p {t.port} {t.address}" if t.port != 22 else f"ssh-keyscan {t.address}"
         raise HostKeyError(
             self.host,
-            f"unknown host key for {hostname} ({key.get_name()} {fingerprint(key)}), "
-            f"not in {t.known_hosts}",
-            hint=f"verify it, then run `{scan} >> {t.known_hosts}`, "
-                 'or set host_key_policy = "accept-new"')
+            f"unknown host key for {hostname} ({key.get_name()} {fingerprint(key)}), not in {t.known_hosts}",
+            hint=f'verify it, then run `{scan} >> {t.known_hosts}`, or set host_key_policy = "accept-new"',
+        )
 
 
 class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
@@ -176,8 +188,7 @@ class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
     def __init__(self, host: str, target: SSHTarget) -> None:
         self.host, self.target = host, target
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
-                         key: paramiko.PKey) -> None:
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         path = self.target.known_hosts
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
         try:
@@ -187,8 +198,11 @@ class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
                 with os.fdopen(fd, "a", encoding="ascii") as f:
                     f.write(line)
         except OSError as exc:
-            raise HostKeyError(self.host, f"cannot add the host key to {path}: {exc.strerror}",
-                               hint="make the known_hosts file writable") from exc
+            raise HostKeyError(
+                self.host,
+                f"cannot add the host key to {path}: {exc.strerror}",
+                hint="make the known_hosts file writable",
+            ) from exc
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
@@ -198,12 +212,10 @@ def make_policy(host: str, policy: str, target: SSHTarget) -> paramiko.MissingHo
         return _StrictPolicy(host, target)
     if policy == "accept-new":
         return _AcceptNewPolicy(host, target)
-    raise UsageError(f"host {host}: unknown host_key_policy {policy!r}",
-                     hint='use "strict" or "accept-new"')
+    raise UsageError(f"host {host}: unknown host_key_policy {policy!r}", hint='use "strict" or "accept-new"')
 
 
-def changed_key_error(host: str, target: SSHTarget, exc: paramiko.BadHostKeyException) \
-        -> HostKeyError:
+def changed_key_error(host: str, target: SSHTarget, exc: paramiko.BadHostKeyException) -> HostKeyError:
     """The refusal for a host whose key differs from the one in known_hosts."""
     name = known_hosts_name(target.address, target.port)
     return HostKeyError(
@@ -212,39 +224,45 @@ def changed_key_error(host: str, target: SSHTarget, exc: paramiko.BadHostKeyExce
         f"{target.known_hosts} has {fingerprint(exc.expected_key)}; refusing to connect "
         "(possible man-in-the-middle)",
         hint=f"if the host was reinstalled, remove the old key with "
-             f"`ssh-keygen -R '{name}' -f {target.known_hosts}` and connect again")
+        f"`ssh-keygen -R '{name}' -f {target.known_hosts}` and connect again",
+    )
 
 
-def classify_connect_error(host: str, t: SSHTarget, exc: Exception, connect_timeout: float,
-                           attempts: int) -> tuple[bool, DldError]:
+def classify_connect_error(
+    host: str, t: SSHTarget, exc: Exception, connect_timeout: float, attempts: int
+) -> tuple[bool, DldError]:
     """Map a connect failure to (worth retrying?, the error to report)."""
     where = f"{t.address}:{t.port}"
     text = str(exc)
     if isinstance(exc, DldError):
-        return False, exc                                     # our host key policy
+        return False, exc  # our host key policy
     if isinstance(exc, paramiko.BadHostKeyException):
         return False, changed_key_error(host, t, exc)
-    if isinstance(exc, paramiko.AuthenticationException) or \
-            "No authentication methods available" in text:
+    if isinstance(exc, paramiko.AuthenticationException) or "No authentication methods available" in text:
         tried = ", ".join(t.identity_files) or "~/.ssh/id_*"
         return False, SSHAuthError(
-            host, f"{where} refused our key for user {t.user} (tried {tried} and the "
-            "SSH agent)", hint="add the public key to ~/.ssh/authorized_keys on the host, "
-            "or fix [ssh] user / identity_file")
+            host,
+            f"{where} refused our key for user {t.user} (tried {tried} and the SSH agent)",
+            hint="add the public key to ~/.ssh/authorized_keys on the host, or fix [ssh] user / identity_file",
+        )
     if isinstance(exc, (NoValidConnectionsError, ConnectionRefusedError)):
-        return False, UnreachableError(host, f"connection refused by {where}",
-                                       hint="is sshd running there, and is the port right?")
+        return False, UnreachableError(
+            host, f"connection refused by {where}", hint="is sshd running there, and is the port right?"
+        )
     if isinstance(exc, socket.gaierror):
         return False, UnreachableError(host, f"cannot resolve {t.address}")
     if isinstance(exc, (socket.timeout, TimeoutError)) or "timed out" in text.lower():
         return False, UnreachableError(
-            host, f"no answer from {where} within {connect_timeout:g}s",
-            hint="is the host up and the address right?")
-    if "Error reading SSH protocol banner" in text or \
-            isinstance(exc, (ConnectionResetError, EOFError, BrokenPipeError)):
+            host, f"no answer from {where} within {connect_timeout:g}s", hint="is the host up and the address right?"
+        )
+    if "Error reading SSH protocol banner" in text or isinstance(
+        exc, (ConnectionResetError, EOFError, BrokenPipeError)
+    ):
         return True, UnreachableError(
-            host, f"{where} dropped the connection before the SSH handshake "
-            f"({attempts} attempts)", hint="sshd may be overloaded (MaxStartups)")
+            host,
+            f"{where} dropped the connection before the SSH handshake ({attempts} attempts)",
+            hint="sshd may be overloaded (MaxStartups)",
+        )
     if isinstance(exc, OSError):
         return False, UnreachableError(host, f"cannot connect to {where}: {exc}")
     return False, SSHError(host, f"SSH handshake with {where} failed: {exc}")

@@ -25,8 +25,21 @@ from dldctl.sim.goodput import (
 from dldctl.sim.montecarlo import Spread, Summary, monte_carlo, sweep
 
 __all__ = [
-    "DATA_PARALLEL", "DILOCO", "ELASTIC", "STRATEGIES", "YEAR_S",
-    "FleetParams", "RunResult", "failure_times", "simulate",
-    "Spread", "Summary", "monte_carlo", "sweep",
-    "LinkParams", "LinkReport", "Transfer", "link_report",
+    "DATA_PARALLEL",
+    "DILOCO",
+    "ELASTIC",
+    "STRATEGIES",
+    "YEAR_S",
+    "FleetParams",
+    "LinkParams",
+    "LinkReport",
+    "RunResult",
+    "Spread",
+    "Summary",
+    "Transfer",
+    "failure_times",
+    "link_report",
+    "monte_carlo",
+    "simulate",
+    "sweep",
 ]

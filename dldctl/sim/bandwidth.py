@@ -25,9 +25,9 @@ from dldctl.sim.errors import check
 
 DATA_PARALLEL = "data_parallel"
 DILOCO = "decoupled_diloco"
-CODEC_BITS = (4, 8, 16, 32)         # int4, int8, bf16, none: the modes of syncer/codec.py
-SCALE_BLOCK = 128                   # values per absmax scale (syncer/codec.py default)
-SCALE_BITS = 32                     # the scale is stored as fp32
+CODEC_BITS = (4, 8, 16, 32)  # int4, int8, bf16, none: the modes of syncer/codec.py
+SCALE_BLOCK = 128  # values per absmax scale (syncer/codec.py default)
+SCALE_BITS = 32  # the scale is stored as fp32
 GBIT = 1e9
 
 
@@ -35,16 +35,16 @@ GBIT = 1e9
 class LinkParams:
     """A model, its step time and how it is spread over sites."""
 
-    params: float                   # parameter count
-    step_time_s: float              # one inner (or data-parallel) step's compute time
-    H: int = 64                     # inner steps between two syncs of one fragment
+    params: float  # parameter count
+    step_time_s: float  # one inner (or data-parallel) step's compute time
+    H: int = 64  # inner steps between two syncs of one fragment
     fragments: int = 4
-    bits: int = 4                   # DiLoCo outer-gradient precision (codec mode)
-    tau: int = 2                    # steps a learner may run ahead of a reply
-    sites: int = 4                  # data centres (one DiLoCo learner each)
-    utilization: float = 0.95       # target share of time spent computing
-    dp_bits: int = 16               # data-parallel gradient precision (bf16 all-reduce)
-    dp_overlap: float = 2.0 / 3.0   # share of a step the all-reduce can hide behind
+    bits: int = 4  # DiLoCo outer-gradient precision (codec mode)
+    tau: int = 2  # steps a learner may run ahead of a reply
+    sites: int = 4  # data centres (one DiLoCo learner each)
+    utilization: float = 0.95  # target share of time spent computing
+    dp_bits: int = 16  # data-parallel gradient precision (bf16 all-reduce)
+    dp_overlap: float = 2.0 / 3.0  # share of a step the all-reduce can hide behind
 
     def __post_init__(self) -> None:
         check(self.problems())
@@ -104,16 +104,14 @@ def effective_bits(bits: int) -> float:
 def data_parallel_transfer(p: LinkParams) -> Transfer:
     """Ring all-reduce of the gradient across sites, every step."""
     ring = 2.0 * (p.sites - 1) / p.sites
-    return Transfer(DATA_PARALLEL, ring * p.params * p.dp_bits, p.step_time_s,
-                    p.dp_overlap * p.step_time_s)
+    return Transfer(DATA_PARALLEL, ring * p.params * p.dp_bits, p.step_time_s, p.dp_overlap * p.step_time_s)
 
 
 def diloco_transfer(p: LinkParams) -> Transfer:
     """One quantized fragment every H / fragments steps; the reply may lag min(tau, H/P) steps."""
     steps_between = p.H / p.fragments
     frag_bits = p.params / p.fragments * effective_bits(p.bits)
-    return Transfer(DILOCO, frag_bits, steps_between * p.step_time_s,
-                    min(p.tau, steps_between) * p.step_time_s)
+    return Transfer(DILOCO, frag_bits, steps_between * p.step_time_s, min(p.tau, steps_between) * p.step_time_s)
 
 
 @dataclass(frozen=True)
@@ -143,13 +141,20 @@ class LinkReport:
         rows = {}
         for t in (self.data_parallel, self.diloco):
             rows[t.strategy] = {
-                "bytes_per_transfer": t.bits / 8, "period_s": t.period_s, "hidden_s": t.hidden_s,
-                "average_gbps": t.average_gbps, "required_gbps": _finite(t.required_gbps(u)),
+                "bytes_per_transfer": t.bits / 8,
+                "period_s": t.period_s,
+                "hidden_s": t.hidden_s,
+                "average_gbps": t.average_gbps,
+                "required_gbps": _finite(t.required_gbps(u)),
                 "utilization_at_link": None if self.link_gbps is None else t.utilization_at(self.link_gbps),
             }
-        return {"params": self.params.__dict__.copy(), "link_gbps": self.link_gbps,
-                "strategies": rows, "reduction": _finite(self.reduction),
-                "syncer_ingress_gbps": self.syncer_ingress_gbps}
+        return {
+            "params": self.params.__dict__.copy(),
+            "link_gbps": self.link_gbps,
+            "strategies": rows,
+            "reduction": _finite(self.reduction),
+            "syncer_ingress_gbps": self.syncer_ingress_gbps,
+        }
 
 
 def _finite(x: float) -> float | None:

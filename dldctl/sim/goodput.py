@@ -37,7 +37,7 @@ DATA_PARALLEL = "data_parallel"
 ELASTIC = "elastic_data_parallel"
 DILOCO = "decoupled_diloco"
 STRATEGIES = (DATA_PARALLEL, ELASTIC, DILOCO)
-MAX_EXPECTED_FAILURES = 5_000_000   # a run holds a few float arrays of this length
+MAX_EXPECTED_FAILURES = 5_000_000  # a run holds a few float arrays of this length
 
 
 @dataclass(frozen=True)
@@ -46,14 +46,14 @@ class FleetParams:
 
     chips: int
     learners: int = 1
-    mtbi_s: float = YEAR_S              # mean time between interruptions, per chip
+    mtbi_s: float = YEAR_S  # mean time between interruptions, per chip
     step_time_s: float = 6.0
-    step_jitter: float = 0.0            # coefficient of variation of one replica's step time
-    recovery_s: float = 1800.0          # failure until the failed replica is back in service
-    reconfig_s: float = 20.0            # whole-job pause to shrink or grow an elastic job
-    restart_s: float = 600.0            # non-elastic job: restart from the last checkpoint
+    step_jitter: float = 0.0  # coefficient of variation of one replica's step time
+    recovery_s: float = 1800.0  # failure until the failed replica is back in service
+    reconfig_s: float = 20.0  # whole-job pause to shrink or grow an elastic job
+    restart_s: float = 600.0  # non-elastic job: restart from the last checkpoint
     checkpoint_every_s: float = 1800.0
-    failure_domain: int = 128           # chips one failure takes out (its model-parallel replica)
+    failure_domain: int = 128  # chips one failure takes out (its model-parallel replica)
     quorum: int = 1
     horizon_s: float = 24 * 3600.0
 
@@ -78,9 +78,14 @@ class FleetParams:
         ]
         problems = [(name, why) for name, ok, why in checks if not ok]
         if not problems and self.expected_failures() > MAX_EXPECTED_FAILURES:
-            problems.append(("horizon_s", f"gives {self.expected_failures():.3g} failures per run "
-                             f"with these chips and MTBI, over the {MAX_EXPECTED_FAILURES:.0e} "
-                             "a run can hold: shorten it"))
+            problems.append(
+                (
+                    "horizon_s",
+                    f"gives {self.expected_failures():.3g} failures per run "
+                    f"with these chips and MTBI, over the {MAX_EXPECTED_FAILURES:.0e} "
+                    "a run can hold: shorten it",
+                )
+            )
         return problems
 
     def expected_failures(self) -> float:
@@ -163,7 +168,7 @@ class UnitRun:
     """What one elastic unit (a whole elastic job, or one learner) did over the horizon."""
 
     useful_chip_s: float
-    down_starts: np.ndarray   # disjoint intervals with no progress (paused, or no chips left)
+    down_starts: np.ndarray  # disjoint intervals with no progress (paused, or no chips left)
     down_ends: np.ndarray
     failures: int
 
@@ -188,29 +193,30 @@ def elastic_timeline(chips: int, params: FleetParams, t: np.ndarray, lost: np.nd
     pause_s, pause_e = union(
         np.concatenate((t - lost, back)),
         np.concatenate((t + params.reconfig_s, back + params.reconfig_s)),
-        0.0, horizon,
+        0.0,
+        horizon,
     )
     domain = min(params.failure_domain, chips)
     capacity = StepFunction(
-        float(chips), np.concatenate((t, back)),
-        np.concatenate((np.full(t.size, -domain), np.full(t.size, domain))), horizon, floor=0.0,
+        float(chips),
+        np.concatenate((t, back)),
+        np.concatenate((np.full(t.size, -domain), np.full(t.size, domain))),
+        horizon,
+        floor=0.0,
     )
     # With every chip gone the unit makes no progress even when it is not pausing.
     empty_s, empty_e = capacity.where_at_most(0.0)
-    down_s, down_e = union(np.concatenate((pause_s, empty_s)), np.concatenate((pause_e, empty_e)),
-                           0.0, horizon)
+    down_s, down_e = union(np.concatenate((pause_s, empty_s)), np.concatenate((pause_e, empty_e)), 0.0, horizon)
     useful = capacity.total() - capacity.integral_over(down_s, down_e)
     return UnitRun(useful, down_s, down_e, int(t.size))
 
 
-def _units(strategy: str, sizes: list[int], quorum: int, params: FleetParams,
-           rng: np.random.Generator) -> RunResult:
+def _units(strategy: str, sizes: list[int], quorum: int, params: FleetParams, rng: np.random.Generator) -> RunResult:
     """Independent elastic units of the given sizes; progress needs `quorum` of them up."""
     horizon = params.horizon_s
     units = [_elastic_unit(size, params, rng) for size in sizes]
     useful = sum(u.useful_chip_s * straggler_efficiency(size, params) for u, size in zip(units, sizes))
-    up_s = time_with_at_least(quorum, len(units), [u.down_starts for u in units],
-                              [u.down_ends for u in units], horizon)
+    up_s = time_with_at_least(quorum, len(units), [u.down_starts for u in units], [u.down_ends for u in units], horizon)
     failures = sum(u.failures for u in units)
     return RunResult(strategy, useful / (params.chips * horizon), up_s / horizon, failures)
 

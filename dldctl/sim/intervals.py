@@ -43,8 +43,9 @@ class StepFunction:
     from below after summing (a fleet cannot run on fewer than zero chips).
     """
 
-    def __init__(self, value0: float, times: np.ndarray, deltas: np.ndarray, hi: float,
-                 floor: float | None = None) -> None:
+    def __init__(
+        self, value0: float, times: np.ndarray, deltas: np.ndarray, hi: float, floor: float | None = None
+    ) -> None:
         times = np.asarray(times, dtype=float)
         deltas = np.asarray(deltas, dtype=float)
         inside = (times >= 0.0) & (times < hi)
@@ -80,8 +81,9 @@ class StepFunction:
         return self.breaks[mask], ends[mask]
 
 
-def time_with_at_least(k: int, total: int, down_starts: list[np.ndarray],
-                       down_ends: list[np.ndarray], hi: float) -> float:
+def time_with_at_least(
+    k: int, total: int, down_starts: list[np.ndarray], down_ends: list[np.ndarray], hi: float
+) -> float:
     """Time in [0, hi] during which at least `k` of `total` units are up.
 
     Unit i is down on its own disjoint intervals (down_starts[i], down_ends[i]). A sweep over all

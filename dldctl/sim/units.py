@@ -46,7 +46,7 @@ def parse_count(text: str) -> int:
 
 
 def parse_count_list(text: str) -> list[int]:
-    """"1,2,4" -> [1, 2, 4]; each item as parse_count; order kept, duplicates dropped."""
+    """ "1,2,4" -> [1, 2, 4]; each item as parse_count; order kept, duplicates dropped."""
     items = [part.strip() for part in text.split(",")]
     if not items or any(not part for part in items):
         raise ValueError(f"{text!r} is not a comma-separated list (use e.g. 1,2,4,8)")
@@ -59,7 +59,7 @@ def parse_count_list(text: str) -> list[int]:
 
 
 def parse_sweep(text: str) -> tuple[str, list[int]]:
-    """"chips=150000,300000" -> ("chips", [150000, 300000]); only chips can be swept."""
+    """ "chips=150000,300000" -> ("chips", [150000, 300000]); only chips can be swept."""
     key, sep, values = text.partition("=")
     key = key.strip().lower()
     if not sep or key != "chips":

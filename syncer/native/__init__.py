@@ -16,16 +16,16 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
 SOURCE = Path(__file__).with_name("fused.c")
 FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math"]
 _P = ctypes.c_void_p
-_cache: dict[str, "Kernel | None"] = {}
-problem = ""   # why load() returned None, for the syncer's log
+_cache: dict[str, Kernel | None] = {}
+problem = ""  # why load() returned None, for the syncer's log
 
 
 class Kernel:
@@ -41,8 +41,23 @@ class Kernel:
         self._unpack4.argtypes = [_P, ctypes.c_int64, ctypes.c_int64, _P]
         self._publish = lib.dld_publish
         self._publish.restype = ctypes.c_int
-        self._publish.argtypes = [_P, _P, ctypes.c_int32, ctypes.c_int64, _P, _P, ctypes.c_int64, _P, _P, _P,
-                                  ctypes.c_float, ctypes.c_float, ctypes.c_int32, _P, _P]
+        self._publish.argtypes = [
+            _P,
+            _P,
+            ctypes.c_int32,
+            ctypes.c_int64,
+            _P,
+            _P,
+            ctypes.c_int64,
+            _P,
+            _P,
+            _P,
+            ctypes.c_float,
+            ctypes.c_float,
+            ctypes.c_int32,
+            _P,
+            _P,
+        ]
 
     @staticmethod
     def _ptrs(tensors: Sequence[torch.Tensor]) -> ctypes.Array:
@@ -57,24 +72,63 @@ class Kernel:
         address = ctypes.addressof((ctypes.c_char * len(raw)).from_buffer(raw))
         return self._unpack4(address + offset, nblocks, block, codes.data_ptr()) == 0
 
-    def gram(self, codes: Sequence[torch.Tensor], scales: Sequence[torch.Tensor], block: int,
-             bounds: torch.Tensor, out: torch.Tensor) -> None:
+    def gram(
+        self,
+        codes: Sequence[torch.Tensor],
+        scales: Sequence[torch.Tensor],
+        block: int,
+        bounds: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:
         """out (S, M, M) float64, zeroed: the Gram matrix of every segment (fused.c, dld_gram)."""
-        rc = self._gram(self._ptrs(codes), self._ptrs(scales), len(codes), block, bounds.data_ptr(),
-                        bounds.numel() - 1, out.data_ptr())
+        rc = self._gram(
+            self._ptrs(codes),
+            self._ptrs(scales),
+            len(codes),
+            block,
+            bounds.data_ptr(),
+            bounds.numel() - 1,
+            out.data_ptr(),
+        )
         if rc != 0:
             raise ValueError(f"native gram refused {len(codes)} contributions of block {block}")
 
-    def publish(self, codes: Sequence[torch.Tensor], scales: Sequence[torch.Tensor], block: int,
-                coefs: torch.Tensor, bounds: torch.Tensor, theta: torch.Tensor, momentum: torch.Tensor,
-                residual: torch.Tensor, lr: float, beta: float, qmax: int, out_scales: torch.Tensor,
-                out_codes: torch.Tensor) -> None:
+    def publish(
+        self,
+        codes: Sequence[torch.Tensor],
+        scales: Sequence[torch.Tensor],
+        block: int,
+        coefs: torch.Tensor,
+        bounds: torch.Tensor,
+        theta: torch.Tensor,
+        momentum: torch.Tensor,
+        residual: torch.Tensor,
+        lr: float,
+        beta: float,
+        qmax: int,
+        out_scales: torch.Tensor,
+        out_codes: torch.Tensor,
+    ) -> None:
         """Merge, Nesterov, quantize and apply in place (fused.c, dld_publish)."""
         for t in (coefs, bounds, theta, momentum, residual, out_scales, out_codes):
             assert t.is_contiguous() and t.device.type == "cpu"
-        rc = self._publish(self._ptrs(codes), self._ptrs(scales), len(codes), block, coefs.data_ptr(),
-                           bounds.data_ptr(), theta.numel(), theta.data_ptr(), momentum.data_ptr(),
-                           residual.data_ptr(), lr, beta, qmax, out_scales.data_ptr(), out_codes.data_ptr())
+        rc = self._publish(
+            self._ptrs(codes),
+            self._ptrs(scales),
+            len(codes),
+            block,
+            coefs.data_ptr(),
+            bounds.data_ptr(),
+            theta.numel(),
+            theta.data_ptr(),
+            momentum.data_ptr(),
+            residual.data_ptr(),
+            lr,
+            beta,
+            qmax,
+            out_scales.data_ptr(),
+            out_codes.data_ptr(),
+        )
         if rc != 0:
             raise ValueError(f"native publish refused block {block}")
 
@@ -113,7 +167,7 @@ def _build(digest: str) -> Path:
         proc = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {(proc.stderr or proc.stdout).strip()[:300]}")
-        os.replace(tmp, lib)   # atomic: another syncer building the same source is harmless
+        os.replace(tmp, lib)  # atomic: another syncer building the same source is harmless
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

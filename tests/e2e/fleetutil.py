@@ -14,8 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dldctl.hosts.local import read_stat
 
@@ -26,9 +27,21 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_table(name: str, **extra: object) -> str:
     """The [run] table of a small, fast test inventory (gpt-tiny; plain averaging, stable at H = 8;
     no warm spares unless asked for: they are extra processes on a 2-core machine)."""
-    settings: dict[str, object] = dict(name=name, model="gpt-tiny", seq_len=32, batch_size=8, H=8, outer_lr=1.0,
-                                       outer_momentum=0.0, eval_every=20, eval_batches=2, heartbeat_s=0.25,
-                                       liveness_s=2.0, restart_delay_s=1.0, warm_spares=False)
+    settings: dict[str, object] = dict(
+        name=name,
+        model="gpt-tiny",
+        seq_len=32,
+        batch_size=8,
+        H=8,
+        outer_lr=1.0,
+        outer_momentum=0.0,
+        eval_every=20,
+        eval_batches=2,
+        heartbeat_s=0.25,
+        liveness_s=2.0,
+        restart_delay_s=1.0,
+        warm_spares=False,
+    )
     settings.update(extra)
     return "[run]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items())
 
@@ -40,11 +53,16 @@ class Dl:
         self.home = home
         self.env = dict(os.environ, DLDCTL_HOME=str(home), COLUMNS="120", PYTHONUNBUFFERED="1")
 
-    def __call__(self, *args: str, timeout: float = 240, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
-        proc = subprocess.run([DLDCTL, *args], env=self.env, capture_output=True, text=True, timeout=timeout,
-                              cwd=ROOT, input=input)
+    def __call__(
+        self, *args: str, timeout: float = 240, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [DLDCTL, *args], env=self.env, capture_output=True, text=True, timeout=timeout, cwd=ROOT, input=input
+        )
         if check and proc.returncode != 0:
-            raise AssertionError(f"dldctl {' '.join(args)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            raise AssertionError(
+                f"dldctl {' '.join(args)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            )
         return proc
 
     def status(self) -> dict[str, Any]:
@@ -58,8 +76,10 @@ class Dl:
             if predicate(snap):
                 return snap
             time.sleep(0.5)
-        raise AssertionError(f"timed out ({timeout} s) waiting for {what}; last snapshot:\n"
-                             + json.dumps({k: snap.get(k) for k in ("syncer", "quorum", "learners", "events")}, indent=1)[-6000:])
+        raise AssertionError(
+            f"timed out ({timeout} s) waiting for {what}; last snapshot:\n"
+            + json.dumps({k: snap.get(k) for k in ("syncer", "quorum", "learners", "events")}, indent=1)[-6000:]
+        )
 
     def run_dir(self) -> Path:
         runs = sorted((self.home / "runs").iterdir(), key=lambda p: p.stat().st_mtime)

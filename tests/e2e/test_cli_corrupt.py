@@ -11,12 +11,15 @@ from tests.e2e.fleetutil import Dl, run_table
 
 pytestmark = [pytest.mark.timeout(300)]
 
-INVENTORY = run_table("corrupt", insecure=True) + """
+INVENTORY = (
+    run_table("corrupt", insecure=True)
+    + """
 [[hosts]]
 name = "here"
 address = "local"
 learners = 2
 """
+)
 
 
 def test_corrupt_state_file_and_insecure_run(tmp_path: Path) -> None:

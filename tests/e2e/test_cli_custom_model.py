@@ -19,13 +19,16 @@ pytestmark = [pytest.mark.timeout(300)]
 def inventory(tmp_path: Path, name: str, model: str, learners: int) -> Path:
     """One local host whose learners can import `examples` (the repository root on PYTHONPATH)."""
     inv = tmp_path / "inventory.toml"
-    inv.write_text(run_table(name, model=model, quorum=1) + f"""
+    inv.write_text(
+        run_table(name, model=model, quorum=1)
+        + f"""
 [[hosts]]
 name = "here"
 address = "local"
 learners = {learners}
 env = {{ PYTHONPATH = "{ROOT}" }}
-""")
+"""
+    )
     return inv
 
 
@@ -35,8 +38,15 @@ def test_custom_model_trains_under_dldctl_up(tmp_path: Path) -> None:
     dl = Dl(home)
     try:
         dl("up", str(inv), "-d")
-        snap = dl.wait(lambda s: s["syncer"]["outer_steps"] >= 12 and s["loss"]["eval"] is not None
-                       and all(r["state"] == "running" for r in s["learners"]), 150, "the custom model training")
+        snap = dl.wait(
+            lambda s: (
+                s["syncer"]["outer_steps"] >= 12
+                and s["loss"]["eval"] is not None
+                and all(r["state"] == "running" for r in s["learners"])
+            ),
+            150,
+            "the custom model training",
+        )
         assert len(snap["learners"]) == 2
         out = json.loads(dl("down", "--json").stdout)
         final = torch.load(out["final_model"], weights_only=True)["state_dict"]
@@ -54,8 +64,11 @@ def test_a_learner_that_crashes_at_start_says_why_in_the_events(tmp_path: Path) 
     dl = Dl(tmp_path / "home")
     try:
         dl("up", str(inv), "-d")
-        snap = dl.wait(lambda s: any(e["kind"] == "death" and "its log ends" in e["detail"] for e in s["events"]),
-                       90, "a death event with the learner's last log line")
+        snap = dl.wait(
+            lambda s: any(e["kind"] == "death" and "its log ends" in e["detail"] for e in s["events"]),
+            90,
+            "a death event with the learner's last log line",
+        )
         death = next(e for e in snap["events"] if e["kind"] == "death")
         assert death["target"] == "learner-0"
         assert "has no attribute 'no_such_factory'" in death["detail"], death["detail"]

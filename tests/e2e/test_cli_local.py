@@ -13,8 +13,8 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
@@ -23,7 +23,9 @@ from tests.e2e.fleetutil import DLDCTL, ROOT, Dl, kinds, learner, run_table, ste
 
 pytestmark = [pytest.mark.timeout(300)]
 
-INVENTORY = run_table("e2e", quorum=2, checkpoint_every=10, warm_spares=True) + """
+INVENTORY = (
+    run_table("e2e", quorum=2, checkpoint_every=10, warm_spares=True)
+    + """
 [[hosts]]
 name = "a"
 address = "local"
@@ -35,6 +37,7 @@ address = "local"
 learners = 2
 throttle = 2.0
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +49,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Dl, Path]]
     try:
         out = dl("up", str(inv), "-d")
         assert "up: e2e-" in out.stdout
-        dl.wait(lambda s: s["syncer"]["outer_steps"] >= 5 and all(r["state"] == "running" for r in s["learners"]),
-                120, "the fleet training")
+        dl.wait(
+            lambda s: s["syncer"]["outer_steps"] >= 5 and all(r["state"] == "running" for r in s["learners"]),
+            120,
+            "the fleet training",
+        )
         yield dl, inv
     finally:
         dl.cleanup()
@@ -66,7 +72,9 @@ def test_status_json_matches_the_schema(fleet: tuple[Dl, Path]) -> None:
     assert {"min", "live", "total", "last_round_contributors"} <= set(snap["quorum"])
     assert snap["quorum"]["min"] == 2 and snap["quorum"]["total"] == 4
     assert 0.0 <= snap["goodput"] <= 1.0
-    assert {"trained", "merged", "per_s"} <= set(snap["tokens"]) and {"up", "down", "ddp_equivalent"} <= set(snap["bytes"])
+    assert {"trained", "merged", "per_s"} <= set(snap["tokens"]) and {"up", "down", "ddp_equivalent"} <= set(
+        snap["bytes"]
+    )
     assert {"train", "eval"} <= set(snap["loss"])
     row_keys = {"id", "host", "state", "pid", "step", "tokens", "tokens_per_s", "restarts", "weight", "heartbeat_age_s"}
     assert [r["id"] for r in snap["learners"]] == [f"learner-{i}" for i in range(4)]
@@ -104,8 +112,11 @@ def test_kill_a_learner_and_a_warm_spare_takes_its_place(fleet: tuple[Dl, Path])
     merged = dl.status()["tokens"]["merged"]
     out = dl("chaos", "kill", "learner-1", "--down-for", "2")
     assert "killed learner-1" in out.stdout
-    dl.wait(lambda s: learner(s, "learner-1")["restarts"] == 1 and learner(s, "learner-1")["state"] == "running",
-                   90, "learner-1 restarted and training")
+    dl.wait(
+        lambda s: learner(s, "learner-1")["restarts"] == 1 and learner(s, "learner-1")["state"] == "running",
+        90,
+        "learner-1 restarted and training",
+    )
     dl.wait(lambda s: s["tokens"]["merged"] > merged, 60, "merges going on")
     events = [e for e in all_events(dl) if e["target"] == "learner-1"]
     assert {"fault_inject", "restart", "rejoin"} <= {e["kind"] for e in events}, events
@@ -158,7 +169,9 @@ def test_kill_the_syncer_and_it_resumes_from_its_checkpoint(fleet: tuple[Dl, Pat
     # while the syncer was away (held down 4 s) the learners kept training
     assert back - killed >= 4
     for lid in ("learner-0", "learner-2"):
-        assert steps_logged_between(dl, lid, killed + 0.5, back - 0.5), f"{lid} logged no step while the syncer was down"
+        assert steps_logged_between(dl, lid, killed + 0.5, back - 0.5), (
+            f"{lid} logged no step while the syncer was down"
+        )
     assert snap["syncer"]["outer_steps"] >= before["syncer"]["checkpoint_outer_step"]
     steps = snap["syncer"]["outer_steps"]
     dl.wait(lambda s: s["syncer"]["outer_steps"] > steps + 3 and s["quorum"]["live"] >= 3, 90, "merging again")
@@ -176,19 +189,46 @@ def test_a_hung_syncer_merges_every_fragment_again_once_it_continues(fleet: tupl
         time.sleep(12.0)
     finally:
         os.kill(pid, signal.SIGCONT)
-    after = dl.wait(lambda s: all(v > w + 3 for v, w in zip(s["syncer"]["versions"], versions)), 60,
-                    "every fragment merged again after the hang")
-    assert after["syncer"]["pid"] == pid   # the same process, not a restart
+    after = dl.wait(
+        lambda s: all(v > w + 3 for v, w in zip(s["syncer"]["versions"], versions)),
+        60,
+        "every fragment merged again after the hang",
+    )
+    assert after["syncer"]["pid"] == pid  # the same process, not a restart
 
 
 def test_monkey_schedule_is_reproducible_and_training_goes_on(fleet: tuple[Dl, Path]) -> None:
     dl, _ = fleet
-    args = ("chaos", "monkey", "--mtbf", "2", "--duration", "20", "--seed", "3", "--actions", "kill,pause,slow", "--dry-run")
+    args = (
+        "chaos",
+        "monkey",
+        "--mtbf",
+        "2",
+        "--duration",
+        "20",
+        "--seed",
+        "3",
+        "--actions",
+        "kill,pause,slow",
+        "--dry-run",
+    )
     first, second = dl(*args).stdout, dl(*args).stdout
     assert first == second and first.count("t+") >= 3
     merged = dl.status()["tokens"]["merged"]
-    out = dl("chaos", "monkey", "--mtbf", "2", "--duration", "8", "--seed", "1", "--actions", "pause,slow",
-             "--fault-duration", "2").stdout
+    out = dl(
+        "chaos",
+        "monkey",
+        "--mtbf",
+        "2",
+        "--duration",
+        "8",
+        "--seed",
+        "1",
+        "--actions",
+        "pause,slow",
+        "--fault-duration",
+        "2",
+    ).stdout
     assert re.search(r"monkey done: \d+ of \d+ faults injected", out)
     dl.wait(lambda s: s["tokens"]["merged"] > merged and not s["faults"], 60, "merging after the monkey")
 
@@ -196,21 +236,51 @@ def test_monkey_schedule_is_reproducible_and_training_goes_on(fleet: tuple[Dl, P
 def _sigint(disposition: signal.Handlers) -> Callable[[], None]:
     """A preexec_fn giving the child this SIGINT disposition whatever the test runner's is (a
     shell starts background jobs, and so maybe this suite, with SIGINT ignored)."""
+
     def preexec() -> None:
         signal.signal(signal.SIGINT, disposition)
+
     return preexec
 
 
-@pytest.mark.parametrize("sig, sigint", [(signal.SIGINT, signal.SIG_DFL),      # Ctrl-C in a terminal
-                                         (signal.SIGTERM, signal.SIG_IGN)],    # kill, from a background job
-                         ids=["ctrl-c", "sigterm-in-background"])
-def test_interrupt_stops_the_monkey_and_undoes_its_faults(fleet: tuple[Dl, Path], sig: int,
-                                                          sigint: signal.Handlers) -> None:
+@pytest.mark.parametrize(
+    "sig, sigint",
+    [
+        (signal.SIGINT, signal.SIG_DFL),  # Ctrl-C in a terminal
+        (signal.SIGTERM, signal.SIG_IGN),
+    ],  # kill, from a background job
+    ids=["ctrl-c", "sigterm-in-background"],
+)
+def test_interrupt_stops_the_monkey_and_undoes_its_faults(
+    fleet: tuple[Dl, Path], sig: int, sigint: signal.Handlers
+) -> None:
     dl, _ = fleet
-    proc = subprocess.Popen([DLDCTL, "chaos", "monkey", "--mtbf", "1", "--duration", "10m", "--seed", "5",
-                             "--actions", "pause", "--fault-duration", "10m", "--targets", "learner-3", "--force"],
-                            env=dl.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=_sigint(sigint))
+    proc = subprocess.Popen(
+        [
+            DLDCTL,
+            "chaos",
+            "monkey",
+            "--mtbf",
+            "1",
+            "--duration",
+            "10m",
+            "--seed",
+            "5",
+            "--actions",
+            "pause",
+            "--fault-duration",
+            "10m",
+            "--targets",
+            "learner-3",
+            "--force",
+        ],
+        env=dl.env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_sigint(sigint),
+    )
     try:
         dl.wait(lambda s: learner(s, "learner-3")["state"] == "paused", 60, "the monkey's first pause")
         proc.send_signal(sig)
@@ -261,8 +331,11 @@ def test_learner_add_and_remove(fleet: tuple[Dl, Path]) -> None:
     dl, _ = fleet
     out = dl("learner", "add", "--host", "a", "--count", "1")
     assert "learner-4" in out.stdout
-    dl.wait(lambda s: any(r["id"] == "learner-4" and r["state"] == "running" and r["weight"] > 0 for r in s["learners"]),
-            90, "learner-4 joined and merged")
+    dl.wait(
+        lambda s: any(r["id"] == "learner-4" and r["state"] == "running" and r["weight"] > 0 for r in s["learners"]),
+        90,
+        "learner-4 joined and merged",
+    )
     assert dl.status()["quorum"]["total"] == 5
     dl("learner", "remove", "learner-4")
     dl.wait(lambda s: learner(s, "learner-4")["state"] == "stopped" and s["quorum"]["total"] == 4, 60, "learner-4 gone")

@@ -14,8 +14,8 @@ import signal
 import stat
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -28,13 +28,16 @@ pytestmark = [pytest.mark.timeout(400)]
 
 def inventory(fleet: SSHFleet, workdir: Path, *, extra_hosts: str = "", quorum: int = 2, name: str = "ssh") -> str:
     first = fleet.hosts[0]
-    text = run_table(name, quorum=quorum) + f"""
+    text = (
+        run_table(name, quorum=quorum)
+        + f"""
 [ssh]
 user = "{first.user}"
 identity_file = "{first.identity_file}"
 known_hosts = "{first.known_hosts}"
 use_ssh_config = false
 """
+    )
     for i, host in enumerate(fleet.hosts):
         text += host_entry(f"h{i}", host, workdir)
     return text + extra_hosts
@@ -78,8 +81,11 @@ def test_up_provisions_the_hosts_and_trains(ssh_run: tuple[Dl, Path, Path]) -> N
     dl, inv, work = ssh_run
     out = dl("up", str(inv), "-d", timeout=300)
     assert "up: ssh-" in out.stdout
-    snap = dl.wait(lambda s: s["syncer"]["outer_steps"] >= 5 and all(r["state"] == "running" for r in s["learners"]),
-                   180, "three remote learners training")
+    snap = dl.wait(
+        lambda s: s["syncer"]["outer_steps"] >= 5 and all(r["state"] == "running" for r in s["learners"]),
+        180,
+        "three remote learners training",
+    )
     assert [r["host"] for r in snap["learners"]] == ["h0", "h1", "h2"]
     config = next((work / "h0" / "runs").iterdir()) / "config.json"
     secret = next((work / "h0" / "runs").iterdir()) / "keys" / "learner-0.key_secret"
@@ -93,12 +99,18 @@ def test_a_learner_killed_on_its_host_is_healed_without_any_command(ssh_run: tup
     row = learner(dl.status(), "learner-1")
     os.killpg(row["pid"], signal.SIGKILL)  # a crash on host h1 (same machine, so we can reach it)
     killed_at = time.time()
-    dl.wait(lambda s: learner(s, "learner-1")["restarts"] == 1 and learner(s, "learner-1")["state"] == "running",
-            120, "learner-1 restarted over SSH")
+    dl.wait(
+        lambda s: learner(s, "learner-1")["restarts"] == 1 and learner(s, "learner-1")["state"] == "running",
+        120,
+        "learner-1 restarted over SSH",
+    )
     rounds = dl.run_dir() / "metrics.jsonl"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        if any(r.get("kind") == "round" and r["t"] > killed_at and "learner-1" in r["contributors"] for r in jsonl.read(rounds)):
+        if any(
+            r.get("kind") == "round" and r["t"] > killed_at and "learner-1" in r["contributors"]
+            for r in jsonl.read(rounds)
+        ):
             break
         time.sleep(1)
     else:
@@ -108,8 +120,11 @@ def test_a_learner_killed_on_its_host_is_healed_without_any_command(ssh_run: tup
 def test_chaos_and_logs_over_ssh(ssh_run: tuple[Dl, Path, Path]) -> None:
     dl, _, _ = ssh_run
     dl("chaos", "kill", "learner-2", "--signal", "TERM")
-    dl.wait(lambda s: learner(s, "learner-2")["restarts"] == 1 and learner(s, "learner-2")["state"] == "running",
-            120, "learner-2 back")
+    dl.wait(
+        lambda s: learner(s, "learner-2")["restarts"] == 1 and learner(s, "learner-2")["state"] == "running",
+        120,
+        "learner-2 back",
+    )
     dl("chaos", "pause", "learner-0", "--duration", "8", "--force")
     assert learner(dl.status(), "learner-0")["state"] == "paused"
     dl.wait(lambda s: learner(s, "learner-0")["state"] == "running", 60, "pause undone over SSH")
@@ -119,20 +134,25 @@ def test_chaos_and_logs_over_ssh(ssh_run: tuple[Dl, Path, Path]) -> None:
 def test_learner_add_joins_on_a_remote_host(ssh_run: tuple[Dl, Path, Path]) -> None:
     dl, _, _ = ssh_run
     dl("learner", "add", "--host", "h2", "--count", "1", timeout=300)
-    dl.wait(lambda s: any(r["id"] == "learner-3" and r["state"] == "running" and r["weight"] > 0 for r in s["learners"]),
-            120, "learner-3 joined and merged")
+    dl.wait(
+        lambda s: any(r["id"] == "learner-3" and r["state"] == "running" and r["weight"] > 0 for r in s["learners"]),
+        120,
+        "learner-3 joined and merged",
+    )
 
 
-def test_learner_add_brings_in_a_host_the_run_did_not_have(ssh_run: tuple[Dl, Path, Path],
-                                                          ssh_fleet: SSHFleet) -> None:
+def test_learner_add_brings_in_a_host_the_run_did_not_have(ssh_run: tuple[Dl, Path, Path], ssh_fleet: SSHFleet) -> None:
     """Scavenged capacity: a new [[hosts]] entry (another machine at h0's address) from a file."""
     dl, inv, work = ssh_run
     more = inv.with_name("more.toml")
     more.write_text(inv.read_text() + host_entry("h3", ssh_fleet.hosts[0], work))
     out = dl("learner", "add", "--host", "h3", "--count", "1", "--inventory", str(more), timeout=300).stdout
     assert "h3:" in out and "learner-4" in out
-    snap = dl.wait(lambda s: any(r["id"] == "learner-4" and r["state"] == "running" and r["weight"] > 0
-                                 for r in s["learners"]), 120, "learner-4 joined from the new host and merged")
+    snap = dl.wait(
+        lambda s: any(r["id"] == "learner-4" and r["state"] == "running" and r["weight"] > 0 for r in s["learners"]),
+        120,
+        "learner-4 joined from the new host and merged",
+    )
     assert learner(snap, "learner-4")["host"] == "h3"
     assert list((work / "h3" / "site").glob("*/dldctl/__init__.py")), "the new host was not provisioned"
     assert "host_add" in [e["kind"] for e in jsonl.read(dl.run_dir() / "events.jsonl")]
@@ -146,7 +166,8 @@ def test_down_leaves_nothing_running_on_any_host(ssh_run: tuple[Dl, Path, Path])
 
 
 def test_bad_host_key_and_unreachable_host_are_refused_and_the_rest_comes_up(
-        ssh_fleet: SSHFleet, tmp_path: Path) -> None:
+    ssh_fleet: SSHFleet, tmp_path: Path
+) -> None:
     wrong = tmp_path / "known_hosts"
     good = ssh_fleet.hosts[0].known_hosts.read_text().splitlines()
     other_key = ssh_fleet.hosts[2].host_pub.split()[-2:]
@@ -154,7 +175,10 @@ def test_bad_host_key_and_unreachable_host_are_refused_and_the_rest_comes_up(
     lines = [" ".join([ln.split()[0], *other_key]) if f"[{ssh_fleet.hosts[1].address}]" in ln else ln for ln in good]
     wrong.write_text("\n".join(lines) + "\n")
     dead_port = free_port("127.0.0.5")
-    extra = f'\n[[hosts]]\nname = "gone"\naddress = "127.0.0.5"\nport = {dead_port}\nlearners = 1\npython = "{sys.executable}"\n'
+    extra = (
+        f'\n[[hosts]]\nname = "gone"\naddress = "127.0.0.5"\nport = {dead_port}\nlearners = 1\n'
+        f'python = "{sys.executable}"\n'
+    )
     text = inventory(ssh_fleet, tmp_path / "w", extra_hosts=extra, quorum=1, name="partial")
     text = text.replace(str(ssh_fleet.hosts[0].known_hosts), str(wrong))
     inv = tmp_path / "inv.toml"
@@ -176,8 +200,7 @@ def test_bad_host_key_and_unreachable_host_are_refused_and_the_rest_comes_up(
 
 def test_syncer_on_a_remote_host(ssh_fleet: SSHFleet, tmp_path: Path) -> None:
     """[syncer] host = an inventory host: keys go there, its records come home, so does the model."""
-    text = inventory(ssh_fleet, tmp_path / "w", name="remote-syncer").replace(
-        "[ssh]", '[syncer]\nhost = "h0"\n\n[ssh]')
+    text = inventory(ssh_fleet, tmp_path / "w", name="remote-syncer").replace("[ssh]", '[syncer]\nhost = "h0"\n\n[ssh]')
     inv = tmp_path / "inv.toml"
     inv.write_text(text)
     dl = Dl(tmp_path / "home")

@@ -10,8 +10,9 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -21,12 +22,15 @@ from tests.e2e.fleetutil import Dl, learner, run_table
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 
-INVENTORY = run_table("watch", quorum=1) + """
+INVENTORY = (
+    run_table("watch", quorum=1)
+    + """
 [[hosts]]
 name = "here"
 address = "local"
 learners = 2
 """
+)
 
 
 def alive(record: dict[str, Any] | None) -> bool:
@@ -76,7 +80,7 @@ def test_the_supervisor_and_its_watchdog_heal_each_other(tmp_path: Path) -> None
         until(lambda: not alive(gone), 10, "learner-0 to die")
         snap = dl.status()
         assert snap["supervisor"]["state"] == "missing" and snap["supervisor"]["alive"] is False, snap["supervisor"]
-        assert state(dl)["procs"]["learner-0"]["status"] == "running"          # the stale record
+        assert state(dl)["procs"]["learner-0"]["status"] == "running"  # the stale record
         assert learner(snap, "learner-0")["state"] == "dead" and learner(snap, "learner-0")["pid"] is None
         once = dl("status", "--once").stdout
         assert "SUPERVISOR MISSING" in once and "the watchdog restarts it" in once, once
@@ -85,8 +89,9 @@ def test_the_supervisor_and_its_watchdog_heal_each_other(tmp_path: Path) -> None
         os.kill(dog["pid"], signal.SIGCONT)
         paused = None
         t0 = time.monotonic()
-        new = until(lambda: (s := state(dl)["supervisor"]) and s["pid"] != sup["pid"] and alive(s) and s,
-                    15, "a new supervisor")
+        new = until(
+            lambda: (s := state(dl)["supervisor"]) and s["pid"] != sup["pid"] and alive(s) and s, 15, "a new supervisor"
+        )
         assert time.monotonic() - t0 < 15
         restarted = events(dl, "supervisor_restarted")
         assert restarted and f"pid {sup['pid']} is dead" in restarted[-1]["detail"], restarted
@@ -99,15 +104,19 @@ def test_the_supervisor_and_its_watchdog_heal_each_other(tmp_path: Path) -> None
         until(lambda: not alive(victim), 10, "learner-1 to die")
         row = learner(dl.status(), "learner-1")
         assert row["pid"] != victim["pid"] and (row["state"] != "running" or row["restarts"] >= 1), row
-        dl.wait(lambda s: all(r["restarts"] >= 1 and r["state"] == "running" for r in s["learners"]),
-                180, "both learners restarted by the new supervisor")
+        dl.wait(
+            lambda s: all(r["restarts"] >= 1 and r["state"] == "running" for r in s["learners"]),
+            180,
+            "both learners restarted by the new supervisor",
+        )
         assert {e["target"] for e in events(dl, "restart")} == {"learner-0", "learner-1"}
         assert alive(new), "the restarted supervisor is still the one"
 
         # the supervisor restarts a killed watchdog in turn
         os.kill(dog["pid"], signal.SIGKILL)
-        dog2 = until(lambda: (d := state(dl)["watchdog"]) and d["pid"] != dog["pid"] and alive(d) and d,
-                     15, "a new watchdog")
+        dog2 = until(
+            lambda: (d := state(dl)["watchdog"]) and d["pid"] != dog["pid"] and alive(d) and d, 15, "a new watchdog"
+        )
         assert any(f"pid {dog['pid']} is dead" in e["detail"] for e in events(dl, "watchdog_restarted"))
 
         # (d) down stops both, and everything else

@@ -14,20 +14,25 @@ import paramiko
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from tests.sshfleet import FleetHost, SSHFleet, descendants, free_port, keygen, write_ssh_config
 
 from dldctl.errors import (
-    HostError, HostKeyError, RemoteCommandError, SSHAuthError, UnreachableError,
+    HostError,
+    HostKeyError,
+    RemoteCommandError,
+    SSHAuthError,
+    UnreachableError,
 )
 from dldctl.hosts import LocalHost, ProcRef, SSHHost
+from tests.sshfleet import FleetHost, SSHFleet, descendants, free_port, keygen, write_ssh_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 
 def connect(h: FleetHost, name: str = "fleet", **kw: object) -> SSHHost:
     """An SSHHost for a fleet host; keyword arguments override the fleet's settings."""
-    args: dict = dict(port=h.port, user=h.user, identity_file=h.identity_file,
-                      known_hosts=h.known_hosts, use_ssh_config=False)
+    args: dict = dict(
+        port=h.port, user=h.user, identity_file=h.identity_file, known_hosts=h.known_hosts, use_ssh_config=False
+    )
     args.update(kw)
     return SSHHost(name, h.address, **args)
 
@@ -84,7 +89,7 @@ def test_run_large_output_input_env_and_errors(host: SSHHost) -> None:
     assert info.value.status == 3 and "boom-detail" in info.value.output_tail
     assert "host fleet-0" in str(info.value)
     t0 = time.monotonic()
-    with pytest.raises(HostError, match="did not finish within 0.5s"):
+    with pytest.raises(HostError, match=r"did not finish within 0.5s"):
         host.run("sleep 3", timeout=0.5)
     assert time.monotonic() - t0 < 3
     assert host.run("echo still-usable").stdout == "still-usable\n"
@@ -114,19 +119,20 @@ def test_files(host: SSHHost, tmp_path: Path, rdir: str) -> None:
         host.read_bytes(f"{base}/none")
 
 
-def test_start_survives_disconnect_and_group_signal(ssh_fleet: SSHFleet, rdir: str,
-                                                    started: list[ProcRef]) -> None:
+def test_start_survives_disconnect_and_group_signal(ssh_fleet: SSHFleet, rdir: str, started: list[ProcRef]) -> None:
     h0 = ssh_fleet.hosts[0]
     first = connect(h0, "first")
     first.mkdir(rdir)
-    ref = first.start(["sh", "-c", f'echo "got $DLD_SECRET" > {rdir}/out; sleep 60 & '
-                       f"echo $! > {rdir}/child; echo to-log; pwd; wait"], cwd="~",
-                      log=f"{rdir}/logs/p.log", env={"DLD_SECRET": "hunter2"})
+    ref = first.start(
+        ["sh", "-c", f'echo "got $DLD_SECRET" > {rdir}/out; sleep 60 & echo $! > {rdir}/child; echo to-log; pwd; wait'],
+        cwd="~",
+        log=f"{rdir}/logs/p.log",
+        env={"DLD_SECRET": "hunter2"},
+    )
     started.append(ref)
-    first.close()                                    # the process must outlive the connection
+    first.close()  # the process must outlive the connection
     with connect(h0, "second") as h:
-        assert wait_for(lambda: h.exists(f"{rdir}/child")
-                        and h.read_bytes(f"{rdir}/child").strip() != b"")
+        assert wait_for(lambda: h.exists(f"{rdir}/child") and h.read_bytes(f"{rdir}/child").strip() != b"")
         child = int(h.read_bytes(f"{rdir}/child"))
         assert h.alive([ref]) == {ref.pid: True}
         assert h.read_bytes(f"{rdir}/out") == b"got hunter2\n"
@@ -137,16 +143,22 @@ def test_start_survives_disconnect_and_group_signal(ssh_fleet: SSHFleet, rdir: s
         assert b"hunter2" not in h.read_bytes(f"/proc/{ref.pid}/cmdline")
         assert h.run(f"readlink /proc/{ref.pid}/fd/0").stdout == "/dev/null\n"
         assert h.signal(ref, signal.SIGTERM) is True
-        assert wait_for(lambda: h.proc_state(ref) in (None, "Z")
-                        and h.run(f"kill -0 {child} 2>/dev/null && "
-                                  f"! grep -q '^State:.*Z' /proc/{child}/status", check=False
-                                  ).status != 0)
+        assert wait_for(
+            lambda: (
+                h.proc_state(ref) in (None, "Z")
+                and h.run(
+                    f"kill -0 {child} 2>/dev/null && ! grep -q '^State:.*Z' /proc/{child}/status", check=False
+                ).status
+                != 0
+            )
+        )
         assert h.alive([ref]) == {ref.pid: False}
         assert h.signal(ref, signal.SIGTERM) is False
 
 
 def test_alive_many_in_one_round_trip_and_stop_continue(
-        host: SSHHost, started: list[ProcRef], rdir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    host: SSHHost, started: list[ProcRef], rdir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     refs = [host.start(["sleep", "60"], cwd="/", log=f"{rdir}/p.log") for _ in range(6)]
     started.extend(refs)
     for ref in refs[:2]:
@@ -158,7 +170,7 @@ def test_alive_many_in_one_round_trip_and_stop_continue(
     assert wait_for(lambda: not any(host.alive(refs[:2]).values()))
     calls.clear()
     states = host.alive(refs[2:] + refs[:2])
-    assert len(calls) == 1                                      # one round trip for all
+    assert len(calls) == 1  # one round trip for all
     assert states == {**{r.pid: True for r in refs[2:]}, **{r.pid: False for r in refs[:2]}}
     assert host.alive([reused]) == {reused.pid: False}
     assert host.signal(reused, signal.SIGKILL) is False and host.proc_state(reused) is None
@@ -174,8 +186,7 @@ def test_follow_a_remote_log(host: SSHHost, started: list[ProcRef], rdir: str) -
     stop = threading.Event()
     lines = host.follow(log, from_end_lines=2, poll_s=0.05, stop=stop.is_set)
     assert [next(lines), next(lines)] == ["old 2", "old 3"]
-    started.append(host.start(["sh", "-c", "for i in 1 2 3 4 5; do echo tick $i; sleep 0.05; "
-                               "done"], cwd="/", log=log))
+    started.append(host.start(["sh", "-c", "for i in 1 2 3 4 5; do echo tick $i; sleep 0.05; done"], cwd="/", log=log))
     assert [next(lines) for _ in range(5)] == [f"tick {i}" for i in range(1, 6)]
     stop.set()
     assert list(lines) == []
@@ -195,7 +206,7 @@ def test_strict_refuses_unknown_host_key(ssh_fleet: SSHFleet, tmp_path: Path) ->
 
 def test_accept_new_adds_the_key_then_strict_works(ssh_fleet: SSHFleet, tmp_path: Path) -> None:
     h = ssh_fleet.hosts[1]
-    known = tmp_path / "ssh" / "known_hosts"                     # does not exist yet
+    known = tmp_path / "ssh" / "known_hosts"  # does not exist yet
     with connect(h, "tofu", known_hosts=known, host_key_policy="accept-new") as s:
         assert s.run("echo ok").stdout == "ok\n"
     assert known.read_text() == f"[{h.address}]:{h.port} {h.host_pub}\n"
@@ -207,8 +218,7 @@ def test_accept_new_adds_the_key_then_strict_works(ssh_fleet: SSHFleet, tmp_path
 @pytest.mark.parametrize("policy", ["strict", "accept-new"])
 def test_changed_host_key_is_refused(ssh_fleet: SSHFleet, tmp_path: Path, policy: str) -> None:
     h = ssh_fleet.hosts[1]
-    other = Ed25519PrivateKey.generate().public_key().public_bytes(
-        Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+    other = Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
     known = tmp_path / "known_hosts"
     known.write_text(f"[{h.address}]:{h.port} {other}\n")
     with pytest.raises(HostKeyError, match="HOST KEY CHANGED") as info:
@@ -235,8 +245,7 @@ def test_unreachable_fails_fast(tmp_path: Path) -> None:
     port = free_port("127.0.0.5")
     t0 = time.monotonic()
     with pytest.raises(UnreachableError, match=f"connection refused by 127.0.0.5:{port}"):
-        SSHHost("ghost", "127.0.0.5", port=port, use_ssh_config=False,
-                known_hosts=tmp_path / "kh").run("true")
+        SSHHost("ghost", "127.0.0.5", port=port, use_ssh_config=False, known_hosts=tmp_path / "kh").run("true")
     assert time.monotonic() - t0 < 2
 
 
@@ -249,27 +258,29 @@ def test_many_concurrent_connections(ssh_fleet: SSHFleet) -> None:
         try:
             with connect(h, f"c{i}") as s:
                 results[i] = s.run(f"echo {i}").stdout.strip()
-        except BaseException as exc:     # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
+
     threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=50)
     assert errors == [] and results == {i: str(i) for i in range(20)}
-    assert "past MaxStartups" not in h.log.read_text()         # the semaphore kept us under
+    assert "past MaxStartups" not in h.log.read_text()  # the semaphore kept us under
 
 
 def test_many_commands_on_one_connection(ssh_fleet: SSHFleet) -> None:
     with connect(ssh_fleet.hosts[2], "shared") as s:
         out: list[str] = []
-        threads = [threading.Thread(target=lambda i=i: out.append(s.run(f"sleep 0.2; echo {i}")
-                                                                 .stdout)) for i in range(16)]
+        threads = [
+            threading.Thread(target=lambda i=i: out.append(s.run(f"sleep 0.2; echo {i}").stdout)) for i in range(16)
+        ]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=30)
-        assert sorted(out) == sorted(f"{i}\n" for i in range(16))   # beyond MaxSessions 10
+        assert sorted(out) == sorted(f"{i}\n" for i in range(16))  # beyond MaxSessions 10
 
 
 class FlakyRelay:
@@ -278,8 +289,7 @@ class FlakyRelay:
 
     def __init__(self, address: str, target: tuple[str, int], drop: int) -> None:
         self.server = socket.create_server((address, 0))
-        self.port, self.target, self.drop, self.dropped = self.server.getsockname()[1], \
-            target, drop, 0
+        self.port, self.target, self.drop, self.dropped = self.server.getsockname()[1], target, drop, 0
         self.conns: list[socket.socket] = []
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -318,9 +328,15 @@ def test_dropped_banners_are_retried(ssh_fleet: SSHFleet, tmp_path: Path) -> Non
     try:
         known = tmp_path / "known_hosts"
         known.write_text(f"[127.0.0.6]:{relay.port} {h.host_pub}\n")
-        with SSHHost("flaky", "127.0.0.6", port=relay.port, user=h.user,
-                     identity_file=h.identity_file, known_hosts=known,
-                     use_ssh_config=False) as s:
+        with SSHHost(
+            "flaky",
+            "127.0.0.6",
+            port=relay.port,
+            user=h.user,
+            identity_file=h.identity_file,
+            known_hosts=known,
+            use_ssh_config=False,
+        ) as s:
             assert s.run("echo through").stdout == "through\n"
         assert relay.dropped == 3
     finally:
@@ -339,7 +355,7 @@ def test_proxy_jump(ssh_fleet: SSHFleet) -> None:
     jump, target = ssh_fleet.hosts[0], ssh_fleet.hosts[1]
     with connect(target, "behind-jump", proxy_jump=f"root@{jump.address}:{jump.port}") as s:
         assert s.run("echo hello-from-behind").stdout == "hello-from-behind\n"
-        transport = s._client.get_transport()               # noqa: SLF001 - prove the route
+        transport = s._client.get_transport()
         assert isinstance(transport.sock, paramiko.Channel)
         assert transport.sock.get_transport().getpeername()[:2] == (jump.address, jump.port)
 
@@ -347,7 +363,7 @@ def test_proxy_jump(ssh_fleet: SSHFleet) -> None:
 def test_reconnects_after_the_connection_drops(ssh_fleet: SSHFleet) -> None:
     with connect(ssh_fleet.hosts[2], "flappy") as s:
         assert s.run("echo 1").stdout == "1\n"
-        s._client.get_transport().close()                    # noqa: SLF001 - simulate a drop
+        s._client.get_transport().close()
         assert s.run("echo 2").stdout == "2\n"
         assert s.exists("/")
 
@@ -359,12 +375,12 @@ def test_hung_host_times_out(ssh_fleet: SSHFleet, tmp_path: Path) -> None:
     try:
         known = SSHFleet.write_known_hosts(tmp_path / "kh", [extra])
         with connect(extra, "hung", known_hosts=known, op_timeout=1.0) as s:
-            assert s.run("echo up").stdout == "up\n" and s.exists("/")   # SFTP open too
-            stopped = descendants(extra.pid)                 # its session processes
-            for pid in stopped:                              # the host hangs, TCP stays up
+            assert s.run("echo up").stdout == "up\n" and s.exists("/")  # SFTP open too
+            stopped = descendants(extra.pid)  # its session processes
+            for pid in stopped:  # the host hangs, TCP stays up
                 os.kill(pid, signal.SIGSTOP)
             t0 = time.monotonic()
-            with pytest.raises(HostError, match="did not finish within 1s|Timeout opening"):
+            with pytest.raises(HostError, match=r"did not finish within 1s|Timeout opening"):
                 s.run("echo never", timeout=1.0)
             with pytest.raises(HostError, match="no answer within 1s"):
                 s.size("/etc/hostname")

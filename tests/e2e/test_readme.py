@@ -71,11 +71,17 @@ def test_first_command_shows_a_learning_run_and_ctrl_c_leaves_it_running(tmp_pat
     seen = bytearray()
     try:
         assert read_until(fd, b"learner-3", 420, seen), seen[-3000:].decode(errors="replace")
-        snap = dl.wait(lambda s: s["loss"]["train"] is not None and s["syncer"]["outer_steps"] >= 10, 240,
-                       "the default run merging")
+        snap = dl.wait(
+            lambda s: s["loss"]["train"] is not None and s["syncer"]["outer_steps"] >= 10,
+            240,
+            "the default run merging",
+        )
         first_loss = snap["loss"]["train"]
-        snap = dl.wait(lambda s: s["loss"]["train"] is not None and s["loss"]["train"] < min(first_loss - 0.3, 3.5),
-                       240, "the loss falling")
+        snap = dl.wait(
+            lambda s: s["loss"]["train"] is not None and s["loss"]["train"] < min(first_loss - 0.3, 3.5),
+            240,
+            "the loss falling",
+        )
         os.write(fd, b"\x03")  # Ctrl-C in the terminal
         assert read_until(fd, b"keeps running", 60, seen), seen[-3000:].decode(errors="replace")
         _, status = os.waitpid(pid, 0)

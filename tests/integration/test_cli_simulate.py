@@ -17,8 +17,14 @@ SWEEP = "chips=150000,300000,600000,1200000,2400000"
 
 def dldctl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "dldctl", "simulate", *args], capture_output=True,
-                          text=True, timeout=90, env=env, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "dldctl", "simulate", *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd=cwd,
+    )
 
 
 def run_json(*args: str) -> dict:
@@ -59,16 +65,21 @@ def test_goodput_without_failures_is_one() -> None:
 def test_goodput_table_output() -> None:
     proc = dldctl("goodput", "--chips", "600k", "--learners", "4", "--seeds", "2", "--hours", "6")
     assert proc.returncode == 0, proc.stderr
-    for text in ("600,000 chips", "data-parallel", "elastic data-parallel", "Decoupled DiLoCo M=4",
-                 "goodput", "system uptime"):
+    for text in (
+        "600,000 chips",
+        "data-parallel",
+        "elastic data-parallel",
+        "Decoupled DiLoCo M=4",
+        "goodput",
+        "system uptime",
+    ):
         assert text in proc.stdout
     assert proc.stderr == ""
 
 
 def test_sweep_table_and_plot(tmp_path) -> None:
     png = tmp_path / "sweep.png"
-    proc = dldctl("goodput", "--sweep", SWEEP, "--learners", "1,2,4,8,16", "--seeds", "3",
-                  "--plot", str(png))
+    proc = dldctl("goodput", "--sweep", SWEEP, "--learners", "1,2,4,8,16", "--seeds", "3", "--plot", str(png))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     for col in ("150k chips", "300k chips", "600k chips", "1.2M chips", "2.4M chips"):
@@ -80,8 +91,7 @@ def test_sweep_table_and_plot(tmp_path) -> None:
 
 
 def test_sweep_json_values() -> None:
-    doc = run_json("goodput", "--sweep", "chips=150000,2400000", "--learners", "1,16", "--seeds", "2",
-                   "--hours", "6")
+    doc = run_json("goodput", "--sweep", "chips=150000,2400000", "--learners", "1,16", "--seeds", "2", "--hours", "6")
     assert doc["mode"] == "sweep" and doc["plot"] is None
     assert doc["params"]["chips"] == [150_000, 2_400_000] and doc["params"]["learners"] == [1, 16]
     cells = {(r["strategy"], r["chips"], r["learners"]): r for r in doc["results"]}
@@ -91,22 +101,35 @@ def test_sweep_json_values() -> None:
         assert cells[("decoupled_diloco", n, 1)]["goodput"] == cells[("elastic_data_parallel", n, None)]["goodput"]
     # Rule of thumb: 16 learners on 2.4M chips ~ one elastic job on 150k.
     assert cells[("decoupled_diloco", 2_400_000, 16)]["goodput"]["mean"] == pytest.approx(
-        cells[("elastic_data_parallel", 150_000, None)]["goodput"]["mean"], abs=0.03)
+        cells[("elastic_data_parallel", 150_000, None)]["goodput"]["mean"], abs=0.03
+    )
 
 
 def test_quorum_flag_lowers_uptime_in_the_sweep() -> None:
     loose = run_json("goodput", "--chips", "1.2M", "--learners", "4", "--seeds", "2", "--hours", "6")
-    strict = run_json("goodput", "--chips", "1.2M", "--learners", "4", "--quorum", "4", "--seeds", "2",
-                      "--hours", "6")
-    up = lambda doc: doc["results"][2]["uptime"]["mean"]  # noqa: E731
+    strict = run_json("goodput", "--chips", "1.2M", "--learners", "4", "--quorum", "4", "--seeds", "2", "--hours", "6")
+    up = lambda doc: doc["results"][2]["uptime"]["mean"]
     assert strict["params"]["quorum"] == 4
     assert up(strict) < up(loose) - 0.3
     assert strict["results"][2]["goodput"] == loose["results"][2]["goodput"]
 
 
 def test_bandwidth_json_values() -> None:
-    doc = run_json("bandwidth", "--params", "12B", "--step-time", "1s", "--H", "64", "--fragments", "4",
-                   "--bits", "4", "--link-gbps", "10")
+    doc = run_json(
+        "bandwidth",
+        "--params",
+        "12B",
+        "--step-time",
+        "1s",
+        "--H",
+        "64",
+        "--fragments",
+        "4",
+        "--bits",
+        "4",
+        "--link-gbps",
+        "10",
+    )
     assert doc["schema"] == "dldctl.simulate.bandwidth/1"
     dp, dl = doc["strategies"]["data_parallel"], doc["strategies"]["decoupled_diloco"]
     # 12B bf16 gradients, ring over 4 sites: 36 GB per step; hidden 2/3 s; 1/19 s stall allowed.
@@ -133,21 +156,24 @@ def test_help_has_an_example(command) -> None:
     assert proc.returncode == 0 and "Example: dldctl simulate " + command in proc.stdout
 
 
-@pytest.mark.parametrize(("args", "flag"), [
-    (["goodput", "--chips", "-5"], "--chips"),
-    (["goodput", "--chips", "10", "--learners", "20"], "--learners"),
-    (["goodput", "--sweep", "chips=150000,x"], "--sweep"),
-    (["goodput", "--sweep", "learners=1,2"], "--sweep"),
-    (["goodput", "--sweep", "chips=1000,4", "--learners", "1,8"], "--learners"),
-    (["goodput", "--chips", "1M", "--step-time", "5parsecs"], "--step-time"),
-    (["goodput", "--chips", "1M", "--plot", "x.png"], "--plot"),
-    (["goodput", "--chips", "1M", "--quorum", "9"], "--quorum"),
-    (["goodput", "--chips", "1e15"], "--hours"),
-    (["goodput"], "--chips"),
-    (["bandwidth", "--params", "12B", "--step-time", "1", "--bits", "3"], "--bits"),
-    (["bandwidth", "--params", "12B", "--step-time", "1", "--sites", "1"], "--sites"),
-    (["bandwidth", "--params", "lots", "--step-time", "1"], "--params"),
-])
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["goodput", "--chips", "-5"], "--chips"),
+        (["goodput", "--chips", "10", "--learners", "20"], "--learners"),
+        (["goodput", "--sweep", "chips=150000,x"], "--sweep"),
+        (["goodput", "--sweep", "learners=1,2"], "--sweep"),
+        (["goodput", "--sweep", "chips=1000,4", "--learners", "1,8"], "--learners"),
+        (["goodput", "--chips", "1M", "--step-time", "5parsecs"], "--step-time"),
+        (["goodput", "--chips", "1M", "--plot", "x.png"], "--plot"),
+        (["goodput", "--chips", "1M", "--quorum", "9"], "--quorum"),
+        (["goodput", "--chips", "1e15"], "--hours"),
+        (["goodput"], "--chips"),
+        (["bandwidth", "--params", "12B", "--step-time", "1", "--bits", "3"], "--bits"),
+        (["bandwidth", "--params", "12B", "--step-time", "1", "--sites", "1"], "--sites"),
+        (["bandwidth", "--params", "lots", "--step-time", "1"], "--params"),
+    ],
+)
 def test_bad_flags_exit_2_with_one_line(args, flag) -> None:
     proc = dldctl(*args)
     assert proc.returncode == 2

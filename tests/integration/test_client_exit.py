@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import zmq
@@ -45,7 +45,7 @@ def _serve(router: zmq.Socket, echo: bool, kinds: list[str]) -> None:
             frames = router.recv_multipart(copy=False)
             try:
                 kinds.append(decode(frames[1:]).kind)
-            except ProtocolError:   # the bulk frame is not a protocol message
+            except ProtocolError:  # the bulk frame is not a protocol message
                 kinds.append("raw")
     if echo and "bye" in kinds:
         router.send_multipart([frames[0].bytes, *encode(Message("bye", {"reason": "receipt"}))])
@@ -54,7 +54,7 @@ def _serve(router: zmq.Socket, echo: bool, kinds: list[str]) -> None:
 def _stop_behind_a_large_send(router: zmq.Socket, tmp_path: Path, echo: bool) -> tuple[SyncerClient, list[str], float]:
     address = router.getsockopt(zmq.LAST_ENDPOINT).decode()
     cfg = LearnerConfig("run", RunSettings(), LearnerSpec("learner-1"), address, None, None, tmp_path)
-    client = SyncerClient(cfg, [], [4], lambda: [], "inc")
+    client = SyncerClient(cfg, [], [4], list, "inc")
     kinds: list[str] = []
     server = threading.Thread(target=_serve, args=(router, echo, kinds), daemon=True)
     server.start()
@@ -63,7 +63,7 @@ def _stop_behind_a_large_send(router: zmq.Socket, tmp_path: Path, echo: bool) ->
     client._welcomed = True
     client._halt.set()
     started = time.monotonic()
-    client.run()                                       # the thread body: says bye, closes
+    client.run()  # the thread body: says bye, closes
     took = time.monotonic() - started
     server.join(35.0)
     return client, kinds, took

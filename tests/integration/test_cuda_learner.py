@@ -17,8 +17,11 @@ import torch
 
 from tests.localrun import LocalRun, write_config
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")]
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device"),
+]
 
 DEVICE, GPU_NAME = "cuda", "cuda:0"
 
@@ -31,7 +34,7 @@ def test_a_cuda_learner_and_a_cpu_learner_train_one_model(tmp_path: Path) -> Non
         lr.start_learner(1)
         try:
             check_fleet(lr, tmp_path)
-        except (AssertionError, TimeoutError) as exc:   # a GPU host is rare: say all we know
+        except (AssertionError, TimeoutError) as exc:  # a GPU host is rare: say all we know
             raise AssertionError(f"{exc}\n--- learner-0 log:\n{lr.log('learner-0')[-3000:]}") from None
 
 
@@ -40,9 +43,16 @@ def check_fleet(lr: LocalRun, tmp_path: Path) -> None:
     rows = lr.wait_for(lambda s: len(s["learners"]) == 2 and s["syncer"]["outer_steps"] >= 8, 60, "merges")["learners"]
     assert {r["id"]: r["device"] for r in rows} == {"learner-0": DEVICE, "learner-1": "cpu"}
     assert f"parameters on {GPU_NAME}" in lr.log("learner-0")
-    lr.wait_for(lambda s: any(r["id"] == "learner-0" and r["replica"]["current"] >= 1
-                              and r["replica"]["identical"] == r["replica"]["current"] for r in s["learners"]),
-                60, "the GPU learner's replica at the syncer's versions")
+    lr.wait_for(
+        lambda s: any(
+            r["id"] == "learner-0"
+            and r["replica"]["current"] >= 1
+            and r["replica"]["identical"] == r["replica"]["current"]
+            for r in s["learners"]
+        ),
+        60,
+        "the GPU learner's replica at the syncer's versions",
+    )
     rounds = lr.metrics("round")
     for name in ("learner-0", "learner-1"):
         assert any(name in r["contributors"] for r in rounds), f"{name} never merged"

@@ -97,9 +97,20 @@ def test_killed_worker_restarts_from_checkpoint(tmp_path: Path) -> None:
     # killed 1 s into training (after the first checkpoints, long before the 300-step budget); the
     # explicit all-reduce ("flat") here, DDP's comm hook above: both reducers are covered, and a
     # restart re-inits gloo the same way for both (the TORCH_DISABLE_SHARE_RDZV_TCP_STORE pitfall)
-    s = run_ddp(SETTINGS, 2, out, budget_tokens=300 * 2 * 8 * 32, duration_s=None, max_restarts=1,
-                kill_schedule=[1.0], kill_from="train", checkpoint_every_s=0.2, seed=1, reducer="flat",
-                timeout_s=150)
+    s = run_ddp(
+        SETTINGS,
+        2,
+        out,
+        budget_tokens=300 * 2 * 8 * 32,
+        duration_s=None,
+        max_restarts=1,
+        kill_schedule=[1.0],
+        kill_from="train",
+        checkpoint_every_s=0.2,
+        seed=1,
+        reducer="flat",
+        timeout_s=150,
+    )
     assert s["ok"], s.get("log_tail")
     assert_cleaned_up(s, out)
     assert len(s["kills"]) == 1 and s["restarts"] == 1
@@ -109,5 +120,5 @@ def test_killed_worker_restarts_from_checkpoint(tmp_path: Path) -> None:
     assert kill["restart_cost_s"] > 0
     if kill["lost_steps"] is not None:
         assert kill["lost_steps"] >= 0
-    assert s["allreduce_payload_bytes"] == s["steps"] * 4 * tiny_params()   # the survivors' lineage only
+    assert s["allreduce_payload_bytes"] == s["steps"] * 4 * tiny_params()  # the survivors' lineage only
     assert s["eval_loss"] < s["initial_eval_loss"]

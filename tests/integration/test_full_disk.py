@@ -11,8 +11,8 @@ the disk). When the filler is deleted, new metrics lines appear and the drops ar
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -40,12 +40,15 @@ def test_syncer_and_learners_survive_a_full_disk_and_write_again(fs: Path) -> No
             lr.start_learner(i)
         lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 4, 120, "first merges")
         filler = tinyfs.fill(fs)
-        for i in range(2):   # the learners log little: use up the slack of their logs' last pages now
+        for i in range(2):  # the learners log little: use up the slack of their logs' last pages now
             tinyfs.top_up(fs / f"learner-{i}.log")
         full_at = time.time()
         steps = lr.status()["syncer"]["outer_steps"]
-        lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= steps + 12 and time.time() - full_at > 6, 90,
-                    "merging on a full disk")
+        lr.wait_for(
+            lambda s: s["syncer"]["outer_steps"] >= steps + 12 and time.time() - full_at > 6,
+            90,
+            "merging on a full disk",
+        )
         assert tinyfs.free_bytes(fs) < 64 << 10, "the disk did not stay full"
         assert alive(lr) == {"syncer": None, "learner-0": None, "learner-1": None}, alive(lr)
         lost = [r for r in lr.metrics("sample") if r["t"] > full_at + 4]
@@ -53,14 +56,21 @@ def test_syncer_and_learners_survive_a_full_disk_and_write_again(fs: Path) -> No
         filler.unlink()
         freed_at = time.time()
         lr.wait_for(lambda s: any(r["t"] > freed_at for r in lr.metrics("sample")), 30, "metrics again")
-        lr.wait_for(lambda s: any(e["kind"] == "write_resumed" and e["target"] == "syncer"
-                                  for e in lr.events()), 30, "the syncer's write_resumed event")
+        lr.wait_for(
+            lambda s: any(e["kind"] == "write_resumed" and e["target"] == "syncer" for e in lr.events()),
+            30,
+            "the syncer's write_resumed event",
+        )
         resumed = [e for e in lr.events() if e["kind"] == "write_resumed"]
-        assert any("metrics.jsonl again" in e["detail"] and "records were dropped (disk full)" in e["detail"]
-                   for e in resumed), resumed
+        assert any(
+            "metrics.jsonl again" in e["detail"] and "records were dropped (disk full)" in e["detail"] for e in resumed
+        ), resumed
         sample = [r for r in lr.metrics("sample") if r["t"] > freed_at][-1]
         assert sample["dropped_writes"].get("metrics.jsonl", 0) > 0, sample
-        lr.wait_for(lambda s: all("learner-%d.log again" % i in lr.log(f"learner-{i}") for i in range(2)), 60,
-                    "the learners' logs say what they dropped")
+        lr.wait_for(
+            lambda s: all(f"learner-{i}.log again" in lr.log(f"learner-{i}") for i in range(2)),
+            60,
+            "the learners' logs say what they dropped",
+        )
         lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= steps + 16, 60, "still merging")
         assert alive(lr) == {"syncer": None, "learner-0": None, "learner-1": None}, alive(lr)

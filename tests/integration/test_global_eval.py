@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 
 def _scores(lr: LocalRun) -> list[dict]:
-    return [m for m in lr.metrics("global_eval")]
+    return list(lr.metrics("global_eval"))
 
 
 def test_the_syncer_scores_the_global_model_and_the_guard_rolls_a_bad_round_back(tmp_path: Path) -> None:
@@ -34,7 +34,7 @@ def test_the_syncer_scores_the_global_model_and_the_guard_rolls_a_bad_round_back
         lr.wait_log("syncer", "fault point bad_round", 150)
         status = lr.wait_for(lambda s: s["guard"]["rollbacks"] >= 1, 60, "the guard's rollback")
         before = [m["loss"] for m in _scores(lr) if m["good"]]
-        assert before[-1] < before[0] - 0.2, before                  # the global model learned
+        assert before[-1] < before[0] - 0.2, before  # the global model learned
         flagged = [m for m in _scores(lr) if not m["good"]]
         assert flagged and flagged[0]["loss"] > 1.1 * min(before), flagged
         (event,) = [e for e in lr.events() if e["kind"] == "quality_guard"][:1]

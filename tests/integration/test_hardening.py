@@ -42,19 +42,23 @@ def test_fuzz_a_live_syncer(tmp_path: Path) -> None:
                     s.sendall(os.urandom(size))
             fuzz(c)
             n = a.plan.numel(0)
-            c.push(0, torch.zeros(n + 1), 1, 1)                    # wrong shape
-            c.push(0, torch.ones(n), 1, 1, base_version=99)         # a version from the future
-            c.push(1, torch.full((a.plan.numel(1),), 1e-3), 1, 1)   # valid (alone it cannot close a round)
+            c.push(0, torch.zeros(n + 1), 1, 1)  # wrong shape
+            c.push(0, torch.ones(n), 1, 1, base_version=99)  # a version from the future
+            c.push(1, torch.full((a.plan.numel(1),), 1e-3), 1, 1)  # valid (alone it cannot close a round)
             c.seq -= 1
-            c.push(1, torch.full((a.plan.numel(1),), 1e-3), 1, 1)   # the same sequence number again: a replay
+            c.push(1, torch.full((a.plan.numel(1),), 1e-3), 1, 1)  # the same sequence number again: a replay
             big = ProtoClient(f"tcp://127.0.0.1:{port}", "learner-2", lr.cfg["run_id"], lr.dir / "keys")
             big.send_raw([encode(Message("heartbeat", {"step": 1, "tokens": 1, "state": "running"}))[0]])
             dropped = lr.status()["syncer"]["disconnects"]
-            big.send_raw([os.urandom(3 << 20)])                     # over max_message_mb: libzmq drops the connection
-            lr.wait_for(lambda s: s["syncer"]["disconnects"] > dropped, 20, "the oversized message's connection dropped")
+            big.send_raw([os.urandom(3 << 20)])  # over max_message_mb: libzmq drops the connection
+            lr.wait_for(
+                lambda s: s["syncer"]["disconnects"] > dropped, 20, "the oversized message's connection dropped"
+            )
             big.close()
             time.sleep(1.0)
-            assert [torch.equal(x, y) for x, y in zip(b.fetch(), before)] == [True] * len(before), "garbage moved the model"
+            assert [torch.equal(x, y) for x, y in zip(b.fetch(), before)] == [True] * len(before), (
+                "garbage moved the model"
+            )
             snap = lr.status()
             rejected = snap["syncer"]["rejected"]
             for reason in ("codec", "future_version", "replay", "handshake_failed"):
@@ -74,11 +78,15 @@ def fuzz(client: ProtoClient) -> None:
     valid = encode(Message("heartbeat", {"step": 1, "tokens": 1, "state": "running"}))
 
     @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-    @given(st.one_of(
-        st.lists(st.binary(max_size=200), min_size=1, max_size=4),
-        st.binary(max_size=len(valid[0])).map(lambda junk: [valid[0][: len(junk)] + junk]),
-        st.integers(0, len(valid[0]) - 1).map(lambda i: [valid[0][:i] + bytes([valid[0][i] ^ 0xFF]) + valid[0][i + 1:]]),
-    ))
+    @given(
+        st.one_of(
+            st.lists(st.binary(max_size=200), min_size=1, max_size=4),
+            st.binary(max_size=len(valid[0])).map(lambda junk: [valid[0][: len(junk)] + junk]),
+            st.integers(0, len(valid[0]) - 1).map(
+                lambda i: [valid[0][:i] + bytes([valid[0][i] ^ 0xFF]) + valid[0][i + 1 :]]
+            ),
+        )
+    )
     def send(frames: list[bytes]) -> None:
         client.send_raw(frames)
 
@@ -120,7 +128,10 @@ def test_disk_full_while_checkpointing_is_reported(tmp_path: Path, monkeypatch: 
         def write(self, data: bytes) -> int:
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("builtins.open", lambda p, m="r", *a, **k: Full(real_open(p, m, *a, **k)) if ".tmp" in str(p) else real_open(p, m, *a, **k))
+    monkeypatch.setattr(
+        "builtins.open",
+        lambda p, m="r", *a, **k: Full(real_open(p, m, *a, **k)) if ".tmp" in str(p) else real_open(p, m, *a, **k),
+    )
     with pytest.raises(checkpoint.CheckpointError, match="No space left"):
         checkpoint.save(tmp_path, checkpoint.state_dict(h.core, 1.0))
     monkeypatch.undo()
@@ -135,7 +146,9 @@ def test_syncer_sigkill_at_the_worst_moment(tmp_path: Path, point: str) -> None:
         if point == "serve_state":
             lr.start_syncer()
             lr.start_learner(0)
-            lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 4 and s["syncer"]["checkpoint_outer_step"] > 0, 120, "merges")
+            lr.wait_for(
+                lambda s: s["syncer"]["outer_steps"] >= 4 and s["syncer"]["checkpoint_outer_step"] > 0, 120, "merges"
+            )
             lr.kill("syncer", signal.SIGKILL)
             lr.start_syncer(env={"DLDCTL_FAULT_POINTS": "serve_state=30"})
             lr.start_learner(1)  # joins: the syncer pauses while serving it
@@ -173,14 +186,20 @@ def test_learner_sigkill_at_the_worst_moment(tmp_path: Path, point: str) -> None
         lr.wait_log("learner-1", f"fault point {point}", 120)
         lr.kill("learner-1", signal.SIGKILL)
         lr.start_learner(1)
-        lr.wait_for(lambda s: s["quorum"]["live"] == 2 and all(r["replica"]["identical"] == r["replica"]["current"]
-                                                                for r in s["learners"]), 90, "learner-1 back, replicas exact")
+        lr.wait_for(
+            lambda s: (
+                s["quorum"]["live"] == 2
+                and all(r["replica"]["identical"] == r["replica"]["current"] for r in s["learners"])
+            ),
+            90,
+            "learner-1 back, replicas exact",
+        )
         assert lr.procs["syncer"].poll() is None
 
 
 def test_memory_stays_bounded_when_pushes_pile_up(tmp_path: Path) -> None:
     with start(tmp_path, 3, quorum=3, max_queue=4) as lr:
-        a, b, c = cs = clients(lr, 3)
+        a, b, _c = cs = clients(lr, 3)
         try:
             beat([a, b], 0.3)  # c never reports running: 2 live < quorum 3, no round ever closes
             pid = lr.procs["syncer"].pid
@@ -216,9 +235,11 @@ def test_no_fd_or_process_leak_across_many_learner_restarts(tmp_path: Path) -> N
         lr.wait_for(lambda s: s["syncer"]["initialized"], 60, "syncer initialized")
         pid = lr.procs["syncer"].pid
         fds = []
-        for i in range(12):
+        for _i in range(12):
             lr.start_learner(1)
-            lr.wait_for(lambda s: any(r["id"] == "learner-1" and r["state"] == "running" for r in s["learners"]), 60, "join")
+            lr.wait_for(
+                lambda s: any(r["id"] == "learner-1" and r["state"] == "running" for r in s["learners"]), 60, "join"
+            )
             lr.kill("learner-1", signal.SIGKILL)
             fds.append(len(os.listdir(f"/proc/{pid}/fd")))
         assert fds[-1] <= fds[2] + 4, f"syncer fds grew across restarts: {fds}"

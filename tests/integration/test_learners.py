@@ -58,9 +58,13 @@ def test_loss_falls_and_replicas_are_bit_identical(tmp_path: Path, n: int) -> No
             assert all(r["replica"]["identical"] == r["replica"]["current"] for r in s["learners"]), s["learners"]
             seen.update(r["id"] for r in s["learners"] if r["replica"]["current"] >= 1)
             return len(seen) == n
+
         lr.wait_for(replicas_checked, 30, "replicas at the syncer's versions")
-        lr.wait_for(lambda s: len(eval_losses(lr)) >= 4 and eval_losses(lr)[-1] < eval_losses(lr)[0] - 0.3, 150,
-                    "eval loss falling")
+        lr.wait_for(
+            lambda s: len(eval_losses(lr)) >= 4 and eval_losses(lr)[-1] < eval_losses(lr)[0] - 0.3,
+            150,
+            "eval loss falling",
+        )
         # every learner reports the share of its time its training thread waited on communication
         last = lr.metrics("sample")[-1]["learners"]
         assert sorted(last) == [f"learner-{i}" for i in range(n)]
@@ -88,8 +92,9 @@ def test_killed_learner_rejoins_and_contributes_again(tmp_path: Path) -> None:
     with run_of(tmp_path, [{}, {}], H=8) as lr:
         lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 10, 120, "merges")
         # merges can come from learner-0 alone (quorum 1): wait until learner-1 has trained too
-        snap = lr.wait_for(lambda s: next(r for r in s["learners"] if r["id"] == "learner-1")["step"] >= 20, 60,
-                           "learner-1 training")
+        snap = lr.wait_for(
+            lambda s: next(r for r in s["learners"] if r["id"] == "learner-1")["step"] >= 20, 60, "learner-1 training"
+        )
         step = next(r for r in snap["learners"] if r["id"] == "learner-1")["step"]
         lr.kill("learner-1", signal.SIGKILL)
         killed_at = time.time()
@@ -100,8 +105,11 @@ def test_killed_learner_rejoins_and_contributes_again(tmp_path: Path) -> None:
         resumed = int(lr.log("learner-1").split("resuming at step ")[-1].split()[0])
         assert resumed >= step > 0
         assert next(r for r in lr.status()["learners"] if r["id"] == "learner-1")["step"] >= resumed
-        lr.wait_for(lambda s: any(r["t"] > killed_at and "learner-1" in r["contributors"] for r in lr.metrics("round")),
-                    90, "learner-1 contributing after its restart")
+        lr.wait_for(
+            lambda s: any(r["t"] > killed_at and "learner-1" in r["contributors"] for r in lr.metrics("round")),
+            90,
+            "learner-1 contributing after its restart",
+        )
         kinds = [(e["kind"], e["target"]) for e in lr.events()]
         assert ("rejoin", "learner-1") in kinds
 
@@ -114,8 +122,11 @@ def test_sigterm_sends_the_due_work_and_says_goodbye(tmp_path: Path) -> None:
         assert lr.procs["learner-1"].returncode == 0
         assert "learner-1: stopped after" in lr.log("learner-1")
         assert "did not confirm the goodbye" not in lr.log("learner-1")
-        lr.wait_for(lambda s: any(e["kind"] == "leave" and e["target"] == "learner-1" for e in lr.events()), 20,
-                    "learner-1's goodbye")
+        lr.wait_for(
+            lambda s: any(e["kind"] == "leave" and e["target"] == "learner-1" for e in lr.events()),
+            20,
+            "learner-1's goodbye",
+        )
         # the work it had not sent yet reached the global model after the signal
         late = [r for r in lr.metrics("round") if r["t"] >= asked and "learner-1" in r["contributors"]]
         assert late, "no round merged learner-1's last work"
@@ -124,18 +135,30 @@ def test_sigterm_sends_the_due_work_and_says_goodbye(tmp_path: Path) -> None:
 
 def test_a_warm_spare_becomes_the_learner_it_is_told_to(tmp_path: Path) -> None:
     """learner/spare.py against a real syncer: warmed up, assigned by a renamed file, trains as learner-1."""
-    with run_of(tmp_path, [{}, {}]) as lr:   # only learner-0 runs: learner-1 is the spare's to be
+    with run_of(tmp_path, [{}, {}]) as lr:  # only learner-0 runs: learner-1 is the spare's to be
         lr.kill("learner-1")
         assignment = tmp_path / "spare.json"
         lr._spawn("spare", ["-m", "learner", "--config", str(lr.config), "--spare", str(assignment)])
         lr.wait_log("spare", "ready; waiting for", 120)
         tmp = tmp_path / "spare.json.tmp"
-        tmp.write_text(json.dumps({"id": "learner-1", "workdir": str(tmp_path / "learner-1-work"),
-                                   "log": str(tmp_path / "learner-1.log"), "restarts": 3}))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "id": "learner-1",
+                    "workdir": str(tmp_path / "learner-1-work"),
+                    "log": str(tmp_path / "learner-1.log"),
+                    "restarts": 3,
+                }
+            )
+        )
         tmp.rename(assignment)
         lr.wait_log("learner-1", "learner-1: taking over from a warm spare", 30)
-        lr.wait_for(lambda s: any(r["id"] == "learner-1" and r["step"] > 0 for r in s["learners"]), 60, "learner-1 training")
-        lr.wait_for(lambda s: any("learner-1" in r["contributors"] for r in lr.metrics("round")), 60, "learner-1 merged")
+        lr.wait_for(
+            lambda s: any(r["id"] == "learner-1" and r["step"] > 0 for r in s["learners"]), 60, "learner-1 training"
+        )
+        lr.wait_for(
+            lambda s: any("learner-1" in r["contributors"] for r in lr.metrics("round")), 60, "learner-1 merged"
+        )
         assert not assignment.exists(), "the spare consumes its assignment"
         assert (tmp_path / "learner-1-work").is_dir() and lr.procs["spare"].poll() is None
 
@@ -145,11 +168,16 @@ def test_throttled_learner_gets_a_smaller_weight(tmp_path: Path) -> None:
         return {r["id"]: r["weight"] for r in snap["learners"]}
 
     with run_of(tmp_path, [{}, {"throttle": 4.0}], H=8) as lr:
-        lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 30 and all(r["step"] > 0 for r in s["learners"]), 150, "merges")
+        lr.wait_for(
+            lambda s: s["syncer"]["outer_steps"] >= 30 and all(r["step"] > 0 for r in s["learners"]), 150, "merges"
+        )
         # the share covers the last 60 s: one learner may have trained alone for a second or two
         # before the other joined (the full suite loads the machine), so give the rates time to show
-        snap = lr.wait_for(lambda s: weights(s).get("learner-1", 1.0) < 0.4 < weights(s).get("learner-0", 0.0), 60,
-                           "the throttled learner's share below 0.4")
+        snap = lr.wait_for(
+            lambda s: weights(s).get("learner-1", 1.0) < 0.4 < weights(s).get("learner-0", 0.0),
+            60,
+            "the throttled learner's share below 0.4",
+        )
         assert weights(snap)["learner-1"] < weights(snap)["learner-0"] / 1.5, weights(snap)
 
 
@@ -164,8 +192,11 @@ def test_syncer_sigkill_resumes_from_checkpoint(tmp_path: Path) -> None:
         snap = lr.wait_for(lambda s: s["syncer"]["epoch"] == 2, 30, "restarted syncer")
         resumed = snap["syncer"]["outer_steps"]
         assert resumed >= 10, "did not resume from the checkpoint"
-        lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= resumed + 10 and s["quorum"]["live"] == 2, 120,
-                    "learners reconnected and merging again")
+        lr.wait_for(
+            lambda s: s["syncer"]["outer_steps"] >= resumed + 10 and s["quorum"]["live"] == 2,
+            120,
+            "learners reconnected and merging again",
+        )
         kinds = [e["kind"] for e in lr.events()]
         assert "syncer_resume" in kinds
 
@@ -173,8 +204,9 @@ def test_syncer_sigkill_resumes_from_checkpoint(tmp_path: Path) -> None:
 def test_torchrun_island_keeps_its_ranks_identical(tmp_path: Path) -> None:
     """A learner of 2 ranks (DDP over gloo) next to a plain one: both merge, ranks stay equal."""
     with run_of(tmp_path, [{"nproc": 2}, {}], H=8, steps=60) as lr:
-        lr.wait_for(lambda s: any("learner-0" in r["contributors"] for r in lr.metrics("round")), 150,
-                    "the island contributing")
+        lr.wait_for(
+            lambda s: any("learner-0" in r["contributors"] for r in lr.metrics("round")), 150, "the island contributing"
+        )
         wait_finished(lr, 2, 150)
         log = lr.log("learner-0")
         assert "island of world 2" in log
@@ -183,14 +215,19 @@ def test_torchrun_island_keeps_its_ranks_identical(tmp_path: Path) -> None:
         # the budget marker says what the loop did (bench/learner_throughput.py reads it)
         done = json.loads((tmp_path / "learner-1" / "finished").read_text())
         assert (done["steps"], done["tokens"], done["device"]) == (60, 60 * 8 * 32, "cpu")
-        assert 0 < done["busy_s"] and 0 <= done["blocked_s"] and done["busy_s"] + done["blocked_s"] <= done["train_s"] * 1.01
+        assert (
+            done["busy_s"] > 0
+            and done["blocked_s"] >= 0
+            and done["busy_s"] + done["blocked_s"] <= done["train_s"] * 1.01
+        )
 
 
 def test_the_syncer_calls_rounds_that_gather_the_whole_fleet(tmp_path: Path) -> None:
     """At the defaults (quorum 1, overlap, the syncer's round clock) rounds gather every live
     learner; on each learner's own clock (round_clock = learner) most pushes close a round alone."""
+
     def mean_contributors(lr: LocalRun) -> float:
-        rounds = lr.metrics("round")[4:]   # the first calls may find a learner still joining
+        rounds = lr.metrics("round")[4:]  # the first calls may find a learner still joining
         return sum(len(r["contributors"]) for r in rounds) / max(1, len(rounds))
 
     with run_of(tmp_path / "syncer", [{}, {}, {}], H=16, quorum=1) as lr:

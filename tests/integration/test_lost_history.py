@@ -71,7 +71,7 @@ def test_all_checkpoints_corrupt_refused_then_continued_from_a_learner(tmp_path:
         lr.start_learner(1)
         lr.wait_for(lambda s: s["syncer"]["checkpoint_outer_step"] >= 10, 180, "checkpoints")
         lr.expect_dead = {"syncer"}
-        lr.kill("syncer", signal.SIGTERM)             # a final checkpoint, then history.json says it all
+        lr.kill("syncer", signal.SIGTERM)  # a final checkpoint, then history.json says it all
         before = json.loads((ckpt_dir / checkpoint.HISTORY).read_text())
         assert before["outer_steps"] >= 10 and before["fleet"]["merged_tokens"] > 0
         names = _corrupt_every_checkpoint(ckpt_dir)
@@ -83,8 +83,11 @@ def test_all_checkpoints_corrupt_refused_then_continued_from_a_learner(tmp_path:
         config.write_text(json.dumps(cfg, indent=1))
         lr.start_syncer()
         lr.expect_dead = set()
-        snap = lr.wait_for(lambda s: s["syncer"]["epoch"] == 3 and s["syncer"]["initialized"], 120,
-                           "the syncer started with a new global model")
+        snap = lr.wait_for(
+            lambda s: s["syncer"]["epoch"] == 3 and s["syncer"]["initialized"],
+            120,
+            "the syncer started with a new global model",
+        )
         assert snap["syncer"]["outer_steps"] >= before["outer_steps"], "the outer step counter went back"
         assert snap["tokens"]["merged"] >= int(before["fleet"]["merged_tokens"]), "merged tokens went back"
         assert not (lr.dir / checkpoint.REFUSED).exists()
@@ -92,9 +95,15 @@ def test_all_checkpoints_corrupt_refused_then_continued_from_a_learner(tmp_path:
         assert f"outer step {before['outer_steps']}" in lost["detail"] and "checksum mismatch" in lost["detail"]
         assert any(e["kind"] == "initialized" and e["t"] >= lost["t"] for e in lr.events())
 
-        lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= before["outer_steps"] + 10 and s["quorum"]["live"] == 2
-                    and s["syncer"]["checkpoint_outer_step"] > before["outer_steps"], 180,
-                    "merging and checkpointing the new model, counters going on")
+        lr.wait_for(
+            lambda s: (
+                s["syncer"]["outer_steps"] >= before["outer_steps"] + 10
+                and s["quorum"]["live"] == 2
+                and s["syncer"]["checkpoint_outer_step"] > before["outer_steps"]
+            ),
+            180,
+            "merging and checkpointing the new model, counters going on",
+        )
         shown = _status_json(tmp_path)
         assert shown["syncer"]["alive"] is True
         [warning] = shown["syncer"]["warnings"]

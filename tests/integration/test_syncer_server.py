@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
@@ -26,7 +26,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def start(tmp_path: Path, learners: int, **run: object) -> LocalRun:
-    config = write_config(tmp_path, [{} for _ in range(learners)], run={"liveness_s": 1.5, "round_clock": "learner", **run})
+    config = write_config(
+        tmp_path, [{} for _ in range(learners)], run={"liveness_s": 1.5, "round_clock": "learner", **run}
+    )
     lr = LocalRun(tmp_path, config)
     lr.start_syncer()
     lr.wait_for(lambda s: s["syncer"]["alive"], 20, "syncer up")
@@ -79,7 +81,7 @@ def close_all(cs: list[ProtoClient]) -> None:
 
 
 def test_quorum_closes_with_a_dead_learner_and_stays_open_below_it(syncer3: LocalRun) -> None:
-    a, b, c = cs = clients(syncer3, 3)
+    a, b, _c = cs = clients(syncer3, 3)
     try:
         beat(cs, 0.3)
         n = a.plan.numel(0)
@@ -103,7 +105,7 @@ def test_quorum_closes_with_a_dead_learner_and_stays_open_below_it(syncer3: Loca
 
 def test_grace_window_includes_a_near_straggler_not_a_late_one(tmp_path: Path) -> None:
     with start(tmp_path, 3, quorum=1, tau=2, grace_gamma=0.5) as lr:
-        a, b, c = cs = clients(lr, 3)
+        a, b, _c = cs = clients(lr, 3)
         try:
             beat(cs, 0.3)
             n = a.plan.numel(2)
@@ -129,12 +131,12 @@ def test_grace_window_includes_a_near_straggler_not_a_late_one(tmp_path: Path) -
 
 
 def test_weights_follow_the_token_rule(syncer3: LocalRun) -> None:
-    a, b, c = cs = clients(syncer3, 3)
+    a, b, _c = cs = clients(syncer3, 3)
     try:
         beat(cs, 0.3)
         n = a.plan.numel(1)
-        a.push(1, torch.full((n,), 0.1), 10, 1000)   # w = 1000 * 100 = 100000
-        b.push(1, torch.full((n,), 0.1), 10, 500)    # w = 500 * 50  = 25000
+        a.push(1, torch.full((n,), 0.1), 10, 1000)  # w = 1000 * 100 = 100000
+        b.push(1, torch.full((n,), 0.1), 10, 500)  # w = 500 * 50  = 25000
         a.recv("update", timeout=5)
         rnd = wait_round(syncer3)
         assert rnd["weights"] == pytest.approx({"learner-0": 0.8, "learner-1": 0.2})
@@ -177,16 +179,31 @@ def test_curve_refuses_unknown_keys_impersonation_and_the_wrong_socket(syncer3: 
     stranger = ProtoClient(address, "learner-0", run_id, stranger_dir)
     operator = ProtoClient(address, "learner-0", run_id, syncer3.dir / "keys", key_name="operator")
     liar = ProtoClient(address, "learner-1", run_id, syncer3.dir / "keys", key_name="learner-0")
-    control = ProtoClient(f"tcp://127.0.0.1:{syncer3.cfg['syncer']['control_port']}", "learner-0", run_id,
-                          syncer3.dir / "keys")
+    control = ProtoClient(
+        f"tcp://127.0.0.1:{syncer3.cfg['syncer']['control_port']}", "learner-0", run_id, syncer3.dir / "keys"
+    )
     try:
         for c in (stranger, operator, liar):
             try:
-                c.send(Message("hello", {"learner": c.learner, "incarnation": "x", "run": run_id, "pid": 1,
-                                         "host": "h", "device": "cpu", "batch_size": 1, "codecs": [],
-                                         "manifest": [["a", [4], "dense"]], "fragments": 4}))
+                c.send(
+                    Message(
+                        "hello",
+                        {
+                            "learner": c.learner,
+                            "incarnation": "x",
+                            "run": run_id,
+                            "pid": 1,
+                            "host": "h",
+                            "device": "cpu",
+                            "batch_size": 1,
+                            "codecs": [],
+                            "manifest": [["a", [4], "dense"]],
+                            "fragments": 4,
+                        },
+                    )
+                )
             except zmq.Again:
-                assert c is not liar   # a refused handshake can drop the pipe before the send: refused too
+                assert c is not liar  # a refused handshake can drop the pipe before the send: refused too
         control.send(Message("status_req", {}))
         for c in (stranger, operator, liar, control):
             assert c.poll_silent(1.5), f"{c.learner} got an answer"
@@ -218,8 +235,22 @@ def test_a_thousand_malformed_messages_do_not_stop_merges(syncer3: LocalRun) -> 
                 frames = [valid[0], b"unannounced payload"]
             else:
                 nan = torch.full((a.plan.numel(0),), float("nan"))
-                frames = encode(Message("push", {"fragment": 0, "base_version": 0, "seq": 0, "epoch": 1, "c_steps": 1,
-                                                 "c_tokens": 1, "c_time": 0.1, "step_time": 0.1}, [codec.encode(nan, "none")]))
+                frames = encode(
+                    Message(
+                        "push",
+                        {
+                            "fragment": 0,
+                            "base_version": 0,
+                            "seq": 0,
+                            "epoch": 1,
+                            "c_steps": 1,
+                            "c_tokens": 1,
+                            "c_time": 0.1,
+                            "step_time": 0.1,
+                        },
+                        [codec.encode(nan, "none")],
+                    )
+                )
             c.send_raw(frames)
         assert [t.sum() for t in b.fetch()] == [t.sum() for t in before], "garbage changed the model"
         beat(cs, 0.3)

@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 
-from workload.gpt import param_shapes
 from syncer import codec, fragments
 from syncer import protocol as P
 from syncer.core import Outbox, SyncerCore
 from syncer.protocol import Message
 from syncer.settings import RunSettings
+from workload.gpt import param_shapes
 
 RUN = "run-test"
 EMBEDDINGS = {"transformer.wte.weight", "transformer.wpe.weight"}
@@ -32,20 +32,42 @@ class Clock:
 
 
 def tensor_manifest(name: str = "gpt-tiny") -> list[fragments.TensorSpec]:
-    return [fragments.TensorSpec(n, s, "embedding" if n in EMBEDDINGS else "dense")
-            for n, s in param_shapes(name, block_size=16)]
+    return [
+        fragments.TensorSpec(n, s, "embedding" if n in EMBEDDINGS else "dense")
+        for n, s in param_shapes(name, block_size=16)
+    ]
 
 
 def small_manifest() -> list[fragments.TensorSpec]:
-    return [fragments.TensorSpec("emb", (16, 8), "embedding"), fragments.TensorSpec("w1", (8, 8)),
-            fragments.TensorSpec("b1", (8,)), fragments.TensorSpec("w2", (8, 4)),
-            fragments.TensorSpec("w3", (4, 4))]
+    return [
+        fragments.TensorSpec("emb", (16, 8), "embedding"),
+        fragments.TensorSpec("w1", (8, 8)),
+        fragments.TensorSpec("b1", (8,)),
+        fragments.TensorSpec("w2", (8, 4)),
+        fragments.TensorSpec("w3", (4, 4)),
+    ]
 
 
 def make_settings(**changes: Any) -> RunSettings:
-    base = dict(H=8, fragments=2, quorum=2, tau=2, grace_gamma=0.5, compression="int4", merge="rda",
-                liveness_s=3.0, heartbeat_s=0.5, state_chunk_mb=0.001, fleet_scale=False, max_queue=256,
-                checksum_every=1, round_clock="learner", max_backlog=0.0, outer_lr=0.7, outer_momentum=0.9)
+    base = dict(
+        H=8,
+        fragments=2,
+        quorum=2,
+        tau=2,
+        grace_gamma=0.5,
+        compression="int4",
+        merge="rda",
+        liveness_s=3.0,
+        heartbeat_s=0.5,
+        state_chunk_mb=0.001,
+        fleet_scale=False,
+        max_queue=256,
+        checksum_every=1,
+        round_clock="learner",
+        max_backlog=0.0,
+        outer_lr=0.7,
+        outer_momentum=0.9,
+    )
     base.update(changes)
     s = RunSettings(**base)
     s.validate()
@@ -60,8 +82,13 @@ def wire(msg: Message) -> Message:
 class Harness:
     """A SyncerCore plus helpers that speak for learners."""
 
-    def __init__(self, settings: RunSettings, manifest: list[fragments.TensorSpec] | None = None,
-                 declared: tuple[str, ...] = ("a", "b", "c"), clock_step: float = 0.0) -> None:
+    def __init__(
+        self,
+        settings: RunSettings,
+        manifest: list[fragments.TensorSpec] | None = None,
+        declared: tuple[str, ...] = ("a", "b", "c"),
+        clock_step: float = 0.0,
+    ) -> None:
         self.s = settings
         self.seq = 0
         self.clock = Clock(clock_step)
@@ -84,13 +111,34 @@ class Harness:
         self.outs.append(out)
         return out
 
-    def hello(self, learner: str, now: float, incarnation: str = "i1", run: str = RUN,
-              manifest: list[fragments.TensorSpec] | None = None, count: int | None = None) -> Outbox:
-        return self.send(learner, Message("hello", {
-            "learner": learner, "incarnation": incarnation, "run": run, "pid": 100, "host": "local",
-            "device": "cpu", "batch_size": 16, "codecs": list(codec.MODES),
-            "manifest": fragments.manifest_to_json(manifest or self.manifest),
-            "fragments": self.s.fragments if count is None else count}), now)
+    def hello(
+        self,
+        learner: str,
+        now: float,
+        incarnation: str = "i1",
+        run: str = RUN,
+        manifest: list[fragments.TensorSpec] | None = None,
+        count: int | None = None,
+    ) -> Outbox:
+        return self.send(
+            learner,
+            Message(
+                "hello",
+                {
+                    "learner": learner,
+                    "incarnation": incarnation,
+                    "run": run,
+                    "pid": 100,
+                    "host": "local",
+                    "device": "cpu",
+                    "batch_size": 16,
+                    "codecs": list(codec.MODES),
+                    "manifest": fragments.manifest_to_json(manifest or self.manifest),
+                    "fragments": self.s.fragments if count is None else count,
+                },
+            ),
+            now,
+        )
 
     def beat(self, learner: str, now: float, state: str = "running", step: int = 1) -> Outbox:
         return self.send(learner, Message("heartbeat", {"step": step, "tokens": step * 16, "state": state}), now)
@@ -105,8 +153,17 @@ class Harness:
         for p, values in enumerate(self.init_values):
             for off in range(0, values.numel(), chunk):
                 part = values[off : off + chunk]
-                outs.append(self.send(owner, Message("init", {"fragment": p, "offset": off, "numel": part.numel(),
-                                                               "total": values.numel()}, [part.numpy().tobytes()]), now))
+                outs.append(
+                    self.send(
+                        owner,
+                        Message(
+                            "init",
+                            {"fragment": p, "offset": off, "numel": part.numel(), "total": values.numel()},
+                            [part.numpy().tobytes()],
+                        ),
+                        now,
+                    )
+                )
         return outs
 
     def join_all(self, learners: tuple[str, ...] = ("a", "b", "c"), now: float = 1.0) -> None:
@@ -117,16 +174,41 @@ class Harness:
             self.beat(lid, now)
         assert self.core.model is not None
 
-    def push(self, learner: str, p: int, delta: torch.Tensor, now: float, c_steps: int = 8, c_tokens: int = 128,
-             step_time: float = 1.0, base_version: int | None = None, blob: bytes | None = None) -> Outbox:
+    def push(
+        self,
+        learner: str,
+        p: int,
+        delta: torch.Tensor,
+        now: float,
+        c_steps: int = 8,
+        c_tokens: int = 128,
+        step_time: float = 1.0,
+        base_version: int | None = None,
+        blob: bytes | None = None,
+    ) -> Outbox:
         assert self.core.model is not None
         if base_version is None:
             base_version = self.core.model.versions[p]
         blob = codec.encode(delta, self.s.compression, self.s.block) if blob is None else blob
         self.seq += 1  # a learner's pushes carry increasing sequence numbers (replays are refused)
-        return self.send(learner, Message("push", {
-            "fragment": p, "base_version": base_version, "seq": self.seq, "epoch": 1, "c_steps": c_steps,
-            "c_tokens": c_tokens, "c_time": c_steps * step_time, "step_time": step_time}, [blob]), now)
+        return self.send(
+            learner,
+            Message(
+                "push",
+                {
+                    "fragment": p,
+                    "base_version": base_version,
+                    "seq": self.seq,
+                    "epoch": 1,
+                    "c_steps": c_steps,
+                    "c_tokens": c_tokens,
+                    "c_time": c_steps * step_time,
+                    "step_time": step_time,
+                },
+                [blob],
+            ),
+            now,
+        )
 
     def delta(self, p: int, seed: int, scale: float = 1e-3) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed)

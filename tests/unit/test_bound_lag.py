@@ -27,7 +27,7 @@ N = 64
 def _setup(tmp_path: Path, **run: object) -> tuple[Trainer, SyncerClient]:
     settings = RunSettings(liveness_s=1.0, **{"round_clock": "learner", **run})
     cfg = LearnerConfig("run", settings, LearnerSpec("learner-1"), "tcp://127.0.0.1:1", None, None, tmp_path)
-    client = SyncerClient(cfg, [], [N], lambda: [], "inc")
+    client = SyncerClient(cfg, [], [N], list, "inc")
     client.replica.epoch = 1
     client.replica.latest[0], client.replica.versions[0] = torch.zeros(N), 0
     client._welcomed = True
@@ -91,7 +91,7 @@ def test_a_rejoiner_follows_the_fleets_fragment_order_when_learners_wait(tmp_pat
     # H = 8, P = 4, fragments 0 and 1 merged once more than 2 and 3: fragment 2 merges next
     plan = fragments.plan([fragments.TensorSpec(f"t{i}", (3,)) for i in range(4)], 4)
     outer = OuterState(plan, 8, 0.0, base_version=[5, 5, 4, 4])
-    cases = {(True, 2): 4, (False, 0): 4, (True, 0): 0}   # (overlap, max_lag) -> phase
+    cases = {(True, 2): 4, (False, 0): 4, (True, 0): 0}  # (overlap, max_lag) -> phase
     for (overlap, max_lag), phase in cases.items():
         trainer, _ = _setup(tmp_path, overlap=overlap, max_lag=max_lag)
         assert trainer.schedule_phase(outer) == phase, (overlap, max_lag)

@@ -3,6 +3,7 @@ error names the table and key), checks on snapshots, and the per-fault report fr
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 
@@ -17,8 +18,8 @@ def test_monkey_is_reproducible_and_poisson() -> None:
     a = monkey_schedule(random.Random(7), **kw)
     assert a == monkey_schedule(random.Random(7), **kw)
     assert a != monkey_schedule(random.Random(8), **kw)
-    gaps = [y.at - x.at for x, y in zip(a, a[1:])]
-    assert len(a) == pytest.approx(1000, rel=0.1)                    # rate 1/mtbf
+    gaps = [y.at - x.at for x, y in itertools.pairwise(a)]
+    assert len(a) == pytest.approx(1000, rel=0.1)  # rate 1/mtbf
     assert statistics.mean(gaps) == pytest.approx(20.0, rel=0.1)
     assert statistics.pstdev(gaps) == pytest.approx(20.0, rel=0.15)  # exponential: sd = mean
     assert {f.action for f in a} == {"kill", "pause"} and all(0 < f.at < 20_000 for f in a)
@@ -48,8 +49,10 @@ def test_checks() -> None:
 EXPERIMENT = {
     "experiment": {"name": "t", "settle": 5},
     "steady_state": [{"check": "quorum.live >= 2"}],
-    "fault": [{"at": 10, "action": "pause", "target": "learner-1", "duration": 4},
-              {"at": 2, "action": "kill", "target": "learner-0", "down_for": 3}],
+    "fault": [
+        {"at": 10, "action": "pause", "target": "learner-1", "duration": 4},
+        {"at": 2, "action": "kill", "target": "learner-0", "down_for": 3},
+    ],
     "abort": [{"check": "syncer.alive == false"}],
 }
 
@@ -61,28 +64,46 @@ def test_experiment_parses_sorted_with_a_default_duration() -> None:
 
 
 def test_experiment_durations_take_units() -> None:
-    exp = parse_experiment({"experiment": {"duration": "2m", "settle": "15s"},
-                            "fault": [{"at": "1m", "action": "pause", "target": "learner-0", "duration": "800ms"},
-                                      {"at": 5, "action": "kill", "target": "learner-1", "down_for": "30s"}]})
+    exp = parse_experiment(
+        {
+            "experiment": {"duration": "2m", "settle": "15s"},
+            "fault": [
+                {"at": "1m", "action": "pause", "target": "learner-0", "duration": "800ms"},
+                {"at": 5, "action": "kill", "target": "learner-1", "down_for": "30s"},
+            ],
+        }
+    )
     assert exp.duration == 120 and exp.settle_s == 15
     assert [(f.at, f.duration) for f in exp.faults] == [(5, 30), (60, 0.8)]
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"fault": [{"at": 1, "action": "nuke", "target": "x"}]}, "action 'nuke'"),
-    ({"fault": [{"at": 1, "action": "pause", "target": "x", "lenght": 3}]}, "unknown key 'lenght'"),
-    ({"fault": [{"action": "kill", "target": "x"}]}, "missing 'at'"),
-    ({"fault": []}, "at least one"),
-    ({"steady_state": [{}]}, "missing check"),
-    ({"experiment": {"nmae": "x"}}, "[experiment]: unknown key 'nmae'"),
-    ({"rollback": {"heal": True, "twice": 1}}, "[rollback]: unknown key"),
-    ({"boom": {}}, "unknown table [boom]"),
-    ({"fault": [{"at": "soon", "action": "kill", "target": "x"}]}, "[[fault]] #1 at: 'soon' is not a duration"),
-    ({"fault": [{"at": 1, "action": "pause", "target": "x", "duration": -2}]}, "[[fault]] #1 duration: must be >= 0"),
-    ({"fault": [{"at": 1, "action": "slow", "target": "x", "factor": 0.5}]}, "[[fault]] #1 factor: a slow fault needs"),
-    ({"fault": [{"at": 1, "action": "slow", "target": "x", "factor": "x"}]}, "[[fault]] #1 factor: must be a number"),
-    ({"experiment": {"duration": "long"}}, "[experiment] duration: 'long' is not a duration"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"fault": [{"at": 1, "action": "nuke", "target": "x"}]}, "action 'nuke'"),
+        ({"fault": [{"at": 1, "action": "pause", "target": "x", "lenght": 3}]}, "unknown key 'lenght'"),
+        ({"fault": [{"action": "kill", "target": "x"}]}, "missing 'at'"),
+        ({"fault": []}, "at least one"),
+        ({"steady_state": [{}]}, "missing check"),
+        ({"experiment": {"nmae": "x"}}, "[experiment]: unknown key 'nmae'"),
+        ({"rollback": {"heal": True, "twice": 1}}, "[rollback]: unknown key"),
+        ({"boom": {}}, "unknown table [boom]"),
+        ({"fault": [{"at": "soon", "action": "kill", "target": "x"}]}, "[[fault]] #1 at: 'soon' is not a duration"),
+        (
+            {"fault": [{"at": 1, "action": "pause", "target": "x", "duration": -2}]},
+            "[[fault]] #1 duration: must be >= 0",
+        ),
+        (
+            {"fault": [{"at": 1, "action": "slow", "target": "x", "factor": 0.5}]},
+            "[[fault]] #1 factor: a slow fault needs",
+        ),
+        (
+            {"fault": [{"at": 1, "action": "slow", "target": "x", "factor": "x"}]},
+            "[[fault]] #1 factor: must be a number",
+        ),
+        ({"experiment": {"duration": "long"}}, "[experiment] duration: 'long' is not a duration"),
+    ],
+)
 def test_experiment_errors_name_the_key(change: dict, message: str) -> None:
     with pytest.raises(PlanError) as info:
         parse_experiment({**EXPERIMENT, **change})
@@ -90,16 +111,23 @@ def test_experiment_errors_name_the_key(change: dict, message: str) -> None:
 
 
 def snap(t: float, goodput: float, live: int = 3, tokens: int = 0, merged: int = 0) -> dict:
-    return {"now": t, "goodput_window": goodput, "quorum": {"live": live}, "syncer": {"alive": True},
-            "learners": [{"id": "learner-0", "tokens": tokens, "merged_tokens": merged}]}
+    return {
+        "now": t,
+        "goodput_window": goodput,
+        "quorum": {"live": live},
+        "syncer": {"alive": True},
+        "learners": [{"id": "learner-0", "tokens": tokens, "merged_tokens": merged}],
+    }
 
 
 def test_verdict_and_fault_report() -> None:
     exp = parse_experiment(EXPERIMENT)
     samples = [snap(100, 0.9, tokens=1000, merged=800), snap(103, 0.5), snap(110, 0.6), snap(140, 0.9)]
-    events = [{"t": 102.5, "kind": "death", "target": "learner-0"},
-              {"t": 106.0, "kind": "rejoin", "target": "learner-0"},
-              {"t": 111.0, "kind": "fault_undo", "target": "learner-1"}]
+    events = [
+        {"t": 102.5, "kind": "death", "target": "learner-0"},
+        {"t": 106.0, "kind": "rejoin", "target": "learner-0"},
+        {"t": 111.0, "kind": "fault_undo", "target": "learner-1"},
+    ]
     result = verdict.evaluate(exp, samples, events, [102.0, 110.0])
     assert result.passed and result.reasons == []
     kill, pause = result.faults
@@ -136,8 +164,9 @@ def test_the_model_bound_fails_the_verdict_when_broken_in_between_even_if_healed
 
     def with_loss(t: float, loss: float | None) -> dict:
         return {**snap(t, 0.9), "loss": {"global": loss}}
+
     healthy = [with_loss(100, 2.0), with_loss(110, 2.05), with_loss(120, None), with_loss(140, 1.9)]
-    assert verdict.evaluate(exp, healthy, [], [102.0, 110.0]).passed   # unknown while the syncer was away
+    assert verdict.evaluate(exp, healthy, [], [102.0, 110.0]).passed  # unknown while the syncer was away
     damaged = [with_loss(100, 2.0), with_loss(110, 3.4), with_loss(140, 1.9)]
     result = verdict.evaluate(exp, damaged, [], [102.0, 110.0])
     assert not result.passed

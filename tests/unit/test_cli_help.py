@@ -31,9 +31,25 @@ def commands() -> list[list[str]]:
 
 def test_the_contract_commands_exist() -> None:
     names = {" ".join(c) for c in commands()}
-    expected = {"up", "down", "status", "logs", "check", "report", "learner add", "learner remove",
-                "chaos kill", "chaos pause", "chaos slow", "chaos partition", "chaos monkey", "chaos run",
-                "chaos heal", "simulate goodput", "simulate bandwidth"}
+    expected = {
+        "up",
+        "down",
+        "status",
+        "logs",
+        "check",
+        "report",
+        "learner add",
+        "learner remove",
+        "chaos kill",
+        "chaos pause",
+        "chaos slow",
+        "chaos partition",
+        "chaos monkey",
+        "chaos run",
+        "chaos heal",
+        "simulate goodput",
+        "simulate bandwidth",
+    }
     assert expected <= names
 
 
@@ -47,33 +63,54 @@ def test_every_command_has_help_with_an_example(path: list[str]) -> None:
 def test_mistakes_exit_2_with_one_red_line(tmp_path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[run]\nquorom = 2\n[[hosts]]\nname = 'a'\naddress = 'local'\n")
-    proc = subprocess.run([sys.executable, "-m", "dldctl", "up", str(bad), "--dry-run"], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dldctl", "up", str(bad), "--dry-run"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "did you mean 'quorum'" in lines[0]
     assert "Traceback" not in proc.stderr
-    flag = subprocess.run([sys.executable, "-m", "dldctl", "chaos", "kill"], capture_output=True, text=True, timeout=120)
+    flag = subprocess.run(
+        [sys.executable, "-m", "dldctl", "chaos", "kill"], capture_output=True, text=True, timeout=120
+    )
     assert flag.returncode == 2
     assert flag.stderr.strip() == "error: Missing argument 'target'. (`dldctl chaos kill -h` for help)"
-    typo = subprocess.run([sys.executable, "-m", "dldctl", "status", "--jsn"], capture_output=True, text=True, timeout=120)
+    typo = subprocess.run(
+        [sys.executable, "-m", "dldctl", "status", "--jsn"], capture_output=True, text=True, timeout=120
+    )
     assert typo.returncode == 2 and len(typo.stderr.strip().splitlines()) == 1
     assert "No such option: --jsn" in typo.stderr and "--json" in typo.stderr
     # durations are checked before any run is looked up, and the error names the flag
-    bad_span = subprocess.run([sys.executable, "-m", "dldctl", "chaos", "monkey", "--mtbf", "soon", "--duration", "10m"],
-                              capture_output=True, text=True, timeout=120)
+    bad_span = subprocess.run(
+        [sys.executable, "-m", "dldctl", "chaos", "monkey", "--mtbf", "soon", "--duration", "10m"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad_span.returncode == 2 and bad_span.stderr.strip().startswith("error: --mtbf: 'soon' is not a duration")
 
 
 def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path) -> None:
     env = {"DLDCTL_HOME": str(tmp_path / "home")}
-    proc = subprocess.run([sys.executable, "-m", "dldctl", "up", "--dry-run"], capture_output=True, text=True,
-                          timeout=120, env={**__import__("os").environ, **env})
+    proc = subprocess.run(
+        [sys.executable, "-m", "dldctl", "up", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, **env},
+    )
     assert proc.returncode == 0 and "learner-3" in proc.stdout and "dry run" in proc.stdout
     assert not (tmp_path / "home").exists()
-    assert "WARNING" not in proc.stdout + proc.stderr          # the defaults carry no known risk
+    assert "WARNING" not in proc.stdout + proc.stderr  # the defaults carry no known risk
     risky = tmp_path / "risky.toml"
-    risky.write_text("[run]\nH = 16\nouter_lr = 0.7\nouter_momentum = 0.9\n[[hosts]]\nname = 'a'\naddress = 'local'\nlearners = 4\n")
-    proc = subprocess.run([sys.executable, "-m", "dldctl", "up", str(risky), "--dry-run"], capture_output=True,
-                          text=True, timeout=120, env={**__import__("os").environ, **env})
+    risky.write_text(
+        "[run]\nH = 16\nouter_lr = 0.7\nouter_momentum = 0.9\n[[hosts]]\nname = 'a'\naddress = 'local'\nlearners = 4\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "dldctl", "up", str(risky), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, **env},
+    )
     assert proc.returncode == 0 and "WARNING: outer_momentum = 0.9 at H = 16" in proc.stdout, proc.stdout

@@ -22,7 +22,7 @@ N = 16
 
 def _client(tmp_path: Path) -> SyncerClient:
     cfg = LearnerConfig("run", RunSettings(), LearnerSpec("learner-1"), "tcp://127.0.0.1:1", None, None, tmp_path)
-    return SyncerClient(cfg, [], [N, N], lambda: [], "inc")
+    return SyncerClient(cfg, [], [N, N], list, "inc")
 
 
 def _item(p: int, value: float, base: int = 3, steps: int = 8, epoch: int = 1) -> PushItem:
@@ -35,7 +35,7 @@ def test_outer_gradients_from_one_base_telescope_into_the_whole_work() -> None:
     outer = OuterState.start(plan, 8, 0.0, [(3, torch.zeros(N))], params)
     items = []
     for k in (1, 2):
-        params["w"].sub_(0.5 * k)                  # "training"
+        params["w"].sub_(0.5 * k)  # "training"
         outer.count_step(256, 0.01)
         delta, c = outer.take_outer_gradient(0, params)
         items.append(PushItem(0, delta, outer.base_version[0], c.steps, c.tokens, c.time, 0.01))
@@ -54,7 +54,7 @@ def test_a_push_from_another_base_replaces_the_unsent_one() -> None:
 def test_pushes_queued_while_the_link_is_down_go_out_as_one(tmp_path: Path) -> None:
     client = _client(tmp_path)
     sent: list[Message] = []
-    client._send = lambda msg, block=False: False          # no connection
+    client._send = lambda msg, block=False: False  # no connection
     for value in (1.0, 2.0, 4.0):
         client.push(_item(0, value))
         client._send_pushes()
@@ -73,7 +73,7 @@ def test_a_push_queued_while_another_is_sent_is_neither_lost_nor_sent_twice(tmp_
     def send(msg: Message, block: bool = False) -> bool:
         if not sent and msg.kind == "push":
             assert client.pending() == 1, "the push being sent still counts as pending (stop() waits)"
-            client.push(_item(0, 2.0))                       # the training thread, meanwhile
+            client.push(_item(0, 2.0))  # the training thread, meanwhile
         sent.append(msg)
         return ok
 
@@ -91,7 +91,7 @@ def test_pushes_wait_while_the_syncer_is_silent_and_go_out_when_it_answers(tmp_p
     """A hung syncer: what is sent into its socket is lost when the link closes it, so a learner
     holds its pushes (folded per fragment) until the syncer answers again."""
     client = _client(tmp_path)
-    client._sock = object()                                   # connected, welcomed, ready
+    client._sock = object()  # connected, welcomed, ready
     client._welcomed = True
     client.ready.set()
     sent: list[Message] = []
@@ -100,9 +100,9 @@ def test_pushes_wait_while_the_syncer_is_silent_and_go_out_when_it_answers(tmp_p
     client._beat_at = now
     for value in (1.0, 2.0):
         client.push(_item(0, value))
-        client._work(now + 10.0)                              # 10 s without a word from the syncer
-    assert [m.kind for m in sent if m.kind == "push"] == [] and client.pending() == 1   # heartbeats still go
-    client._heard_at = now + 10.5                            # an ack: it is back
+        client._work(now + 10.0)  # 10 s without a word from the syncer
+    assert [m.kind for m in sent if m.kind == "push"] == [] and client.pending() == 1  # heartbeats still go
+    client._heard_at = now + 10.5  # an ack: it is back
     client._work(now + 10.6)
     pushes = [m for m in sent if m.kind == "push"]
     assert len(pushes) == 1 and pushes[0]["c_steps"] == 16 and client.pending() == 0

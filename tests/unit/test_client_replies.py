@@ -23,7 +23,7 @@ N = 256
 
 def _client(tmp_path: Path) -> SyncerClient:
     cfg = LearnerConfig("run", RunSettings(), LearnerSpec("learner-1"), "tcp://127.0.0.1:1", None, None, tmp_path)
-    client = SyncerClient(cfg, [], [N, N], lambda: [], "inc")
+    client = SyncerClient(cfg, [], [N, N], list, "inc")
     client.replica.epoch = 3
     for p in range(2):
         client.replica.latest[p], client.replica.versions[p] = torch.zeros(N), 0

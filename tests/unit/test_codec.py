@@ -102,7 +102,9 @@ def test_bf16_relative_and_none_exact(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize(("n", "block"), [(1, 8), (5, 8), (8, 8), (9, 8), (1000, 64), (1000, 128), (4097, 128), (300, 256)])
+@pytest.mark.parametrize(
+    ("n", "block"), [(1, 8), (5, 8), (8, 8), (9, 8), (1000, 64), (1000, 128), (4097, 128), (300, 256)]
+)
 def test_decode_encode_is_roundtrip_bit_exact(mode: str, n: int, block: int) -> None:
     x = torch.randn(n, generator=_gen(n * 7 + block)) * 0.01
     blob = codec.encode(x, mode, block)
@@ -215,8 +217,8 @@ def test_learner_replica_stays_bit_identical_to_syncer(mode: str) -> None:
     """50 published updates: the syncer's theta + dequantize(q) == learner's latest + decode(blob)."""
     g = _gen(7)
     start = torch.randn(3001, generator=g) * 0.02
-    theta = start.clone()      # the syncer's global fragment
-    latest = start.clone()     # a learner's replica of it
+    theta = start.clone()  # the syncer's global fragment
+    latest = start.clone()  # a learner's replica of it
     residual = torch.zeros_like(start)
     for step in range(50):
         new = theta - 0.7 * torch.randn(3001, generator=g) * 1e-3 * (1 + step % 5)
@@ -266,8 +268,16 @@ def test_int4_payload_layout_format_2() -> None:
 # -- hypothesis: bounds on random tensors -------------------------------------------------------
 
 _values = st.lists(
-    st.floats(min_value=-1.0000000150474662e+30, max_value=1.0000000150474662e+30, allow_nan=False, allow_infinity=False, allow_subnormal=False, width=32),
-    min_size=1, max_size=600,
+    st.floats(
+        min_value=-1.0000000150474662e30,
+        max_value=1.0000000150474662e30,
+        allow_nan=False,
+        allow_infinity=False,
+        allow_subnormal=False,
+        width=32,
+    ),
+    min_size=1,
+    max_size=600,
 )
 
 
@@ -327,7 +337,7 @@ def _decode_or_codec_error(blob: bytes, expect: int | None) -> None:
         y = codec.decode(blob, expect_numel=expect)
     except CodecError:
         return
-    mode, numel = codec.blob_info(blob)
+    _mode, numel = codec.blob_info(blob)
     assert y.dtype == torch.float32 and y.numel() == numel
     if expect is not None:
         assert numel == expect
@@ -352,8 +362,9 @@ _VALID = {mode: codec.encode(torch.randn(300, generator=_gen(8)), mode, 64) for 
     tail=st.binary(max_size=8),
     expect=st.sampled_from([None, 300]),
 )
-def test_property_mutated_and_truncated_blobs(mode: str, edits: list[tuple[int, int]], cut: int | None,
-                                              tail: bytes, expect: int | None) -> None:
+def test_property_mutated_and_truncated_blobs(
+    mode: str, edits: list[tuple[int, int]], cut: int | None, tail: bytes, expect: int | None
+) -> None:
     blob = bytearray(_VALID[mode])
     for pos, value in edits:
         blob[pos % len(blob)] = value
@@ -380,8 +391,18 @@ def _reheader(blob: bytes, **fields: int) -> bytes:
 @pytest.mark.parametrize(
     "fields",
     [
-        {"magic": b"XX"}, {"fmt": 1}, {"fmt": 3}, {"mode": 4}, {"mode": 255}, {"numel": 400}, {"numel": 1 << 40},
-        {"block": 0}, {"block": 63}, {"block": 1 << 21}, {"raw_len": 0}, {"raw_len": 1 << 60},
+        {"magic": b"XX"},
+        {"fmt": 1},
+        {"fmt": 3},
+        {"mode": 4},
+        {"mode": 255},
+        {"numel": 400},
+        {"numel": 1 << 40},
+        {"block": 0},
+        {"block": 63},
+        {"block": 1 << 21},
+        {"raw_len": 0},
+        {"raw_len": 1 << 60},
     ],
 )
 def test_header_mismatches(fields: dict) -> None:

@@ -6,7 +6,6 @@ Status and checkpoints: test_core_state.py.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
@@ -16,9 +15,17 @@ from syncer import codec, merge, status
 from syncer import protocol as P
 from syncer.core import Outbox
 from syncer.protocol import Message, ProtocolError
-from tests.unit.coreharness import (RUN, Harness, events_of, make_settings, rounds_of, sent_of, small_manifest,
-                                    tensor_manifest, wire)
-
+from tests.unit.coreharness import (
+    RUN,
+    Harness,
+    events_of,
+    make_settings,
+    rounds_of,
+    sent_of,
+    small_manifest,
+    tensor_manifest,
+    wire,
+)
 
 # -- joining and init ------------------------------------------------------------------------------
 
@@ -26,7 +33,7 @@ from tests.unit.coreharness import (RUN, Harness, events_of, make_settings, roun
 def test_first_learner_owns_init_and_uploads_real_manifest() -> None:
     h = Harness(make_settings(fragments=4, H=8), manifest=tensor_manifest("gpt-tiny"))
     out = h.hello("a", 1.0)
-    (to, welcome), = sent_of(out, "welcome")
+    ((to, welcome),) = sent_of(out, "welcome")
     assert to == ["a"]
     assert welcome.meta["init_owner"] is True and welcome.meta["initialized"] is False
     assert welcome.meta["versions"] == [] and welcome.meta["chunk_numel"] == 1024
@@ -34,16 +41,21 @@ def test_first_learner_owns_init_and_uploads_real_manifest() -> None:
     out = h.hello("b", 1.1)
     assert sent_of(out, "welcome")[0][1].meta["init_owner"] is False
     outs = h.upload_init("a", 1.2)
-    assert sum(len(o.sends) for o in outs[:-1]) == 0          # nothing until the last chunk
+    assert sum(len(o.sends) for o in outs[:-1]) == 0  # nothing until the last chunk
     assert h.core.model is not None
     assert [torch.equal(t, v) for t, v in zip(h.core.model.theta, h.init_values)] == [True] * 4
     assert h.core.versions() == [0, 0, 0, 0]
     assert events_of(outs[-1], "initialized")
-    (to, ack), = sent_of(outs[-1], "ack")
+    ((to, ack),) = sent_of(outs[-1], "ack")
     assert to == ["a", "b"] and ack.meta["initialized"] is True
     # a non-owner cannot upload, and after the init nobody can
-    h.send("b", Message("init", {"fragment": 0, "offset": 0, "numel": 1, "total": h.plan.numel(0)},
-                        [np.zeros(1, "<f4").tobytes()]), 1.3)
+    h.send(
+        "b",
+        Message(
+            "init", {"fragment": 0, "offset": 0, "numel": 1, "total": h.plan.numel(0)}, [np.zeros(1, "<f4").tobytes()]
+        ),
+        1.3,
+    )
     assert h.core.rejected["init_refused"] == 1
     assert h.hello("c", 1.4).sends[0][1].meta["init_owner"] is False
 
@@ -63,12 +75,20 @@ def test_init_chunk_with_nan_or_bad_layout_is_refused() -> None:
     h.hello("a", 1.0)
     n = h.plan.numel(0)
     with pytest.raises(ProtocolError) as info:
-        h.send("a", Message("init", {"fragment": 0, "offset": 0, "numel": 2, "total": n},
-                            [np.array([1.0, np.nan], "<f4").tobytes()]), 1.0)
+        h.send(
+            "a",
+            Message(
+                "init", {"fragment": 0, "offset": 0, "numel": 2, "total": n}, [np.array([1.0, np.nan], "<f4").tobytes()]
+            ),
+            1.0,
+        )
     assert info.value.reason == "nan"
     with pytest.raises(ProtocolError) as info:
-        h.send("a", Message("init", {"fragment": 5, "offset": 0, "numel": 1, "total": n},
-                            [np.zeros(1, "<f4").tobytes()]), 1.0)
+        h.send(
+            "a",
+            Message("init", {"fragment": 5, "offset": 0, "numel": 1, "total": n}, [np.zeros(1, "<f4").tobytes()]),
+            1.0,
+        )
     assert info.value.reason == "shape"
     assert h.core.model is None
 
@@ -84,9 +104,25 @@ def test_hello_problems() -> None:
     out = h.hello("d", 2.0, manifest=small_manifest()[:-1])
     assert sent_of(out, "error")[0][1]["fatal"] is True and h.core.rejected["manifest"] == 2
     with pytest.raises(ProtocolError) as info:  # a manifest that does not parse
-        h.send("e", Message("hello", {
-            "learner": "e", "incarnation": "x", "run": RUN, "pid": 1, "host": "h", "device": "cpu", "batch_size": 1,
-            "codecs": [], "manifest": [["w", [-1], "dense"]], "fragments": 2}), 2.0)
+        h.send(
+            "e",
+            Message(
+                "hello",
+                {
+                    "learner": "e",
+                    "incarnation": "x",
+                    "run": RUN,
+                    "pid": 1,
+                    "host": "h",
+                    "device": "cpu",
+                    "batch_size": 1,
+                    "codecs": [],
+                    "manifest": [["w", [-1], "dense"]],
+                    "fragments": 2,
+                },
+            ),
+            2.0,
+        )
     assert info.value.reason == "schema"
 
 
@@ -103,8 +139,24 @@ def test_messages_before_hello_and_unexpected_kinds() -> None:
 def test_before_init_pushes_and_state_requests_are_refused() -> None:
     h = Harness(make_settings())
     h.hello("a", 1.0)
-    out = h.send("a", Message("push", {"fragment": 0, "base_version": 0, "seq": 0, "epoch": 1, "c_steps": 1,
-                                       "c_tokens": 1, "c_time": 1.0, "step_time": 1.0}, [b"x"]), 1.0)
+    out = h.send(
+        "a",
+        Message(
+            "push",
+            {
+                "fragment": 0,
+                "base_version": 0,
+                "seq": 0,
+                "epoch": 1,
+                "c_steps": 1,
+                "c_tokens": 1,
+                "c_time": 1.0,
+                "step_time": 1.0,
+            },
+            [b"x"],
+        ),
+        1.0,
+    )
     assert h.core.rejected["not_initialized"] == 1 and not out.sends
     out = h.send("a", Message("state_req", {"fragment": 0, "offset": 0}), 1.0)
     assert sent_of(out, "error")[0][1]["fatal"] is False
@@ -120,7 +172,9 @@ def test_state_transfer_serves_chunks_of_the_global_model() -> None:
         if not reqs:
             break
         for p, offset, version in reqs:
-            (to, state), = h.send("b", Message("state_req", {"fragment": p, "offset": offset, "version": version}), 1.0).sends
+            ((to, state),) = h.send(
+                "b", Message("state_req", {"fragment": p, "offset": offset, "version": version}), 1.0
+            ).sends
             assert to == ["b"] and state.kind == "state"
             values = P.check_raw_fragment(wire(state), h.plan.sizes())
             assert state["crc"] == h.core.model.crc(p)
@@ -150,7 +204,7 @@ def test_round_needs_quorum_then_waits_the_grace_window() -> None:
         h.beat("a", now), h.beat("b", now), h.beat("c", now)
         assert not sent_of(h.tick(now), "update")
     out = h.tick(11.25)
-    (to, update), = sent_of(out, "update")
+    ((to, update),) = sent_of(out, "update")
     assert to == ["a", "b", "c"]
     assert update.meta["contributors"] == ["a", "b"]
     assert (update["fragment"], update["version"], update["from_version"]) == (0, 1, 0)
@@ -196,16 +250,16 @@ def test_grace_uses_the_measured_merge_time() -> None:
 def test_straggler_inside_grace_is_included_and_after_close_goes_to_next_round() -> None:
     h = Harness(make_settings(quorum=2), declared=("a", "b", "c", "d"))
     h.join_all(("a", "b", "c", "d"))
-    h.beat_all(10.0)                                          # all four live
+    h.beat_all(10.0)  # all four live
     h.push("a", 0, h.delta(0, 1), now=10.0, step_time=1.0)
-    h.push("b", 0, h.delta(0, 2), now=10.0, step_time=1.0)   # quorum at 10.0, grace 1.0
-    h.push("c", 0, h.delta(0, 3), now=10.6, step_time=1.0)   # straggler inside the grace window
-    assert not sent_of(h.tick(10.6), "update")                  # d is live and not in: wait
+    h.push("b", 0, h.delta(0, 2), now=10.0, step_time=1.0)  # quorum at 10.0, grace 1.0
+    h.push("c", 0, h.delta(0, 3), now=10.6, step_time=1.0)  # straggler inside the grace window
+    assert not sent_of(h.tick(10.6), "update")  # d is live and not in: wait
     for lid in "abcd":
         h.beat(lid, 10.9)
     out = h.tick(11.0)
     assert sent_of(out, "update")[0][1]["contributors"] == ["a", "b", "c"]
-    h.push("d", 0, h.delta(0, 4), now=11.1, step_time=1.0)   # after the close: next round
+    h.push("d", 0, h.delta(0, 4), now=11.1, step_time=1.0)  # after the close: next round
     assert list(h.core.rounds[0].contributions) == ["d"]
     h.push("a", 0, h.delta(0, 5), now=11.5, step_time=1.0)
     out = h.tick(11.5 + h.core.rounds[0].grace_s)
@@ -219,7 +273,7 @@ def test_stale_contribution_joins_the_open_round() -> None:
     h.push("a", 0, h.delta(0, 1), now=10.0)
     h.tick(20.0)
     assert h.core.versions()[0] == 1
-    h.push("b", 0, h.delta(0, 2), now=21.0, base_version=0)    # based on version 0, now 1
+    h.push("b", 0, h.delta(0, 2), now=21.0, base_version=0)  # based on version 0, now 1
     out = h.tick(30.0)
     assert rounds_of(out)[0]["staleness"] == 1
     assert h.core.versions()[0] == 2
@@ -267,9 +321,9 @@ def test_second_contribution_of_a_learner_is_summed() -> None:
 def test_round_weights_follow_tokens_squared_over_steps() -> None:
     h = Harness(make_settings(quorum=3))
     h.join_all()
-    h.push("a", 1, h.delta(1, 1), now=10.0, c_steps=10, c_tokens=100)   # 1000
-    h.push("b", 1, h.delta(1, 2), now=10.0, c_steps=10, c_tokens=200)   # 4000
-    h.push("c", 1, h.delta(1, 3), now=10.0, c_steps=5, c_tokens=100)    # 2000
+    h.push("a", 1, h.delta(1, 1), now=10.0, c_steps=10, c_tokens=100)  # 1000
+    h.push("b", 1, h.delta(1, 2), now=10.0, c_steps=10, c_tokens=200)  # 4000
+    h.push("c", 1, h.delta(1, 3), now=10.0, c_steps=5, c_tokens=100)  # 2000
     (metric,) = rounds_of(h.tick(10.0))
     assert metric["weights"] == {"a": round(1000 / 7000, 4), "b": round(4000 / 7000, 4), "c": round(2000 / 7000, 4)}
     rows = {r["id"]: r for r in h.core.fleet.rows(10.0)}
@@ -298,21 +352,24 @@ def test_merge_outer_step_and_publish_match_the_pure_functions() -> None:
     torch.testing.assert_close(m.residual[0], change - applied, rtol=1e-4, atol=1e-9)
     # fragment 0 holds rows 0..7 of the embedding table: merged by the plain weighted mean
     off, n, _ = next(seg for seg in h.plan.segments(0) if seg[2] == "embedding")
-    mean = merge.weighted_mean([d[off:off + n] for d in deltas], weights)
-    torch.testing.assert_close(merged[off:off + n], mean)
+    mean = merge.weighted_mean([d[off : off + n] for d in deltas], weights)
+    torch.testing.assert_close(merged[off : off + n], mean)
     # the dense segments are RDA: not the mean (their deltas are independent noise)
     off, n, _ = next(seg for seg in h.plan.segments(0) if seg[2] == "dense")
-    assert not torch.allclose(merged[off:off + n], merge.weighted_mean([d[off:off + n] for d in deltas], weights))
+    assert not torch.allclose(merged[off : off + n], merge.weighted_mean([d[off : off + n] for d in deltas], weights))
 
 
 def test_fleet_scale_shrinks_a_partial_round() -> None:
-    h = Harness(make_settings(quorum=2, fleet_scale=True, compression="none", merge="mean", outer_lr=1.0,
-                          outer_momentum=0.0, seq_len=1))
+    h = Harness(
+        make_settings(
+            quorum=2, fleet_scale=True, compression="none", merge="mean", outer_lr=1.0, outer_momentum=0.0, seq_len=1
+        )
+    )
     h.join_all()
     theta0 = h.core.model.theta[0].clone()
     d = h.delta(0, 1)
-    h.beat_all(10.0)                                        # a, b and c live
-    h.push("a", 0, d, now=10.0, c_steps=10, c_tokens=160)   # 16 tokens/step = the batch x seq_len guess
+    h.beat_all(10.0)  # a, b and c live
+    h.push("a", 0, d, now=10.0, c_steps=10, c_tokens=160)  # 16 tokens/step = the batch x seq_len guess
     h.push("b", 0, d, now=10.0, c_steps=10, c_tokens=160)
     h.tick(10.0 + h.core.rounds[0].grace_s)
     # period = 3 live learners * 16 tokens/step * H=8 = 384 tokens; this round has 320 -> 5/6
@@ -323,21 +380,30 @@ def test_fleet_scale_shrinks_a_partial_round() -> None:
 def test_one_huge_finite_contribution_cannot_wreck_the_model(clip: float) -> None:
     """Robust clipping: a broken learner's (finite) outer gradient 10^4 x the others' is cut to
     `robust_clip` x the median norm; without clipping it dominates the merge."""
-    h = Harness(make_settings(quorum=3, robust_clip=clip, compression="none", merge="mean", outer_lr=1.0,
-                              outer_momentum=0.0, fleet_scale=False))
+    h = Harness(
+        make_settings(
+            quorum=3,
+            robust_clip=clip,
+            compression="none",
+            merge="mean",
+            outer_lr=1.0,
+            outer_momentum=0.0,
+            fleet_scale=False,
+        )
+    )
     h.join_all()
     theta0 = h.core.model.theta[0].clone()
     h.beat_all(10.0)
     good = [h.delta(0, seed) for seed in (1, 2)]
     h.push("a", 0, good[0], now=10.0)
     h.push("b", 0, good[1], now=10.0)
-    h.push("c", 0, h.delta(0, 3, scale=10.0), now=10.0)          # 10^4 x the others
+    h.push("c", 0, h.delta(0, 3, scale=10.0), now=10.0)  # 10^4 x the others
     h.tick(10.0)
     change = (h.core.model.theta[0] - theta0).norm().item()
     typical = max(d.norm().item() for d in good)
     if clip:
         assert h.core.counters["clipped"] == 1
-        assert change <= (2 + clip) / 3 * typical * 1.01   # (two good + one clipped to 10 x median) / 3
+        assert change <= (2 + clip) / 3 * typical * 1.01  # (two good + one clipped to 10 x median) / 3
     else:
         assert h.core.counters["clipped"] == 0
         assert change > 1000 * typical
@@ -346,8 +412,9 @@ def test_one_huge_finite_contribution_cannot_wreck_the_model(clip: float) -> Non
 # -- rejected pushes -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("mode", "bad"), [("int4", float("nan")), ("int8", float("inf")), ("none", float("nan")),
-                                           ("bf16", float("-inf"))])
+@pytest.mark.parametrize(
+    ("mode", "bad"), [("int4", float("nan")), ("int8", float("inf")), ("none", float("nan")), ("bf16", float("-inf"))]
+)
 def test_nan_push_is_rejected_and_the_learner_resynced(mode: str, bad: float) -> None:
     h = Harness(make_settings(quorum=1, compression=mode))
     h.join_all()
@@ -356,7 +423,7 @@ def test_nan_push_is_rejected_and_the_learner_resynced(mode: str, bad: float) ->
     d[7] = bad
     out = h.push("b", 0, d, now=10.0)
     assert h.core.rejected["nan"] == 1
-    (to, resync), = sent_of(out, "resync")
+    ((to, resync),) = sent_of(out, "resync")
     assert to == ["b"] and resync["fragment"] == 0
     assert events_of(out, "reject")[0]["target"] == "b"
     assert not h.core.rounds.get(0) or not h.core.rounds[0].contributions
@@ -390,7 +457,7 @@ def test_malformed_pushes() -> None:
 def test_published_theta_is_previous_plus_decoded_blob_bit_exact(mode: str) -> None:
     h = Harness(make_settings(quorum=1, compression=mode), manifest=tensor_manifest("gpt-tiny"))
     h.join_all()
-    replica = Replica(h.plan.sizes())               # a learner following the updates
+    replica = Replica(h.plan.sizes())  # a learner following the updates
     replica.epoch = 1
     for p in range(2):
         replica.latest[p], replica.versions[p] = h.core.model.theta[p].clone(), 0
@@ -399,10 +466,10 @@ def test_published_theta_is_previous_plus_decoded_blob_bit_exact(mode: str) -> N
         p = r % 2
         before = h.core.model.theta[p].clone()
         h.push("a", p, h.delta(p, r, scale=1e-2), now=now)
-        h.beat_all(now + 4.0)                          # connected learners receive the update
+        h.beat_all(now + 4.0)  # connected learners receive the update
         out = h.tick(now + 5.0)
         now += 10.0
-        (to, update), = sent_of(out, "update")
+        ((_to, update),) = sent_of(out, "update")
         blob = wire(update).payloads[0]
         assert torch.equal(h.core.model.theta[p], before + codec.decode(blob, expect_numel=h.plan.numel(p)))
         assert update["crc"] == h.core.model.crc(p) == h.core.crcs()[p]
@@ -423,18 +490,20 @@ def test_updates_carry_the_checksum_every_n_versions_and_a_replica_catches_a_dri
     for r in range(6):
         h.push("a", 0, h.delta(0, r, scale=1e-2), now=now)
         h.beat_all(now + 4.0)
-        (_, update), = sent_of(h.tick(now + 5.0), "update")
+        ((_, update),) = sent_of(h.tick(now + 5.0), "update")
         now += 10.0
         carried.append(update["crc"])
-        if r == 3:                                   # the learner's copy drifts (a value off by 1e-3)
+        if r == 3:  # the learner's copy drifts (a value off by 1e-3)
             replica.latest[0][0] += 1e-3
-        result = replica.on_update(0, update["from_version"], update["version"], wire(update).payloads[0], update["crc"])
-        assert result == ("mismatch" if r == 5 else "applied"), r   # caught at the next checked version
+        result = replica.on_update(
+            0, update["from_version"], update["version"], wire(update).payloads[0], update["crc"]
+        )
+        assert result == ("mismatch" if r == 5 else "applied"), r  # caught at the next checked version
         if update["crc"] is None:
-            assert h.core.crcs()[0] is None           # status never pays for a checksum
+            assert h.core.crcs()[0] is None  # status never pays for a checksum
     assert [c is not None for c in carried] == [False, False, True, False, False, True]
     assert carried[2] is not None and h.core.crcs()[0] == carried[5] == h.core.model.crc(0)
-    h.core._crcs[0] = None                            # between checked versions, a state transfer computes it
+    h.core._crcs[0] = None  # between checked versions, a state transfer computes it
     assert h.core._crc(0) == h.core.model.crc(0)
 
 
@@ -476,7 +545,7 @@ def test_dropping_below_quorum_resets_the_quorum_time() -> None:
     h.push("a", 0, h.delta(0, 1), now=10.0)
     h.push("b", 0, h.delta(0, 2), now=10.5)
     assert h.core.rounds[0].quorum_at == 10.5
-    h.push("c", 1, h.delta(1, 3), now=11.0)    # 3 > 2: a's push on fragment 0 is dropped
+    h.push("c", 1, h.delta(1, 3), now=11.0)  # 3 > 2: a's push on fragment 0 is dropped
     assert list(h.core.rounds[0].contributions) == ["b"]
     assert h.core.rounds[0].quorum_at is None
     assert not sent_of(h.tick(50.0), "update")

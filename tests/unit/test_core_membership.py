@@ -19,24 +19,24 @@ def test_the_welcome_says_where_a_step_counter_resumes() -> None:
     for lid, step in (("a", 600), ("b", 500), ("c", 700)):
         h.beat(lid, 2.0, step=step)
     total = h.core.fleet.steps_total
-    assert sent_of(h.hello("a", 2.1, incarnation="i2"), "welcome")[0][1]["step"] == 600   # rejoin: its own
+    assert sent_of(h.hello("a", 2.1, incarnation="i2"), "welcome")[0][1]["step"] == 600  # rejoin: its own
     h.beat("a", 2.2, state="joining", step=0)
     assert h.core.fleet.learners["a"].step == 600 and h.core.fleet.steps_total == total
     h.beat("a", 2.3, step=610)
     assert h.core.fleet.steps_total == total + 10
-    assert sent_of(h.hello("d", 2.4), "welcome")[0][1]["step"] == 610   # late joiner: median of a, b, c
-    assert sent_of(h.hello("d", 2.5), "welcome")[0][1]["step"] == 610   # a reconnect: unchanged
+    assert sent_of(h.hello("d", 2.4), "welcome")[0][1]["step"] == 610  # late joiner: median of a, b, c
+    assert sent_of(h.hello("d", 2.5), "welcome")[0][1]["step"] == 610  # a reconnect: unchanged
 
 
 def test_quorum_lost_and_regained_events() -> None:
     h = Harness(make_settings(quorum=2, liveness_s=3.0))
     h.join_all(now=1.0)
-    assert not h.tick(1.0).events                                 # first observation: no event
+    assert not h.tick(1.0).events  # first observation: no event
     h.beat("a", 3.0)
-    out = h.tick(4.5)                                             # b, c silent for 3.5 s > liveness
+    out = h.tick(4.5)  # b, c silent for 3.5 s > liveness
     (ev,) = events_of(out, "quorum_lost")
     assert "1 live" in ev["detail"]
-    assert not events_of(h.tick(4.6), "quorum_lost")                # reported once
+    assert not events_of(h.tick(4.6), "quorum_lost")  # reported once
     snap = status.snapshot(h.core, 4.6)
     assert snap["quorum"]["below_quorum"] is True and snap["quorum"]["live"] == 1
     h.beat("b", 5.0)
@@ -50,7 +50,7 @@ def test_learner_lost_and_back_but_not_for_a_quick_rejoin() -> None:
     h.tick(1.0)
     h.beat("a", 3.0)
     h.beat("b", 3.0)
-    out = h.tick(4.5)                                             # c silent for 3.5 s
+    out = h.tick(4.5)  # c silent for 3.5 s
     assert [(e["target"], e["detail"]) for e in events_of(out, "learner_lost")] == [("c", "silent for 3.5 s")]
     h.beat("c", 5.0)
     assert [e["target"] for e in events_of(h.tick(5.0), "learner_back")] == ["c"]

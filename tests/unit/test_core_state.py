@@ -14,23 +14,33 @@ import torch
 from syncer import checkpoint, status
 from syncer.core import SyncerCore
 from syncer.protocol import Message
-from tests.unit.coreharness import RUN, Harness, make_settings, tensor_manifest, sent_of
-
+from tests.unit.coreharness import RUN, Harness, make_settings, sent_of, tensor_manifest
 
 # -- status snapshot ---------------------------------------------------------------------------------
 
 # ARCHITECTURE.md's `dldctl status --json` schema, minus what only the operator adds
 # (syncer.address, learners[].restarts, events)
 SCHEMA = {
-    "run": str, "uptime_s": float, "goodput": float,
+    "run": str,
+    "uptime_s": float,
+    "goodput": float,
     "syncer": {"alive": bool, "fragments": int, "outer_steps": int, "checkpoint_outer_step": int},
     "quorum": {"min": int, "live": int, "total": int, "last_round_contributors": int},
     "tokens": {"trained": int, "merged": int, "per_s": float},
     "bytes": {"up": int, "down": int, "ddp_equivalent": int},
     "loss": {"train": (float, type(None)), "eval": (float, type(None))},
 }
-LEARNER_ROW = {"id": str, "host": str, "state": str, "pid": (int, type(None)), "step": int, "tokens": int,
-               "tokens_per_s": float, "weight": float, "heartbeat_age_s": (float, type(None))}
+LEARNER_ROW = {
+    "id": str,
+    "host": str,
+    "state": str,
+    "pid": (int, type(None)),
+    "step": int,
+    "tokens": int,
+    "tokens_per_s": float,
+    "weight": float,
+    "heartbeat_age_s": (float, type(None)),
+}
 
 
 def _check_schema(value: dict, schema: dict, where: str = "") -> None:
@@ -63,7 +73,7 @@ def test_status_snapshot_schema() -> None:
     for row in snap["learners"]:
         _check_schema(row, LEARNER_ROW)
     assert [r["id"] for r in snap["learners"]] == ["a", "b", "c"]
-    assert snap["bytes"]["compression_ratio"] > 5   # int4 pushes
+    assert snap["bytes"]["compression_ratio"] > 5  # int4 pushes
     assert 0.0 <= snap["goodput"] <= 1.0
 
 
@@ -149,7 +159,7 @@ def _two_checkpoints(tmp_path: Path) -> tuple[Harness, Path, Path]:
 
 @pytest.mark.parametrize("damage", ["flip_body", "flip_magic", "flip_digest", "truncate", "truncate_head", "empty"])
 def test_corrupted_newest_checkpoint_is_skipped(tmp_path: Path, damage: str) -> None:
-    h, older, newer = _two_checkpoints(tmp_path)
+    _h, _older, newer = _two_checkpoints(tmp_path)
     data = bytearray(newer.read_bytes())
     if damage == "flip_body":
         data[len(data) // 2] ^= 0xFF
@@ -173,7 +183,7 @@ def test_corrupted_newest_checkpoint_is_skipped(tmp_path: Path, damage: str) -> 
 
 def test_no_valid_checkpoint(tmp_path: Path) -> None:
     assert checkpoint.load_latest(tmp_path / "missing") == (None, [])
-    h, older, newer = _two_checkpoints(tmp_path)
+    _h, older, newer = _two_checkpoints(tmp_path)
     for path in (older, newer):
         path.write_bytes(path.read_bytes()[:-1])
     state, problems = checkpoint.load_latest(tmp_path)
@@ -210,15 +220,25 @@ def test_duplicated_init_chunk_does_not_complete_the_fragment_early() -> None:
     h.hello("a", 1.0)
     chunk = h.core.chunk_numel()
     values = h.init_values[0]
-    first = Message("init", {"fragment": 0, "offset": 0, "numel": chunk, "total": values.numel()},
-                    [values[:chunk].numpy().tobytes()])
-    for _ in range(-(-values.numel() // chunk)):   # the first chunk, as many times as there are chunks
+    first = Message(
+        "init",
+        {"fragment": 0, "offset": 0, "numel": chunk, "total": values.numel()},
+        [values[:chunk].numpy().tobytes()],
+    )
+    for _ in range(-(-values.numel() // chunk)):  # the first chunk, as many times as there are chunks
         h.send("a", first, 1.0)
-    for p in range(1, h.plan.count):               # every other fragment properly
+    for p in range(1, h.plan.count):  # every other fragment properly
         for off in range(0, h.init_values[p].numel(), chunk):
             part = h.init_values[p][off : off + chunk]
-            h.send("a", Message("init", {"fragment": p, "offset": off, "numel": part.numel(),
-                                         "total": h.init_values[p].numel()}, [part.numpy().tobytes()]), 1.0)
+            h.send(
+                "a",
+                Message(
+                    "init",
+                    {"fragment": p, "offset": off, "numel": part.numel(), "total": h.init_values[p].numel()},
+                    [part.numpy().tobytes()],
+                ),
+                1.0,
+            )
     assert h.core.model is None  # fragment 0 still has holes
 
 
@@ -231,10 +251,10 @@ def test_a_transfer_keeps_its_version_while_a_merge_lands() -> None:
     old_crc = h.core.model.crc(0)
 
     def chunk(version: int, now: float) -> Message:
-        (_, state), = h.send("b", Message("state_req", {"fragment": 0, "offset": 0, "version": version}), now).sends
+        ((_, state),) = h.send("b", Message("state_req", {"fragment": 0, "offset": 0, "version": version}), now).sends
         return state
 
-    assert chunk(-1, 2.0)["version"] == 0               # a transfer starts on version 0
+    assert chunk(-1, 2.0)["version"] == 0  # a transfer starts on version 0
     h.beat_all(2.0)
     h.push("a", 0, h.delta(0, 1), now=2.0)
     h.tick(2.0 + h.core.rounds[0].grace_s + 1.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def test_builtin_second_load_hits_the_cache(builtin_cache: Path, monkeypatch: py
     (sidecar,) = builtin_cache.glob("builtin-*.json")
     info = json.loads(sidecar.read_text())
     assert info["bytes"] == (builtin_cache / (sidecar.stem + ".u8")).stat().st_size
-    assert not list(builtin_cache.glob(".*tmp"))          # no temporary files left behind
+    assert not list(builtin_cache.glob(".*tmp"))  # no temporary files left behind
 
     def fail(*_a: object, **_k: object) -> None:
         raise AssertionError("re-read the stdlib on a warm cache")
@@ -72,16 +73,16 @@ def test_split_shards_disjoint_cover_train_and_eval_apart() -> None:
     for shards in (1, 3, 4):
         train, (e0, e1) = D.split(corpus, shards=shards)
         assert train[0][0] == 0 and train[-1][1] == e0 and e1 == 10_007
-        assert all(a[1] == b[0] for a, b in zip(train, train[1:]))   # contiguous, disjoint, no gap
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(train))  # contiguous, disjoint, no gap
         assert all(stop > start for start, stop in train)
-        assert (e0, e1) == D.split(corpus, shards=1)[1]                # eval slice independent of the fleet
+        assert (e0, e1) == D.split(corpus, shards=1)[1]  # eval slice independent of the fleet
     assert D.split(corpus, shards=2, eval_fraction=0.5, max_eval_tokens=100)[1] == (9_907, 10_007)
     with pytest.raises(ValueError, match="shards"):
         D.split(corpus, shards=0)
 
 
 def _tokens(n: int = 5000) -> np.ndarray:
-    return np.arange(n, dtype=np.uint16)   # token value = its position
+    return np.arange(n, dtype=np.uint16)  # token value = its position
 
 
 def test_batches_deterministic_exact_and_inside_the_shard() -> None:
@@ -94,10 +95,10 @@ def test_batches_deterministic_exact_and_inside_the_shard() -> None:
         (xa, ya), (xb, yb) = a.next(), next(b)
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
         assert xa.shape == ya.shape == (8, 16) and xa.dtype == torch.int64 and xa.is_contiguous()
-        assert torch.equal(xa[:, 1:], ya[:, :-1])                     # y is x shifted by one
+        assert torch.equal(xa[:, 1:], ya[:, :-1])  # y is x shifted by one
         assert xa.numel() == a.tokens_per_batch
-        assert int(xa.min()) >= 1000 and int(ya.max()) <= 1999       # inside the shard [1000, 2000)
-        assert torch.equal(xa, xa[:, :1] + torch.arange(16))          # contiguous windows
+        assert int(xa.min()) >= 1000 and int(ya.max()) <= 1999  # inside the shard [1000, 2000)
+        assert torch.equal(xa, xa[:, :1] + torch.arange(16))  # contiguous windows
     assert not torch.equal(a.next()[0], c.next()[0])
 
 
@@ -136,7 +137,7 @@ def test_text_file_and_directory(tmp_path: Path) -> None:
     (docs / "blob.dat").write_bytes(b"\0\1\2")
     corpus = D.load_corpus(str(docs), cache_dir=str(tmp_path / "cache"))
     assert bytes(corpus.tokens) == b"aaaa\nbbbb\ncccc\n"
-    (docs / "a.txt").write_text("AAAAA")                               # changed: the cache key changes
+    (docs / "a.txt").write_text("AAAAA")  # changed: the cache key changes
     assert bytes(D.load_corpus(str(docs), cache_dir=str(tmp_path / "cache")).tokens).startswith(b"AAAAA\n")
 
 
@@ -148,21 +149,21 @@ def test_uint16_bin(tmp_path: Path) -> None:
     assert corpus.tokens.tolist() == [1, 2, 50000, 3]
     with pytest.raises(ValueError, match=r"train\.bin.*50000.*vocab_size 1000"):
         D.load_corpus(str(path), vocab_size=1000, cache_dir=str(tmp_path / "c"))
-    x, y = D.Batches(corpus.tokens, 0, 4, batch_size=2, seq_len=3, seed=0).next()
+    x, _y = D.Batches(corpus.tokens, 0, 4, batch_size=2, seq_len=3, seed=0).next()
     assert x.dtype == torch.int64 and x.tolist()[0] == [1, 2, 50000]
 
 
 def test_bad_inputs_name_the_path(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere.txt"
-    with pytest.raises(FileNotFoundError, match="nowhere.txt"):
+    with pytest.raises(FileNotFoundError, match=r"nowhere.txt"):
         D.load_corpus(str(missing))
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
-    with pytest.raises(ValueError, match="empty.txt.*empty"):
+    with pytest.raises(ValueError, match=r"empty.txt.*empty"):
         D.load_corpus(str(empty))
     odd = tmp_path / "odd.bin"
     odd.write_bytes(b"\1\2\3")
-    with pytest.raises(ValueError, match="odd.bin.*odd"):
+    with pytest.raises(ValueError, match=r"odd.bin.*odd"):
         D.load_corpus(str(odd))
     (tmp_path / "emptydir").mkdir()
     with pytest.raises(ValueError, match="emptydir"):

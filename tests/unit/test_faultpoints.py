@@ -9,7 +9,10 @@ from syncer import faultpoints
 
 def test_parse_names_hits_and_seconds() -> None:
     assert faultpoints._parse("checkpoint@3=30,merge=2, push") == {
-        "checkpoint": (3, 30.0), "merge": (1, 2.0), "push": (1, 1.0)}
+        "checkpoint": (3, 30.0),
+        "merge": (1, 2.0),
+        "push": (1, 1.0),
+    }
     assert faultpoints._parse("nope=3,merge=x,fetch@y=1,") == {}
 
 
@@ -20,6 +23,6 @@ def test_hit_pauses_once_at_the_nth_time(monkeypatch: pytest.MonkeyPatch, capsys
     monkeypatch.setattr(faultpoints, "_HITS", {})
     for _ in range(5):
         faultpoints.hit("merge")
-        faultpoints.hit("checkpoint")   # not asked for: never pauses
+        faultpoints.hit("checkpoint")  # not asked for: never pauses
     assert slept == [7.0]
     assert capsys.readouterr().out == "fault point merge (hit 3): pausing 7 s\n"

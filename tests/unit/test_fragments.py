@@ -5,6 +5,7 @@ balanced on realistic GPT shapes, big tensors split along dim 0, and a strict JS
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 
@@ -13,9 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workload.gpt import param_shapes
 from syncer import fragments as F
 from syncer.fragments import TensorSpec
+from workload.gpt import param_shapes
 
 FAST = settings(max_examples=100, deadline=None, derandomize=True)
 EMBEDDINGS = {"transformer.wte.weight", "transformer.wpe.weight"}
@@ -30,7 +31,7 @@ def _specs(shapes: list[tuple[int, ...]], kinds: list[str] | None = None) -> lis
     return [TensorSpec(f"t{i}", s, k) for i, (s, k) in enumerate(zip(shapes, kinds))]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gpt_shapes(name: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
     return tuple(param_shapes(name))
 
@@ -71,7 +72,7 @@ def _assert_exact_cover(specs: list[TensorSpec], plan: F.FragmentPlan) -> None:
         ranges = sorted((pc.start, pc.stop) for frag in plan.fragments for pc in frag if pc.index == index)
         rows = spec.shape[0] if spec.shape else 1
         assert ranges[0][0] == 0 and ranges[-1][1] == rows
-        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
     # scatter is the inverse of gather: zeros + scatter(all fragments) rebuilds the model
     rebuilt = {spec.name: torch.full(spec.shape, -1.0, dtype=torch.float64) for spec in specs}
     for p in range(plan.count):
@@ -170,10 +171,10 @@ def test_greedy_largest_first_into_lightest() -> None:
 
 
 def test_tensor_bigger_than_ideal_fragment_is_split_along_dim0() -> None:
-    specs = _specs([(100, 10), (5, 2), (3,), (2,)])   # 1000 + 10 + 3 + 2 = 1015 values, ideal 253.75
+    specs = _specs([(100, 10), (5, 2), (3,), (2,)])  # 1000 + 10 + 3 + 2 = 1015 values, ideal 253.75
     plan = F.plan(specs, 4)
     big = sorted((pc.start, pc.stop) for frag in plan.fragments for pc in frag if pc.name == "t0")
-    assert len(big) == math.ceil(1000 / (1015 / 4))   # 4 row ranges of 25 rows each
+    assert len(big) == math.ceil(1000 / (1015 / 4))  # 4 row ranges of 25 rows each
     assert big == [(0, 25), (25, 50), (50, 75), (75, 100)]
     assert all(pc.row == 10 for frag in plan.fragments for pc in frag if pc.name == "t0")
     assert plan.imbalance() < 1.1
@@ -234,7 +235,7 @@ def test_errors() -> None:
 
 
 def test_manifest_json_round_trip() -> None:
-    specs = _gpt_specs("gpt-tiny") + [TensorSpec("scalar", ())]
+    specs = [*_gpt_specs("gpt-tiny"), TensorSpec("scalar", ())]
     data = F.manifest_to_json(specs)
     assert data[0] == ["transformer.wte.weight", [256, 64], "embedding"]
     assert F.manifest_from_json(json.loads(json.dumps(data))) == specs
@@ -243,9 +244,22 @@ def test_manifest_json_round_trip() -> None:
 @pytest.mark.parametrize(
     "data",
     [
-        None, {}, [], "x", [["a", [2], "dense", 1]], [["a", [2]]], [[1, [2], "dense"]], [("a", [2], "dense")],
-        [["a", (2,), "dense"]], [["a", [2.0], "dense"]], [["a", [-1], "dense"]], [["a", [1 << 40], "dense"]],
-        [["a", "2", "dense"]], [["a", [2], "conv"]], [["a", [2], None]], ["a"],
+        None,
+        {},
+        [],
+        "x",
+        [["a", [2], "dense", 1]],
+        [["a", [2]]],
+        [[1, [2], "dense"]],
+        [("a", [2], "dense")],
+        [["a", (2,), "dense"]],
+        [["a", [2.0], "dense"]],
+        [["a", [-1], "dense"]],
+        [["a", [1 << 40], "dense"]],
+        [["a", "2", "dense"]],
+        [["a", [2], "conv"]],
+        [["a", [2], None]],
+        ["a"],
     ],
 )
 def test_manifest_rejects_malformed(data: object) -> None:
@@ -254,8 +268,13 @@ def test_manifest_rejects_malformed(data: object) -> None:
 
 
 @FAST
-@given(data=st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-                         lambda inner: st.lists(inner, max_size=4), max_leaves=12))
+@given(
+    data=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda inner: st.lists(inner, max_size=4),
+        max_leaves=12,
+    )
+)
 def test_property_manifest_from_json_only_raises_value_error(data: object) -> None:
     try:
         specs = F.manifest_from_json(data)

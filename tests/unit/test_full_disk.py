@@ -11,8 +11,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -40,16 +40,16 @@ def test_append_to_a_full_disk_drops_counts_and_resumes(fs: Path, tmp_path: Path
     filler = tinyfs.fill(fs)
     before = jsonl.dropped().get("metrics.jsonl", 0)
     results = [jsonl.append(log, {"t": 2.0, "n": i, "pad": "x" * 500}, notices=notes) for i in range(1, 40)]
-    assert results[-1] is False and results.count(False) >= 30        # the last page's tail may take a few
+    assert results[-1] is False and results.count(False) >= 30  # the last page's tail may take a few
     assert jsonl.dropped()["metrics.jsonl"] - before == results.count(False)
     dropped = [e for e in events(notes) if e["kind"] == "write_dropped"]
-    assert len(dropped) == 1, dropped                                   # said once, not once per record
+    assert len(dropped) == 1, dropped  # said once, not once per record
     assert "disk full writing metrics.jsonl: dropping records until space is back" in dropped[0]["detail"]
     filler.unlink()
     assert jsonl.append(log, {"t": 3.0, "n": 99}, notices=notes)
     resumed = [e for e in events(notes) if e["kind"] == "write_resumed"]
     assert len(resumed) == 1 and f"{results.count(False)} records were dropped (disk full)" in resumed[0]["detail"]
-    assert [r["n"] for r in jsonl.read(log)][-1] == 99                  # every readable line is a whole record
+    assert [r["n"] for r in jsonl.read(log)][-1] == 99  # every readable line is a whole record
     assert "disk full writing metrics.jsonl" in capsys.readouterr().err  # and the process's log says so too
     assert jsonl.append(log, {"t": 4.0, "n": 100}, notices=notes)
     assert len([e for e in events(notes) if e["kind"] == "write_resumed"]) == 1
@@ -59,9 +59,9 @@ def test_a_line_cut_by_the_full_disk_costs_itself_only(fs: Path) -> None:
     writer = jsonl.Writer(fs / "metrics.jsonl", max_bytes=0)
     assert writer.write({"t": 1.0, "n": 1})
     filler = tinyfs.fill(fs)
-    os.truncate(filler, os.path.getsize(filler) - 4096)                 # room for part of the next record only
+    os.truncate(filler, os.path.getsize(filler) - 4096)  # room for part of the next record only
     assert writer.write({"t": 2.0, "n": 2, "pad": "y" * 20000}) is False
-    assert (fs / "metrics.jsonl").stat().st_size > 4000                 # a cut line is on disk
+    assert (fs / "metrics.jsonl").stat().st_size > 4000  # a cut line is on disk
     filler.unlink()
     assert writer.write({"t": 3.0, "n": 3})
     writer.close()
@@ -72,7 +72,7 @@ def test_eio_at_the_real_write_is_dropped_and_counted(tmp_path: Path, monkeypatc
     log, notes = tmp_path / "events.jsonl", tmp_path / "notes.jsonl"
     real = os.write
 
-    def failing(fd: int, data: bytes) -> int:   # a failing disk under events.jsonl only
+    def failing(fd: int, data: bytes) -> int:  # a failing disk under events.jsonl only
         if os.readlink(f"/proc/self/fd/{fd}") == str(log):
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         return real(fd, data)
@@ -100,8 +100,8 @@ def test_rotation_keeps_one_old_segment_and_reads_in_order(tmp_path: Path) -> No
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "metrics.jsonl.1"]
     assert log.stat().st_size <= 2000 and (tmp_path / "metrics.jsonl.1").stat().st_size <= 2000
     seen = [r["t"] for r in jsonl.read(log)]
-    assert seen == sorted(seen) and seen[-1] == 199.0 and len(seen) > 20   # the old segment, then the new
-    assert [r["t"] for r in jsonl.tail(log, len(seen))] == seen          # tail spans both segments too
+    assert seen == sorted(seen) and seen[-1] == 199.0 and len(seen) > 20  # the old segment, then the new
+    assert [r["t"] for r in jsonl.tail(log, len(seen))] == seen  # tail spans both segments too
     assert [r["t"] for r in jsonl.read(log, since=190.0)] == [float(i) for i in range(190, 200)]
 
 
@@ -116,7 +116,7 @@ def test_two_writers_rotate_once_not_twice(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.jsonl", "events.jsonl.1"]
     assert log.stat().st_size <= 3000
     seen = [r["t"] for r in jsonl.read(log)]
-    assert seen == [float(i) for i in range(60 - len(seen), 60)]         # a contiguous, ordered suffix
+    assert seen == [float(i) for i in range(60 - len(seen), 60)]  # a contiguous, ordered suffix
 
 
 def test_guarded_stream_never_raises_and_rotates_its_log(fs: Path, capsys) -> None:
@@ -127,7 +127,7 @@ def test_guarded_stream_never_raises_and_rotates_its_log(fs: Path, capsys) -> No
         print("before", file=stream, flush=True)
         filler = tinyfs.fill(fs)
         for i in range(200):
-            print(f"step {i} " + "l" * 200, file=stream, flush=True)   # print() on a full disk raises without the guard
+            print(f"step {i} " + "l" * 200, file=stream, flush=True)  # print() on a full disk raises without the guard
         assert stream.sink.dropped > 100
         filler.unlink()
         print("after", file=stream, flush=True)
@@ -137,8 +137,8 @@ def test_guarded_stream_never_raises_and_rotates_its_log(fs: Path, capsys) -> No
         stream.sink.max_bytes = len(text) + 50
         for i in range(5):
             print(f"line {i} " + "r" * 40, file=stream, flush=True)
-        assert (fs / "learner-0.log.1").read_text().startswith("before\n")   # the old log, renamed
-        assert path.read_text().startswith("line ")                      # the descriptor now writes a new file
+        assert (fs / "learner-0.log.1").read_text().startswith("before\n")  # the old log, renamed
+        assert path.read_text().startswith("line ")  # the descriptor now writes a new file
         assert os.fstat(fd).st_ino == path.stat().st_ino
     finally:
         os.close(fd)
@@ -150,10 +150,10 @@ def test_state_that_cannot_be_written_is_kept_until_it_can(fs: Path) -> None:
     with run.locked():
         run.write_state({"status": "up", "procs": {"learner-0": {"pid": 1}}})
     filler = tinyfs.fill(fs)
-    with run.update() as state:                                           # no OSError out of here
+    with run.update() as state:  # no OSError out of here
         state["procs"]["learner-0"]["pid"] = 2
-    assert json.loads(run.state_file.read_text())["procs"]["learner-0"]["pid"] == 1   # the file is intact
-    assert run.read_state()["procs"]["learner-0"]["pid"] == 2                          # this process remembers
+    assert json.loads(run.state_file.read_text())["procs"]["learner-0"]["pid"] == 1  # the file is intact
+    assert run.read_state()["procs"]["learner-0"]["pid"] == 2  # this process remembers
     assert not [p for p in run.path.iterdir() if p.name.endswith(".tmp")]
     run.event("death", "learner-0", "dropped, not raised")
     filler.unlink()
@@ -173,7 +173,7 @@ def test_another_writer_of_the_state_wins_over_a_kept_one(fs: Path) -> None:
     with run.update() as state:
         state["status"] = "mine"
     filler.unlink()
-    with other.update() as state:                                          # e.g. `dldctl down` in another process
+    with other.update() as state:  # e.g. `dldctl down` in another process
         state["status"] = "stopping"
     assert run.read_state()["status"] == "stopping"
 
@@ -187,12 +187,13 @@ def test_max_log_mb_is_validated() -> None:
 
 
 def test_learner_markers_survive_a_full_disk(fs: Path) -> None:
-    from learner.trainer import _save_replica, _write_marker
     import torch
+
+    from learner.trainer import _save_replica, _write_marker
 
     filler = tinyfs.fill(fs)
     _write_marker(fs / "finished", json.dumps({"steps": 10}) + "\n")
-    assert (fs / "finished").exists()                                      # empty, but it still stops restarts
+    assert (fs / "finished").exists()  # empty, but it still stops restarts
     _save_replica({"fragments": [torch.zeros(50000)]}, fs / "replica.pt")
     assert not (fs / "replica.pt").exists() and not (fs / ".replica.pt.tmp").exists()
     filler.unlink()

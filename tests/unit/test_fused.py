@@ -10,8 +10,8 @@ from __future__ import annotations
 import zlib
 
 import pytest
-import zstandard
 import torch
+import zstandard
 
 from syncer import codec, fused, merge, native
 from tests.unit.coreharness import Harness, make_settings, sent_of
@@ -34,7 +34,7 @@ def _contribs(modes: list[str], blocks: list[int], seed: int = 0) -> tuple[list[
 
 @pytest.fixture(autouse=True)
 def small_slices(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fused, "SLICE", 512)   # many slices, segments straddling them
+    monkeypatch.setattr(fused, "SLICE", 512)  # many slices, segments straddling them
 
 
 @pytest.fixture(params=["torch", "native"])
@@ -46,10 +46,13 @@ def kernel(request: pytest.FixtureRequest) -> native.Kernel | None:
     return k
 
 
-@pytest.mark.parametrize(("modes", "blocks"), [
-    (["int4"] * 4, [128] * 4), (["int4", "int8", "none", "bf16"], [128, 64, 128, 128]), (["int4"], [128])])
-def test_gram_holds_every_pairwise_dot_product_per_segment(modes: list[str], blocks: list[int],
-                                                          kernel: native.Kernel | None) -> None:
+@pytest.mark.parametrize(
+    ("modes", "blocks"),
+    [(["int4"] * 4, [128] * 4), (["int4", "int8", "none", "bf16"], [128, 64, 128, 128]), (["int4"], [128])],
+)
+def test_gram_holds_every_pairwise_dot_product_per_segment(
+    modes: list[str], blocks: list[int], kernel: native.Kernel | None
+) -> None:
     qs, values = _contribs(modes, blocks)
     grams = fused.gram(qs, SEGMENTS, 128, kernel)
     assert grams is not None and len(grams) == len(SEGMENTS)
@@ -71,7 +74,9 @@ def test_coefficients_reproduce_the_reference_merge(rule: str) -> None:
 
 
 @pytest.mark.parametrize("mode", ["int4", "int8"])
-def test_publish_matches_the_reference_step_and_is_bit_exact_for_learners(mode: str, kernel: native.Kernel | None) -> None:
+def test_publish_matches_the_reference_step_and_is_bit_exact_for_learners(
+    mode: str, kernel: native.Kernel | None
+) -> None:
     qs, values = _contribs([mode] * 4, [128] * 4)
     assert fused.native_fits(qs, 128, mode)
     g = torch.Generator().manual_seed(5)
@@ -91,7 +96,7 @@ def test_publish_matches_the_reference_step_and_is_bit_exact_for_learners(mode: 
     assert torch.equal((old + codec.decode(blob)).view(torch.int32), theta.view(torch.int32))
     assert crc == zlib.crc32(memoryview(theta.numpy()))
     torch.testing.assert_close(momentum, ref_mom, rtol=1e-4, atol=1e-9)
-    step = float(codec.decode_quantized(ref_blob).scales.max())   # one quantization step at most
+    step = float(codec.decode_quantized(ref_blob).scales.max())  # one quantization step at most
     torch.testing.assert_close(theta, ref_theta, rtol=0, atol=step * 1.01)
     # the error feedback keeps what the blob did not carry: residual == change - applied
     torch.testing.assert_close(residual + codec.decode(blob), change, rtol=1e-4, atol=1e-9)
@@ -100,10 +105,10 @@ def test_publish_matches_the_reference_step_and_is_bit_exact_for_learners(mode: 
 def test_the_native_kernel_takes_only_what_it_handles() -> None:
     qs, _ = _contribs(["int4", "int8"], [128, 128])
     assert fused.native_fits(qs, 128, "int4") and fused.native_fits(qs, 128, "int8")
-    assert not fused.native_fits(qs, 64)                       # another block than the output's
-    assert not fused.native_fits(qs, 128, "bf16")              # an output the kernel does not pack
+    assert not fused.native_fits(qs, 64)  # another block than the output's
+    assert not fused.native_fits(qs, 128, "bf16")  # an output the kernel does not pack
     mixed, _ = _contribs(["int4", "none"], [128, 128])
-    assert not fused.native_fits(mixed, 128)                   # an fp32 contribution (a summed pair)
+    assert not fused.native_fits(mixed, 128)  # an fp32 contribution (a summed pair)
 
 
 def test_without_a_compiler_the_kernel_is_none_and_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
@@ -120,20 +125,20 @@ def test_slices_align_to_every_block_size() -> None:
     qs, _ = _contribs(["int4", "int8"], [96, 64])
     size = fused.slice_size(qs, 128, 100_000)
     assert size % 96 == 0 and size % 64 == 0 and size % 128 == 0
-    assert fused.slice_size(qs, 128, 10) == 384     # a small fragment: one slice, whole blocks
+    assert fused.slice_size(qs, 128, 10) == 384  # a small fragment: one slice, whole blocks
 
 
 def test_a_gram_that_overflows_fp32_takes_the_reference_path() -> None:
     h = Harness(make_settings(compression="none", quorum=2))
     h.join_all()
     theta0 = h.core.model.theta[0].clone()
-    big = torch.full_like(theta0, 1e30)             # finite, but its square is not
+    big = torch.full_like(theta0, 1e30)  # finite, but its square is not
     h.push("a", 0, big, now=10.0)
     h.push("b", 0, big * 0.5, now=10.0)
     h.push("c", 0, big * 0.25, now=10.0)
     assert fused.gram([c.delta for c in h.core.rounds[0].contributions.values()], h.plan.segments(0), 128) is None
     out = h.tick(10.1)
-    assert sent_of(out, "update")                  # merged anyway
+    assert sent_of(out, "update")  # merged anyway
     assert torch.isfinite(h.core.model.theta[0]).all() and not torch.equal(h.core.model.theta[0], theta0)
 
 
@@ -147,7 +152,7 @@ def test_native_int4_unpack_equals_the_torch_one_and_refuses_nibble_minus_8(nume
     assert torch.equal(mine.codes, theirs.codes) and torch.equal(mine.scales, theirs.scales)
     nblocks = -(-numel // 64)
     raw = bytearray(zstandard.ZstdDecompressor().decompress(blob[codec.HEADER_SIZE :]))
-    for byte in (0x80, 0x18):                         # -8 in the high, then in the low nibble
+    for byte in (0x80, 0x18):  # -8 in the high, then in the low nibble
         bad = raw.copy()
         bad[4 * nblocks + len(bad[4 * nblocks :]) // 2] = byte
         blob_bad = blob[: codec.HEADER_SIZE] + zstandard.ZstdCompressor().compress(bytes(bad))

@@ -71,7 +71,7 @@ def test_run_input_env_and_check(host: LocalHost) -> None:
 def test_run_timeout_kills_the_whole_group(host: LocalHost, tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
     t0 = time.monotonic()
-    with pytest.raises(HostError, match="did not finish within 0.5s"):
+    with pytest.raises(HostError, match=r"did not finish within 0.5s"):
         host.run(f"sleep 30 & echo $! > {pidfile}; wait", timeout=0.5)
     assert time.monotonic() - t0 < 5
     assert wait_for(lambda: gone(int(pidfile.read_text())))
@@ -93,9 +93,9 @@ def test_files(host: LocalHost, tmp_path: Path) -> None:
     with pytest.raises(HostError, match="no such file"):
         host.read_bytes(str(tmp_path / "nope"))
     host.mkdir(str(tmp_path / "d1" / "d2"))
-    host.mkdir(str(tmp_path / "d1" / "d2"))            # exists already: fine
+    host.mkdir(str(tmp_path / "d1" / "d2"))  # exists already: fine
     assert (tmp_path / "d1" / "d2").is_dir()
-    assert not [p for p in tmp_path.rglob("*.tmp")]     # no leftovers from atomic writes
+    assert not list(tmp_path.rglob("*.tmp"))  # no leftovers from atomic writes
 
 
 def test_put_bytes_is_private_and_atomic(host: LocalHost, tmp_path: Path) -> None:
@@ -114,19 +114,22 @@ def test_home(host: LocalHost) -> None:
 def test_start_detached(host: LocalHost, tmp_path: Path, started: list[ProcRef]) -> None:
     log = tmp_path / "logs" / "p.log"
     out = tmp_path / "secret.out"
-    ref = host.start(["sh", "-c", f'echo "got $DLD_SECRET" > {out}; echo to-log; '
-                      "echo to-err >&2; exec sleep 60"],
-                     cwd=str(tmp_path), log=str(log), env={"DLD_SECRET": "hunter2"})
+    ref = host.start(
+        ["sh", "-c", f'echo "got $DLD_SECRET" > {out}; echo to-log; echo to-err >&2; exec sleep 60'],
+        cwd=str(tmp_path),
+        log=str(log),
+        env={"DLD_SECRET": "hunter2"},
+    )
     started.append(ref)
     assert wait_for(lambda: out.exists() and "to-err" in log.read_text())
     assert out.read_text() == "got hunter2\n"
     assert "to-log" in log.read_text()
-    assert (tmp_path / "logs" / "p.log.pid").read_text() == f"{ref.pid}\n"   # the pid file, on the host
+    assert (tmp_path / "logs" / "p.log.pid").read_text() == f"{ref.pid}\n"  # the pid file, on the host
     assert os.getpgid(ref.pid) == ref.pid and os.getsid(ref.pid) == ref.pid
     st = read_stat(ref.pid)
     assert st is not None and st.start_ticks == ref.start_ticks
     ppid = int(Path(f"/proc/{ref.pid}/stat").read_text().rpartition(")")[2].split()[1])
-    assert ppid != os.getpid()                            # not our child: detached
+    assert ppid != os.getpid()  # not our child: detached
     assert b"hunter2" not in Path(f"/proc/{ref.pid}/cmdline").read_bytes()
     assert b"DLD_SECRET=hunter2" in Path(f"/proc/{ref.pid}/environ").read_bytes()
     assert os.readlink(f"/proc/{ref.pid}/fd/0") == "/dev/null"
@@ -141,11 +144,11 @@ def test_start_missing_program_fails_clearly(host: LocalHost, tmp_path: Path) ->
         host.start(["true"], cwd=str(tmp_path / "missing-dir"), log=str(tmp_path / "l.log"))
 
 
-def test_signal_group_reaches_children(host: LocalHost, tmp_path: Path,
-                                       started: list[ProcRef]) -> None:
+def test_signal_group_reaches_children(host: LocalHost, tmp_path: Path, started: list[ProcRef]) -> None:
     child = tmp_path / "child.pid"
-    ref = host.start(["sh", "-c", f"sleep 60 & echo $! > {child}; wait"], cwd=str(tmp_path),
-                     log=str(tmp_path / "g.log"))
+    ref = host.start(
+        ["sh", "-c", f"sleep 60 & echo $! > {child}; wait"], cwd=str(tmp_path), log=str(tmp_path / "g.log")
+    )
     started.append(ref)
     assert wait_for(lambda: child.exists() and child.read_text().strip() != "")
     child_pid = int(child.read_text())
@@ -153,24 +156,23 @@ def test_signal_group_reaches_children(host: LocalHost, tmp_path: Path,
     assert host.signal(ref, signal.SIGTERM) is True
     assert wait_for(lambda: gone(ref.pid) and gone(child_pid))
     assert host.alive([ref]) == {ref.pid: False}
-    assert host.signal(ref, signal.SIGTERM) is False       # gone now
+    assert host.signal(ref, signal.SIGTERM) is False  # gone now
 
 
-def test_alive_zombie_free_and_reused_pid(host: LocalHost, tmp_path: Path,
-                                          started: list[ProcRef]) -> None:
+def test_alive_zombie_free_and_reused_pid(host: LocalHost, tmp_path: Path, started: list[ProcRef]) -> None:
     short = host.start(["sh", "-c", "exit 0"], cwd=str(tmp_path), log=str(tmp_path / "s.log"))
     long = host.start(["sleep", "60"], cwd=str(tmp_path), log=str(tmp_path / "l.log"))
     started.extend([short, long])
     assert wait_for(lambda: host.alive([short])[short.pid] is False)
-    with pytest.raises(ChildProcessError):               # not our child: nothing for us to reap
+    with pytest.raises(ChildProcessError):  # not our child: nothing for us to reap
         os.waitpid(short.pid, os.WNOHANG)
-    reused = ProcRef(long.pid, long.start_ticks + 1)     # same pid, another process
+    reused = ProcRef(long.pid, long.start_ticks + 1)  # same pid, another process
     assert host.alive([short, long]) == {short.pid: False, long.pid: True}
     assert host.alive([reused]) == {long.pid: False}
     assert host.proc_state(reused) is None
     assert host.signal(reused, signal.SIGKILL) is False
     assert host.signal(reused, signal.SIGKILL, group=False) is False
-    assert host.alive([long])[long.pid] is True          # the guard spared the real process
+    assert host.alive([long])[long.pid] is True  # the guard spared the real process
 
 
 def test_stop_and_continue(host: LocalHost, tmp_path: Path, started: list[ProcRef]) -> None:
@@ -178,7 +180,7 @@ def test_stop_and_continue(host: LocalHost, tmp_path: Path, started: list[ProcRe
     started.append(ref)
     assert host.signal(ref, signal.SIGSTOP)
     assert wait_for(lambda: host.proc_state(ref) == "T")
-    assert host.alive([ref])[ref.pid] is True            # stopped is not dead
+    assert host.alive([ref])[ref.pid] is True  # stopped is not dead
     assert host.signal(ref, signal.SIGCONT, group=False)
     assert wait_for(lambda: host.proc_state(ref) == "S")
 
@@ -201,6 +203,7 @@ def test_tail_and_follow(host: LocalHost, tmp_path: Path) -> None:
             f.flush()
             time.sleep(0.1)
             f.write("2\n")
+
     threading.Thread(target=writer).start()
     assert [next(lines), next(lines)] == ["new 1", "new 2"]
     log.write_text("after truncate\n")

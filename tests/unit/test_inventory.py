@@ -69,7 +69,7 @@ def test_wrong_type_names_key_and_type(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["a/b", "..", "", "-x", "x y"])
 def test_run_name_must_be_a_simple_directory_name(tmp_path: Path, name: str) -> None:
-    exc = error(tmp_path, GOOD.replace('[run]\n', f'[run]\nname = "{name}"\n'))
+    exc = error(tmp_path, GOOD.replace("[run]\n", f'[run]\nname = "{name}"\n'))
     assert exc.key == "run.name" and "names the run directory" in exc.line()
 
 
@@ -80,7 +80,9 @@ def test_missing_host_address(tmp_path: Path) -> None:
 
 def test_quorum_larger_than_fleet(tmp_path: Path) -> None:
     exc = error(tmp_path, GOOD.replace("quorum = 2", "quorum = 5"))
-    assert exc.key == "run.quorum" and "larger than the fleet (2 learners)" in exc.line() and "quorum <= 2" in exc.line()
+    assert (
+        exc.key == "run.quorum" and "larger than the fleet (2 learners)" in exc.line() and "quorum <= 2" in exc.line()
+    )
 
 
 def test_unreadable_identity_file(tmp_path: Path) -> None:
@@ -111,7 +113,7 @@ def test_bad_toml_syntax(tmp_path: Path) -> None:
 
 def test_unknown_model_and_device(tmp_path: Path) -> None:
     assert "did you mean 'gpt-tiny'" in error(tmp_path, GOOD.replace('"gpt-tiny"', '"gpt-tine"')).line()
-    assert "is not a device" in error(tmp_path, GOOD.replace('learners = 2', 'learners = 2\ndevice = "tpu"')).line()
+    assert "is not a device" in error(tmp_path, GOOD.replace("learners = 2", 'learners = 2\ndevice = "tpu"')).line()
 
 
 def test_no_hosts(tmp_path: Path) -> None:
@@ -144,5 +146,7 @@ def test_example_loads_and_documents_every_key() -> None:
     tables = {"run": RunSettings, "ssh": inventory.SSHSpec, "syncer": inventory.SyncerSpec, "hosts": inventory.HostSpec}
     for table, cls in tables.items():
         for f in dataclasses.fields(cls):
-            line = re.search(rf"^{f.name}\s*=.*#", text, re.MULTILINE) or re.search(rf"^{f.name}\s*=", text, re.MULTILINE)
+            line = re.search(rf"^{f.name}\s*=.*#", text, re.MULTILINE) or re.search(
+                rf"^{f.name}\s*=", text, re.MULTILINE
+            )
             assert line, f"inventory.example.toml does not document [{table}] {f.name}"

@@ -20,12 +20,27 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = ("dldctl", "learner", "syncer", "workload")
-SYNCER_MAY_BUILD_MODELS = ("syncer/evaluator.py",)   # the shell that evaluates the global model
+SYNCER_MAY_BUILD_MODELS = ("syncer/evaluator.py",)  # the shell that evaluates the global model
 OPERATOR_ONLY = ("typer", "rich", "paramiko", "matplotlib")
-LEAVES = ("syncer/protocol.py", "syncer/codec.py", "syncer/settings.py", "syncer/keys.py", "syncer/jsonl.py",
-          "syncer/faultpoints.py")
-LEARNER_MAY_USE = {"syncer", "syncer.protocol", "syncer.codec", "syncer.fragments", "syncer.settings",
-                   "syncer.merge", "syncer.keys", "syncer.faultpoints", "syncer.jsonl"}
+LEAVES = (
+    "syncer/protocol.py",
+    "syncer/codec.py",
+    "syncer/settings.py",
+    "syncer/keys.py",
+    "syncer/jsonl.py",
+    "syncer/faultpoints.py",
+)
+LEARNER_MAY_USE = {
+    "syncer",
+    "syncer.protocol",
+    "syncer.codec",
+    "syncer.fragments",
+    "syncer.settings",
+    "syncer.merge",
+    "syncer.keys",
+    "syncer.faultpoints",
+    "syncer.jsonl",
+}
 DLDCTL_MAY_USE = {"syncer", "syncer.protocol", "syncer.settings", "syncer.keys", "syncer.jsonl"}
 
 
@@ -40,7 +55,9 @@ def imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             out.add(base)
             out.update(f"{base}.{alias.name}" for alias in node.names if _is_module(f"{base}.{alias.name}"))
     return out
@@ -102,14 +119,56 @@ def test_dldctl_talks_to_the_syncer_only_through_its_protocol(path: Path) -> Non
 
 # The pure core of ARCHITECTURE.md: no I/O (files, sockets, processes, clocks, sleeps); clocks and
 # RNGs come in as arguments. (`time` may be imported for a default clock argument, never called bare.)
-PURE_CORE = ("syncer/protocol.py", "syncer/codec.py", "syncer/fragments.py", "syncer/merge.py", "syncer/fused.py", "syncer/rounds.py",
-             "syncer/core.py", "syncer/status.py", "learner/outer.py", "learner/schedule.py", "workload/gpt.py", "dldctl/reconcile.py",
-             "dldctl/chaos/plan.py", "dldctl/chaos/verdict.py", *(f"dldctl/sim/{p.name}" for p in
-                                                                    sorted((ROOT / "dldctl" / "sim").glob("*.py"))))
-IO_MODULES = {"socket", "subprocess", "zmq", "paramiko", "shutil", "tempfile", "pathlib", "requests", "urllib",
-              "http", "multiprocessing", "asyncio", "signal", "fcntl"}
-IO_CALLS = {"open", "print", "input", "sleep", "time", "monotonic", "perf_counter", "system", "popen", "remove",
-            "unlink", "mkdir", "makedirs", "replace", "rename"}
+PURE_CORE = (
+    "syncer/protocol.py",
+    "syncer/codec.py",
+    "syncer/fragments.py",
+    "syncer/merge.py",
+    "syncer/fused.py",
+    "syncer/rounds.py",
+    "syncer/core.py",
+    "syncer/status.py",
+    "learner/outer.py",
+    "learner/schedule.py",
+    "workload/gpt.py",
+    "dldctl/reconcile.py",
+    "dldctl/chaos/plan.py",
+    "dldctl/chaos/verdict.py",
+    *(f"dldctl/sim/{p.name}" for p in sorted((ROOT / "dldctl" / "sim").glob("*.py"))),
+)
+IO_MODULES = {
+    "socket",
+    "subprocess",
+    "zmq",
+    "paramiko",
+    "shutil",
+    "tempfile",
+    "pathlib",
+    "requests",
+    "urllib",
+    "http",
+    "multiprocessing",
+    "asyncio",
+    "signal",
+    "fcntl",
+}
+IO_CALLS = {
+    "open",
+    "print",
+    "input",
+    "sleep",
+    "time",
+    "monotonic",
+    "perf_counter",
+    "system",
+    "popen",
+    "remove",
+    "unlink",
+    "mkdir",
+    "makedirs",
+    "replace",
+    "rename",
+}
 
 
 def io_calls(path: Path) -> set[str]:
@@ -120,7 +179,7 @@ def io_calls(path: Path) -> set[str]:
             fn = node.func
             name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
             receiver = fn.value.id if isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) else ""
-            bare = receiver == "" and name in ("open", "print", "input")   # `replace` is dataclasses'
+            bare = receiver == "" and name in ("open", "print", "input")  # `replace` is dataclasses'
             if bare or (name in IO_CALLS and receiver in ("os", "time", "sys", "builtins")):
                 found.add(f"{receiver + '.' if receiver else ''}{name}")
     return found

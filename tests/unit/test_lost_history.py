@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -55,9 +55,9 @@ def _corrupt_all(directory: Path) -> list[Path]:
     for i, path in enumerate(files):
         data = bytearray(path.read_bytes())
         if i == 0:
-            data[len(data) // 2] ^= 0xFF        # a flipped byte in the body
+            data[len(data) // 2] ^= 0xFF  # a flipped byte in the body
         else:
-            data = data[:20]                    # truncated
+            data = data[:20]  # truncated
         path.write_bytes(bytes(data))
     return files
 
@@ -80,7 +80,10 @@ def test_every_checkpoint_writes_the_runs_history(tmp_path: Path) -> None:
     newest = checkpoint.list_checkpoints(tmp_path)[0]
     assert (record["outer_steps"], record["checkpoint"], record["run_id"]) == (6, newest.name, RUN)
     assert record["versions"] == h.core.model.versions
-    assert record["fleet"]["merged_tokens"] == pytest.approx(h.core.fleet.merged_tokens) and record["fleet"]["merged_tokens"] > 0
+    assert (
+        record["fleet"]["merged_tokens"] == pytest.approx(h.core.fleet.merged_tokens)
+        and record["fleet"]["merged_tokens"] > 0
+    )
     assert not list(tmp_path.glob(".*.tmp"))
 
 
@@ -117,7 +120,7 @@ def test_corrupt_files_without_history_still_count_and_name_the_outer_step(tmp_p
     core = SyncerCore(make_settings(quorum=2), RUN, [], now=0.0)
     lost = checkpoint.lost_history(tmp_path, checkpoint.resume(core, tmp_path, now=1.0)[1])
     assert lost is not None and (lost.epoch, lost.outer_steps, lost.merged_tokens) == (1, 6, None)
-    assert checkpoint.continue_counters(core, lost, now=2.0) != []   # tokens could not be carried on
+    assert checkpoint.continue_counters(core, lost, now=2.0) != []  # tokens could not be carried on
     assert core.outer_steps == 6
 
 
@@ -199,10 +202,11 @@ def run_dir(tmp_path: Path) -> Iterator[Path]:
 
 def _server(run_dir: Path, **run: object) -> SyncerServer:
     fields = {f.name for f in dataclasses.fields(RunSettings)}
-    extra = {"global_eval_every": 0} if "global_eval_every" in fields else {}   # no evaluator thread here
+    extra = {"global_eval_every": 0} if "global_eval_every" in fields else {}  # no evaluator thread here
     s = dataclasses.replace(make_settings(quorum=2, insecure=True), **extra, **run)
-    cfg = SyncerConfig(RUN, s, f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}", run_dir,
-                       ("a", "b", "c"), None)
+    cfg = SyncerConfig(
+        RUN, s, f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}", run_dir, ("a", "b", "c"), None
+    )
     return SyncerServer(cfg)
 
 
@@ -238,7 +242,11 @@ def test_from_learner_starts_with_the_counters_going_on(run_dir: Path) -> None:
     assert snap["tokens"]["merged"] > 0
     assert snap["syncer"]["warnings"] and "history lost at outer step 6" in snap["syncer"]["warnings"][0]
     [event] = _events(run_dir, "history_lost")
-    assert "outer step 6" in event["detail"] and "tokens merged" in event["detail"] and "checksum mismatch" in event["detail"]
+    assert (
+        "outer step 6" in event["detail"]
+        and "tokens merged" in event["detail"]
+        and "checksum mismatch" in event["detail"]
+    )
     assert _events(run_dir, "syncer_start") and not _events(run_dir, "syncer_refused")
     assert server.core.since_checkpoint >= server.cfg.settings.checkpoint_every, "the new model is checkpointed at once"
 
@@ -253,16 +261,22 @@ def test_a_brand_new_run_dir_starts_quietly(tmp_path: Path) -> None:
     assert "syncer_start" in kinds and not {"history_lost", "syncer_refused", "checkpoint_corrupt"} & set(kinds)
 
 
-def test_python_m_syncer_exits_1_with_one_line(run_dir: Path, capsys: pytest.CaptureFixture[str],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_python_m_syncer_exits_1_with_one_line(
+    run_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from syncer import __main__ as entry
 
-    monkeypatch.setattr(entry.signal, "signal", lambda *_: None)   # keep pytest's own handlers
+    monkeypatch.setattr(entry.signal, "signal", lambda *_: None)  # keep pytest's own handlers
     main = entry.main
     keys.create(run_dir / "keys", "syncer")
-    config = {"version": 1, "run_id": RUN, "run": {"fragments": 2, "H": 8, "global_eval_every": 0},
-              "syncer": {"bind_host": "127.0.0.1", "port": free_port(), "control_port": free_port(), "dir": "."},
-              "learners": [{"id": "learner-0"}], "keys": {"dir": "keys"}}
+    config = {
+        "version": 1,
+        "run_id": RUN,
+        "run": {"fragments": 2, "H": 8, "global_eval_every": 0},
+        "syncer": {"bind_host": "127.0.0.1", "port": free_port(), "control_port": free_port(), "dir": "."},
+        "learners": [{"id": "learner-0"}],
+        "keys": {"dir": "keys"},
+    }
     (run_dir / "config.json").write_text(json.dumps(config))
     assert main(["--config", str(run_dir / "config.json")]) == 1
     err = capsys.readouterr().err.strip()

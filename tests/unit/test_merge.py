@@ -26,9 +26,9 @@ def _t(*values: float) -> torch.Tensor:
 
 
 def test_token_weight_is_tokens_squared_over_steps() -> None:
-    assert merge.token_weight(100, 10) == 1000.0        # 100 * (100 / 10)
-    assert merge.token_weight(2048, 16) == 262144.0     # 2048 * 128
-    assert merge.token_weight(3, 2) == 4.5              # 3 * 1.5
+    assert merge.token_weight(100, 10) == 1000.0  # 100 * (100 / 10)
+    assert merge.token_weight(2048, 16) == 262144.0  # 2048 * 128
+    assert merge.token_weight(3, 2) == 4.5  # 3 * 1.5
     # twice the batch over the same steps: 4x the weight; same tokens in half the steps: 2x
     assert merge.token_weight(200, 10) == 4 * merge.token_weight(100, 10)
     assert merge.token_weight(100, 5) == 2 * merge.token_weight(100, 10)
@@ -268,13 +268,13 @@ def test_nesterov_change_in_place_matches_nesterov_step() -> None:
 @pytest.mark.parametrize(
     ("gamma", "tau", "t_step", "t_quorum", "t_sync", "expected"),
     [
-        (0.5, 2, 1.0, 0.3, 0.2, 0.75),     # slack 2 - 0.5 = 1.5, * 0.5
-        (0.5, 2, 1.0, 1.5, 0.5, 0.0),      # slack exactly 0
-        (0.5, 2, 1.0, 2.0, 0.5, 0.0),      # negative slack -> 0, never negative
-        (0.5, 0, 1.0, 0.0, 0.0, 0.0),      # no overlap, no grace
-        (0.0, 2, 1.0, 0.0, 0.0, 0.0),      # gamma 0 disables it
-        (0.9, 4, 0.25, 0.1, 0.1, 0.72),    # slack 1 - 0.2 = 0.8, * 0.9
-        (0.5, 2, 3.0, 0.0, 0.0, 3.0),      # quorum at once: half the overlap
+        (0.5, 2, 1.0, 0.3, 0.2, 0.75),  # slack 2 - 0.5 = 1.5, * 0.5
+        (0.5, 2, 1.0, 1.5, 0.5, 0.0),  # slack exactly 0
+        (0.5, 2, 1.0, 2.0, 0.5, 0.0),  # negative slack -> 0, never negative
+        (0.5, 0, 1.0, 0.0, 0.0, 0.0),  # no overlap, no grace
+        (0.0, 2, 1.0, 0.0, 0.0, 0.0),  # gamma 0 disables it
+        (0.9, 4, 0.25, 0.1, 0.1, 0.72),  # slack 1 - 0.2 = 0.8, * 0.9
+        (0.5, 2, 3.0, 0.0, 0.0, 3.0),  # quorum at once: half the overlap
     ],
 )
 def test_grace_window(gamma: float, tau: int, t_step: float, t_quorum: float, t_sync: float, expected: float) -> None:
@@ -294,21 +294,22 @@ def test_property_grace_window_bounds(gamma: float, tau: int, t_step: float, t_q
 @pytest.mark.parametrize(
     ("now", "contributors", "quorum", "quorum_at", "grace", "all_in", "expected"),
     [
-        (10.0, 0, 1, None, 0.0, False, False),   # nothing in
-        (10.0, 1, 2, None, 0.0, True, False),    # below quorum, even if "all live" are in
-        (10.0, 1, 2, 5.0, 0.0, True, False),     # below quorum whatever quorum_at says
-        (10.0, 2, 2, None, 0.0, True, False),    # quorum_at unknown: not closable
-        (10.0, 2, 2, 9.0, 5.0, True, True),      # every live learner in: close at once
-        (10.0, 2, 2, 9.0, 5.0, False, False),    # inside the grace window: wait
-        (14.0, 2, 2, 9.0, 5.0, False, True),     # grace expired exactly: close
+        (10.0, 0, 1, None, 0.0, False, False),  # nothing in
+        (10.0, 1, 2, None, 0.0, True, False),  # below quorum, even if "all live" are in
+        (10.0, 1, 2, 5.0, 0.0, True, False),  # below quorum whatever quorum_at says
+        (10.0, 2, 2, None, 0.0, True, False),  # quorum_at unknown: not closable
+        (10.0, 2, 2, 9.0, 5.0, True, True),  # every live learner in: close at once
+        (10.0, 2, 2, 9.0, 5.0, False, False),  # inside the grace window: wait
+        (14.0, 2, 2, 9.0, 5.0, False, True),  # grace expired exactly: close
         (13.999, 2, 2, 9.0, 5.0, False, False),
-        (9.0, 2, 2, 9.0, 0.0, False, True),      # no grace: close at quorum
-        (10.0, 3, 2, 9.0, 5.0, False, False),    # above quorum still waits for grace
+        (9.0, 2, 2, 9.0, 0.0, False, True),  # no grace: close at quorum
+        (10.0, 3, 2, 9.0, 5.0, False, False),  # above quorum still waits for grace
         (20.0, 3, 2, 9.0, 5.0, False, True),
     ],
 )
-def test_should_close(now: float, contributors: int, quorum: int, quorum_at: float | None, grace: float,
-                      all_in: bool, expected: bool) -> None:
+def test_should_close(
+    now: float, contributors: int, quorum: int, quorum_at: float | None, grace: float, all_in: bool, expected: bool
+) -> None:
     assert merge.should_close(now, contributors, quorum, quorum_at, grace, all_in) is expected
 
 

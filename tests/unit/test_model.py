@@ -40,15 +40,15 @@ def test_param_shapes_is_cheap_and_leaves_the_rng_alone() -> None:
     torch.manual_seed(1)
     expected = torch.rand(4)
     torch.manual_seed(1)
-    shapes = M.param_shapes("gpt2-124m", vocab_size=50304)   # 124M params: only possible on meta
+    shapes = M.param_shapes("gpt2-124m", vocab_size=50304)  # 124M params: only possible on meta
     assert torch.equal(torch.rand(4), expected)
     assert shapes[0] == ("transformer.wte.weight", (50304, 768))
     assert ("transformer.wpe.weight", (1024, 768)) in shapes
-    assert not any(n.startswith("lm_head") for n, _ in shapes)   # tied: listed once
+    assert not any(n.startswith("lm_head") for n, _ in shapes)  # tied: listed once
 
 
 def test_unknown_preset_and_bad_block_size() -> None:
-    with pytest.raises(ValueError, match="gpt-tiny.*gpt-small"):
+    with pytest.raises(ValueError, match=r"gpt-tiny.*gpt-small"):
         M.build("gpt-huge")
     with pytest.raises(ValueError, match="block_size 4096"):
         M.build("gpt-tiny", block_size=4096)

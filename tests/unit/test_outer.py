@@ -6,14 +6,20 @@ mix with alpha 0.5) and the per-fragment counters.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
 from learner.outer import FragmentCounters, OuterState
 from syncer import fragments
 
-SPECS = [fragments.TensorSpec("emb", (6, 4), "embedding"), fragments.TensorSpec("w", (4, 4)),
-         fragments.TensorSpec("b", (4,)), fragments.TensorSpec("v", (3, 2))]
+SPECS = [
+    fragments.TensorSpec("emb", (6, 4), "embedding"),
+    fragments.TensorSpec("w", (4, 4)),
+    fragments.TensorSpec("b", (4,)),
+    fragments.TensorSpec("v", (3, 2)),
+]
 
 
 def _params(seed: int = 0) -> dict[str, torch.nn.Parameter]:
@@ -21,8 +27,9 @@ def _params(seed: int = 0) -> dict[str, torch.nn.Parameter]:
     return {s.name: torch.nn.Parameter(torch.randn(s.shape, generator=g)) for s in SPECS}
 
 
-def _state(count: int = 2, H: int = 8, alpha: float = 0.0,
-           rebase: bool = False) -> tuple[OuterState, dict[str, torch.nn.Parameter]]:
+def _state(
+    count: int = 2, H: int = 8, alpha: float = 0.0, rebase: bool = False
+) -> tuple[OuterState, dict[str, torch.nn.Parameter]]:
     plan = fragments.plan(SPECS, count)
     params = _params()
     g = torch.Generator().manual_seed(1)
@@ -44,7 +51,7 @@ def test_schedule_one_fragment_every_H_over_P_steps(H: int, P: int) -> None:
     for p in range(P):
         steps = [step for step, q in events if q == p]
         assert len(steps) == 3
-        assert [b - a for a, b in zip(steps, steps[1:])] == [H, H]
+        assert [b - a for a, b in itertools.pairwise(steps)] == [H, H]
     assert [p for _, p in events[:P]] == list(range(P))
 
 
@@ -54,7 +61,17 @@ def test_schedule_by_hand() -> None:
     state = OuterState(plan, 8, 0.0)
     assert [state.offset(p) for p in range(4)] == [2, 4, 6, 0]
     assert {step: state.due(step) for step in range(1, 11)} == {
-        1: [], 2: [0], 3: [], 4: [1], 5: [], 6: [2], 7: [], 8: [3], 9: [], 10: [0]}
+        1: [],
+        2: [0],
+        3: [],
+        4: [1],
+        5: [],
+        6: [2],
+        7: [],
+        8: [3],
+        9: [],
+        10: [0],
+    }
     assert state.due(0) == [3]  # step 0 is never a real step (steps are 1-based); documented offset
 
 
@@ -129,9 +146,9 @@ def test_apply_alpha_zero_overwrites() -> None:
     value = torch.arange(state.plan.numel(0), dtype=torch.float32)
     state.apply(0, 9, value, params)
     assert torch.equal(state.plan.gather(0, params), value)
-    assert torch.equal(state.plan.gather(1, params), untouched)     # other fragment unchanged
+    assert torch.equal(state.plan.gather(1, params), untouched)  # other fragment unchanged
     assert torch.equal(state.mark[0], value) and state.base_version[0] == 9
-    value.add_(1.0)                                                 # the mark is a copy
+    value.add_(1.0)  # the mark is a copy
     assert not torch.equal(state.mark[0], value)
     delta, counters = state.take_outer_gradient(0, params)
     assert torch.equal(delta, torch.zeros_like(delta)) and counters.steps == 0
@@ -142,23 +159,24 @@ def test_rebase_keeps_the_work_done_since_the_push_and_sends_it_next() -> None:
     state, params = _state(rebase=True)
     _train(params, -1.0)
     state.count_step(tokens=100, seconds=0.5)
-    pushed, _ = state.take_outer_gradient(0, params)      # mark = local at the push
+    _pushed, _ = state.take_outer_gradient(0, params)  # mark = local at the push
     at_push = state.mark[0].clone()
-    _train(params, -0.25)                                  # two steps while the reply is in flight
+    _train(params, -0.25)  # two steps while the reply is in flight
     state.count_step(tokens=100, seconds=0.5)
     state.count_step(tokens=100, seconds=0.5)
     since = state.plan.gather(0, params) - at_push
     value = torch.arange(state.plan.numel(0), dtype=torch.float32)
     state.apply(0, 9, value, params)
-    torch.testing.assert_close(state.plan.gather(0, params), value + since)   # nothing dropped
+    torch.testing.assert_close(state.plan.gather(0, params), value + since)  # nothing dropped
     assert torch.equal(state.mark[0], value) and state.base_version[0] == 9 and not state.awaiting[0]
     delta, counters = state.take_outer_gradient(0, params)
-    torch.testing.assert_close(delta, -since)              # the in-flight work goes with the next push
-    assert (counters.steps, counters.tokens) == (2, 200)   # and its counters with it
+    torch.testing.assert_close(delta, -since)  # the in-flight work goes with the next push
+    assert (counters.steps, counters.tokens) == (2, 200)  # and its counters with it
 
 
 def test_rebase_with_alpha_is_refused() -> None:
     from syncer.settings import RunSettings, SettingsError
+
     with pytest.raises(SettingsError, match="rebase"):
         RunSettings(rebase=True, alpha=0.5).validate()
 

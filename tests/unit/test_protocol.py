@@ -22,19 +22,46 @@ FAST = settings(max_examples=100, deadline=None, derandomize=True, suppress_heal
 FIXED = struct.Struct("<4sHBB")
 
 VALID: dict[str, tuple[dict[str, Any], list[bytes]]] = {
-    "hello": ({"learner": "learner-0", "incarnation": "abc", "run": "r", "pid": 12, "host": "h",
-               "device": "cpu", "batch_size": 16, "codecs": ["int4"], "manifest": [["w", [2, 3], "dense"]],
-               "fragments": 1}, []),
+    "hello": (
+        {
+            "learner": "learner-0",
+            "incarnation": "abc",
+            "run": "r",
+            "pid": 12,
+            "host": "h",
+            "device": "cpu",
+            "batch_size": 16,
+            "codecs": ["int4"],
+            "manifest": [["w", [2, 3], "dense"]],
+            "fragments": 1,
+        },
+        [],
+    ),
     "init": ({"fragment": 0, "offset": 0, "numel": 2, "total": 4}, [np.ones(2, "<f4").tobytes()]),
     "state_req": ({"fragment": 1, "offset": 1024}, []),
-    "push": ({"fragment": 0, "base_version": 3, "seq": 7, "epoch": 1, "c_steps": 16, "c_tokens": 2048,
-              "c_time": 1.5, "step_time": 0.1}, [b"\x01\x02\x03"]),
+    "push": (
+        {
+            "fragment": 0,
+            "base_version": 3,
+            "seq": 7,
+            "epoch": 1,
+            "c_steps": 16,
+            "c_tokens": 2048,
+            "c_time": 1.5,
+            "step_time": 0.1,
+        },
+        [b"\x01\x02\x03"],
+    ),
     "heartbeat": ({"step": 10, "tokens": 100, "state": "running", "loss": 2.5}, []),
     "bye": ({"reason": "done"}, []),
-    "welcome": ({"epoch": 1, "initialized": True, "init_owner": False, "versions": [0, 1], "chunk_numel": 1024,
-                 "step": 0}, []),
-    "state": ({"fragment": 0, "version": 2, "offset": 0, "numel": 2, "total": 2, "epoch": 1},
-              [np.zeros(2, "<f4").tobytes()]),
+    "welcome": (
+        {"epoch": 1, "initialized": True, "init_owner": False, "versions": [0, 1], "chunk_numel": 1024, "step": 0},
+        [],
+    ),
+    "state": (
+        {"fragment": 0, "version": 2, "offset": 0, "numel": 2, "total": 2, "epoch": 1},
+        [np.zeros(2, "<f4").tobytes()],
+    ),
     "update": ({"fragment": 1, "version": 5, "from_version": 4, "epoch": 1, "contributors": ["a", "b"]}, [b"blob"]),
     "ack": ({"epoch": 2, "versions": [], "initialized": False}, []),
     "resync": ({"fragment": -1, "reason": "nan"}, []),
@@ -52,8 +79,14 @@ def _frames(kind: str, meta: dict | None = None, payloads: list[bytes] | None = 
     return P.encode(Message(kind, dict(m) if meta is None else meta, list(p) if payloads is None else payloads))
 
 
-def _raw_header(code: int, count: int, body: bytes, lengths: list[int] | None = None,
-                magic: bytes = P.MAGIC, version: int = P.VERSION) -> bytes:
+def _raw_header(
+    code: int,
+    count: int,
+    body: bytes,
+    lengths: list[int] | None = None,
+    magic: bytes = P.MAGIC,
+    version: int = P.VERSION,
+) -> bytes:
     lengths = [0] * count if lengths is None else lengths
     return FIXED.pack(magic, version, code, count) + struct.pack(f"<{len(lengths)}Q", *lengths) + body
 
@@ -80,10 +113,12 @@ def test_round_trip_every_kind(kind: str) -> None:
     assert len(frames) == 1 + len(payloads)
     msg = P.decode(frames)
     assert msg.kind == kind and msg.meta == meta and msg.payloads == payloads
+
     # other frame types carry the same bytes (zmq gives memoryview-like frames or zmq.Frame)
     class FakeZmqFrame:
         def __init__(self, data: bytes) -> None:
             self.bytes = data
+
     for convert in (memoryview, bytearray, FakeZmqFrame):
         again = P.decode([convert(f) for f in frames])
         assert (again.kind, again.meta, again.payloads) == (kind, meta, payloads)
@@ -147,9 +182,9 @@ def test_payload_lengths_truncated_or_too_many() -> None:
 
 def test_frame_count_mismatch() -> None:
     frames = _frames("push")
-    assert _reason(frames[:1]) == "frame_count"              # payload missing
-    assert _reason(frames + [b"extra"]) == "frame_count"     # one too many
-    assert _reason(_frames("bye") + [b"x"]) == "frame_count"
+    assert _reason(frames[:1]) == "frame_count"  # payload missing
+    assert _reason([*frames, b"extra"]) == "frame_count"  # one too many
+    assert _reason([*_frames("bye"), b"x"]) == "frame_count"
 
 
 def test_payload_size_mismatch() -> None:
@@ -165,10 +200,19 @@ def test_payload_size_mismatch() -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        b"", b"{", b"not json", b"\xff\xfe{}", b'{"reason": "x"', b'{"reason":"x"} trailing',
-        b'{"reason":"x","v":NaN}', b'{"reason":"x","v":Infinity}', b'{"reason":"x","v":-Infinity}',
-        b'{"reason":"x","v":1e999}', b'{"reason":"x","v":-1e400}',
-        b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 30_000 + b"1" + b"}" * 30_000,
+        b"",
+        b"{",
+        b"not json",
+        b"\xff\xfe{}",
+        b'{"reason": "x"',
+        b'{"reason":"x"} trailing',
+        b'{"reason":"x","v":NaN}',
+        b'{"reason":"x","v":Infinity}',
+        b'{"reason":"x","v":-Infinity}',
+        b'{"reason":"x","v":1e999}',
+        b'{"reason":"x","v":-1e400}',
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"a":' * 30_000 + b"1" + b"}" * 30_000,
     ],
 )
 def test_bad_json(body: bytes) -> None:
@@ -269,19 +313,20 @@ def test_check_raw_fragment_valid(kind: str) -> None:
 @pytest.mark.parametrize(
     ("fragment", "offset", "numel", "total", "n_values"),
     [
-        (2, 0, 1, 4, 1),     # fragment index past the end
-        (-1, 0, 1, 4, 1),    # negative fragment index
-        (0, 0, 1, 5, 1),     # total disagrees with the layout
-        (0, 0, 0, 4, 0),     # empty chunk
-        (0, -1, 2, 4, 2),    # negative offset
-        (0, 3, 2, 4, 2),     # chunk runs past the fragment
-        (0, 4, 1, 4, 1),     # chunk starts at the end
-        (0, 0, 2, 4, 3),     # payload holds more values than numel says
-        (0, 0, 2, 4, 1),     # ... or fewer
+        (2, 0, 1, 4, 1),  # fragment index past the end
+        (-1, 0, 1, 4, 1),  # negative fragment index
+        (0, 0, 1, 5, 1),  # total disagrees with the layout
+        (0, 0, 0, 4, 0),  # empty chunk
+        (0, -1, 2, 4, 2),  # negative offset
+        (0, 3, 2, 4, 2),  # chunk runs past the fragment
+        (0, 4, 1, 4, 1),  # chunk starts at the end
+        (0, 0, 2, 4, 3),  # payload holds more values than numel says
+        (0, 0, 2, 4, 1),  # ... or fewer
     ],
 )
-def test_check_raw_fragment_shape_errors(kind: str, fragment: int, offset: int, numel: int, total: int,
-                                         n_values: int) -> None:
+def test_check_raw_fragment_shape_errors(
+    kind: str, fragment: int, offset: int, numel: int, total: int, n_values: int
+) -> None:
     msg = _chunk(kind, fragment, offset, numel, total, np.zeros(n_values, "<f4"))
     with pytest.raises(ProtocolError) as info:
         P.check_raw_fragment(msg, [4, 2])
@@ -334,8 +379,12 @@ def test_property_random_frames(frames: list[bytes]) -> None:
 
 
 @FAST
-@given(code=st.integers(0, 255), count=st.integers(0, 3), body=st.binary(max_size=80),
-       payloads=st.lists(st.binary(max_size=8), max_size=3))
+@given(
+    code=st.integers(0, 255),
+    count=st.integers(0, 3),
+    body=st.binary(max_size=80),
+    payloads=st.lists(st.binary(max_size=8), max_size=3),
+)
 def test_property_random_bodies_after_a_valid_prefix(code: int, count: int, body: bytes, payloads: list[bytes]) -> None:
     header = _raw_header(code, count, body, [len(p) for p in payloads][:count] + [0] * max(0, count - len(payloads)))
     _decode_only_protocol_errors([header, *payloads])
@@ -348,7 +397,9 @@ def test_property_random_bodies_after_a_valid_prefix(code: int, count: int, body
     cut=st.one_of(st.none(), st.integers(0, 10_000)),
     frame_ops=st.sampled_from(["keep", "drop_last", "add", "duplicate_header"]),
 )
-def test_property_mutated_valid_frames(kind: str, edits: list[tuple[int, int]], cut: int | None, frame_ops: str) -> None:
+def test_property_mutated_valid_frames(
+    kind: str, edits: list[tuple[int, int]], cut: int | None, frame_ops: str
+) -> None:
     frames = _frames(kind)
     header = bytearray(frames[0])
     for pos, value in edits:
@@ -366,10 +417,22 @@ def test_property_mutated_valid_frames(kind: str, edits: list[tuple[int, int]], 
 
 
 @FAST
-@given(meta=st.dictionaries(st.text(max_size=12), st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
-    max_leaves=10), max_size=6), kind=st.sampled_from(sorted(P.SCHEMAS)))
+@given(
+    meta=st.dictionaries(
+        st.text(max_size=12),
+        st.recursive(
+            st.none()
+            | st.booleans()
+            | st.integers()
+            | st.floats(allow_nan=False, allow_infinity=False)
+            | st.text(max_size=8),
+            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+            max_leaves=10,
+        ),
+        max_size=6,
+    ),
+    kind=st.sampled_from(sorted(P.SCHEMAS)),
+)
 def test_property_arbitrary_json_metadata(meta: dict, kind: str) -> None:
     body = json.dumps(meta).encode()
     payloads = VALID[kind][1]

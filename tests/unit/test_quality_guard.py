@@ -20,19 +20,19 @@ from workload import WorkloadContext, build_workload
 
 def test_the_judge_flags_a_rise_above_the_recent_best_and_non_finite_scores() -> None:
     g = QualityGuard(0.1)
-    assert g.judge(5.0).good and g.judge(5.0).reference is None          # nothing to compare with yet
+    assert g.judge(5.0).good and g.judge(5.0).reference is None  # nothing to compare with yet
     g.history.extend([3.0, 2.8, 2.9])
     assert g.judge(3.0).good and g.judge(2.8 * 1.1 - 1e-9).good
     bad = g.judge(3.2)
     assert not bad.good and bad.reference == 2.8 and math.isclose(bad.rise, 3.2 / 2.8 - 1)
     assert not g.judge(float("nan")).good and not g.judge(float("inf")).good
-    assert QualityGuard(0.0).judge(100.0).good                            # 0: off (finite scores pass)
+    assert QualityGuard(0.0).judge(100.0).good  # 0: off (finite scores pass)
 
 
 def test_a_stale_result_is_ignored_and_good_scores_become_the_reference() -> None:
     g = QualityGuard(0.1)
     g.offer(Snapshot(1, 10, [1], [torch.zeros(2)], 0.0))
-    assert g.record(2, 1.0, 1.0) is None and g.pending is not None       # not the pending one
+    assert g.record(2, 1.0, 1.0) is None and g.pending is not None  # not the pending one
     verdict, snap = g.record(1, 2.5, 1.0)
     assert verdict.good and g.last_good is snap and list(g.history) == [2.5] and g.last["loss"] == 2.5
 
@@ -52,12 +52,12 @@ def test_a_flagged_score_rolls_the_global_model_back_and_every_learner_refetches
     h.join_all()
     core = h.core
     good = quality.take_snapshot(core, 1.0)
-    assert good is not None and quality.take_snapshot(core, 1.0) is None   # one at a time
+    assert good is not None and quality.take_snapshot(core, 1.0) is None  # one at a time
     assert quality.apply_score(core, good.tag, 2.0, 1.5, Outbox()).good
-    now = _trained(h, 3, 2.0)                                             # the model moves on
+    now = _trained(h, 3, 2.0)  # the model moves on
     assert not torch.equal(core.model.theta[0], good.theta[0])
     versions = list(core.model.versions)
-    h.push("a", 1, h.delta(1, 9), now=now, c_steps=8, c_tokens=128)      # an open round, not merged
+    h.push("a", 1, h.delta(1, 9), now=now, c_steps=8, c_tokens=128)  # an open round, not merged
     bad = quality.take_snapshot(core, now)
     out = Outbox()
     verdict = quality.apply_score(core, bad.tag, 2.5, now, out)
@@ -67,12 +67,12 @@ def test_a_flagged_score_rolls_the_global_model_back_and_every_learner_refetches
         assert not core.model.momentum[p].any() and not core.model.residual[p].any()
     assert core.model.versions == [v + 1 for v in versions]
     assert not core.rounds and core.counters["rollbacks"] == 1 and core.checkpoint_due()
-    (to, resync), = sent_of(out, "resync")
+    ((to, resync),) = sent_of(out, "resync")
     assert sorted(to) == ["a", "b", "c"] and resync["fragment"] == -1
     (event,) = events_of(out, "quality_guard")
     assert "2.5" in event["detail"] and "+25%" in event["detail"] and "rolled back" in event["detail"]
     assert [m["good"] for m in out.metrics if m["kind"] == "global_eval"] == [False]
-    assert quality.take_snapshot(core, now) is not None                   # the restored state is scored at once
+    assert quality.take_snapshot(core, now) is not None  # the restored state is scored at once
 
 
 def test_without_a_good_state_a_flag_is_an_event_and_nothing_is_rolled_back() -> None:
@@ -93,8 +93,10 @@ def test_the_guard_history_and_the_clip_norms_survive_a_checkpoint() -> None:
     fresh = Harness(make_settings(quorum=2, global_eval_every=1))
     checkpoint.restore(fresh.core, state, 11.0)
     assert list(fresh.core.guard.history) == [2.0, 1.9]
-    assert {p: list(d) for p, d in fresh.core._norm_history.items()} == {p: list(d) for p, d in h.core._norm_history.items()}
-    assert not fresh.core.guard.judge(2.2).good                           # judged against the history it had
+    assert {p: list(d) for p, d in fresh.core._norm_history.items()} == {
+        p: list(d) for p, d in h.core._norm_history.items()
+    }
+    assert not fresh.core.guard.judge(2.2).good  # judged against the history it had
 
 
 def test_the_evaluator_scores_a_snapshot_as_a_learner_scores_the_same_weights() -> None:
@@ -144,15 +146,16 @@ class _Scorer:
 
 def test_a_checkpoint_holds_the_scored_state_and_is_written_only_when_its_score_is_good() -> None:
     from syncer.evaluator import Scoring
+
     h = Harness(make_settings(quorum=2, global_eval_every=1000, quality_guard=0.1))
     h.join_all()
     scoring = Scoring(_Scorer([2.0, 3.0, 2.0]))  # type: ignore[arg-type]
-    assert scoring.tick(h.core, 1.0, Outbox(), checkpoint=True) is None          # taken, not yet scored
+    assert scoring.tick(h.core, 1.0, Outbox(), checkpoint=True) is None  # taken, not yet scored
     versions = list(h.core.model.versions)
     theta = h.core.model.theta[0].clone()
-    now = _trained(h, 2, 2.0)                                                    # merges go on meanwhile
+    now = _trained(h, 2, 2.0)  # merges go on meanwhile
     state = scoring.tick(h.core, now, Outbox())
-    assert state is not None and state["versions"] == versions                  # the state that was scored
+    assert state is not None and state["versions"] == versions  # the state that was scored
     torch.testing.assert_close(state["theta"][0], theta, rtol=0, atol=0)
     assert not torch.equal(state["theta"][0], h.core.model.theta[0])
     # a flagged score: nothing to write, the model rolled back (and due to be checkpointed again)
@@ -169,6 +172,7 @@ def test_a_checkpoint_waits_for_its_score_only_so_long() -> None:
         def submit(self, snap: Snapshot) -> bool:
             self.busy = True
             return True
+
     h = Harness(make_settings(quorum=2))
     h.join_all()
     scoring = Scoring(Stuck([]))  # type: ignore[arg-type]

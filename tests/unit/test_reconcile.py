@@ -65,8 +65,13 @@ def test_finished_and_refused_learners_are_not_restarted() -> None:
     started(a, {"pid": 1, "start_ticks": 1}, 0.0)
     started(b, {"pid": 2, "start_ticks": 2}, 0.0)
     st = state(**{"learner-0": a, "learner-1": b})
-    actions, events = decide(st, {"learner-0": Observation(False, "finished"),
-                                  "learner-1": Observation(False, "refused: model mismatch")}, 50.0, 2.0, 60.0)
+    actions, events = decide(
+        st,
+        {"learner-0": Observation(False, "finished"), "learner-1": Observation(False, "refused: model mismatch")},
+        50.0,
+        2.0,
+        60.0,
+    )
     assert (a["status"], b["status"]) == ("finished", "stopped") and actions == []
     assert [k for k, _, _ in events] == ["finished", "refused"]
     assert decide(st, {}, 1000.0, 2.0, 60.0)[0] == []
@@ -85,9 +90,11 @@ def test_unreachable_host_is_marked_once_and_recovers() -> None:
 
 def test_expired_faults_are_undone_and_kills_are_not() -> None:
     st = state()
-    st["faults"] = [{"id": "1", "kind": "pause", "target": "learner-0", "until": 5.0},
-                    {"id": "2", "kind": "slow", "target": "learner-1", "until": 50.0},
-                    {"id": "3", "kind": "kill", "target": "learner-2", "until": 1.0}]
+    st["faults"] = [
+        {"id": "1", "kind": "pause", "target": "learner-0", "until": 5.0},
+        {"id": "2", "kind": "slow", "target": "learner-1", "until": 50.0},
+        {"id": "3", "kind": "kill", "target": "learner-2", "until": 1.0},
+    ]
     actions, _ = decide(st, {}, 10.0, 2.0, 60.0)
     assert [(a.kind, a.fault["id"]) for a in actions] == [("undo", "1")]
 

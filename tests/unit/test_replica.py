@@ -57,13 +57,13 @@ def test_chunked_transfer_learns_the_version_then_fills_the_window() -> None:
     r = Replica([10, 5])
     r.refetch_all()
     assert r.requests(0.0, chunk=4, window=3) == [(0, 0, -1), (1, 0, -1)]  # first chunks: "current"
-    assert r.requests(0.0, chunk=4, window=3) == []                        # waiting for the version
+    assert r.requests(0.0, chunk=4, window=3) == []  # waiting for the version
     syncer = FakeSyncer([10, 5], chunk=4)
     syncer.versions = [7, 2]
     assert r.on_state(*syncer.state(0, 0)) is False
-    assert r.requests(0.0, chunk=4, window=3) == [(0, 4, 7), (0, 8, 7)]    # pinned to version 7
-    assert r.on_state(*syncer.state(0, 8)) is False                        # out of order is fine
-    assert r.on_state(*syncer.state(0, 4)) is True                         # fragment 0 complete
+    assert r.requests(0.0, chunk=4, window=3) == [(0, 4, 7), (0, 8, 7)]  # pinned to version 7
+    assert r.on_state(*syncer.state(0, 8)) is False  # out of order is fine
+    assert r.on_state(*syncer.state(0, 4)) is True  # fragment 0 complete
     assert torch.equal(r.latest[0], syncer.theta[0]) and r.versions[0] == 7
     assert not r.complete()
     assert r.on_state(*syncer.state(1, 0)) is False
@@ -82,7 +82,7 @@ def test_lost_chunk_is_requested_again_after_the_timeout() -> None:
     syncer = FakeSyncer([8], chunk=4)
     r.on_state(*syncer.state(0, 0))
     assert r.requests(11.0, chunk=4, window=4, timeout=10.0) == [(0, 4, 0)]
-    assert r.on_state(*syncer.state(0, 0)) is False                # a duplicate answer is ignored
+    assert r.on_state(*syncer.state(0, 0)) is False  # a duplicate answer is ignored
     assert r.requests(30.0, chunk=4, window=4, timeout=10.0) == [(0, 4, 0)]  # lost: asked again, pinned
     assert r.on_state(*syncer.state(0, 4)) is True
     assert torch.equal(r.latest[0], syncer.theta[0])
@@ -93,7 +93,7 @@ def test_unwanted_chunks_are_ignored() -> None:
     syncer = FakeSyncer([8], chunk=4)
     assert r.on_state(*syncer.state(0, 0)) is False  # no fetch running
     r.refetch(0)
-    r.requests(0.0, chunk=4, window=1)               # only offset 0 in flight
+    r.requests(0.0, chunk=4, window=1)  # only offset 0 in flight
     assert r.on_state(*syncer.state(0, 4)) is False  # not requested
     assert r.fetches[0].received == 0
 
@@ -103,15 +103,15 @@ def test_version_gone_mid_transfer_restarts_the_fragment_keeping_buffered_update
     r.refetch(0)
     syncer = FakeSyncer([12], chunk=4)
     r.requests(0.0, chunk=4, window=8)
-    r.on_state(*syncer.state(0, 0))                    # version 0
+    r.on_state(*syncer.state(0, 0))  # version 0
     r.requests(0.0, chunk=4, window=8)
     assert r.on_update(0, 0, 1, b"blob", None) == "buffered"
-    syncer.versions[0] = 1                             # a merge lands and version 0 is not kept
+    syncer.versions[0] = 1  # a merge lands and version 0 is not kept
     syncer.theta[0] = syncer.theta[0] + 1.0
-    assert r.on_state(*syncer.state(0, 4)) is False    # version 1 served: restart
+    assert r.on_state(*syncer.state(0, 4)) is False  # version 1 served: restart
     assert r.fetches[0].received == 0 and r.fetches[0].version is None
     assert len(r.fetches[0].pending) == 1
-    assert r.on_state(*syncer.state(0, 8)) is False    # the old request is gone too
+    assert r.on_state(*syncer.state(0, 8)) is False  # the old request is gone too
     assert r.latest[0] is None
 
 
@@ -127,7 +127,7 @@ def test_updates_during_a_transfer_are_replayed_on_top_of_it() -> None:
         r.on_state(*syncer.state(p, offset, version))
     assert r.on_update(0, 1, 2, codec.encode_quantized(q2), checksum(v2)) == "buffered"  # out of order
     assert r.on_update(0, 0, 1, codec.encode_quantized(q1), checksum(v1)) == "buffered"
-    _fetch_all(r, syncer)                               # completes at version 0, then replays 1 and 2
+    _fetch_all(r, syncer)  # completes at version 0, then replays 1 and 2
     assert r.versions[0] == 2 and torch.equal(r.latest[0], v2) and r.mismatches == 0
 
 
@@ -139,7 +139,7 @@ def test_refetch_restarts_a_transfer_in_progress() -> None:
     r.on_state(*syncer.state(0, 0))
     r.refetch(0)
     assert r.fetches[0].received == 0
-    assert r.on_state(*syncer.state(0, 4)) is False    # answer to the abandoned request
+    assert r.on_state(*syncer.state(0, 4)) is False  # answer to the abandoned request
     _fetch_all(r, syncer)
     assert torch.equal(r.latest[0], syncer.theta[0])
 
@@ -171,7 +171,7 @@ def test_update_applied_from_the_right_version_bit_exact() -> None:
 def test_stale_updates_are_ignored() -> None:
     r, values = _ready([16], [5])
     blob = codec.encode(torch.ones(16), "none")
-    assert r.on_update(0, 4, 5, blob) == "stale"         # already have version 5
+    assert r.on_update(0, 4, 5, blob) == "stale"  # already have version 5
     assert r.on_update(0, 3, 4, blob) == "stale"
     assert torch.equal(r.latest[0], values[0]) and r.versions[0] == 5
 
@@ -179,11 +179,11 @@ def test_stale_updates_are_ignored() -> None:
 def test_gap_schedules_a_refetch_and_later_updates_wait_for_it() -> None:
     r, values = _ready([16, 8], [5, 2])
     blob = codec.encode(torch.ones(16), "none")
-    assert r.on_update(0, 6, 7, blob) == "gap"           # missed version 6
+    assert r.on_update(0, 6, 7, blob) == "gap"  # missed version 6
     assert 0 in r.fetches and r.versions[0] == 5
-    assert torch.equal(r.latest[0], values[0])           # nothing applied
-    assert r.on_update(0, 7, 8, blob) == "buffered"      # kept, replayed once the fetch is in
-    assert r.behind([9, 2]) == []                        # fragment 0 is being fetched already
+    assert torch.equal(r.latest[0], values[0])  # nothing applied
+    assert r.on_update(0, 7, 8, blob) == "buffered"  # kept, replayed once the fetch is in
+    assert r.behind([9, 2]) == []  # fragment 0 is being fetched already
     assert r.on_update(1, 2, 3, codec.encode(torch.ones(8), "none")) == "applied"
 
 
@@ -205,12 +205,12 @@ def test_behind() -> None:
     r, _ = _ready([4, 4, 4], [1, 2, 3])
     assert r.behind([1, 2, 3]) == []
     assert r.behind([2, 2, 5]) == [0, 2]
-    assert r.behind([0, 0, 0]) == []                     # the syncer is never "behind" us here
-    assert r.behind([9, 9]) == []                        # wrong length: ignored
+    assert r.behind([0, 0, 0]) == []  # the syncer is never "behind" us here
+    assert r.behind([9, 9]) == []  # wrong length: ignored
     r.refetch(1)
-    assert r.behind([1, 3, 3]) == []                     # being fetched
+    assert r.behind([1, 3, 3]) == []  # being fetched
     empty = Replica([4])
-    assert empty.behind([3]) == []                       # nothing to be behind with yet
+    assert empty.behind([3]) == []  # nothing to be behind with yet
 
 
 def test_transfer_then_updates_end_to_end() -> None:
@@ -263,7 +263,7 @@ def test_state_transfer_with_wrong_crc_is_fetched_again() -> None:
     r.refetch(0)
     _fetch_all_crc(r, syncer, checksum(syncer.theta[0]) ^ 1, rounds=2)
     assert r.mismatches == 1 and r.latest[0] is None
-    assert 0 in r.fetches and r.fetches[0].received == 0   # starts over
+    assert 0 in r.fetches and r.fetches[0].received == 0  # starts over
     _fetch_all_crc(r, syncer, checksum(syncer.theta[0]))
     assert r.complete() and torch.equal(r.latest[0], syncer.theta[0])
 
@@ -277,5 +277,5 @@ def test_update_crc_match_and_mismatch() -> None:
     assert r.crcs[0] == checksum(theta) and r.mismatches == 0
     q2 = codec.quantize(torch.ones(64), "int4", 16)
     assert r.on_update(0, 1, 2, codec.encode_quantized(q2), crc=checksum(theta)) == "mismatch"
-    assert r.mismatches == 1 and 0 in r.fetches            # never trained on: refetched
-    assert r.on_update(0, 2, 3, blob) == "buffered"         # waits for the fetch
+    assert r.mismatches == 1 and 0 in r.fetches  # never trained on: refetched
+    assert r.on_update(0, 2, 3, blob) == "buffered"  # waits for the fetch

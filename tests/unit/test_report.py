@@ -33,7 +33,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], str]:
 
 def test_writes_every_plot_as_png(report: tuple[list[Path], str]) -> None:
     paths, _ = report
-    assert [p.name for p in paths] == list(PLOTS) + ["summary.md"]
+    assert [p.name for p in paths] == [*list(PLOTS), "summary.md"]
     for path in paths[:-1]:
         data = path.read_bytes()
         assert data.startswith(PNG_MAGIC), path
@@ -91,8 +91,9 @@ def test_no_metrics_yet_is_a_run_error(tmp_path: Path) -> None:
 
 
 def test_sparse_run_still_plots(tmp_path: Path) -> None:
-    (tmp_path / "metrics.jsonl").write_text(json.dumps(
-        {"t": 10.0, "kind": "sample", "goodput": 0.0, "loss_train": None, "learners": {}}) + "\n")
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"t": 10.0, "kind": "sample", "goodput": 0.0, "loss_train": None, "learners": {}}) + "\n"
+    )
     paths = build_report(tmp_path, tmp_path / "out")
     assert all(p.read_bytes().startswith(PNG_MAGIC) for p in paths[:-1])
     assert "No events recorded." in paths[-1].read_text()

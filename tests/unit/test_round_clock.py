@@ -15,33 +15,33 @@ from tests.unit.coreharness import Harness, events_of, make_settings, rounds_of,
 
 def test_the_clock_calls_each_fragment_every_H_fleet_steps_staggered_by_H_over_P() -> None:
     clock = RoundClock(H=8, fragments=4)
-    calls: list[tuple[int, int]] = []   # (tick, fragment)
-    for tick in range(0, 41):           # half a step a tick (exact in binary): 20 fleet steps
+    calls: list[tuple[int, int]] = []  # (tick, fragment)
+    for tick in range(41):  # half a step a tick (exact in binary): 20 fleet steps
         for p in clock.advance(tick * 0.25, [0.5, 0.5, 0.5]):
             calls.append((tick, p))
     # fragment p at phase (p + 1) * 2 + 8k: ticks 4, 8, 12, 16, then again 8 steps (16 ticks) later
     assert calls[:6] == [(4, 0), (8, 1), (12, 2), (16, 3), (20, 0), (24, 1)]
-    assert [p for _, p in calls].count(0) == 3   # phases 2, 10, 18 within 20 steps
+    assert [p for _, p in calls].count(0) == 3  # phases 2, 10, 18 within 20 steps
 
 
 def test_the_clock_runs_at_the_median_step_time_and_stands_still_without_learners() -> None:
     clock = RoundClock(H=4, fragments=1)
     assert clock.advance(0.0, [0.1, 0.1, 10.0]) == []
-    assert clock.advance(0.39, [0.1, 0.1, 10.0]) == []      # 3.9 steps of the median learner
+    assert clock.advance(0.39, [0.1, 0.1, 10.0]) == []  # 3.9 steps of the median learner
     assert clock.advance(0.41, [0.1, 0.1, 10.0]) == [0]
-    assert clock.advance(5.0, []) == []                      # nobody training: no phase, no call
+    assert clock.advance(5.0, []) == []  # nobody training: no phase, no call
     assert clock.phase == pytest.approx(4.1)
-    assert clock.advance(5.1, [0.1]) == []                   # resumes from where it stood
+    assert clock.advance(5.1, [0.1]) == []  # resumes from where it stood
     # a long gap calls each fragment once, not once per period missed
     assert clock.advance(50.0, [0.1]) == [0]
 
 
 def test_the_window_is_tau_fleet_steps_with_gamma_as_margin() -> None:
     clock = RoundClock(H=8, fragments=2)
-    assert clock.window(tau=2, gamma=0.5) == LINK_S             # no step time known yet
+    assert clock.window(tau=2, gamma=0.5) == LINK_S  # no step time known yet
     clock.advance(0.0, [0.1, 0.1, 5.0])
     assert clock.window(tau=2, gamma=0.5) == pytest.approx(1.5 * 2 * 0.1 + LINK_S)
-    assert clock.steps_per_period(0.2) == pytest.approx(4.0)   # half the fleet's speed: H/2 steps
+    assert clock.steps_per_period(0.2) == pytest.approx(4.0)  # half the fleet's speed: H/2 steps
 
 
 def test_a_learners_seconds_per_step_are_measured_from_its_heartbeats() -> None:
@@ -51,16 +51,25 @@ def test_a_learners_seconds_per_step_are_measured_from_its_heartbeats() -> None:
     for i, now in enumerate((1.0, 2.0, 3.0, 4.0)):
         h.send("a", Message("heartbeat", {"step": 50 * i, "tokens": 0, "state": "running", "step_time": 0.01}), now)
     info = h.core.fleet.learners["a"]
-    assert info.seconds_per_step() == pytest.approx(0.02)       # 50 steps a second, not 100
+    assert info.seconds_per_step() == pytest.approx(0.02)  # 50 steps a second, not 100
     h.send("a", Message("heartbeat", {"step": 3, "tokens": 0, "state": "running", "step_time": 0.01}), 5.0)
     h.send("a", Message("heartbeat", {"step": 103, "tokens": 0, "state": "running", "step_time": 0.01}), 7.0)
-    assert info.seconds_per_step() == pytest.approx(0.02)       # measured again after the counter restarted
+    assert info.seconds_per_step() == pytest.approx(0.02)  # measured again after the counter restarted
 
 
 def _fleet(**changes: object) -> Harness:
     """Three learners a, b, c at 10 ms a step, live and training, on the syncer's clock."""
-    settings: dict[str, object] = {"round_clock": "syncer", "quorum": 1, "H": 8, "fragments": 2, "compression": "none",
-                                   "merge": "mean", "outer_lr": 1.0, "outer_momentum": 0.0, **changes}
+    settings: dict[str, object] = {
+        "round_clock": "syncer",
+        "quorum": 1,
+        "H": 8,
+        "fragments": 2,
+        "compression": "none",
+        "merge": "mean",
+        "outer_lr": 1.0,
+        "outer_momentum": 0.0,
+        **changes,
+    }
     h = Harness(make_settings(**settings))
     h.join_all()
     for lid in ("a", "b", "c"):
@@ -79,7 +88,7 @@ def _call_fragment(h: Harness, p: int, start: float) -> float:
         now += 0.001
         calls = sent_of(h.tick(now), "call")
         if any(m["fragment"] == p for _, m in calls):
-            assert calls[0][0] == ["a", "b", "c"]   # every connected learner is called at once
+            assert calls[0][0] == ["a", "b", "c"]  # every connected learner is called at once
             return now
     raise AssertionError(f"fragment {p} was never called")
 
@@ -87,19 +96,19 @@ def _call_fragment(h: Harness, p: int, start: float) -> float:
 def test_a_push_before_the_call_waits_for_the_fleet_instead_of_closing_alone() -> None:
     h = _fleet()
     h.tick(1.0)
-    h.push("a", 0, h.delta(0, 1), now=1.001, c_steps=2, c_tokens=32, step_time=0.01)   # quorum 1 is met
+    h.push("a", 0, h.delta(0, 1), now=1.001, c_steps=2, c_tokens=32, step_time=0.01)  # quorum 1 is met
     assert not rounds_of(h.tick(1.002))
     called = _call_fragment(h, 0, 1.002)
     assert not any(rounds_of(o) for o in h.outs)
     h.push("b", 0, h.delta(0, 2), now=called + 0.005, c_steps=8, c_tokens=128, step_time=0.01)
-    assert not rounds_of(h.tick(called + 0.006))            # c is live and inside the window
+    assert not rounds_of(h.tick(called + 0.006))  # c is live and inside the window
     h.push("c", 0, h.delta(0, 3), now=called + 0.01, c_steps=8, c_tokens=128, step_time=0.01)
     # a's early push is no answer to this call: the round waits for a's answer (or its window)
     assert not rounds_of(h.tick(called + 0.011))
     h.push("a", 0, h.delta(0, 4), now=called + 0.012, c_steps=6, c_tokens=96, step_time=0.01)
-    (record,) = rounds_of(h.tick(called + 0.013))            # every live learner answered: closes at once
+    (record,) = rounds_of(h.tick(called + 0.013))  # every live learner answered: closes at once
     assert record["contributors"] == ["a", "b", "c"]
-    assert record["tokens"] == 32 + 128 + 128 + 96           # a's early push and its answer, summed
+    assert record["tokens"] == 32 + 128 + 128 + 96  # a's early push and its answer, summed
 
 
 def test_a_round_holding_only_early_work_waits_for_the_answers_to_its_call() -> None:
@@ -115,8 +124,8 @@ def test_a_round_holding_only_early_work_waits_for_the_answers_to_its_call() -> 
     for i, lid in enumerate(("a", "b", "c")):
         h.push(lid, 0, h.delta(0, 2), now=called + 0.005 + 0.001 * i, c_steps=8, c_tokens=128, step_time=0.01)
     (record,) = rounds_of(h.tick(called + 0.009))
-    assert record["tokens"] == 3 * (32 + 128)                # the answers made it into their own round
-    assert 0 not in h.core.rounds                            # nothing left a period behind
+    assert record["tokens"] == 3 * (32 + 128)  # the answers made it into their own round
+    assert 0 not in h.core.rounds  # nothing left a period behind
 
 
 def test_a_called_round_closes_at_its_window_without_the_straggler_whose_push_waits_for_the_next() -> None:
@@ -130,7 +139,7 @@ def test_a_called_round_closes_at_its_window_without_the_straggler_whose_push_wa
     assert not rounds_of(h.tick(deadline - 0.001))
     (record,) = rounds_of(h.tick(deadline + 0.001))
     assert record["contributors"] == ["a", "b"]
-    h.push("c", 0, h.delta(0, 3), now=deadline + 0.002, step_time=0.01)   # late: kept, not a round
+    h.push("c", 0, h.delta(0, 3), now=deadline + 0.002, step_time=0.01)  # late: kept, not a round
     assert not rounds_of(h.tick(deadline + 0.003))
     assert h.core.rounds[0].contributions.keys() == {"c"}
 
@@ -141,9 +150,9 @@ def test_a_call_nobody_answered_is_made_again_at_the_fragments_next_turn() -> No
     h = _fleet()
     first = _call_fragment(h, 0, 1.0)
     assert h.core.rounds[0].called_at == pytest.approx(first)
-    second = _call_fragment(h, 0, first)                     # nobody answered: called again, a period on
+    second = _call_fragment(h, 0, first)  # nobody answered: called again, a period on
     assert second - first == pytest.approx(0.08, abs=0.002)
-    assert h.core.rounds[0].deadline == pytest.approx(second + 1.5 * 2 * 0.01 + LINK_S)   # a fresh window
+    assert h.core.rounds[0].deadline == pytest.approx(second + 1.5 * 2 * 0.01 + LINK_S)  # a fresh window
     assert h.core.counters["recalls"] == 1
     h.push("a", 0, h.delta(0, 1), now=second + 0.001, step_time=0.01)
     (record,) = rounds_of(h.tick(h.core.rounds[0].deadline + 0.001))
@@ -153,7 +162,7 @@ def test_a_call_nobody_answered_is_made_again_at_the_fragments_next_turn() -> No
 def test_a_call_made_again_goes_only_to_those_not_in_the_round() -> None:
     h = _fleet(quorum=2)
     first = _call_fragment(h, 0, 1.0)
-    h.push("a", 0, h.delta(0, 1), now=first + 0.001, step_time=0.01)   # below quorum 2: stays open
+    h.push("a", 0, h.delta(0, 1), now=first + 0.001, step_time=0.01)  # below quorum 2: stays open
     now = first + 0.002
     while now < first + 1.0:
         now += 0.001
@@ -171,7 +180,7 @@ def test_on_the_syncer_clock_a_partial_round_is_not_shrunk_by_fleet_scale() -> N
     d = h.delta(0, 1)
     h.push("a", 0, d, now=called + 0.001, c_steps=8, c_tokens=128, step_time=0.01)
     h.tick(h.core.rounds[0].deadline + 0.001)
-    torch.testing.assert_close(h.core.model.theta[0], theta0 - d, rtol=0, atol=1e-7)   # one whole outer step
+    torch.testing.assert_close(h.core.model.theta[0], theta0 - d, rtol=0, atol=1e-7)  # one whole outer step
 
 
 def _backlog_of_40_periods(**changes: object) -> tuple[Harness, torch.Tensor, torch.Tensor, Outbox]:
@@ -193,14 +202,14 @@ def test_a_backlog_of_many_periods_counts_as_max_backlog_periods_and_carries_max
     (event,) = events_of(out, "backlog")
     assert event["target"] == "a" and "320 steps" in event["detail"] and "16 counted now" in event["detail"]
     assert "16 carried to the next rounds, 288 dropped" in event["detail"]
-    assert h.core.fleet.learners["a"].merged_tokens == pytest.approx(16 * 16 / 2)   # 16 steps over P = 2
+    assert h.core.fleet.learners["a"].merged_tokens == pytest.approx(16 * 16 / 2)  # 16 steps over P = 2
     assert h.core.counters["backlog_capped"] == 1 and h.core.counters["backlog_dropped_steps"] == 288
     rest = h.core.rounds[0].contributions["a"]
     assert (rest.c_steps, rest.c_tokens) == (16, 16 * 16)
     torch.testing.assert_close(codec.dequantize(rest.delta), d * (16 / 320), rtol=0, atol=1e-7)
     drained = Outbox()
     assert h.core.flush(10.0, drained) == 1
-    assert not events_of(drained, "backlog") and 0 not in h.core.rounds   # absorbed: nothing left
+    assert not events_of(drained, "backlog") and 0 not in h.core.rounds  # absorbed: nothing left
     assert h.core.fleet.learners["a"].merged_tokens == pytest.approx(2 * 16 * 16 / 2)
     torch.testing.assert_close(h.core.model.theta[0], theta0 - d * (32 / 320), rtol=0, atol=1e-6)
 
@@ -213,8 +222,8 @@ def test_with_max_carry_minus_one_the_whole_backlog_waits_for_the_next_rounds() 
     assert (rest.c_steps, rest.c_tokens) == (304, 304 * 16)
     torch.testing.assert_close(codec.dequantize(rest.delta), d * (304 / 320), rtol=0, atol=1e-7)
     drained = Outbox()
-    assert h.core.flush(10.0, drained) == 1    # down closes each round once: no burst of the whole backlog
-    assert not events_of(drained, "backlog")   # one event per backlog, not one per round that absorbs it
+    assert h.core.flush(10.0, drained) == 1  # down closes each round once: no burst of the whole backlog
+    assert not events_of(drained, "backlog")  # one event per backlog, not one per round that absorbs it
     torch.testing.assert_close(h.core.model.theta[0], theta0 - d * (32 / 320), rtol=0, atol=1e-6)
 
 

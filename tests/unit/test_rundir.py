@@ -22,7 +22,7 @@ def make_run(name: str, *, live: bool, mtime: float) -> rundir.RunDir:
     """A run directory whose supervisor is this test process (live) or a pid that is not running."""
     run = rundir.create(name)
     me = read_stat(os.getpid())
-    sup = {"pid": os.getpid(), "start_ticks": me.start_ticks} if live else {"pid": 2 ** 22 + 17, "start_ticks": 1}
+    sup = {"pid": os.getpid(), "start_ticks": me.start_ticks} if live else {"pid": 2**22 + 17, "start_ticks": 1}
     with run.locked():
         run.write_state({"status": "up", "supervisor": sup, "procs": {}})
     os.utime(run.state_file, (mtime, mtime))

@@ -76,15 +76,15 @@ def test_suggest() -> None:
 @pytest.mark.parametrize(
     ("key", "value"),
     [
-        ("H", "64"),             # str for int
-        ("H", 64.0),             # float for int
-        ("H", True),             # bool is not an int here
+        ("H", "64"),  # str for int
+        ("H", 64.0),  # float for int
+        ("H", True),  # bool is not an int here
         ("quorum", False),
-        ("outer_lr", "0.7"),     # str for float
-        ("outer_lr", True),      # bool is not a float either
-        ("fleet_scale", 1),      # int for bool
-        ("compression", 4),      # int for str
-        ("name", None),          # None where not Optional
+        ("outer_lr", "0.7"),  # str for float
+        ("outer_lr", True),  # bool is not a float either
+        ("fleet_scale", 1),  # int for bool
+        ("compression", 4),  # int for str
+        ("name", None),  # None where not Optional
         ("insecure", "yes"),
     ],
 )
@@ -208,8 +208,18 @@ def test_every_compression_and_merge_name_is_valid(compression: str, merge: str)
 
 
 def test_edge_values_that_are_valid() -> None:
-    dataclasses.replace(RunSettings(), quorum=1, tau=0, grace_gamma=0.0, alpha=0.0, block=8,
-                        outer_momentum=0.0, robust_clip=0.0, steps=0, duration=0.0).validate()
+    dataclasses.replace(
+        RunSettings(),
+        quorum=1,
+        tau=0,
+        grace_gamma=0.0,
+        alpha=0.0,
+        block=8,
+        outer_momentum=0.0,
+        robust_clip=0.0,
+        steps=0,
+        duration=0.0,
+    ).validate()
 
 
 def test_settings_from_dict_validates() -> None:
@@ -228,6 +238,7 @@ def test_to_dict_round_trips() -> None:
 
 def test_risky_combinations_are_named_and_the_defaults_have_none() -> None:
     from syncer.settings import RunSettings as RS
+
     assert RS().risks(4) == []
     assert any("Nesterov" in r for r in RS(outer_lr=0.7, outer_momentum=0.9, H=16).risks(4))
     assert RS(outer_lr=0.7, outer_momentum=0.9, H=64).risks(4) == []

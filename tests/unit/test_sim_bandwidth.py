@@ -75,11 +75,9 @@ def test_required_link_gives_exactly_the_target_utilization(u, params) -> None:
 
 
 def test_reduction_is_large_and_grows_with_h() -> None:
-    reductions = [link_report(LinkParams(params=12e9, step_time_s=1.0, H=h)).reduction
-                  for h in (16, 64, 256)]
+    reductions = [link_report(LinkParams(params=12e9, step_time_s=1.0, H=h)).reduction for h in (16, 64, 256)]
     assert reductions[0] < reductions[1] < reductions[2]
-    assert reductions[1] == pytest.approx(
-        (24 * 12 / (2 / 3 + 1 / 19)) / (12 * 1.0625 / (2 + 16 / 19)))
+    assert reductions[1] == pytest.approx((24 * 12 / (2 / 3 + 1 / 19)) / (12 * 1.0625 / (2 + 16 / 19)))
 
 
 def test_overlap_window_is_capped_by_the_next_fragment() -> None:
@@ -98,10 +96,9 @@ def test_no_overlap_and_full_utilization_is_unreachable() -> None:
 def test_more_sites_cost_data_parallel_more_per_link() -> None:
     two = data_parallel_transfer(LinkParams(params=1e9, step_time_s=1.0, sites=2))
     many = data_parallel_transfer(LinkParams(params=1e9, step_time_s=1.0, sites=64))
-    assert two.bits == pytest.approx(16e9)                 # ring factor 1
+    assert two.bits == pytest.approx(16e9)  # ring factor 1
     assert many.bits == pytest.approx(2 * 63 / 64 * 16e9)
-    assert diloco_transfer(LinkParams(params=1e9, step_time_s=1.0, sites=64)).bits == \
-        diloco_transfer(REF).bits
+    assert diloco_transfer(LinkParams(params=1e9, step_time_s=1.0, sites=64)).bits == diloco_transfer(REF).bits
 
 
 def test_effective_bits_and_syncer_ingress() -> None:
@@ -118,15 +115,18 @@ def test_json_has_no_infinity() -> None:
     assert d["reduction"] is None
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [
-    (dict(params=0), "params"),
-    (dict(step_time_s=0), "step_time_s"),
-    (dict(bits=3), "bits"),
-    (dict(fragments=128, H=64), "fragments"),
-    (dict(sites=1), "sites"),
-    (dict(utilization=1.5), "utilization"),
-    (dict(dp_overlap=-0.1), "dp_overlap"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        (dict(params=0), "params"),
+        (dict(step_time_s=0), "step_time_s"),
+        (dict(bits=3), "bits"),
+        (dict(fragments=128, H=64), "fragments"),
+        (dict(sites=1), "sites"),
+        (dict(utilization=1.5), "utilization"),
+        (dict(dp_overlap=-0.1), "dp_overlap"),
+    ],
+)
 def test_bad_parameters_name_their_field(kwargs, field) -> None:
     values = dict(params=1e9, step_time_s=1.0) | kwargs
     with pytest.raises(ParamError) as info:

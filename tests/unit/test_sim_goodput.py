@@ -12,6 +12,7 @@ Closed forms used (lambda = chips / MTBI, the unit's failure rate):
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -63,6 +64,7 @@ def mean_over_seeds(strategy: str, params: FleetParams, seeds: int = 5) -> tuple
 
 # --- hand-computed timelines -------------------------------------------------------------------
 
+
 def test_data_parallel_timeline_by_hand() -> None:
     # Failures at 1000 s and 5000 s, restart 600 s, checkpoints every 300 s of a run:
     # run 0..1000 keeps 900; run 1600..5000 (3400 s) keeps 3300; run 5600..10000 keeps all 4400.
@@ -100,6 +102,7 @@ def test_learner_smaller_than_failure_domain_stops_until_repaired() -> None:
 
 # --- closed forms --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("strategy", [DATA_PARALLEL, ELASTIC, DILOCO])
 def test_no_failures_goodput_and_uptime_are_one(strategy) -> None:
     p = FleetParams(chips=2_400_000, learners=16, mtbi_s=math.inf)
@@ -108,7 +111,7 @@ def test_no_failures_goodput_and_uptime_are_one(strategy) -> None:
 
 
 def test_poisson_counts_match_their_mean() -> None:
-    rate, horizon = 0.05, 1000.0     # mean 50 failures per run
+    rate, horizon = 0.05, 1000.0  # mean 50 failures per run
     counts = []
     rng = np.random.default_rng(123)
     for _ in range(2000):
@@ -130,25 +133,30 @@ def test_poisson_gaps_are_exponential() -> None:
 
 def test_data_parallel_matches_renewal_closed_form() -> None:
     lam, restart, ckpt = 1 / 3600, 600.0, 900.0
-    p = FleetParams(chips=1000, mtbi_s=1000 / lam, restart_s=restart, checkpoint_every_s=ckpt,
-                    horizon_s=2000 * 3600.0)
+    p = FleetParams(chips=1000, mtbi_s=1000 / lam, restart_s=restart, checkpoint_every_s=ckpt, horizon_s=2000 * 3600.0)
     expected = lam * math.exp(-lam * restart) * ckpt * math.exp(-lam * ckpt) / (1 - math.exp(-lam * ckpt))
     goodput, _ = mean_over_seeds(DATA_PARALLEL, p, seeds=4)
     assert goodput == pytest.approx(expected, abs=0.01)
 
 
 def test_data_parallel_fine_checkpoints_give_exp_minus_lambda_r() -> None:
-    lam, restart = 1 / 1800, 1800.0    # lambda * R = 1: e^-1 of the time is kept
-    p = FleetParams(chips=500, mtbi_s=500 / lam, restart_s=restart, checkpoint_every_s=1e-3,
-                    horizon_s=4000 * 3600.0)
+    lam, restart = 1 / 1800, 1800.0  # lambda * R = 1: e^-1 of the time is kept
+    p = FleetParams(chips=500, mtbi_s=500 / lam, restart_s=restart, checkpoint_every_s=1e-3, horizon_s=4000 * 3600.0)
     goodput, _ = mean_over_seeds(DATA_PARALLEL, p, seeds=3)
     assert goodput == pytest.approx(math.exp(-1), abs=0.01)
 
 
 def test_elastic_matches_coverage_closed_form() -> None:
     n, lam, step, reconf, rec, dom = 10_000, 1 / 1000, 6.0, 20.0, 600.0, 128
-    p = FleetParams(chips=n, mtbi_s=n / lam, step_time_s=step, reconfig_s=reconf, recovery_s=rec,
-                    failure_domain=dom, horizon_s=500 * 3600.0)
+    p = FleetParams(
+        chips=n,
+        mtbi_s=n / lam,
+        step_time_s=step,
+        reconfig_s=reconf,
+        recovery_s=rec,
+        failure_domain=dom,
+        horizon_s=500 * 3600.0,
+    )
     uptime_cf = math.exp(-lam * (step / 2 + 2 * reconf))
     goodput_cf = uptime_cf * (1 - dom * lam * (rec - reconf) / n)
     goodput, uptime = mean_over_seeds(ELASTIC, p, seeds=4)
@@ -160,8 +168,16 @@ def test_elastic_matches_coverage_closed_form() -> None:
 def test_diloco_quorum_uptime_is_binomial(quorum) -> None:
     m, per_learner, lam = 4, 4096, 1 / 3000
     step, reconf = 6.0, 300.0
-    p = FleetParams(chips=m * per_learner, learners=m, quorum=quorum, mtbi_s=per_learner / lam,
-                    step_time_s=step, reconfig_s=reconf, recovery_s=1200.0, horizon_s=300 * 3600.0)
+    p = FleetParams(
+        chips=m * per_learner,
+        learners=m,
+        quorum=quorum,
+        mtbi_s=per_learner / lam,
+        step_time_s=step,
+        reconfig_s=reconf,
+        recovery_s=1200.0,
+        horizon_s=300 * 3600.0,
+    )
     up = math.exp(-lam * (step / 2 + 2 * reconf))
     expected = sum(math.comb(m, k) * up**k * (1 - up) ** (m - k) for k in range(quorum, m + 1))
     _, uptime = mean_over_seeds(DILOCO, p, seeds=3)
@@ -177,6 +193,7 @@ def test_quorum_changes_uptime_not_goodput() -> None:
 
 
 # --- relations between strategies ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("chips", [1000, 150_000, 1_200_000])
 def test_one_learner_is_elastic_data_parallel_on_the_same_chips(chips) -> None:
@@ -195,21 +212,25 @@ def test_m_learners_on_n_chips_behave_like_one_elastic_job_on_n_over_m() -> None
     assert g_diloco == pytest.approx(g_small, abs=0.015)
 
 
-@pytest.mark.parametrize(("strategy", "chips"), [
-    (DATA_PARALLEL, [1_000, 4_000, 16_000, 64_000]),
-    (ELASTIC, [75_000, 150_000, 300_000, 600_000, 1_200_000]),
-    (DILOCO, [150_000, 300_000, 600_000, 1_200_000, 2_400_000]),
-])
+@pytest.mark.parametrize(
+    ("strategy", "chips"),
+    [
+        (DATA_PARALLEL, [1_000, 4_000, 16_000, 64_000]),
+        (ELASTIC, [75_000, 150_000, 300_000, 600_000, 1_200_000]),
+        (DILOCO, [150_000, 300_000, 600_000, 1_200_000, 2_400_000]),
+    ],
+)
 def test_goodput_falls_as_chips_rise(strategy, chips) -> None:
-    goodputs = [mean_over_seeds(strategy, FleetParams(chips=n, learners=8, horizon_s=12 * 3600.0))[0]
-                for n in chips]
-    assert all(a > b for a, b in zip(goodputs, goodputs[1:])), goodputs
+    goodputs = [mean_over_seeds(strategy, FleetParams(chips=n, learners=8, horizon_s=12 * 3600.0))[0] for n in chips]
+    assert all(a > b for a, b in itertools.pairwise(goodputs)), goodputs
 
 
 def test_more_learners_more_goodput_at_scale() -> None:
-    goodputs = [mean_over_seeds(DILOCO, FleetParams(chips=2_400_000, learners=m, horizon_s=6 * 3600.0))[0]
-                for m in (1, 2, 4, 8, 16)]
-    assert all(a < b for a, b in zip(goodputs, goodputs[1:])), goodputs
+    goodputs = [
+        mean_over_seeds(DILOCO, FleetParams(chips=2_400_000, learners=m, horizon_s=6 * 3600.0))[0]
+        for m in (1, 2, 4, 8, 16)
+    ]
+    assert all(a < b for a, b in itertools.pairwise(goodputs)), goodputs
     assert goodputs[-1] > 0.75 and goodputs[0] < 0.1
 
 
@@ -231,6 +252,7 @@ def test_expected_max_normal_close_to_exact_values() -> None:
 
 
 # --- Monte Carlo and sweep ---------------------------------------------------------------------
+
 
 def test_monte_carlo_is_deterministic_and_spread_is_ordered() -> None:
     p = FleetParams(chips=60_000, learners=4, horizon_s=6 * 3600.0)
@@ -265,22 +287,25 @@ def test_full_default_sweep_is_fast() -> None:
     import time
 
     start = time.perf_counter()
-    sweep(FleetParams(chips=1), [150_000, 300_000, 600_000, 1_200_000, 2_400_000],
-          [1, 2, 4, 8, 16], range(3))
+    sweep(FleetParams(chips=1), [150_000, 300_000, 600_000, 1_200_000, 2_400_000], [1, 2, 4, 8, 16], range(3))
     assert time.perf_counter() - start < 10.0
 
 
 # --- parameters, helpers -----------------------------------------------------------------------
 
-@pytest.mark.parametrize(("kwargs", "field"), [
-    (dict(chips=0), "chips"),
-    (dict(chips=10, learners=11), "learners"),
-    (dict(chips=10, learners=2, quorum=3), "quorum"),
-    (dict(chips=10, mtbi_s=0), "mtbi_s"),
-    (dict(chips=10, checkpoint_every_s=0), "checkpoint_every_s"),
-    (dict(chips=10, horizon_s=math.inf), "horizon_s"),
-    (dict(chips=10**12), "horizon_s"),
-])
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        (dict(chips=0), "chips"),
+        (dict(chips=10, learners=11), "learners"),
+        (dict(chips=10, learners=2, quorum=3), "quorum"),
+        (dict(chips=10, mtbi_s=0), "mtbi_s"),
+        (dict(chips=10, checkpoint_every_s=0), "checkpoint_every_s"),
+        (dict(chips=10, horizon_s=math.inf), "horizon_s"),
+        (dict(chips=10**12), "horizon_s"),
+    ],
+)
 def test_bad_parameters_name_their_field(kwargs, field) -> None:
     with pytest.raises(ParamError) as info:
         FleetParams(**kwargs)
@@ -319,8 +344,9 @@ def test_time_with_at_least_k_up() -> None:
     assert time_with_at_least(1, 2, downs_s, downs_e, 10.0) == pytest.approx(9.0)
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("30s", 30), ("5m", 300), ("1.5h", 5400),
-                                               ("1d", 86400), ("800ms", 0.8)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90", 90), ("30s", 30), ("5m", 300), ("1.5h", 5400), ("1d", 86400), ("800ms", 0.8)]
+)
 def test_parse_duration(text, seconds) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 

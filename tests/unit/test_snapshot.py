@@ -23,17 +23,39 @@ def _closed_port() -> int:
 def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> rundir.RunDir:
     monkeypatch.setenv("DLDCTL_HOME", str(tmp_path))
     run = rundir.create("snap")
-    run.config.write_text(json.dumps({
-        "run": {"fragments": 4, "quorum": 2, "insecure": True},
-        "syncer": {"advertise": "127.0.0.1", "port": 1, "control_port": _closed_port()},
-        "learners": [{"id": "learner-0", "device": "cpu"}, {"id": "learner-1", "device": "cuda:0"}]}))
+    run.config.write_text(
+        json.dumps(
+            {
+                "run": {"fragments": 4, "quorum": 2, "insecure": True},
+                "syncer": {"advertise": "127.0.0.1", "port": 1, "control_port": _closed_port()},
+                "learners": [{"id": "learner-0", "device": "cpu"}, {"id": "learner-1", "device": "cuda:0"}],
+            }
+        )
+    )
     with run.locked():
-        run.write_state({"status": "up", "created": 1000.0, "procs": {
-            "learner-0": {"kind": "learner", "host": "a", "status": "running", "started_at": 0},
-            "learner-1": {"kind": "learner", "host": "b", "status": "running", "started_at": 0}}})
-    jsonl.append(run.metrics, {"t": 1090.0, "kind": "sample", "outer_steps": 77, "tokens_trained": 5000,
-                               "learners": {"learner-0": {"step": 120, "tokens": 3000, "loss": 2.5},
-                                            "learner-1": {"step": 80, "tokens": 2000, "loss": None}}})
+        run.write_state(
+            {
+                "status": "up",
+                "created": 1000.0,
+                "procs": {
+                    "learner-0": {"kind": "learner", "host": "a", "status": "running", "started_at": 0},
+                    "learner-1": {"kind": "learner", "host": "b", "status": "running", "started_at": 0},
+                },
+            }
+        )
+    jsonl.append(
+        run.metrics,
+        {
+            "t": 1090.0,
+            "kind": "sample",
+            "outer_steps": 77,
+            "tokens_trained": 5000,
+            "learners": {
+                "learner-0": {"step": 120, "tokens": 3000, "loss": 2.5},
+                "learner-1": {"step": 80, "tokens": 2000, "loss": None},
+            },
+        },
+    )
     for name in ("ckpt-0001-000000060-1.pt", "ckpt-0001-000000072-2.pt", "notes.txt"):
         (run.checkpoints / name).write_bytes(b"x")
     return run
@@ -42,7 +64,7 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> rundir.RunDir:
 def test_syncer_down_keeps_what_it_last_said(run: rundir.RunDir) -> None:
     snap = snapshot.collect(run, now=1100.0)
     assert snap["syncer"]["alive"] is False and snap["syncer"]["outer_steps"] == 77
-    assert snap["syncer"]["checkpoint_outer_step"] == 72          # the newest checkpoint file
+    assert snap["syncer"]["checkpoint_outer_step"] == 72  # the newest checkpoint file
     rows = {r["id"]: r for r in snap["learners"]}
     assert (rows["learner-0"]["step"], rows["learner-0"]["tokens"], rows["learner-0"]["loss"]) == (120, 3000, 2.5)
     assert rows["learner-1"]["step"] == 80 and rows["learner-1"]["device"] == "cuda:0"

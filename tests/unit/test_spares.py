@@ -13,16 +13,26 @@ from dldctl.hosts import LocalHost
 from dldctl.provision import HostRuntime
 from learner import spare
 
-CONFIG = {"learners": [{"id": "learner-0", "host": "a"}, {"id": "learner-1", "host": "b", "nproc": 2},
-                       {"id": "learner-2", "host": "c"}, {"id": "learner-3", "host": "d"}]}
+CONFIG = {
+    "learners": [
+        {"id": "learner-0", "host": "a"},
+        {"id": "learner-1", "host": "b", "nproc": 2},
+        {"id": "learner-2", "host": "c"},
+        {"id": "learner-3", "host": "d"},
+    ]
+}
 
 
 def test_hosts_wanting_spares_skip_islands_and_learners_that_will_not_restart() -> None:
-    state = {"procs": {"syncer": {"kind": "syncer", "host": "a", "status": "running"},
-                       "learner-0": {"kind": "learner", "host": "a", "status": "dead"},
-                       "learner-1": {"kind": "learner", "host": "b", "status": "running"},      # an island
-                       "learner-2": {"kind": "learner", "host": "c", "status": "finished"},
-                       "learner-3": {"kind": "learner", "host": "d", "status": "stopped"}}}
+    state = {
+        "procs": {
+            "syncer": {"kind": "syncer", "host": "a", "status": "running"},
+            "learner-0": {"kind": "learner", "host": "a", "status": "dead"},
+            "learner-1": {"kind": "learner", "host": "b", "status": "running"},  # an island
+            "learner-2": {"kind": "learner", "host": "c", "status": "finished"},
+            "learner-3": {"kind": "learner", "host": "d", "status": "stopped"},
+        }
+    }
     assert spares.hosts_wanting_spares(state, CONFIG) == {"a"}
 
 
@@ -32,8 +42,12 @@ def test_hand_over_writes_the_assignment_whole(tmp_path: Path) -> None:
     (tmp_path / "spares").mkdir()
     spares.hand_over(host, runtime, "a", {"id": "learner-4"}, restarts=2)
     data = json.loads(Path(spares.assignment_path(runtime, "a")).read_text())
-    assert data == {"id": "learner-4", "workdir": f"{tmp_path}/learners/learner-4",
-                    "log": f"{tmp_path}/logs/learner-4.log", "restarts": 2}
+    assert data == {
+        "id": "learner-4",
+        "workdir": f"{tmp_path}/learners/learner-4",
+        "log": f"{tmp_path}/logs/learner-4.log",
+        "restarts": 2,
+    }
     assert (tmp_path / "learners" / "learner-4").is_dir() and not list((tmp_path / "spares").glob("*.tmp"))
 
 
@@ -42,7 +56,7 @@ def test_the_spare_waits_for_a_proper_assignment_and_consumes_it(tmp_path: Path)
     got: list[dict] = []
     waiter = threading.Thread(target=lambda: got.append(spare.wait_for_assignment(path, poll_s=0.01)))
     waiter.start()
-    path.write_text('{"id": "lear')             # half written: ignored, not consumed as garbage
+    path.write_text('{"id": "lear')  # half written: ignored, not consumed as garbage
     time.sleep(0.05)
     path.write_text('["not", "an", "assignment"]')
     time.sleep(0.05)

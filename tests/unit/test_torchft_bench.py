@@ -13,7 +13,7 @@ import pytest
 
 from bench import torchft_diloco as tf
 
-TOK = 256   # tokens per step: batch 8 x seq 32
+TOK = 256  # tokens per step: batch 8 x seq 32
 
 
 def ev(event: str, t: float, group: int, inc: int = 0, trained: int = 0, **extra: object) -> dict:
@@ -42,12 +42,17 @@ def test_window_starts_when_every_group_has_trained_a_step() -> None:
 
 def test_token_accounting_inside_the_window() -> None:
     events = [
-        ev("start", 0.5, 0, trained=TOK), sync(1.0, 0, 8 * TOK, 8 * TOK),          # before the window
-        ev("start", 2.0, 1, trained=TOK),                                            # opens it
-        sync(3.0, 0, 16 * TOK, 8 * TOK), sync(3.0, 1, 8 * TOK, 8 * TOK),
-        sync(4.0, 0, 24 * TOK, 0, committed=False), sync(4.0, 1, 16 * TOK, 0, committed=False),
-        ev("start", 5.0, 1, inc=1, trained=TOK), sync(6.0, 1, 8 * TOK, 0, inc=1),    # healed: credits 0
-        sync(7.0, 0, 32 * TOK, 8 * TOK), sync(11.0, 0, 40 * TOK, 8 * TOK),          # the last one is after the end
+        ev("start", 0.5, 0, trained=TOK),
+        sync(1.0, 0, 8 * TOK, 8 * TOK),  # before the window
+        ev("start", 2.0, 1, trained=TOK),  # opens it
+        sync(3.0, 0, 16 * TOK, 8 * TOK),
+        sync(3.0, 1, 8 * TOK, 8 * TOK),
+        sync(4.0, 0, 24 * TOK, 0, committed=False),
+        sync(4.0, 1, 16 * TOK, 0, committed=False),
+        ev("start", 5.0, 1, inc=1, trained=TOK),
+        sync(6.0, 1, 8 * TOK, 0, inc=1),  # healed: credits 0
+        sync(7.0, 0, 32 * TOK, 8 * TOK),
+        sync(11.0, 0, 40 * TOK, 8 * TOK),  # the last one is after the end
     ]
     assert tf.committed_in(events, 2.0, 10.0) == 24 * TOK
     # group 0 from its sync at 1.0; group 1's first life from 0; the second life from 0
@@ -56,21 +61,30 @@ def test_token_accounting_inside_the_window() -> None:
     assert res["tokens_committed"] == 24 * TOK and res["window_s"] == 8.0
     assert res["tokens_per_s"] == pytest.approx(24 * TOK / 8.0)
     assert res["syncs"] == 6 and res["syncs_committed"] == 4
-    json.dumps(res)   # JSON-ready
+    json.dumps(res)  # JSON-ready
 
 
 def test_curve_counts_committed_tokens_up_to_each_eval() -> None:
-    events = [ev("eval", 1.0, 0, eval_loss=5.4, manager_step=0), sync(3.0, 1, 8 * TOK, 8 * TOK),
-              ev("eval", 3.5, 0, eval_loss=3.0, manager_step=4), ev("eval", 3.6, 1, eval_loss=9.9),
-              ev("eval", 20.0, 0, eval_loss=2.0)]
+    events = [
+        ev("eval", 1.0, 0, eval_loss=5.4, manager_step=0),
+        sync(3.0, 1, 8 * TOK, 8 * TOK),
+        ev("eval", 3.5, 0, eval_loss=3.0, manager_step=4),
+        ev("eval", 3.6, 1, eval_loss=9.9),
+        ev("eval", 20.0, 0, eval_loss=2.0),
+    ]
     points = tf.curve(events, 2.0, 10.0)
     assert [(p["t"], p["tokens"], p["eval_loss"]) for p in points] == [(-1.0, 0, 5.4), (1.5, 8 * TOK, 3.0)]
 
 
 def test_rejoin_times_follow_the_victims_next_incarnation() -> None:
     kill = {"time": 10.0, "victim": 1, "incarnation": 0, "t": 4.0}
-    events = [sync(10.5, 1, 0, 0), ev("start", 16.0, 1, inc=1), ev("heal", 16.5, 1, inc=1),
-              sync(16.6, 1, 8 * TOK, 0, inc=1), sync(17.0, 2, 0, 0)]
+    events = [
+        sync(10.5, 1, 0, 0),
+        ev("start", 16.0, 1, inc=1),
+        ev("heal", 16.5, 1, inc=1),
+        sync(16.6, 1, 8 * TOK, 0, inc=1),
+        sync(17.0, 2, 0, 0),
+    ]
     (done,) = tf.rejoins([kill], events)
     assert done["to_first_step_s"] == 6.0 and done["to_heal_s"] == 6.5
     assert done["to_commit_s"] == pytest.approx(6.6)

@@ -51,8 +51,9 @@ def history_of(snapshot: dict, points: int = 30) -> History:
     return history
 
 
-def live_text(snapshot: dict, now: float | None = None, width: int = 100, height: int = 30,
-              history: History | None = None) -> str:
+def live_text(
+    snapshot: dict, now: float | None = None, width: int = 100, height: int = 30, history: History | None = None
+) -> str:
     console = Console(record=True, width=width, height=height, file=io.StringIO())
     now = snapshot.get("now", 0.0) if now is None else now
     console.print(render_live(snapshot, history if history is not None else history_of(snapshot), now))
@@ -128,8 +129,14 @@ def test_dead_syncer_is_said_not_failed_on() -> None:
 RECORDED = {
     "recorded_healthy": ["quorum ● OK", "live 4/4  min 3", "learners 4/4 running", "rejoin", "learner-1"],
     "recorded_below_quorum": ["quorum ● BELOW QUORUM", "live 2/4  min 3", "paused", "quorum_lost", "need 1 more"],
-    "recorded_syncer_dead": ["SYNCER DOWN", "quorum ● syncer down", "learners keep training", "ckpt 600",
-                             "syncer_death", "4475"],
+    "recorded_syncer_dead": [
+        "SYNCER DOWN",
+        "quorum ● syncer down",
+        "learners keep training",
+        "ckpt 600",
+        "syncer_death",
+        "4475",
+    ],
     "recorded_down": ["RUN DOWN", "ran 1m06s", "the run is down", "stopped", "ckpt 600"],
 }
 
@@ -184,7 +191,7 @@ def test_quorum_colour_rules() -> None:
     partial["quorum"]["grace_used_s"] = partial["quorum"]["grace_window_s"]
     assert quorum_colour(partial) == "green" and quorum_label(partial) == "OK"
     one_down = copy.deepcopy(snap)
-    one_down["quorum"]["live"] = one_down["quorum"]["total"] - 1   # still >= min
+    one_down["quorum"]["live"] = one_down["quorum"]["total"] - 1  # still >= min
     assert one_down["quorum"]["live"] >= one_down["quorum"]["min"]
     assert quorum_colour(one_down) == "yellow" and quorum_label(one_down) == "DEGRADED"
     fresh = copy.deepcopy(snap)
@@ -225,8 +232,12 @@ def test_plain_snapshots_say_what_matters() -> None:
 def test_the_global_loss_a_guard_trip_and_risky_settings_show_in_both_views() -> None:
     snap = load("healthy")
     snap["loss"] = {**snap["loss"], "global": 2.345}
-    snap["guard"] = {"threshold": 0.1, "trips": 1, "rollbacks": 1,
-                     "last": {"loss": 3.1, "good": False, "outer_step": 40}}
+    snap["guard"] = {
+        "threshold": 0.1,
+        "trips": 1,
+        "rollbacks": 1,
+        "last": {"loss": 3.1, "good": False, "outer_step": 40},
+    }
     snap["syncer"] = {**snap["syncer"], "risks": ["max_backlog = 0: a backlog is merged as one outer step"]}
     plain = plain_text(snap)
     assert "global 2.345" in plain and "QUALITY GUARD: 1 trip(s), 1 rollback(s)" in plain and "FLAGGED" in plain
@@ -293,8 +304,11 @@ PARTIAL = [
     {"run": "r"},
     {"run": None, "syncer": None, "quorum": "?", "tokens": [], "bytes": 3, "loss": None},
     {"now": "x", "uptime_s": math.nan, "goodput": True, "learners": {}, "events": "?"},
-    {"learners": [None, {}, {"id": None}, {"id": 7, "state": 3, "weight": "w", "heartbeat_age_s": "h"}],
-     "events": [None, {}, {"t": "t", "kind": None}], "quorum": {"recent_contributors": [None, "x", 2]}},
+    {
+        "learners": [None, {}, {"id": None}, {"id": 7, "state": 3, "weight": "w", "heartbeat_age_s": "h"}],
+        "events": [None, {}, {"t": "t", "kind": None}],
+        "quorum": {"recent_contributors": [None, "x", 2]},
+    },
 ]
 
 

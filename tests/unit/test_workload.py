@@ -27,12 +27,26 @@ def repo_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(REPO))
 
 
-def _ctx(data: str, index: int = 0, *, model: str = "gpt-tiny", seed: int = 0, batch_size: int = 4,
-         data_seed: int = 0) -> W.WorkloadContext:
-    settings = {"model": model, "data": data, "seed": seed, "seq_len": 32, "batch_size": 8,
-                "eval_batches": 2, "lr": 3e-3}
-    return W.WorkloadContext(settings=settings, learner_index=index, shards=2, batch_size=batch_size,
-                             device=torch.device("cpu"), seed=data_seed)
+def _ctx(
+    data: str, index: int = 0, *, model: str = "gpt-tiny", seed: int = 0, batch_size: int = 4, data_seed: int = 0
+) -> W.WorkloadContext:
+    settings = {
+        "model": model,
+        "data": data,
+        "seed": seed,
+        "seq_len": 32,
+        "batch_size": 8,
+        "eval_batches": 2,
+        "lr": 3e-3,
+    }
+    return W.WorkloadContext(
+        settings=settings,
+        learner_index=index,
+        shards=2,
+        batch_size=batch_size,
+        device=torch.device("cpu"),
+        seed=data_seed,
+    )
 
 
 def test_gpt_workload_builds_on_cpu(corpus_file: str) -> None:
@@ -43,13 +57,13 @@ def test_gpt_workload_builds_on_cpu(corpus_file: str) -> None:
     assert batch[0].shape == (4, 32) and w.tokens(batch) == 4 * 32
     loss = w.loss(w.model, batch)
     assert loss.dim() == 0 and loss.requires_grad
-    assert len(w.eval_batches) == 2 and w.eval_batches[0][0].shape == (8, 32)   # the run's batch size
+    assert len(w.eval_batches) == 2 and w.eval_batches[0][0].shape == (8, 32)  # the run's batch size
     assert w.embedding_names == {"transformer.wte.weight", "transformer.wpe.weight"}
 
 
 def test_two_learners_same_init_different_batches(corpus_file: str) -> None:
     a = W.build_workload(_ctx(corpus_file, 0, batch_size=4))
-    b = W.build_workload(_ctx(corpus_file, 1, batch_size=2))   # another host, another batch size
+    b = W.build_workload(_ctx(corpus_file, 1, batch_size=2))  # another host, another batch size
     for (na, pa), (nb, pb) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
         assert na == nb and torch.equal(pa, pb)
     assert not torch.equal(a.next_batch()[0][:2], b.next_batch()[0])
@@ -111,7 +125,7 @@ def test_factory_returning_the_wrong_thing(corpus_file: str, monkeypatch: pytest
     module = type(sys)("bad_factory_mod")
     module.factory = lambda ctx: torch.nn.Linear(2, 2)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "bad_factory_mod", module)
-    with pytest.raises(ValueError, match="bad_factory_mod:factory.*returned Linear"):
+    with pytest.raises(ValueError, match=r"bad_factory_mod:factory.*returned Linear"):
         W.build_workload(_ctx(corpus_file, model="bad_factory_mod:factory"))
 
 
