@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from syncer import faultpoints, fragments
-from syncer.core import GlobalModel, SyncerCore
+from syncer.core import SyncerCore
+from syncer.globalmodel import GlobalModel
 
 MAGIC = b"DLDCKPT1"
 PREFIX = "ckpt-"
@@ -161,7 +162,7 @@ def save(directory: Path, state: dict[str, Any], keep: int = 3) -> Path:
 
 def _write_history(directory: Path, state: dict[str, Any], name: str) -> Path:
     """The counters of checkpoint `name` as JSON in a temp file (fsynced; the caller renames it)."""
-    record = {
+    record: dict[str, Any] = {
         k: state[k]
         for k in (
             "run_id",
@@ -209,7 +210,8 @@ def read(path: Path) -> dict[str, Any]:
     if hashlib.sha256(data[head:]).digest() != data[len(MAGIC) : head]:
         raise CheckpointError(f"{path.name}: checksum mismatch (truncated or corrupt)")
     try:
-        return torch.load(io.BytesIO(data[head:]), map_location="cpu", weights_only=True)
+        state: dict[str, Any] = torch.load(io.BytesIO(data[head:]), map_location="cpu", weights_only=True)
+        return state
     except Exception as exc:  # torch raises many types for a bad pickle
         raise CheckpointError(f"{path.name}: unreadable ({exc})") from exc
 

@@ -112,9 +112,9 @@ def _quantize(
     # cheaper than round_, and a zero code comes out as +0.0, never -0.0. |x * inv| <= qmax *
     # (1 + 2^-23) for finite x, so the codes are within [-qmax, qmax] without a clamp (non-finite
     # x gives a non-finite scale, which every decoder refuses)
-    usable = out is not None and out.device.type == "cpu" and out.dtype == torch.float32
-    if usable and out.is_contiguous() and out.numel() >= xb.numel():
-        codes_f = torch.mul(xb, inv[:, None], out=out.view(-1)[: xb.numel()].view(-1, block))
+    scratch = _scratch(out, xb.numel())
+    if scratch is not None:
+        codes_f = torch.mul(xb, inv[:, None], out=scratch.view(-1)[: xb.numel()].view(-1, block))
     else:
         codes_f = torch.mul(xb, inv[:, None])
     codes_f.add_(_ROUNDER).sub_(_ROUNDER)
@@ -123,6 +123,14 @@ def _quantize(
     if want_values:  # the same products as dequantize: codes_f holds exactly float(codes)
         values = codes_f.mul_(scales[:, None]).view(-1)[:n]
     return Quantized(mode, n, block, codes, scales), values
+
+
+def _scratch(out: torch.Tensor | None, numel: int) -> torch.Tensor | None:
+    """`out` if the codes of `numel` values can be computed in it (CPU, fp32, contiguous, large
+    enough), else None."""
+    if out is None or out.device.type != "cpu" or out.dtype != torch.float32:
+        return None
+    return out if out.is_contiguous() and out.numel() >= numel else None
 
 
 def dequantize(q: Quantized) -> torch.Tensor:
@@ -361,6 +369,8 @@ class ChunkEncoder:
             return work[: x.numel()].copy_(dst)
         if start % self.block:
             raise ValueError(f"slice start {start} is not a multiple of the block {self.block}")
+        # int8/int4 from here on (MODES is checked in __init__): both have scales and codes
+        assert self.scales is not None and self.codes is not None
         q, values = _quantize(x, self.mode, self.block, want_values=True, out=work)
         first, count = start // self.block, q.scales.numel()
         self.scales[first : first + count] = q.scales
@@ -374,7 +384,8 @@ class ChunkEncoder:
     def finish(self) -> bytes:
         """The blob: header + zstd of the payload."""
         header = _HEADER.pack(MAGIC, FORMAT, MODES.index(self.mode), self.numel, self.block, self.raw.numel())
-        return header + _zstd()[0].compress(memoryview(self.raw.numpy()))
+        # ndarray.data is memoryview(array); numpy's stubs declare the buffer protocol for 3.12+ only
+        return header + _zstd()[0].compress(self.raw.numpy().data)
 
 
 def blob_info(blob: bytes) -> tuple[str, int]:

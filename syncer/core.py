@@ -3,7 +3,8 @@
 `SyncerCore.handle(learner, message, now, out)` and `SyncerCore.tick(now, out)` are the whole
 interface: what must be sent, logged as an event or recorded as a metric is put into the
 `Outbox`, and the ZeroMQ server (syncer/server.py) carries it out. Wall-clock `now` is passed in;
-merge durations are measured with an injected monotonic clock.
+merge durations are measured with an injected monotonic clock. The merge and outer step of a
+closing round are in syncer/outerstep.py (a mixin).
 
 Publishing (ALGORITHM.md, Compression): the new global fragment is defined as
     old + dequantize(quantize(new - old + residual)),   residual' = (new - old + residual) - that
@@ -13,24 +14,26 @@ so the syncer holds exactly what every learner reconstructs from the update blob
 from __future__ import annotations
 
 import collections
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from syncer import codec, fragments, fused, merge
+from syncer import codec, fragments
 from syncer.clock import RoundClock
 from syncer.fleet import Fleet, Membership
 from syncer.globalmodel import GlobalModel, Outbox
 from syncer.guard import QualityGuard
+from syncer.outerstep import OuterStep
 from syncer.protocol import Message, ProtocolError, check_fragment_index, check_raw_fragment
-from syncer.rounds import Contribution, GraceFn, Round, backlog_factor
+from syncer.rounds import Contribution, GraceFn, Round
 from syncer.settings import RunSettings
 
+__all__ = ["Outbox", "SyncerCore"]  # Outbox too: handle() and tick() take one
 
-class SyncerCore:
+
+class SyncerCore(OuterStep):
     """Rounds, merges and the global model for one run."""
 
     def __init__(
@@ -58,18 +61,20 @@ class SyncerCore:
         self.since_checkpoint = 0
         self.checkpoint_outer_step = 0
         self.t_sync: float | None = None
-        self.rejected: collections.Counter = collections.Counter()
-        self.counters: collections.Counter = collections.Counter()
+        self.rejected: collections.Counter[str] = collections.Counter()
+        self.counters: collections.Counter[str] = collections.Counter()
         self.bytes_up = 0
         self.bytes_down = 0
         self.started = now
-        self.recent_rounds: collections.deque = collections.deque(maxlen=20)
-        self._norm_history: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=32))
+        self.recent_rounds: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
+        self._norm_history: collections.defaultdict[int, collections.deque[float]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=32)
+        )
         self._init_owner: str | None = None
         self._init_manifest: list[fragments.TensorSpec] | None = None
         self._init_buffers: list[torch.Tensor] = []
         self._init_filled: list[torch.Tensor] = []
-        self._crcs: dict[int, int] = {}
+        self._crcs: dict[int, int | None] = {}  # None: not computed for this version (`_crc`)
         self._previous: dict[int, tuple[int, torch.Tensor, int]] = {}
         self._serving: dict[int, float] = {}
         self._last_seq: dict[tuple[str, str], int] = {}
@@ -204,9 +209,11 @@ class SyncerCore:
 
     def _crc(self, p: int) -> int:
         """crc32 of fragment p's current version, computed once per version when first needed."""
-        if self._crcs.get(p) is None:
-            self._crcs[p] = self.model.crc(p)
-        return self._crcs[p]
+        assert self.model is not None  # a version is only asked for once the model exists
+        crc = self._crcs.get(p)
+        if crc is None:
+            crc = self._crcs[p] = self.model.crc(p)
+        return crc
 
     def crcs(self) -> list[int | None]:
         """The crc32 of each fragment's current version where known (never computed here: a
@@ -315,8 +322,9 @@ class SyncerCore:
     def _bound_queue(self, now: float, out: Outbox) -> None:
         """Keep memory bounded: past max_queue pending contributions, drop the oldest."""
         while sum(len(r.contributions) for r in self.rounds.values()) > self.s.max_queue:
-            rnd = min((r for r in self.rounds.values() if r.contributions), key=lambda r: r.oldest().arrived)
-            victim = rnd.oldest()
+            # each non-empty round with its oldest contribution; the oldest of those is dropped
+            oldest = [(c, r) for r in self.rounds.values() if (c := r.oldest()) is not None]
+            victim, rnd = min(oldest, key=lambda cr: cr[0].arrived)
             del rnd.contributions[victim.learner]
             rnd.recount(self.s.quorum, now)
             self.counters["dropped_pushes"] += 1
@@ -420,34 +428,6 @@ class SyncerCore:
         self._account(rnd, contribs, weights, now, out, blob_bytes=len(blob) * len(recipients), t0=t0)
         return carried
 
-    def _cap_backlogs(self, p: int, contribs: list[Contribution], now: float, out: Outbox) -> list[Contribution]:
-        """Set each contribution's backlog factor; the rest of a capped one is carried (max_carry) or dropped."""
-        carried = []
-        for c in contribs:
-            c.backlog = self._backlog(c)
-            if c.backlog >= 1.0:
-                self._backlogged.discard((c.learner, p))
-                continue
-            self.counters["backlog_capped"] += 1
-            carry = -1.0 if self.s.max_carry < 0 else self.s.max_carry / self.s.max_backlog
-            rest = c.remainder(now, carry)
-            kept = rest.c_steps if rest is not None else 0
-            dropped = max(0, round(c.c_steps * (1.0 - c.backlog)) - kept)
-            self.counters["backlog_dropped_steps"] += dropped
-            if (c.learner, p) not in self._backlogged:  # once per backlog, not once per round that absorbs it
-                self._backlogged.add((c.learner, p))
-                out.event(
-                    now,
-                    "backlog",
-                    c.learner,
-                    f"fragment {p}: {c.c_steps} steps since its last merge, "
-                    f"{c.backlog * c.c_steps:.0f} counted now (max_backlog {self.s.max_backlog:g} periods), "
-                    f"{kept} carried to the next rounds, {dropped} dropped",
-                )
-            if rest is not None:
-                carried.append(rest)
-        return carried
-
     def _keep_previous(self, p: int, now: float) -> None:
         """While a state transfer of p is under way (a chunk served in the last 30 s), keep a copy
         of the version about to be replaced, so the transfer can finish on it (`_version_of`)."""
@@ -456,151 +436,6 @@ class SyncerCore:
             self._previous[p] = (self.model.versions[p], self.model.theta[p].clone(), self._crc(p))
         else:
             self._previous.pop(p, None)
-
-    def _step(
-        self, p: int, contribs: list[Contribution], now: float, want_crc: bool = True
-    ) -> tuple[bytes, int | None]:
-        """Merge, Nesterov and publish fragment p in place; returns the update blob and the new
-        crc32 (None unless `want_crc`: updates carry it every `checksum_every` versions).
-
-        Cache-blocked (syncer/fused.py): the contributions stay in their wire precision, one pass
-        takes their Gram matrices (norms for clipping and RDA), a second merges, steps and
-        publishes a slice at a time. Values too large for an fp32 Gram take the reference path.
-        """
-        m = self.model
-        deltas = [c.delta for c in contribs]
-        segments = m.plan.segments(p)
-        need_norms = (self.s.merge == "rda" and len(deltas) > 1) or self.s.robust_clip > 0
-        grams = fused.gram(deltas, segments, self.s.block, self.kernel) if need_norms else None
-        if need_norms and grams is None:
-            return self._step_reference(p, contribs, now, want_crc)
-        sqnorms = torch.diagonal(grams, dim1=1, dim2=2).t().tolist() if grams is not None else None
-        factors = self._clipped(p, sqnorms, [c.backlog for c in contribs])
-        scale = min(1.0, self._fleet_scale(contribs, now))
-        kinds = [kind for _, _, kind in segments]
-        if grams is None:  # plain mean, no clipping: the coefficients need no norms
-            grams = torch.zeros(len(segments), len(deltas), len(deltas), dtype=torch.float64)
-        coefs = merge.coefficients(
-            grams, [c.weight for c in contribs], kinds, self.s.merge, factors=factors, scale=scale
-        )
-        return fused.publish(
-            deltas,
-            coefs,
-            segments,
-            m.theta[p],
-            m.momentum[p],
-            m.residual[p],
-            self.s.outer_lr,
-            self.s.outer_momentum,
-            self.s.compression,
-            self.s.block,
-            self.kernel,
-            want_crc,
-        )
-
-    def _step_reference(
-        self, p: int, contribs: list[Contribution], now: float, want_crc: bool = True
-    ) -> tuple[bytes, int | None]:
-        """`_step` on whole fp32 fragments (merge.merge, nesterov_change_, quantize_roundtrip).
-
-        Every buffer is updated in place:
-            residual <- residual + (theta' - theta)      the change to publish, then
-            theta    <- theta + dequantize(q)            what every learner computes from the blob
-            residual <- change - dequantize(q)           error feedback for the next round
-        """
-        m = self.model
-        deltas = [codec.dequantize(c.delta).contiguous() for c in contribs]
-        segments = m.plan.segments(p)
-        rda = self.s.merge == "rda" and len(deltas) > 1
-        sqnorms = merge.segment_sqnorms(deltas, segments) if rda or self.s.robust_clip > 0 else None
-        factors = self._clipped(p, sqnorms, [c.backlog for c in contribs])
-        scale = self._fleet_scale(contribs, now)
-        merged = merge.merge(
-            deltas,
-            [c.weight for c in contribs],
-            segments,
-            self.s.merge,
-            factors=factors,
-            scale=min(1.0, scale),
-            sqnorms=sqnorms,
-            out=deltas[0],
-        )
-        change = merge.nesterov_change_(m.residual[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum)
-        q, applied = codec.quantize_roundtrip(change, self.s.compression, self.s.block, out=merged)
-        blob = codec.encode_quantized(q)  # before `change` moves on: q may share its memory ("none")
-        m.theta[p].add_(applied)  # a separate fp32 add, exactly as learners apply the blob
-        change.sub_(applied)  # m.residual[p] is `change`: now the carried residual
-        return blob, m.crc(p) if want_crc else None
-
-    def _fleet_scale(self, contribs: list[Contribution], now: float) -> float:
-        """This round's share of the live fleet's tokens per sync period (1.0 when disabled)."""
-        for c in contribs:
-            self.fleet.observe_rate(c.learner, c.c_tokens / c.c_steps)
-        if not self.s.fleet_scale or self.s.syncer_clock:  # one round per period: nothing to share out
-            return 1.0
-        members = self.fleet.live(now) | {c.learner for c in contribs}
-        period = sum(self.fleet.tokens_per_step(m, self.s.seq_len) for m in members) * self.s.H
-        return merge.fleet_fraction(sum(c.c_tokens for c in contribs), period)
-
-    def _clipped(self, p: int, sqnorms: list[list[float]] | None, backlog: list[float]) -> list[float] | None:
-        """Factors per contribution, folded into the merge (merge.merge(factors=...)): no delta is
-        copied. The backlog factors (`_backlog`), then robust clipping of the norms they leave,
-        from per-segment norms; None when neither changes anything."""
-        if self.s.robust_clip <= 0 or sqnorms is None:
-            return backlog if any(b < 1.0 for b in backlog) else None
-        norms = [math.sqrt(sum(sq)) * b for sq, b in zip(sqnorms, backlog)]
-        factors = merge.clip_factors(norms, list(self._norm_history[p]), self.s.robust_clip)
-        self.counters["clipped"] += sum(1 for f in factors if f < 1.0)
-        self._norm_history[p].extend(n * min(1.0, f) for n, f in zip(norms, factors))
-        return [b * f for b, f in zip(backlog, factors)]
-
-    def _backlog(self, c: Contribution) -> float:
-        """The share of a contribution that counts now (rounds.backlog_factor), from the steps its
-        learner trains per sync period: H on its own clock, by its measured speed on the syncer's."""
-        info = self.fleet.learners.get(c.learner)
-        own = info.seconds_per_step() if info is not None else c.step_time
-        period = self.round_clock.steps_per_period(own) if self.s.syncer_clock else float(self.s.H)
-        return backlog_factor(c.c_steps, period, self.s.max_backlog)
-
-    def _account(
-        self,
-        rnd: Round,
-        contribs: list[Contribution],
-        weights: list[float],
-        now: float,
-        out: Outbox,
-        blob_bytes: int,
-        t0: float,
-    ) -> None:
-        total_w = sum(weights) or 1.0
-        for c, w in zip(contribs, weights):
-            self.fleet.merged(c.learner, round(c.c_tokens * c.backlog), c.c_time * c.backlog, self.s.fragments, w, now)
-        self.outer_steps += 1
-        self.since_checkpoint += 1
-        dt = self.clock() - t0
-        self.t_sync = merge.ema(self.t_sync, dt, 0.8)
-        grace_used = max(0.0, now - rnd.quorum_at) if rnd.quorum_at is not None else 0.0
-        self.recent_rounds.append({"contributors": len(contribs), "grace_s": rnd.grace_s, "grace_used_s": grace_used})
-        out.metrics.append(
-            {
-                "t": now,
-                "kind": "round",
-                "fragment": rnd.fragment,
-                "version": self.model.versions[rnd.fragment],
-                "contributors": [c.learner for c in contribs],
-                "weights": {c.learner: round(w / total_w, 4) for c, w in zip(contribs, weights)},
-                "tokens": sum(c.c_tokens for c in contribs),
-                "wait_quorum_s": max(0.0, (rnd.quorum_at or now) - (rnd.called_at or rnd.first_at or now)),
-                "grace_s": rnd.grace_s,
-                "grace_used_s": grace_used,
-                "bytes_in": sum(c.nbytes for c in contribs),
-                "bytes_out": blob_bytes,
-                "merge_s": dt,
-                "live": len(self.fleet.live(now)),
-                "quorum": self.s.quorum,
-                "staleness": max(self.model.versions[rnd.fragment] - 1 - c.base_version for c in contribs),
-            }
-        )
 
     def drop_caches(self) -> None:
         """Forget the kept crcs and previous versions (the global model was replaced)."""

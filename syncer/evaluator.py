@@ -38,8 +38,8 @@ class GlobalEvaluator(threading.Thread):
         super().__init__(name="global-eval", daemon=True)
         self.settings = settings
         self.problem: str | None = None  # why it cannot score (set once, then it stops)
-        self._todo: queue.Queue = queue.Queue(maxsize=1)
-        self._done: queue.Queue = queue.Queue()
+        self._todo: queue.Queue[Snapshot] = queue.Queue(maxsize=1)
+        self._done: queue.Queue[tuple[int, float, float]] = queue.Queue()  # (tag, loss, seconds)
         self._halt = threading.Event()
         self.busy = False
 
@@ -191,6 +191,6 @@ class Scoring:
             quality.apply_score(core, tag, loss, now, out)
         core.guard.pending, core.scored_at = None, None
         snap = quality.take_snapshot(core, now)
-        loss = self.ev.score_now(snap) if snap is not None else None
-        if snap is not None and loss is not None:
-            quality.apply_score(core, snap.tag, loss, now, out)
+        final = self.ev.score_now(snap) if snap is not None else None
+        if snap is not None and final is not None:
+            quality.apply_score(core, snap.tag, final, now, out)

@@ -39,8 +39,9 @@ class LearnerInfo:
     loss: float | None = None
     eval_loss: float | None = None
     left: bool = False
-    versions: list = field(default_factory=list)  # the learner's replica, as last reported
-    crcs: list = field(default_factory=list)
+    # the learner's replica, as last reported (JSON from its heartbeat: the items are not checked)
+    versions: list[object] = field(default_factory=list)
+    crcs: list[object] = field(default_factory=list)
     crc_mismatches: int = 0
     joins: int = 0
     merged_tokens: float = 0.0
@@ -84,8 +85,9 @@ class Fleet:
         self.merged_tokens = 0.0
         self.steps_total = 0
         self._last_tick = started
-        self._window: collections.deque = collections.deque()  # (t, merged_s, provisioned_s)
-        self._weights: collections.deque = collections.deque()  # (t, learner, merge weight)
+        # (t, merged_s, provisioned_s) and (t, learner, merge weight)
+        self._window: collections.deque[tuple[float, float, float]] = collections.deque()
+        self._weights: collections.deque[tuple[float, str, float]] = collections.deque()
 
     # -- membership -------------------------------------------------------------------------
     def hello(self, meta: dict[str, Any], now: float) -> tuple[LearnerInfo, bool]:

@@ -144,7 +144,7 @@ def _layout(pieces: list[Piece]) -> tuple[Piece, ...]:
     return tuple(out)
 
 
-def manifest_to_json(specs: Sequence[TensorSpec]) -> list[list]:
+def manifest_to_json(specs: Sequence[TensorSpec]) -> list[list[str | list[int]]]:
     """A JSON-ready manifest: [[name, shape, kind], ...]."""
     return [[s.name, list(s.shape), s.kind] for s in specs]
 

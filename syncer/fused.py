@@ -146,7 +146,8 @@ def publish(
             encoder.scales,
             encoder.codes,
         )
-        return encoder.finish(), zlib.crc32(memoryview(theta.numpy())) if want_crc else None
+        # ndarray.data is memoryview(array); numpy's stubs declare the buffer protocol for 3.12+ only
+        return encoder.finish(), zlib.crc32(theta.numpy().data) if want_crc else None
     size = slice_size(deltas, block, numel)
     rows = torch.empty(len(deltas), size, dtype=torch.float32)
     merged = torch.empty(size, dtype=torch.float32)
@@ -164,5 +165,5 @@ def publish(
         values.add_(applied)
         change.sub_(applied)
         if want_crc:
-            crc = zlib.crc32(memoryview(values.numpy()), crc)
+            crc = zlib.crc32(values.numpy().data, crc)
     return encoder.finish(), crc if want_crc else None

@@ -56,4 +56,5 @@ class GlobalModel:
 
     def crc(self, p: int) -> int:
         """crc32 of fragment p's fp32 bytes: learners check their replica against it."""
-        return zlib.crc32(memoryview(self.theta[p].numpy()))
+        # ndarray.data is memoryview(array); numpy's stubs declare the buffer protocol for 3.12+ only
+        return zlib.crc32(self.theta[p].numpy().data)

@@ -52,7 +52,7 @@ class QualityGuard:
     """Recent good scores, the last good snapshot and the one being scored."""
 
     threshold: float  # 0: never flags
-    history: collections.deque = field(default_factory=lambda: collections.deque(maxlen=HISTORY))
+    history: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=HISTORY))
     last_good: Snapshot | None = None
     pending: Snapshot | None = None
     last: dict[str, Any] | None = None  # the latest score, for status and metrics

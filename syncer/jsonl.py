@@ -50,7 +50,7 @@ class _Config:
 
 
 _config = _Config()
-_totals: collections.Counter = collections.Counter()  # file name -> records dropped in this process
+_totals: collections.Counter[str] = collections.Counter()  # file name -> records dropped in this process
 _in_notice = threading.local()
 
 

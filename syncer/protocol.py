@@ -172,7 +172,8 @@ def _bytes(frame: Any) -> bytes:
     if isinstance(frame, bytes):
         return frame
     if hasattr(frame, "bytes"):  # zmq.Frame
-        return frame.bytes
+        data: bytes = frame.bytes
+        return data
     return bytes(frame)
 
 
@@ -232,7 +233,7 @@ def check_raw_fragment(msg: Message, sizes: Sequence[int]) -> np.ndarray:
 
 def check_fragment_index(msg: Message, count: int) -> int:
     """The message's fragment index, validated against the number of fragments."""
-    p = msg["fragment"]
+    p: int = msg["fragment"]  # an int: decode checked the schema
     if not 0 <= p < count:
         raise ProtocolError("shape", f"{msg.kind}: fragment {p} out of range 0..{count - 1}")
     return p

@@ -1,6 +1,6 @@
 """The syncer process: a thin ZeroMQ shell around SyncerCore.
 
-Two ROUTER sockets, CURVE-authenticated unless the run is explicitly insecure:
+Two ROUTER sockets, CURVE-authenticated unless the run is explicitly insecure (syncer/auth.py):
   learners  (ZAP domain "learners"): only the run's learner keys; the key names the learner
   control   (ZAP domain "control"):  only the operator's key; status and control requests
 One loop: poll, decode (malformed input is dropped and counted), hand to the core, carry out its
@@ -10,7 +10,6 @@ silently lost), close ready rounds, write metrics/events, checkpoint. LINGER 0 e
 
 from __future__ import annotations
 
-import collections
 import os
 import threading
 import time
@@ -20,16 +19,15 @@ from typing import Any
 
 import torch
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
-from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
 from syncer import checkpoint, faultpoints, jsonl, keys, native
+from syncer.auth import Authenticator, Keyring, Provider
 from syncer.config import SyncerConfig
 from syncer.core import Outbox, SyncerCore
 from syncer.evaluator import GlobalEvaluator, Scoring
 from syncer.protocol import Message, ProtocolError, decode, encode
-from syncer.status import snapshot
+from syncer.status import sample_record, snapshot
 
 SAMPLE_EVERY_S = 2.0
 # Connection-level drops libzmq makes before a message reaches us, from the learner socket's monitor:
@@ -40,55 +38,6 @@ CHECKPOINT_EVENT_EVERY_S = 30.0  # routine checkpoints: at most one event per th
 CHECKPOINT_IDLE_S = 30.0  # also checkpoint this often if anything merged since the last one
 
 
-class Keyring:
-    """Allowed CURVE public keys -> party names; re-read from disk when an unknown key knocks."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.lock = threading.Lock()
-        self.names = keys.public_keys(directory)
-        self.denied: collections.Counter = collections.Counter()
-        self._reloaded = 0.0
-
-    def lookup(self, z85_key: bytes) -> str | None:
-        with self.lock:
-            name = self.names.get(z85_key)
-            if name is None and time.monotonic() - self._reloaded > 1.0:
-                self._reloaded = time.monotonic()  # `dldctl learner add` drops new keys here
-                self.names = keys.public_keys(self.directory)
-                name = self.names.get(z85_key)
-            return name
-
-    def deny(self, what: str) -> None:
-        with self.lock:
-            self.denied[what] += 1
-
-
-class _Provider:
-    """ZAP credentials callback for one domain."""
-
-    def __init__(self, keyring: Keyring, allow: Callable[[str], bool], label: str) -> None:
-        self.keyring, self.allow, self.label = keyring, allow, label
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        name = self.keyring.lookup(key)
-        ok = name is not None and self.allow(name)
-        if not ok:
-            self.keyring.deny(self.label)
-        return ok
-
-
-class _Authenticator(ThreadAuthenticator):
-    """Sets each connection's User-Id to the party name of its key."""
-
-    def __init__(self, context: zmq.Context, keyring: Keyring) -> None:
-        super().__init__(context)
-        self.keyring = keyring
-
-    def curve_user_id(self, client_public_key: bytes) -> str:
-        return self.keyring.lookup(z85.encode(client_public_key)) or "unknown"
-
-
 class SyncerServer:
     """Owns the sockets, the core, the logs and the checkpoints of one syncer process."""
 
@@ -96,7 +45,7 @@ class SyncerServer:
         self.cfg = cfg
         self.wall = wall
         self.ctx = zmq.Context()
-        self.auth: _Authenticator | None = None
+        self.auth: Authenticator | None = None
         self.keyring: Keyring | None = None
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.events_path = cfg.run_dir / "events.jsonl"
@@ -122,9 +71,9 @@ class SyncerServer:
         self._quiet: dict[str, float] = {}
         self._export_name: Any = None
         self.stopping = threading.Event()
-        self.learner_sock: zmq.Socket | None = None
-        self.control_sock: zmq.Socket | None = None
-        self.monitor: zmq.Socket | None = None
+        self.learner_sock: zmq.Socket[bytes] | None = None  # the three are set by open()
+        self.control_sock: zmq.Socket[bytes] | None = None
+        self.monitor: zmq.Socket[bytes] | None = None
         self.disconnects = 0  # learner connections dropped, by a peer or by libzmq
         every = cfg.settings.global_eval_every
         self.scoring = Scoring(GlobalEvaluator(cfg.settings.to_dict()) if every > 0 else None)
@@ -145,12 +94,12 @@ class SyncerServer:
             assert self.cfg.keys_dir is not None
             server_keys = keys.load_pair(self.cfg.keys_dir / "syncer.key_secret")
             self.keyring = Keyring(self.cfg.keys_dir)
-            self.auth = _Authenticator(self.ctx, self.keyring)
+            self.auth = Authenticator(self.ctx, self.keyring)
             self.auth.start()
             self.auth.configure_curve_callback(
-                "learners", _Provider(self.keyring, lambda n: n.startswith("learner-"), "learners")
+                "learners", Provider(self.keyring, lambda n: n.startswith("learner-"), "learners")
             )
-            self.auth.configure_curve_callback("control", _Provider(self.keyring, lambda n: n == "operator", "control"))
+            self.auth.configure_curve_callback("control", Provider(self.keyring, lambda n: n == "operator", "control"))
         self.learner_sock = self._bind(self.cfg.bind, "learners", server_keys)
         self.monitor = self.learner_sock.get_monitor_socket(WATCHED)
         self.control_sock = self._bind(self.cfg.control_bind, "control", server_keys)
@@ -161,7 +110,7 @@ class SyncerServer:
             f"{'INSECURE (no CURVE)' if self.cfg.settings.insecure else 'CURVE'} on {self.cfg.bind}",
         )
 
-    def _bind(self, address: str, domain: str, server_keys: tuple[bytes, bytes] | None) -> zmq.Socket:
+    def _bind(self, address: str, domain: str, server_keys: tuple[bytes, bytes] | None) -> zmq.Socket[bytes]:
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -229,18 +178,19 @@ class SyncerServer:
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
         """Serve until `stopping` is set; then a final checkpoint."""
+        learner, control, monitor = _bound(self.learner_sock), _bound(self.control_sock), _bound(self.monitor)
         poller = zmq.Poller()
-        poller.register(self.learner_sock, zmq.POLLIN)
-        poller.register(self.control_sock, zmq.POLLIN)
-        poller.register(self.monitor, zmq.POLLIN)
+        poller.register(learner, zmq.POLLIN)
+        poller.register(control, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         while not self.stopping.is_set():
             ready = dict(poller.poll(timeout=20))
-            if self.monitor in ready:
+            if monitor in ready:
                 self._connection_events()
-            if self.learner_sock in ready:
-                self._drain(self.learner_sock, self._on_learner)
-            if self.control_sock in ready:
-                self._drain(self.control_sock, self._on_control)
+            if learner in ready:
+                self._drain(learner, self._on_learner)
+            if control in ready:
+                self._drain(control, self._on_control)
             self._tick()
         if self._export_name is not None:
             out = Outbox()
@@ -250,7 +200,7 @@ class SyncerServer:
         if self._export_name is not None:
             self._export(self._export_name)
 
-    def _drain(self, sock: zmq.Socket, handler: Callable[[list], None], budget: int = 256) -> None:
+    def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[zmq.Frame]], None], budget: int = 256) -> None:
         for _ in range(budget):
             try:
                 frames = sock.recv_multipart(copy=False, flags=zmq.NOBLOCK)
@@ -262,7 +212,7 @@ class SyncerServer:
         """Count what libzmq dropped at the connection level (see WATCHED)."""
         while True:
             try:
-                event = recv_monitor_message(self.monitor, flags=zmq.NOBLOCK)["event"]
+                event = recv_monitor_message(_bound(self.monitor), flags=zmq.NOBLOCK)["event"]
             except zmq.Again:
                 return
             if event == zmq.EVENT_DISCONNECTED:
@@ -302,7 +252,7 @@ class SyncerServer:
             theta.add_(torch.randn(theta.shape, generator=torch.Generator().manual_seed(p)) * scale)
 
     # -- learners ----------------------------------------------------------------------------
-    def _on_learner(self, frames: list) -> None:
+    def _on_learner(self, frames: list[zmq.Frame]) -> None:
         rid = frames[0].bytes
         size = sum(len(f.bytes) for f in frames[1:])
         self.core.bytes_up += size
@@ -319,7 +269,7 @@ class SyncerServer:
             self.core.rejected[exc.reason] += 1
             self._quiet_event(f"reject:{exc.reason}", "reject", self.routes.get(rid, "unknown"), str(exc))
 
-    def _identify(self, rid: bytes, frame: Any, msg: Message) -> str | None:
+    def _identify(self, rid: bytes, frame: zmq.Frame, msg: Message) -> str | None:
         """Which learner sent this; None (after replying) if it must say hello first."""
         user = frame.get("User-Id") if self.keyring is not None else None
         if msg.kind == "hello":
@@ -356,14 +306,14 @@ class SyncerServer:
     def _send_to_rid(self, rid: bytes, payload: Message | list[bytes]) -> None:
         frames = encode(payload) if isinstance(payload, Message) else payload
         try:
-            self.learner_sock.send_multipart([rid, *frames], flags=zmq.NOBLOCK, copy=False)
+            _bound(self.learner_sock).send_multipart([rid, *frames], flags=zmq.NOBLOCK, copy=False)
             self.core.bytes_down += sum(len(f) for f in frames)
         except zmq.ZMQError as exc:  # EAGAIN (high-water mark) or EHOSTUNREACH (gone)
             self.core.counters["dropped_sends"] += 1
             self._quiet_event(f"drop:{exc.errno}", "send_dropped", self.routes.get(rid, "unknown"), str(exc))
 
     # -- operator ----------------------------------------------------------------------------
-    def _on_control(self, frames: list) -> None:
+    def _on_control(self, frames: list[zmq.Frame]) -> None:
         rid = frames[0].bytes
         try:
             msg = decode(frames[1:])
@@ -372,7 +322,7 @@ class SyncerServer:
             self.core.rejected[f"control_{exc.reason}"] += 1
             reply = Message("control_rep", {"ok": False, "detail": str(exc)})
         try:
-            self.control_sock.send_multipart([rid, *encode(reply)], flags=zmq.NOBLOCK)
+            _bound(self.control_sock).send_multipart([rid, *encode(reply)], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             self.core.counters["dropped_sends"] += 1
 
@@ -445,30 +395,7 @@ class SyncerServer:
             self.event(kind, target, detail[:300])
 
     def _sample(self, now: float) -> dict[str, Any]:
-        snap = self.status(now)
-        return {
-            "t": now,
-            "kind": "sample",
-            "goodput": snap["goodput"],
-            "goodput_window": snap["goodput_window"],
-            "tokens_trained": snap["tokens"]["trained"],
-            "tokens_merged": snap["tokens"]["merged"],
-            "tokens_per_s": snap["tokens"]["per_s"],
-            "bytes_up": snap["bytes"]["up"],
-            "bytes_down": snap["bytes"]["down"],
-            "ddp_equivalent": snap["bytes"]["ddp_equivalent"],
-            "loss_train": snap["loss"]["train"],
-            "loss_eval": snap["loss"]["eval"],
-            "loss_global": snap["loss"]["global"],
-            "quorum_live": snap["quorum"]["live"],
-            "quorum_min": snap["quorum"]["min"],
-            "outer_steps": snap["syncer"]["outer_steps"],
-            "dropped_writes": jsonl.dropped(),
-            "learners": {
-                row["id"]: {k: row[k] for k in ("tokens_per_s", "step", "state", "loss", "tokens", "blocked_frac")}
-                for row in snap["learners"]
-            },
-        }
+        return sample_record(self.status(now), now, jsonl.dropped())
 
     def save_checkpoint(self, final: bool = False, state: dict[str, Any] | None = None) -> Path | None:
         """Write a checkpoint (of the current state, or of `state`, one the quality guard scored
@@ -494,7 +421,7 @@ class SyncerServer:
         return path
 
     def close(self) -> None:
-        if self.monitor is not None:
+        if self.monitor is not None and self.learner_sock is not None:  # the monitor is the learner socket's
             self.learner_sock.disable_monitor()
         for sock in (self.monitor, self.learner_sock, self.control_sock):
             if sock is not None:
@@ -519,3 +446,10 @@ def _next_epoch(path: Path, at_least: int = 1) -> int:
     tmp.write_text(str(epoch))
     os.replace(tmp, path)
     return epoch
+
+
+def _bound(sock: zmq.Socket[bytes] | None) -> zmq.Socket[bytes]:
+    """One of the sockets `SyncerServer.open` binds; RuntimeError before it ran."""
+    if sock is None:
+        raise RuntimeError("the syncer's sockets are not bound: SyncerServer.open() first")
+    return sock

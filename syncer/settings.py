@@ -278,7 +278,7 @@ def _type_ok(value: Any, hint: Any) -> tuple[bool, Any]:
 
 
 def _type_name(hint: Any) -> str:
-    if hint in (int, float, str, bool):
+    if isinstance(hint, type) and hint in (int, float, str, bool):
         return hint.__name__
     return str(hint).replace("typing.", "")
 
@@ -314,15 +314,15 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], table: str = "") -> T:
 
 def _type_fix(cls: type, key: str, kind: str) -> str:
     """How to write `key` right: its type, with the default as an example where there is one."""
-    default = next((f.default for f in fields(cls) if f.name == key), dataclasses.MISSING)  # type: ignore[arg-type]
+    default = next((f.default for f in fields(cls) if f.name == key), dataclasses.MISSING)
     if default is dataclasses.MISSING or isinstance(default, (tuple, list, dict)):
         return f"write {key} as {kind}"
     example = json.dumps(default)  # TOML and JSON agree on strings, numbers and booleans
     return f"write {key} as {kind}, e.g. {key} = {example}"
 
 
-def _required(f: dataclasses.Field) -> bool:
-    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
 def read_resolved(path: Any) -> dict[str, Any]:

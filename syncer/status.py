@@ -120,3 +120,31 @@ def _ratio(core: SyncerCore) -> float:
     raw = core.counters["push_raw_bytes"]
     sent = core.counters["push_wire_bytes"]
     return raw / sent if sent else 0.0
+
+
+def sample_record(snap: dict[str, Any], now: float, dropped_writes: dict[str, int]) -> dict[str, Any]:
+    """The metrics log's periodic "sample" record: the headline numbers of a status `snap`
+    (the server's: `snapshot` plus its socket counters) and the records dropped so far, per file."""
+    return {
+        "t": now,
+        "kind": "sample",
+        "goodput": snap["goodput"],
+        "goodput_window": snap["goodput_window"],
+        "tokens_trained": snap["tokens"]["trained"],
+        "tokens_merged": snap["tokens"]["merged"],
+        "tokens_per_s": snap["tokens"]["per_s"],
+        "bytes_up": snap["bytes"]["up"],
+        "bytes_down": snap["bytes"]["down"],
+        "ddp_equivalent": snap["bytes"]["ddp_equivalent"],
+        "loss_train": snap["loss"]["train"],
+        "loss_eval": snap["loss"]["eval"],
+        "loss_global": snap["loss"]["global"],
+        "quorum_live": snap["quorum"]["live"],
+        "quorum_min": snap["quorum"]["min"],
+        "outer_steps": snap["syncer"]["outer_steps"],
+        "dropped_writes": dropped_writes,
+        "learners": {
+            row["id"]: {k: row[k] for k in ("tokens_per_s", "step", "state", "loss", "tokens", "blocked_frac")}
+            for row in snap["learners"]
+        },
+    }

@@ -34,7 +34,7 @@ from workload import gpt as model_mod
 class WorkloadContext:
     """What a factory is given: the run settings and this learner's place in the fleet."""
 
-    settings: dict  # the resolved run settings: model, data, seed, seq_len, lr, batch_size, ...
+    settings: dict[str, Any]  # the resolved run settings: model, data, seed, seq_len, lr, batch_size, ...
     learner_index: int  # 0-based; picks the train shard
     shards: int  # how many train shards the corpus is cut into
     batch_size: int  # this learner's batch size (a host may override the run's default)
@@ -62,6 +62,7 @@ def batch_seed(seed: int, learner_index: int) -> int:
 
 def gpt_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Mean next-token cross-entropy of (x, y)."""
+    loss: torch.Tensor  # given targets, GPT.forward's loss is a tensor (Module.__call__ is typed Any)
     _, loss = model(batch[0], batch[1])
     return loss
 
@@ -139,7 +140,8 @@ def resolve(model: str) -> Callable[[WorkloadContext], Workload]:
             f"model {model!r}: {module_name}.{attr} is a {type(target).__name__}, not a "
             "callable factory(ctx) -> Workload"
         )
-    return target
+    factory: Callable[[WorkloadContext], Workload] = target  # the user's; only callable() is checked
+    return factory
 
 
 def _import(spec: str, module_name: str) -> Any:

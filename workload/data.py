@@ -28,9 +28,10 @@ import os
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -122,7 +123,7 @@ def _concat(paths: list[Path], limit: int | None) -> tuple[bytes, int]:
     return (blob[:limit] if limit is not None else blob), used
 
 
-def _read_builtin() -> tuple[bytes, dict]:
+def _read_builtin() -> tuple[bytes, dict[str, Any]]:
     blob, used = _concat(stdlib_sources(), BUILTIN_MAX_BYTES)
     root = sysconfig.get_paths()["stdlib"]
     return blob, {"files": used, "stdlib": root, "python": sys.version.split()[0]}
@@ -146,7 +147,7 @@ def _text_files(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
 
 
-def _read_dir(root: Path) -> tuple[bytes, dict]:
+def _read_dir(root: Path) -> tuple[bytes, dict[str, Any]]:
     files = _text_files(root)
     blob, used = _concat(files, None)
     if not blob:
@@ -174,7 +175,13 @@ def _builtin_key() -> str:
 # --------------------------------------------------------------------------- the on-disk cache
 
 
-def _cached(key: str, source: str, read, vocab_size: int | None, cache_dir: str | None) -> Corpus:
+def _cached(
+    key: str,
+    source: str,
+    read: Callable[[], tuple[bytes, dict[str, Any]]],
+    vocab_size: int | None,
+    cache_dir: str | None,
+) -> Corpus:
     """Load prepared bytes `key` from the cache, or prepare them with `read()` and store them."""
     root = cache_root(cache_dir)
     raw, meta = root / f"{key}.u8", root / f"{key}.json"
@@ -202,7 +209,7 @@ def _cached(key: str, source: str, read, vocab_size: int | None, cache_dir: str 
     return Corpus(tokens, vocab_size or 256, source, info["sha256"])
 
 
-def _open_cached(raw: Path, meta: Path) -> tuple[np.ndarray, dict] | None:
+def _open_cached(raw: Path, meta: Path) -> tuple[np.ndarray, dict[str, Any]] | None:
     """The memory-mapped prepared corpus if its sidecar exists and agrees with it, else None."""
     try:
         info = json.loads(meta.read_text())

@@ -75,7 +75,8 @@ class CausalSelfAttention(nn.Module):
         # flash/memory-efficient kernels where available; is_causal masks the future
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
-        return self.resid_dropout(self.c_proj(y))
+        out: Tensor = self.resid_dropout(self.c_proj(y))  # Module.__call__ is typed Any
+        return out
 
 
 class MLP(nn.Module):
@@ -89,7 +90,8 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        out: Tensor = self.dropout(self.c_proj(self.gelu(self.c_fc(x))))  # Module.__call__ is typed Any
+        return out
 
 
 class Block(nn.Module):
@@ -128,7 +130,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # weight tying: the head shares the token table, so named_parameters() lists it once,
         # as transformer.wte.weight (registered first)
-        self.transformer.wte.weight = self.lm_head.weight
+        self.transformer["wte"].weight = self.lm_head.weight
         self.apply(self._init_weights)
         # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) so the residual stream's
         # variance does not grow with depth (two residual additions per block)
@@ -152,12 +154,16 @@ class GPT(nn.Module):
         if self.config.block_size < T:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         pos = torch.arange(0, T, dtype=torch.long, device=idx.device)  # (T,)
-        tok_emb = self.transformer.wte(idx)  # (B, T, C)
-        pos_emb = self.transformer.wpe(pos)  # (T, C), broadcast over the batch
-        x = self.transformer.drop(tok_emb + pos_emb)
-        for block in self.transformer.h:
+        # indexed, not attributes: ModuleDict's attributes are typed Tensor | Module, its items Module
+        parts = self.transformer
+        tok_emb = parts["wte"](idx)  # (B, T, C)
+        pos_emb = parts["wpe"](pos)  # (T, C), broadcast over the batch
+        x = parts["drop"](tok_emb + pos_emb)
+        blocks = parts["h"]
+        assert isinstance(blocks, nn.ModuleList)  # built as one in __init__
+        for block in blocks:
             x = block(x)
-        x = self.transformer.ln_f(x)
+        x = parts["ln_f"](x)
         logits = self.lm_head(x)  # (B, T, vocab)
         if targets is None:
             return logits, None

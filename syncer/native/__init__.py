@@ -60,7 +60,7 @@ class Kernel:
         ]
 
     @staticmethod
-    def _ptrs(tensors: Sequence[torch.Tensor]) -> ctypes.Array:
+    def _ptrs(tensors: Sequence[torch.Tensor]) -> ctypes.Array[ctypes.c_void_p]:
         for t in tensors:
             assert t.is_contiguous() and t.device.type == "cpu"
         return (_P * len(tensors))(*[t.data_ptr() for t in tensors])
@@ -70,7 +70,8 @@ class Kernel:
         assert codes.is_contiguous() and codes.dtype == torch.int8 and codes.numel() >= nblocks * block
         assert isinstance(raw, bytearray) and len(raw) >= offset + nblocks * block // 2
         address = ctypes.addressof((ctypes.c_char * len(raw)).from_buffer(raw))
-        return self._unpack4(address + offset, nblocks, block, codes.data_ptr()) == 0
+        rc: int = self._unpack4(address + offset, nblocks, block, codes.data_ptr())  # restype c_int
+        return rc == 0
 
     def gram(
         self,

@@ -127,6 +127,7 @@ PURE_CORE = (
     "syncer/fused.py",
     "syncer/rounds.py",
     "syncer/core.py",
+    "syncer/outerstep.py",
     "syncer/status.py",
     "learner/outer.py",
     "learner/schedule.py",

@@ -1,0 +1,221 @@
+"""How a closing round becomes the next version of its fragment: a mixin of SyncerCore.
+
+`SyncerCore._close` (syncer/core.py) orders the work; the steps are here: cap each
+contribution's backlog (`_cap_backlogs`), merge the outer gradients with their clipping and
+fleet-scale factors, take the outer Nesterov step and publish the result bit-exactly (`_step`,
+cache-blocked through syncer/fused.py, or `_step_reference` on whole fp32 fragments), then
+account for the round (`_account`: fleet counters, merge-time estimate, the round's metric).
+No I/O, like the rest of the core: the merge time is measured with the core's injected clock.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from syncer import codec, fused, merge
+from syncer.clock import RoundClock
+from syncer.fleet import Fleet
+from syncer.globalmodel import GlobalModel, Outbox
+from syncer.rounds import Contribution, Round, backlog_factor
+from syncer.settings import RunSettings
+
+
+class OuterStep:
+    """The merge and outer step of SyncerCore; the attributes are the core's (set in its __init__)."""
+
+    s: RunSettings
+    kernel: Any  # syncer.native.Kernel or None (torch round step)
+    model: GlobalModel | None
+    fleet: Fleet
+    round_clock: RoundClock
+    clock: Callable[[], float]
+    counters: collections.Counter[str]
+    outer_steps: int
+    since_checkpoint: int
+    t_sync: float | None
+    recent_rounds: collections.deque[dict[str, Any]]
+    _norm_history: collections.defaultdict[int, collections.deque[float]]
+    _backlogged: set[tuple[str, int]]
+
+    def _cap_backlogs(self, p: int, contribs: list[Contribution], now: float, out: Outbox) -> list[Contribution]:
+        """Set each contribution's backlog factor; the rest of a capped one is carried (max_carry) or dropped."""
+        carried: list[Contribution] = []
+        for c in contribs:
+            c.backlog = self._backlog(c)
+            if c.backlog >= 1.0:
+                self._backlogged.discard((c.learner, p))
+                continue
+            self.counters["backlog_capped"] += 1
+            carry = -1.0 if self.s.max_carry < 0 else self.s.max_carry / self.s.max_backlog
+            rest = c.remainder(now, carry)
+            kept = rest.c_steps if rest is not None else 0
+            dropped = max(0, round(c.c_steps * (1.0 - c.backlog)) - kept)
+            self.counters["backlog_dropped_steps"] += dropped
+            if (c.learner, p) not in self._backlogged:  # once per backlog, not once per round that absorbs it
+                self._backlogged.add((c.learner, p))
+                out.event(
+                    now,
+                    "backlog",
+                    c.learner,
+                    f"fragment {p}: {c.c_steps} steps since its last merge, "
+                    f"{c.backlog * c.c_steps:.0f} counted now (max_backlog {self.s.max_backlog:g} periods), "
+                    f"{kept} carried to the next rounds, {dropped} dropped",
+                )
+            if rest is not None:
+                carried.append(rest)
+        return carried
+
+    def _step(
+        self, p: int, contribs: list[Contribution], now: float, want_crc: bool = True
+    ) -> tuple[bytes, int | None]:
+        """Merge, Nesterov and publish fragment p in place; returns the update blob and the new
+        crc32 (None unless `want_crc`: updates carry it every `checksum_every` versions).
+
+        Cache-blocked (syncer/fused.py): the contributions stay in their wire precision, one pass
+        takes their Gram matrices (norms for clipping and RDA), a second merges, steps and
+        publishes a slice at a time. Values too large for an fp32 Gram take the reference path.
+        """
+        m = self.model
+        assert m is not None  # only a round of an initialized model closes (`_close`)
+        deltas = [c.delta for c in contribs]
+        segments = m.plan.segments(p)
+        need_norms = (self.s.merge == "rda" and len(deltas) > 1) or self.s.robust_clip > 0
+        grams = fused.gram(deltas, segments, self.s.block, self.kernel) if need_norms else None
+        if need_norms and grams is None:
+            return self._step_reference(p, contribs, now, want_crc)
+        sqnorms = torch.diagonal(grams, dim1=1, dim2=2).t().tolist() if grams is not None else None
+        factors = self._clipped(p, sqnorms, [c.backlog for c in contribs])
+        scale = min(1.0, self._fleet_scale(contribs, now))
+        kinds = [kind for _, _, kind in segments]
+        if grams is None:  # plain mean, no clipping: the coefficients need no norms
+            grams = torch.zeros(len(segments), len(deltas), len(deltas), dtype=torch.float64)
+        coefs = merge.coefficients(
+            grams, [c.weight for c in contribs], kinds, self.s.merge, factors=factors, scale=scale
+        )
+        return fused.publish(
+            deltas,
+            coefs,
+            segments,
+            m.theta[p],
+            m.momentum[p],
+            m.residual[p],
+            self.s.outer_lr,
+            self.s.outer_momentum,
+            self.s.compression,
+            self.s.block,
+            self.kernel,
+            want_crc,
+        )
+
+    def _step_reference(
+        self, p: int, contribs: list[Contribution], now: float, want_crc: bool = True
+    ) -> tuple[bytes, int | None]:
+        """`_step` on whole fp32 fragments (merge.merge, nesterov_change_, quantize_roundtrip).
+
+        Every buffer is updated in place:
+            residual <- residual + (theta' - theta)      the change to publish, then
+            theta    <- theta + dequantize(q)            what every learner computes from the blob
+            residual <- change - dequantize(q)           error feedback for the next round
+        """
+        m = self.model
+        assert m is not None  # only a round of an initialized model closes (`_close`)
+        deltas = [codec.dequantize(c.delta).contiguous() for c in contribs]
+        segments = m.plan.segments(p)
+        rda = self.s.merge == "rda" and len(deltas) > 1
+        sqnorms = merge.segment_sqnorms(deltas, segments) if rda or self.s.robust_clip > 0 else None
+        factors = self._clipped(p, sqnorms, [c.backlog for c in contribs])
+        scale = self._fleet_scale(contribs, now)
+        merged = merge.merge(
+            deltas,
+            [c.weight for c in contribs],
+            segments,
+            self.s.merge,
+            factors=factors,
+            scale=min(1.0, scale),
+            sqnorms=sqnorms,
+            out=deltas[0],
+        )
+        change = merge.nesterov_change_(m.residual[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum)
+        q, applied = codec.quantize_roundtrip(change, self.s.compression, self.s.block, out=merged)
+        blob = codec.encode_quantized(q)  # before `change` moves on: q may share its memory ("none")
+        m.theta[p].add_(applied)  # a separate fp32 add, exactly as learners apply the blob
+        change.sub_(applied)  # m.residual[p] is `change`: now the carried residual
+        return blob, m.crc(p) if want_crc else None
+
+    def _fleet_scale(self, contribs: list[Contribution], now: float) -> float:
+        """This round's share of the live fleet's tokens per sync period (1.0 when disabled)."""
+        for c in contribs:
+            self.fleet.observe_rate(c.learner, c.c_tokens / c.c_steps)
+        if not self.s.fleet_scale or self.s.syncer_clock:  # one round per period: nothing to share out
+            return 1.0
+        members = self.fleet.live(now) | {c.learner for c in contribs}
+        period = sum(self.fleet.tokens_per_step(m, self.s.seq_len) for m in members) * self.s.H
+        return merge.fleet_fraction(sum(c.c_tokens for c in contribs), period)
+
+    def _clipped(self, p: int, sqnorms: list[list[float]] | None, backlog: list[float]) -> list[float] | None:
+        """Factors per contribution, folded into the merge (merge.merge(factors=...)): no delta is
+        copied. The backlog factors (`_backlog`), then robust clipping of the norms they leave,
+        from per-segment norms; None when neither changes anything."""
+        if self.s.robust_clip <= 0 or sqnorms is None:
+            return backlog if any(b < 1.0 for b in backlog) else None
+        norms = [math.sqrt(sum(sq)) * b for sq, b in zip(sqnorms, backlog)]
+        factors = merge.clip_factors(norms, list(self._norm_history[p]), self.s.robust_clip)
+        self.counters["clipped"] += sum(1 for f in factors if f < 1.0)
+        self._norm_history[p].extend(n * min(1.0, f) for n, f in zip(norms, factors))
+        return [b * f for b, f in zip(backlog, factors)]
+
+    def _backlog(self, c: Contribution) -> float:
+        """The share of a contribution that counts now (rounds.backlog_factor), from the steps its
+        learner trains per sync period: H on its own clock, by its measured speed on the syncer's."""
+        info = self.fleet.learners.get(c.learner)
+        own = info.seconds_per_step() if info is not None else c.step_time
+        period = self.round_clock.steps_per_period(own) if self.s.syncer_clock else float(self.s.H)
+        return backlog_factor(c.c_steps, period, self.s.max_backlog)
+
+    def _account(
+        self,
+        rnd: Round,
+        contribs: list[Contribution],
+        weights: list[float],
+        now: float,
+        out: Outbox,
+        blob_bytes: int,
+        t0: float,
+    ) -> None:
+        """The round's merge in the fleet's counters, the merge-time estimate and the metrics."""
+        assert self.model is not None  # only a round of an initialized model closes (`_close`)
+        version = self.model.versions[rnd.fragment]
+        total_w = sum(weights) or 1.0
+        for c, w in zip(contribs, weights):
+            self.fleet.merged(c.learner, round(c.c_tokens * c.backlog), c.c_time * c.backlog, self.s.fragments, w, now)
+        self.outer_steps += 1
+        self.since_checkpoint += 1
+        dt = self.clock() - t0
+        self.t_sync = merge.ema(self.t_sync, dt, 0.8)
+        grace_used = max(0.0, now - rnd.quorum_at) if rnd.quorum_at is not None else 0.0
+        self.recent_rounds.append({"contributors": len(contribs), "grace_s": rnd.grace_s, "grace_used_s": grace_used})
+        out.metrics.append(
+            {
+                "t": now,
+                "kind": "round",
+                "fragment": rnd.fragment,
+                "version": version,
+                "contributors": [c.learner for c in contribs],
+                "weights": {c.learner: round(w / total_w, 4) for c, w in zip(contribs, weights)},
+                "tokens": sum(c.c_tokens for c in contribs),
+                "wait_quorum_s": max(0.0, (rnd.quorum_at or now) - (rnd.called_at or rnd.first_at or now)),
+                "grace_s": rnd.grace_s,
+                "grace_used_s": grace_used,
+                "bytes_in": sum(c.nbytes for c in contribs),
+                "bytes_out": blob_bytes,
+                "merge_s": dt,
+                "live": len(self.fleet.live(now)),
+                "quorum": self.s.quorum,
+                "staleness": max(version - 1 - c.base_version for c in contribs),
+            }
+        )
