@@ -72,7 +72,7 @@ class SyncerClient(threading.Thread):
     def __init__(
         self,
         cfg: LearnerConfig,
-        manifest: list,
+        manifest: list[list[Any]],  # fragments.manifest_to_json: [[name, shape, kind], ...]
         sizes: list[int],
         init_values: Callable[[], list[torch.Tensor]],
         incarnation: str,
@@ -104,7 +104,7 @@ class SyncerClient(threading.Thread):
         self._partitioned = False
         self._halt = threading.Event()
         self._flush = threading.Event()
-        self._sock: zmq.Socket | None = None
+        self._sock: zmq.Socket[bytes] | None = None  # open while the link is up (this thread only)
         self._ctx = zmq.Context()
         self._welcomed = False
         self._hello_at = 0.0
@@ -210,12 +210,13 @@ class SyncerClient(threading.Thread):
         it on the same connection, arrived."""
         if not self._send(Message("bye", {"reason": "learner stopping"})):
             return
+        sock = self._socket()
         deadline = time.monotonic() + GOODBYE_WAIT_S
         while (left := deadline - time.monotonic()) > 0:
-            if not self._sock.poll(max(1, int(left * 1000)), zmq.POLLIN):
+            if not sock.poll(max(1, int(left * 1000)), zmq.POLLIN):
                 return
             try:
-                if decode(self._sock.recv_multipart(copy=False)).kind == "bye":
+                if decode(sock.recv_multipart(copy=False)).kind == "bye":
                     self.goodbye_confirmed = True
                     return
             except ProtocolError:
@@ -230,7 +231,7 @@ class SyncerClient(threading.Thread):
         now = time.monotonic()
         if self._sock is None:
             self._open_socket(now)
-        if self._sock.poll(20, zmq.POLLIN):
+        if self._socket().poll(20, zmq.POLLIN):
             self._receive_all()
         now = time.monotonic()
         if not self._welcomed:
@@ -287,6 +288,7 @@ class SyncerClient(threading.Thread):
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         sock.setsockopt(zmq.SNDTIMEO, 5000)
         if self.cfg.secret_key is not None:
+            assert self.cfg.syncer_key is not None, "a secret key comes with the syncer's key"  # config.load sets both
             sock.curve_publickey, sock.curve_secretkey = keys.load_pair(self.cfg.secret_key)
             sock.curve_serverkey = keys.load_public(self.cfg.syncer_key)
         sock.connect(self.cfg.syncer_address)
@@ -294,6 +296,11 @@ class SyncerClient(threading.Thread):
         self._welcomed = False
         self._hello_at = self._heard_at = now
         self._backoff = 0.1
+
+    def _socket(self) -> zmq.Socket[bytes]:
+        """The open socket: only the link thread's sends and receives use it, after _open_socket."""
+        assert self._sock is not None, "no socket open"
+        return self._sock
 
     def _close_socket(self) -> None:
         """Drop the socket with LINGER 0: what is still queued is discarded (see _say_goodbye)."""
@@ -310,7 +317,7 @@ class SyncerClient(threading.Thread):
             print(f"learner: could not encode {msg.kind}: {exc}", flush=True)
             return False
         try:
-            self._sock.send_multipart(frames, flags=0 if block else zmq.NOBLOCK, copy=False)
+            self._socket().send_multipart(frames, flags=0 if block else zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return False
         self.bytes_sent += sum(len(f) for f in frames)
@@ -340,7 +347,7 @@ class SyncerClient(threading.Thread):
     def _receive_all(self) -> None:
         while True:
             try:
-                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
+                frames = self._socket().recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
             self.bytes_received += sum(len(f) for f in frames)
@@ -380,7 +387,7 @@ class SyncerClient(threading.Thread):
     def _on_ack(self, msg: Message) -> None:
         self._sync_epoch(msg["epoch"], msg["initialized"], msg["versions"])
 
-    def _sync_epoch(self, epoch: int, initialized: bool, versions: list) -> None:
+    def _sync_epoch(self, epoch: int, initialized: bool, versions: list[Any]) -> None:  # JSON: int() below
         """A new syncer epoch (it restarted) means our replica may be ahead or behind: refetch."""
         with self.lock:
             if not initialized:

@@ -25,7 +25,7 @@ class LearnerSpec:
     throttle: float = 1.0  # >1: artificially this many times slower (demos, tests)
     nproc: int = 1  # ranks in this learner's torchrun island
     threads: int = 1  # torch intra-op threads per rank
-    env: dict = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # the inventory checks: str keys and values
     shard: int = 0
     shards: int = 1
 
@@ -69,10 +69,11 @@ def load(path: Path, learner_id: str, workdir: Path | None = None) -> LearnerCon
 
 
 def _entry(data: dict[str, Any], learner_id: str) -> dict[str, Any]:
-    for entry in data["learners"]:
+    entries: list[dict[str, Any]] = data["learners"]  # JSON tables; from_mapping checks each one
+    for entry in entries:
         if entry.get("id") == learner_id:
             return entry
-    known = ", ".join(str(e.get("id")) for e in data["learners"])
+    known = ", ".join(str(e.get("id")) for e in entries)
     raise SettingsError("learners", f"no learner {learner_id!r} in this configuration (known: {known})")
 
 

@@ -119,7 +119,7 @@ class Island:
         """Whether every rank holds bit-identical parameters (crc32s compared across ranks)."""
         crc = 0
         for t in params.values():
-            crc = zlib.crc32(memoryview(t.detach().to("cpu").contiguous().view(torch.uint8).numpy()), crc)
+            crc = zlib.crc32(t.detach().to("cpu").contiguous().view(torch.uint8).numpy().data, crc)
         mine = torch.tensor([crc], dtype=torch.int64, device=self.device)
         everyone = [torch.zeros_like(mine) for _ in range(self.world)]
         dist.all_gather(everyone, mine)

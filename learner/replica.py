@@ -19,7 +19,7 @@ from syncer import codec
 
 def checksum(t: torch.Tensor) -> int:
     """crc32 of a CPU fp32 tensor's bytes (what the syncer sends with every version)."""
-    return zlib.crc32(memoryview(t.contiguous().numpy()))
+    return zlib.crc32(t.contiguous().numpy().data)  # .data: the array's buffer, as a memoryview
 
 
 PENDING_MAX = 64
@@ -101,16 +101,18 @@ class Replica:
         elif version != f.version:  # our version is no longer kept: start this fragment again
             self.fetches[p] = Fetch(pending=f.pending)
             return False
+        buffer = f.buffer
+        assert buffer is not None, "a fetch with a version has its buffer"  # both set by the first chunk
         del f.in_flight[offset]
-        f.buffer[offset : offset + values.size] = torch.from_numpy(values.copy())
+        buffer[offset : offset + values.size] = torch.from_numpy(values.copy())
         f.received += values.size
         if f.received < self.sizes[p]:
             return False
-        if f.crc is not None and checksum(f.buffer) != f.crc:
+        if f.crc is not None and checksum(buffer) != f.crc:
             self.mismatches += 1
             self.fetches[p] = Fetch(pending=f.pending)  # corrupted in transit: fetch it again
             return False
-        self.latest[p], self.versions[p], self.crcs[p] = f.buffer, f.version, f.crc
+        self.latest[p], self.versions[p], self.crcs[p] = buffer, f.version, f.crc
         del self.fetches[p]
         for from_version, version, blob, crc in sorted(f.pending, key=lambda u: u[1]):
             if self.on_update(p, from_version, version, blob, crc) in ("gap", "mismatch"):
@@ -125,16 +127,18 @@ class Replica:
             pending.append((from_version, version, blob, crc))
             del pending[:-PENDING_MAX]
             return "buffered"
-        if self.latest[p] is None or version <= self.versions[p]:
+        current = self.latest[p]
+        if current is None or version <= self.versions[p]:
             return "stale"
         if from_version != self.versions[p]:
             self.refetch(p)
             return "gap"
         change = codec.decode(blob, expect_numel=self.sizes[p])
-        self.latest[p] = self.latest[p] + change  # a separate fp32 add, as the syncer did
+        updated = current + change  # a separate fp32 add, as the syncer did
+        self.latest[p] = updated
         self.versions[p] = version
         self.crcs[p] = crc
-        if crc is not None and checksum(self.latest[p]) != crc:
+        if crc is not None and checksum(updated) != crc:
             self.mismatches += 1  # not bit-identical to the syncer: never train on it
             self.refetch(p)
             return "mismatch"

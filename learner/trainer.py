@@ -57,6 +57,12 @@ class Trainer:
         self.wl: Workload | None = None
         self.phase = 0  # added to the step counter by the sync schedule (lockstep_phase)
 
+    @property
+    def workload(self) -> Workload:
+        """The workload build() made (the loop, the optimizer and eval all run after it)."""
+        assert self.wl is not None, "Trainer.build() has not run"
+        return self.wl
+
     # -- join --------------------------------------------------------------------------------
     def build(self) -> None:
         torch.set_num_threads(max(1, self.cfg.spec.threads))
@@ -108,7 +114,7 @@ class Trainer:
         return outer.lockstep_phase() if not self.s.overlap or self.s.max_lag else 0
 
     def optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.wl.model.parameters(), lr=self.s.lr, weight_decay=self.s.weight_decay)
+        return torch.optim.AdamW(self.workload.model.parameters(), lr=self.s.lr, weight_decay=self.s.weight_decay)
 
     def initial_fragments(self) -> list[torch.Tensor]:
         return [self.plan.gather(p, self.params).detach().to("cpu") for p in range(self.plan.count)]
@@ -182,14 +188,15 @@ class Trainer:
 
     def _train_step(self, opt: torch.optim.Optimizer, outer: OuterState) -> None:
         t0 = time.perf_counter()
+        wl = self.workload
         for group in opt.param_groups:
             group["lr"] = self._lr()
-        batch = self.wl.next_batch()
-        loss = self.wl.loss(self.train_model, batch)
+        batch = wl.next_batch()
+        loss = wl.loss(self.train_model, batch)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         if self.s.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.wl.model.parameters(), self.s.grad_clip)
+            torch.nn.utils.clip_grad_norm_(wl.model.parameters(), self.s.grad_clip)
         opt.step()
         value = float(loss.detach())
         compute = time.perf_counter() - t0
@@ -197,7 +204,7 @@ class Trainer:
         if factor > 1.0:
             self.stop.wait((factor - 1.0) * compute)  # an artificially slower host
         dt = time.perf_counter() - t0
-        ntok = self.wl.tokens(batch) * (self.island.world if self.island else 1)
+        ntok = wl.tokens(batch) * (self.island.world if self.island else 1)
         self.step += 1
         self.tokens += ntok
         self.busy_s += dt
@@ -327,10 +334,11 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean loss over the fixed held-out batches (the same on every learner)."""
-        model = self.wl.model
+        wl = self.workload
+        model = wl.model
         was_training = model.training
         model.eval()
-        losses = [float(self.wl.loss(model, b)) for b in self.wl.eval_batches]
+        losses = [float(wl.loss(model, b)) for b in wl.eval_batches]
         model.train(was_training)
         return sum(losses) / max(1, len(losses))
 
