@@ -37,7 +37,8 @@ app.add_typer(cli_simulate.app, name="simulate")
 try:  # typer >= 0.16 carries its own copy of click
     from typer._click.exceptions import ClickException
 except ImportError:  # pragma: no cover - older typer on the real click
-    from click.exceptions import ClickException  # type: ignore[no-redef]
+    # click itself is not installed beside a typer that carries its own copy (as here)
+    from click.exceptions import ClickException  # type: ignore[import-not-found,no-redef]
 
 
 def _error(text: str) -> None:

@@ -310,10 +310,10 @@ def goodput(
         horizon_s=hours * 3600.0,
     )
     seed_list = list(range(seed, seed + seeds))
-    if sweep_spec is None:
-        _goodput_single(chips, learners, base, seed_list, as_json)
-    else:
+    if sweep_spec is not None:
         _goodput_sweep(sweep_spec, learners, base, seed_list, plot, as_json)
+    elif chips is not None:  # always: without --sweep, a missing --chips was refused above
+        _goodput_single(chips, learners, base, seed_list, as_json)
 
 
 def _goodput_single(chips: str, learners: str | None, base: dict[str, Any], seeds: list[int], as_json: bool) -> None:

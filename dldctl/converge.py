@@ -13,6 +13,7 @@ import json
 import signal
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -71,7 +72,8 @@ def add(run: RunDir, host_name: str, count: int, console: Console, wait_s: float
     new_ids = plan.add_learners(run, config, spec, count)
     host = provision.open_host(spec, inv.ssh)
     try:
-        built, digest = wheel.build(rundir.home() / "wheels") if not spec.local else (None, "")
+        # a local host runs from this checkout: prepare() never reads the wheel (as in up.py)
+        built, digest = wheel.build(rundir.home() / "wheels") if not spec.local else (Path(), "")
         ids_here = [e["id"] for e in config["learners"] if e["host"] == spec.name]
         runtime = provision.prepare(
             host, spec, run, config, built, digest, ids_here, lambda h, s: console.print(f"{h}: {s}", highlight=False)

@@ -67,7 +67,7 @@ class Fleet:
         by_host: dict[str, list[tuple[dict[str, Any], ProcRef]]] = {}
         for record, ref in self.refs(predicate):
             by_host.setdefault(record["host"], []).append((record, ref))
-        out = []
+        out: list[dict[str, Any]] = []
         for host, items in by_host.items():
             try:
                 status = self.host(host).alive([ref for _, ref in items])

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import tomllib
+# stdlib since 3.11; mypy checks as 3.10 (pyproject's python_version), which has none
+import tomllib  # type: ignore[import-not-found]
 
 from dldctl.errors import ConfigError
 from syncer.settings import RunSettings, SettingsError, from_mapping, suggest
@@ -106,7 +107,7 @@ class Inventory:
 
     def learner_hosts(self) -> list[tuple[str, HostSpec]]:
         """(learner id, host) in inventory order: learner-0, learner-1, ..."""
-        out = []
+        out: list[tuple[str, HostSpec]] = []
         for h in self.hosts:
             for _ in range(h.learners):
                 out.append((f"learner-{len(out)}", h))

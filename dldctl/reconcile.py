@@ -178,8 +178,8 @@ def resume(state: dict[str, Any], records: list[dict[str, Any]], now: float) -> 
     procs.jsonl recorded its start (the previous one died before writing the state), else started
     again. Returns the events; updates `state` in place."""
     latest: dict[str, dict[str, Any]] = {}
-    for record in records:
-        latest[record.get("target", "")] = record
+    for rec in records:
+        latest[rec.get("target", "")] = rec
     events: list[tuple[str, str, str]] = []
     for name, e in sorted(state["procs"].items()):
         if e["status"] != "starting":

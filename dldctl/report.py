@@ -18,7 +18,7 @@ import itertools
 import json
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,7 +28,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from dldctl.errors import RunError
-from dldctl.view_panels import fmt_bytes, fmt_duration
+from dldctl.view_data import fmt_bytes, fmt_duration
 
 PLOTS = ("loss.png", "goodput.png", "throughput.png", "bandwidth.png", "quorum.png")
 FAULT_STYLES = {  # event kind -> marker colour on the goodput plot
@@ -266,7 +266,7 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _mean(values: list[float]) -> float | None:
+def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 

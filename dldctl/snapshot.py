@@ -38,7 +38,7 @@ def syncer_status(run: RunDir, config: dict[str, Any], timeout: float = 2.0) -> 
 
 def _syncer_down(run: RunDir, config: dict[str, Any]) -> dict[str, Any]:
     """What we can say with the syncer down: the last sample it wrote, marked stale."""
-    last = next((r for r in reversed(jsonl.tail(run.metrics, 50)) if r.get("kind") == "sample"), {})
+    last: dict[str, Any] = next((r for r in reversed(jsonl.tail(run.metrics, 50)) if r.get("kind") == "sample"), {})
     settings = config["run"]
     ckpt = _last_checkpoint(run)  # may be newer than the last sample (the final checkpoint)
     return {

@@ -83,7 +83,9 @@ class Supervisor:
             if ref is not None and entry["status"] in ("running", "unreachable"):
                 by_host.setdefault(entry["host"], []).append((name, ref))
         for host_name, record in state.get("spares", {}).items():
-            by_host.setdefault(host_name, []).append((f"spare-{host_name}", proc_ref(record)))
+            spare = proc_ref(record)
+            if spare is not None:  # always: a spare is recorded only once started (_start_spare)
+                by_host.setdefault(host_name, []).append((f"spare-{host_name}", spare))
         seen: dict[str, reconcile.Observation] = {}
         for host_name, items in by_host.items():
             if time.monotonic() < self._host_retry.get(host_name, 0.0):
@@ -210,7 +212,7 @@ class Supervisor:
     def act(self, action: reconcile.Action) -> None:
         if action.kind == "start":
             self.start(action.target)
-        elif action.kind == "undo":
+        elif action.kind == "undo" and action.fault is not None:  # decide() gives every undo its fault
             self.undo(action.fault)
 
     def start(self, name: str) -> None:
@@ -228,9 +230,9 @@ class Supervisor:
                 wd = launch.learner_workdir(runtime, name)
                 host.run("rm -f " + shlex.quote(f"{wd}/finished") + " " + shlex.quote(f"{wd}/refused"), check=False)
                 restarts = entry.get("restarts", 0) + (entry.get("started_at") is not None)
-                ref = self._from_spare(entry["host"], runtime, learner, restarts)
-                how = " (warm spare)" if ref is not None else ""
-                ref = ref or launch.start_learner(host, runtime, learner, restarts)
+                spare = self._from_spare(entry["host"], runtime, learner, restarts)
+                how = " (warm spare)" if spare is not None else ""
+                ref = spare or launch.start_learner(host, runtime, learner, restarts)
         except (DldError, StopIteration) as exc:
             s = settings_from_dict(self.config()["run"])
             with self.run.update() as st:

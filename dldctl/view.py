@@ -11,13 +11,12 @@ field: it renders as "-" instead of raising; a dead syncer is said loudly, not f
     live.update(render_live(snapshot, history, now))      # rich.live.Live(screen=True)
     Console().print(render_plain(snapshot, now))          # --once: no screen control
 
-The panels and formatting helpers live in `dldctl.view_panels`; the ones callers need are
-re-exported here.
+The panels live in `dldctl.view_panels`, `History` and the field access and formatting helpers
+in `dldctl.view_data`; the ones callers need are re-exported here.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 from rich import box
@@ -27,13 +26,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from dldctl.view_panels import (
+from dldctl.view_data import (
     STATE_STYLES,
-    bandwidth_panel,
+    History,
     dicts,
-    dig,
-    event_table,
-    events_panel,
     fmt_bytes,
     fmt_count,
     fmt_duration,
@@ -41,17 +37,12 @@ from dldctl.view_panels import (
     fmt_int,
     fmt_pct,
     fmt_rate,
-    goodput_panel,
     goodput_style,
-    header_notes,
-    header_panel,
     live_age,
-    loss_panel,
     num,
     pick_learners,
     quorum_colour,
     quorum_label,
-    quorum_panel,
     run_uptime,
     section,
     sparkline,
@@ -59,6 +50,16 @@ from dldctl.view_panels import (
     supervisor_note,
     syncer_alive,
     text_of,
+)
+from dldctl.view_panels import (
+    bandwidth_panel,
+    event_table,
+    events_panel,
+    goodput_panel,
+    header_notes,
+    header_panel,
+    loss_panel,
+    quorum_panel,
     throughput_panel,
 )
 
@@ -79,114 +80,6 @@ __all__ = [
     "sparkline",
     "state_style",
 ]
-
-SERIES = (
-    "goodput",
-    "goodput_window",
-    "tokens_per_s",
-    "up_per_s",
-    "down_per_s",
-    "bytes_per_s",
-    "loss_train",
-    "loss_eval",
-    "loss_global",
-    "quorum_live",
-    "contributors",
-)
-
-
-class History:
-    """Bounded series of earlier snapshots' numbers, for sparklines (a plain data structure).
-
-    Holds the last `maxlen` values of each name in SERIES and of each learner's tokens/s. Adding
-    the same snapshot twice (same `now`) is a no-op, so a loop may poll faster than snapshots
-    change; a learner that leaves the snapshot's list loses its series. Bytes/s missing from a
-    snapshot are derived from the byte counters of successive snapshots.
-    """
-
-    def __init__(self, maxlen: int = 120) -> None:
-        if maxlen < 1:
-            raise ValueError(f"History maxlen must be at least 1, got {maxlen}")
-        self.maxlen = maxlen
-        self._series: dict[str, deque] = {name: deque(maxlen=maxlen) for name in SERIES}
-        self._learners: dict[str, deque] = {}
-        self._last_now: float | None = None
-        self._last_bytes: tuple[float | None, float | None] = (None, None)
-
-    def add(self, snapshot: dict) -> None:
-        """Append this snapshot's values (None where it has none)."""
-        if not isinstance(snapshot, dict):
-            return
-        taken = num(snapshot.get("now"))
-        if taken is not None and taken == self._last_now:
-            return
-        values = self._values(snapshot)
-        self._derive_rates(snapshot, values, taken)
-        self._last_now = taken
-        for name, value in values.items():
-            self._series[name].append(value)
-        self._add_learners(snapshot.get("learners"))
-
-    @staticmethod
-    def _values(snapshot: dict) -> dict[str, float | None]:
-        up, down = num(dig(snapshot, "bytes", "up_per_s")), num(dig(snapshot, "bytes", "down_per_s"))
-        return {
-            "goodput": num(snapshot.get("goodput")),
-            "goodput_window": num(snapshot.get("goodput_window")),
-            "tokens_per_s": num(dig(snapshot, "tokens", "per_s")),
-            "up_per_s": up,
-            "down_per_s": down,
-            "bytes_per_s": None if up is None and down is None else (up or 0.0) + (down or 0.0),
-            "loss_train": num(dig(snapshot, "loss", "train")),
-            "loss_eval": num(dig(snapshot, "loss", "eval")),
-            "loss_global": num(dig(snapshot, "loss", "global")),
-            "quorum_live": num(dig(snapshot, "quorum", "live")),
-            "contributors": num(dig(snapshot, "quorum", "last_round_contributors")),
-        }
-
-    def _derive_rates(self, snapshot: dict, values: dict[str, float | None], taken: float | None) -> None:
-        totals = (num(dig(snapshot, "bytes", "up")), num(dig(snapshot, "bytes", "down")))
-        dt = taken - self._last_now if taken is not None and self._last_now is not None else None
-        for name, total, before in zip(("up_per_s", "down_per_s"), totals, self._last_bytes):
-            if values[name] is None and dt and dt > 0 and total is not None and before is not None and total >= before:
-                values[name] = (total - before) / dt
-        up, down = values["up_per_s"], values["down_per_s"]
-        values["bytes_per_s"] = None if up is None and down is None else (up or 0.0) + (down or 0.0)
-        self._last_bytes = totals
-
-    def latest(self, name: str) -> float | None:
-        """The newest value of a series (None if empty)."""
-        series = self._series.get(name)
-        return series[-1] if series else None
-
-    def _add_learners(self, learners: Any) -> None:
-        if not isinstance(learners, list):
-            return
-        seen = set()
-        for learner in dicts(learners):
-            if learner.get("id") is None:
-                continue
-            key = str(learner["id"])
-            seen.add(key)
-            self._learners.setdefault(key, deque(maxlen=self.maxlen)).append(num(learner.get("tokens_per_s")))
-        for gone in set(self._learners) - seen:
-            del self._learners[gone]
-
-    def get(self, name: str) -> list[float | None]:
-        """One series, oldest first (empty for an unknown name)."""
-        return list(self._series.get(name, ()))
-
-    def learner(self, learner_id: str) -> list[float | None]:
-        """One learner's tokens/s, oldest first."""
-        return list(self._learners.get(str(learner_id), ()))
-
-    def learner_ids(self) -> list[str]:
-        """Learners that have a series."""
-        return list(self._learners)
-
-    def __len__(self) -> int:
-        return len(self._series["goodput"])
-
 
 # ---------------------------------------------------------------- learners table
 
@@ -375,7 +268,8 @@ def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
         )
     else:
         syncer = f"SYNCER DOWN  {text_of(s.get('address'))}  restarts {fmt_int(s.get('restarts'))}"
-    recent = q.get("recent_contributors") if isinstance(q.get("recent_contributors"), list) else []
+    reported = q.get("recent_contributors")
+    recent = reported if isinstance(reported, list) else []
     up, down, ddp = num(b.get("up")), num(b.get("down")), num(b.get("ddp_equivalent"))
     moved = (up or 0.0) + (down or 0.0)
     times = f" ({ddp / moved:,.0f}x ours)" if ddp is not None and moved else ""

@@ -1,19 +1,17 @@
-"""Building blocks of the status view: safe field access, number formatting, colours, sparklines,
-and one function per panel of the live view (header, quorum, goodput, throughput, bandwidth, loss,
-learners, events).
+"""The rich building blocks of the status view: a sparkline renderable, one-line rows, and one
+function per panel of the live view (header, quorum, goodput, loss, throughput, bandwidth,
+events; the learners panel is in `dldctl.view`).
 
 Everything here is a pure function of a snapshot dict (the `dldctl status --json` schema), the
-series kept by `dldctl.view.History`, and an injected `now`; nothing reads a clock or does I/O.
-A snapshot from an older or partial source may lack any field or hold null where a number is
-expected: every accessor here answers None for that and every formatter renders None as "-".
-`dldctl.view` is the public face and re-exports the helpers.
+series kept by a `History`, and an injected `now`; nothing reads a clock or does I/O. The field
+access, formatting and colours the panels use, and `History` itself, are in `dldctl.view_data`.
+`dldctl.view` is the public face and re-exports what callers need.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich import box
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
@@ -21,23 +19,30 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-if TYPE_CHECKING:
-    from dldctl.view import History
-
-BLOCKS = "▁▂▃▄▅▆▇█"
-DASH = "-"
-
-STATE_STYLES = {
-    "running": "green",
-    "slow": "yellow",
-    "paused": "yellow",
-    "joining": "yellow",
-    "starting": "yellow",
-    "partitioned": "bold magenta",
-    "dead": "bold red",
-    "restarting": "cyan",
-    "stopped": "dim",
-}
+from dldctl.view_data import (
+    DASH,
+    History,
+    dicts,
+    dig,
+    fmt_bytes,
+    fmt_count,
+    fmt_duration,
+    fmt_float,
+    fmt_int,
+    fmt_pct,
+    fmt_rate,
+    goodput_style,
+    num,
+    quorum_colour,
+    quorum_label,
+    run_uptime,
+    section,
+    sparkline,
+    state_style,
+    supervisor_note,
+    syncer_alive,
+    text_of,
+)
 
 EVENT_STYLES = {
     "join": "green",
@@ -56,206 +61,7 @@ EVENT_STYLES = {
     "leave": "dim",
 }
 
-# ---------------------------------------------------------------- safe access and formatting
-
-
-def dig(data: Any, *keys: str) -> Any:
-    """`data[k1][k2]...`, or None as soon as a level is missing or not a dict."""
-    for key in keys:
-        if not isinstance(data, dict):
-            return None
-        data = data.get(key)
-    return data
-
-
-def num(value: Any) -> float | None:
-    """A finite number as float, else None (bools, strings, NaN and inf are not numbers here)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def section(snapshot: Any, key: str) -> dict:
-    """A sub-object of the snapshot (`syncer`, `quorum`, ...), {} when missing or malformed."""
-    value = dig(snapshot, key)
-    return value if isinstance(value, dict) else {}
-
-
-def text_of(value: Any) -> str:
-    """A string field for display: "-" for None or empty."""
-    return DASH if value is None or value == "" else str(value)
-
-
-def dicts(value: Any) -> list[dict]:
-    """The dict items of a list field (a missing field or stray entries are skipped)."""
-    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
-
-
-def _scaled(value: float, units: Sequence[str], base: float) -> str:
-    sign = "-" if value < 0 else ""
-    value = abs(value)
-    for unit in units[:-1]:
-        if value < base:
-            return f"{sign}{value:.0f}{unit}" if unit in ("", " B") else f"{sign}{value:.1f}{unit}"
-        value /= base
-    return f"{sign}{value:.1f}{units[-1]}"
-
-
-def fmt_bytes(value: Any) -> str:
-    """Bytes in decimal units: 512 B, 41.2 MB, 12.1 GB; "-" for None."""
-    v = num(value)
-    return DASH if v is None else _scaled(v, (" B", " kB", " MB", " GB", " TB", " PB"), 1000.0)
-
-
-def fmt_count(value: Any) -> str:
-    """A count with an SI suffix: 950, 12.3k, 1.2M; "-" for None."""
-    v = num(value)
-    return DASH if v is None else _scaled(v, ("", "k", "M", "G", "T"), 1000.0)
-
-
-def fmt_rate(value: Any, unit: str = "B") -> str:
-    """A per-second rate: bytes as "420.0 kB/s", anything else as "12.3k tok/s"."""
-    if num(value) is None:
-        return DASH
-    return f"{fmt_bytes(value)}/s" if unit == "B" else f"{fmt_count(value)} {unit}/s"
-
-
-def fmt_duration(seconds: Any) -> str:
-    """A duration for humans: 0.4s, 45s, 3m05s, 1h02m, 2d03h; "-" for None; negatives count as 0."""
-    s = num(seconds)
-    if s is None:
-        return DASH
-    s = max(0.0, s)
-    if s < 10:
-        return f"{s:.1f}s"
-    whole = int(s)
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86400:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
-
-
-def fmt_pct(value: Any) -> str:
-    """A 0..1 fraction as a percentage with one decimal: 87.3%; "-" for None."""
-    v = num(value)
-    return DASH if v is None else f"{100.0 * v:.1f}%"
-
-
-def fmt_float(value: Any, digits: int = 3) -> str:
-    """A float with fixed decimals, "-" for None."""
-    v = num(value)
-    return DASH if v is None else f"{v:.{digits}f}"
-
-
-def fmt_int(value: Any) -> str:
-    """An integer as is, "-" for None."""
-    v = num(value)
-    return DASH if v is None else str(int(v))
-
-
-# ---------------------------------------------------------------- colours
-
-
-def state_style(state: Any) -> str:
-    """The colour of a learner state (unknown states are plain)."""
-    return STATE_STYLES.get(str(state), "")
-
-
-def goodput_style(value: Any) -> str:
-    """Green from 80 %, yellow from 50 %, red below; dim when unknown."""
-    v = num(value)
-    if v is None:
-        return "dim"
-    return "green" if v >= 0.8 else "yellow" if v >= 0.5 else "red"
-
-
-def syncer_alive(snapshot: dict) -> bool:
-    """Whether the snapshot says the syncer answered (a missing flag counts as down)."""
-    return dig(snapshot, "syncer", "alive") is True
-
-
-def supervisor_note(snapshot: dict, now: float) -> tuple[str, str] | None:
-    """What to say about the supervisor and its watchdog, with its colour; None when all is well
-    (or the snapshot predates the `supervisor` field, or the run is not up)."""
-    sup = section(snapshot, "supervisor")
-    word, dog = sup.get("state"), dig(sup, "watchdog", "alive")
-    age = fmt_duration(live_age(snapshot, sup.get("heartbeat_age_s"), now))
-    heal = (
-        "the watchdog restarts it"
-        if dog is True
-        else "no watchdog either: `dldctl up` with the run's inventory restarts it"
-    )
-    return {
-        "missing": (f"SUPERVISOR MISSING for {age}: {heal}", "bold red"),
-        "hung": (f"supervisor not heard for {age}: {heal}", "bold red"),
-        "stale": (f"supervisor not heard for {age}", "yellow"),
-        "ok": ("no watchdog: the supervisor restarts it", "yellow") if dog is False else None,
-    }.get(str(word))
-
-
-def quorum_colour(snapshot: dict) -> str:
-    """green: live >= min and every declared learner is live; yellow: live >= min but some learner
-    is not (dead, restarting, partitioned), or no round has closed yet; red: live < min,
-    below_quorum, or the syncer is down. Rounds with fewer contributors than live learners are the
-    normal case with a small quorum (Decoupled DiLoCo does not wait): they do not colour it."""
-    q = section(snapshot, "quorum")
-    live, minimum, total = num(dig(q, "live")), num(dig(q, "min")), num(dig(q, "total"))
-    if not syncer_alive(snapshot) or dig(q, "below_quorum") is True:
-        return "red"
-    if live is None or minimum is None:
-        return "yellow"
-    if live < minimum:
-        return "red"
-    if (total is not None and live < total) or _no_rounds(q):
-        return "yellow"
-    return "green"
-
-
-def _no_rounds(q: dict) -> bool:
-    return not q.get("recent_contributors") and not num(q.get("last_round_contributors"))
-
-
-def quorum_label(snapshot: dict) -> str:
-    """One word for the quorum's health, matching `quorum_colour`."""
-    if not syncer_alive(snapshot):
-        return "syncer down"
-    colour = quorum_colour(snapshot)
-    if colour == "yellow" and _no_rounds(section(snapshot, "quorum")):
-        return "NO ROUNDS YET"
-    return {"green": "OK", "yellow": "DEGRADED", "red": "BELOW QUORUM"}[colour]
-
-
-# ---------------------------------------------------------------- sparklines
-
-
-def sparkline(values: Sequence[Any], width: int, lo: float | None = None, hi: float | None = None) -> str:
-    """The last `width` values as unicode blocks ▁..█ (one per value, at most `width` chars).
-
-    The scale is min..max of what is shown unless `lo`/`hi` fix it; a constant series draws
-    mid-height blocks; None, NaN and inf draw a space.
-    """
-    if width <= 0:
-        return ""
-    shown = [num(v) for v in list(values)[-width:]]
-    real = [v for v in shown if v is not None]
-    if not real:
-        return " " * len(shown)
-    bottom = min(real) if lo is None else lo
-    top = max(real) if hi is None else hi
-    span = top - bottom
-    out = []
-    for v in shown:
-        if v is None:
-            out.append(" ")
-        elif span <= 0:
-            out.append(BLOCKS[3] if lo is None and hi is None else BLOCKS[0 if v <= bottom else -1])
-        else:
-            frac = min(1.0, max(0.0, (v - bottom) / span))
-            out.append(BLOCKS[min(len(BLOCKS) - 1, int(frac * (len(BLOCKS) - 1) + 0.5))])
-    return "".join(out)
+# ---------------------------------------------------------------- one-line renderables
 
 
 class Spark:
@@ -313,34 +119,6 @@ def titled(title: str | Text, body: RenderableType, border: str = "blue") -> Pan
     )
 
 
-def run_uptime(snapshot: dict, now: float) -> float | None:
-    """How long the run has been up, advanced to `now`; a run that is down does not age."""
-    if snapshot.get("status") == "down":
-        return num(snapshot.get("uptime_s"))
-    return live_age(snapshot, snapshot.get("uptime_s"), now)
-
-
-def live_age(snapshot: dict, age: Any, now: float) -> float | None:
-    """An age recorded in the snapshot, advanced to `now` (ages grow while a snapshot is shown)."""
-    a = num(age)
-    if a is None:
-        return None
-    taken = num(snapshot.get("now"))
-    return a + max(0.0, now - taken) if taken is not None else a
-
-
-def pick_learners(learners: list[dict], room: int) -> list[dict]:
-    """At most `room` learners, the troubled ones (not running, or stragglers) first, in id order."""
-    if len(learners) <= room:
-        return learners
-
-    def trouble(item: tuple[int, dict]) -> int:
-        return 0 if item[1].get("state") not in ("running", None) or item[1].get("straggler") else 1
-
-    kept = sorted(sorted(enumerate(learners), key=trouble)[: max(0, room)], key=lambda i: i[0])
-    return [learner for _, learner in kept]
-
-
 # ---------------------------------------------------------------- panels of the live view
 
 SEP = (" │ ", "dim")
@@ -374,7 +152,7 @@ def header_notes(snapshot: dict, now: float) -> Text:
     if dropped:
         notes.append((f"dropped sends {int(dropped)}", "yellow"))
     notes += [(str(w), "bold red") for w in dig(snapshot, "syncer", "warnings") or []]
-    notes += [(note, "bold red")] if (note := guard_note(snapshot)) else []
+    notes += [(guard, "bold red")] if (guard := guard_note(snapshot)) else []
     risks = dig(snapshot, "syncer", "risks") or []
     notes += [(f"{len(risks)} risky setting(s): {str(risks[0]).split(':')[0]}", "yellow")] if risks else []
     out = Text()
@@ -430,7 +208,8 @@ def quorum_panel(snapshot: dict, recent: Sequence[Any] | None = None) -> Panel:
     colour, label = quorum_colour(snapshot), quorum_label(snapshot)
     live, total, minimum = num(q.get("live")), num(q.get("total")), num(q.get("min"))
     if recent is None:
-        recent = q.get("recent_contributors") if isinstance(q.get("recent_contributors"), list) else []
+        reported = q.get("recent_contributors")
+        recent = reported if isinstance(reported, list) else []
     top = total if total else max([v for v in map(num, recent) if v is not None], default=None)
     first = line(
         ("live ", "dim"), (f"{fmt_int(live)}/{fmt_int(total)}", f"bold {colour}"), ("  min ", "dim"), fmt_int(minimum)

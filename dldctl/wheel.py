@@ -25,7 +25,10 @@ def package_files() -> list[tuple[str, Path]]:
     """(archive name, file) of every module and data file of the three packages, sorted."""
     out: list[tuple[str, Path]] = []
     for name in PACKAGES:
-        root = Path(importlib.import_module(name).__file__).resolve().parent
+        init = importlib.import_module(name).__file__
+        if init is None:  # a namespace package (no __init__.py): nothing to anchor the files on
+            raise RuntimeError(f"package {name} has no __init__.py; cannot build the learner wheel")
+        root = Path(init).resolve().parent
         for path in sorted(root.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
                 out.append((f"{name}/{path.relative_to(root).as_posix()}", path))

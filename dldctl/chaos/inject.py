@@ -117,7 +117,7 @@ class Chaos:
         ref = entry.get("proc")
         if entry["status"] != "running" or not ref:
             raise ChaosError(f"{target} is not running (status {entry['status']})")
-        record = {
+        record: dict[str, Any] = {
             "id": secrets.token_hex(4),
             "kind": action,
             "target": target,

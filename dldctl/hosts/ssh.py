@@ -4,11 +4,11 @@ What "done right" means here, each from a known failure (see ARCHITECTURE.md, Kn
 - one transport per host, reused for every command and the SFTP session, rebuilt transparently
   when it has dropped; at most 7 commands at a time plus 1 SFTP channel per connection, under
   sshd's default MaxSessions of 10;
-- at most 6 connection handshakes at a time in this process: sshd's MaxStartups (10:30:100)
-  drops unauthenticated connections beyond 10 ("Error reading SSH protocol banner"), and on a
-  loaded host sshd still counts a connection for a moment after our side finished its
-  handshake (8 at a time went past 10 once in a full test run); those drops and
-  connection resets are retried with capped, jittered exponential backoff;
+- at most 6 connection handshakes at a time in this process (sshconnect.py): sshd's
+  MaxStartups (10:30:100) drops unauthenticated connections beyond 10 ("Error reading SSH
+  protocol banner"), and on a loaded host sshd still counts a connection for a moment after
+  our side finished its handshake (8 at a time went past 10 once in a full test run); those
+  drops and connection resets are retried with capped, jittered exponential backoff;
 - stdout and stderr drained together before the exit status is read (paramiko#448: reading
   the status first hangs once output passes the 2 MiB channel window);
 - our own deadline on every command and SFTP request, plus transport keepalives: a dead host
@@ -21,10 +21,8 @@ What "done right" means here, each from a known failure (see ARCHITECTURE.md, Kn
 
 from __future__ import annotations
 
-import logging
 import os
 import posixpath
-import random
 import secrets
 import shlex
 import signal as _signal
@@ -37,15 +35,7 @@ from typing import TypeVar
 
 import paramiko
 
-from dldctl.errors import (
-    DldError,
-    HostError,
-    RemoteCommandError,
-    SSHAuthError,
-    SSHError,
-    UnreachableError,
-    UsageError,
-)
+from dldctl.errors import DldError, HostError, RemoteCommandError, SSHError, UnreachableError, UsageError
 from dldctl.hosts.base import (
     CommandResult,
     Host,
@@ -58,40 +48,11 @@ from dldctl.hosts.base import (
     parse_started,
     parse_stat,
 )
-from dldctl.hosts.sshconfig import (
-    DEFAULT_CONFIG,
-    POLICIES,
-    SSHTarget,
-    classify_connect_error,
-    load_identity,
-    make_policy,
-    parse_jump,
-    resolve_target,
-)
+from dldctl.hosts.sshconfig import DEFAULT_CONFIG, POLICIES, SSHTarget, parse_jump, resolve_target
+from dldctl.hosts.sshconnect import connect
 
-# paramiko logs each failed handshake (with a traceback) at ERROR; with no handler configured,
-# Python's last-resort handler would print those on the operator's terminal during retries.
-logging.getLogger("paramiko").addHandler(logging.NullHandler())
-
-MAX_CONCURRENT_CONNECTS = 6
-CONNECT_ATTEMPTS = 6
-BACKOFF_BASE_S, BACKOFF_CAP_S = 0.2, 3.0
 COMMAND_SLOTS_PER_HOST = 7  # + 1 SFTP channel = 8 <= sshd's MaxSessions 10
-_CONNECT_SLOTS = threading.BoundedSemaphore(MAX_CONCURRENT_CONNECTS)
 T = TypeVar("T")
-
-
-class _Transient(Exception):
-    """A connect failure worth retrying (dropped banner, reset); carries the final error."""
-
-    def __init__(self, error: DldError) -> None:
-        super().__init__(error.line())
-        self.error = error
-
-
-def _backoff(attempt: int) -> float:
-    """Capped exponential backoff with jitter, so that retrying clients spread out."""
-    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt) * random.uniform(0.5, 1.0)
 
 
 def _sh(script: str) -> str:
@@ -176,7 +137,7 @@ class SSHHost(Host):
                 return transport
             self._drop()
             self._client = self._connect()
-            return self._client.get_transport()  # type: ignore[return-value]
+            return self._client.get_transport()
 
     def local_address(self) -> str | None:
         """Our end of the connection: the address this host can dial back (None via a jump)."""
@@ -189,31 +150,15 @@ class SSHHost(Host):
             return None
 
     def _connect(self) -> paramiko.SSHClient:
-        """Handshake under the process-wide connect limit, retrying transient failures."""
-        keys = self._identities()
-        for attempt in range(CONNECT_ATTEMPTS):
-            sock = self._jump_channel()  # before taking a slot: the jump's connect takes one
-            with _CONNECT_SLOTS:
-                try:
-                    return self._handshake(sock, keys)
-                except _Transient as exc:
-                    last = exc
-            if attempt + 1 < CONNECT_ATTEMPTS:
-                time.sleep(_backoff(attempt))
-        raise last.error from last.__cause__
-
-    def _identities(self) -> list[tuple[str, paramiko.PKey]]:
-        """Keys from the identity files; a given file must load, config ones may be skipped."""
-        keys = []
-        for path in self.target.identity_files:
-            if not self.target.identity_explicit and not os.path.exists(path):
-                continue  # as ssh: a missing IdentityFile in config is skipped
-            try:
-                keys.append((path, load_identity(self.name, path)))
-            except SSHAuthError:
-                if self.target.identity_explicit:
-                    raise
-        return keys
+        """A new connection to the target, through the jump host if there is one (sshconnect.py)."""
+        return connect(
+            self.name,
+            self.target,
+            self.policy,
+            timeout=self.connect_timeout,
+            keepalive_s=self.keepalive_s,
+            jump_channel=self._jump_channel,
+        )
 
     def _jump_channel(self) -> paramiko.Channel | None:
         """A direct-tcpip channel through the jump host to our target, used as our socket."""
@@ -230,40 +175,6 @@ class SSHHost(Host):
             ) from exc
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise SSHError(self.name, f"jump host {self._jump.name} failed: {exc}") from exc
-
-    def _handshake(self, sock: paramiko.Channel | None, keys: list[tuple[str, paramiko.PKey]]) -> paramiko.SSHClient:
-        """One connect attempt: TCP, banner, key exchange, host key check, authentication."""
-        t = self.target
-        client = paramiko.SSHClient()
-        if t.known_hosts.exists():
-            try:
-                client.load_host_keys(str(t.known_hosts))
-            except OSError as exc:
-                raise SSHError(self.name, f"cannot read {t.known_hosts}: {exc}") from exc
-        client.set_missing_host_key_policy(make_policy(self.name, self.policy, t))
-        try:
-            client.connect(
-                t.address,
-                port=t.port,
-                username=t.user,
-                pkey=keys[0][1] if keys else None,
-                key_filename=[path for path, _ in keys[1:]] or None,
-                allow_agent=True,
-                look_for_keys=not t.identity_files,
-                sock=sock,
-                timeout=self.connect_timeout,
-                banner_timeout=self.connect_timeout,
-                auth_timeout=self.connect_timeout,
-                channel_timeout=self.connect_timeout,
-            )
-        except Exception as exc:
-            client.close()
-            retry, error = classify_connect_error(self.name, t, exc, self.connect_timeout, CONNECT_ATTEMPTS)
-            if retry:
-                raise _Transient(error) from exc
-            raise error from exc
-        client.get_transport().set_keepalive(self.keepalive_s)  # type: ignore[union-attr]
-        return client
 
     def _reset(self) -> None:
         """Drop a connection that stopped answering; the next operation reconnects."""

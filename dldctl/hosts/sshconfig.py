@@ -1,8 +1,9 @@
 """Who and how to connect: `~/.ssh/config` resolution, identity files, host-key policies, and
 what a failed connect means (which error to report, whether to retry).
 
-Kept apart from the connection code in `ssh.py` so that these decisions (which user, port, key,
-known_hosts file; whether an unknown or changed host key is accepted) are easy to read and test.
+Kept apart from the connection code (`ssh.py`, `sshconnect.py`) so that these decisions (which
+user, port, key, known_hosts file; whether an unknown or changed host key is accepted) are easy
+to read and test.
 
 Host-key policy, as OpenSSH's StrictHostKeyChecking:
     strict       a key not in known_hosts is refused; the message says how to add it
@@ -70,7 +71,7 @@ def resolve_target(
     """Merge explicit arguments over `~/.ssh/config` (explicit wins, as on ssh's command line)."""
     cfg = _lookup(alias, config_file) if config_file is not None else {"hostname": alias}
     explicit = identity_file is not None
-    if explicit:
+    if identity_file is not None:  # `explicit`, spelled out so that mypy narrows the type
         identities: tuple[str, ...] = (os.path.expanduser(os.fspath(identity_file)),)
     else:
         identities = tuple(os.path.expanduser(p) for p in cfg.get("identityfile", []))
