@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import common
 from bench.dprun import run_dp
 from bench.evaluate import relative_gap
-from bench.fleet import Plan, diloco_run, local_host, run_diloco, tokens_per_step
+from bench.fleet import Plan, diloco_run, local_host, run_diloco
+from bench.fleet_summary import tokens_per_step
 from workload.gpt import param_shapes
 
 LEARNERS = 4

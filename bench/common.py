@@ -101,7 +101,7 @@ class Timing:
         return Timing(self.samples + other.samples, self.cpu_samples + other.cpu_samples)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "best_s": self.best,
             "median_s": self.median,
             "worst_s": self.worst,

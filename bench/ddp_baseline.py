@@ -38,67 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as python bench/ddp_baseline.py
 
+from bench.proctree import descendants, proc_stat, signal_if_same, worker_rank
+
 WORKER = ROOT / "bench" / "ddp_worker.py"
 JOB_FILES = ("checkpoint.pt", "progress.jsonl", "final.json", "config.json", "torchrun.log")
-
-
-# --------------------------------------------------------------------------- processes via /proc
-
-
-def proc_stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time in clock ticks) of a live process, or None if it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    rest = raw.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
-    if rest[0] == "Z":
-        return None  # a zombie: dead, only waiting to be reaped
-    return int(rest[1]), int(rest[19])
-
-
-def descendants(root: int) -> dict[int, int]:
-    """{pid: start time} of every live process below `root`, found by walking /proc (never by name)."""
-    parent: dict[int, int] = {}
-    start: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            st = proc_stat(int(entry))
-            if st is not None:
-                parent[int(entry)], start[int(entry)] = st
-    found: dict[int, int] = {}
-    frontier = [root]
-    while frontier:
-        pid = frontier.pop()
-        for child, ppid in parent.items():
-            if ppid == pid and child not in found:
-                found[child] = start[child]
-                frontier.append(child)
-    return found
-
-
-def worker_rank(pid: int) -> int | None:
-    """The RANK torchrun gave a worker (from its environment), or None."""
-    try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    for item in env:
-        if item.startswith(b"RANK="):
-            return int(item[5:])
-    return None
-
-
-def signal_if_same(pid: int, start: int, sig: int) -> bool:
-    """Send `sig` to `pid` only if it is still the process that started at `start` (no pid reuse)."""
-    st = proc_stat(pid)
-    if st is None or st[1] != start:
-        return False
-    try:
-        os.kill(pid, sig)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 # --------------------------------------------------------------------------- one job
@@ -151,11 +94,12 @@ class DdpJob:
     def alive(self) -> list[int]:
         """Pids of this job that are still running (empty after cleanup)."""
         procs = {self.proc.pid: None, **self.seen}
-        return [
-            pid
-            for pid, start in procs.items()
-            if proc_stat(pid) is not None and (start is None or proc_stat(pid)[1] == start)
-        ]
+        alive = []
+        for pid, start in procs.items():
+            st = proc_stat(pid)
+            if st is not None and (start is None or st[1] == start):
+                alive.append(pid)
+        return alive
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -387,7 +331,8 @@ def _tail(path: Path, n: int = 3000) -> str:
 def failure_schedule(duration_s: float, mean_interval_s: float, seed: int) -> list[float]:
     """Seeded exponential inter-failure times (a Poisson process) within `duration_s`."""
     rng = random.Random(seed)
-    times, t = [], 0.0
+    times: list[float] = []
+    t = 0.0
     while True:
         t += rng.expovariate(1.0 / mean_interval_s)
         if t >= duration_s:

@@ -10,7 +10,7 @@ seed: identical init everywhere), wraps the model in DDP (gloo on CPU, NCCL on C
 with the learners' inner optimizer (AdamW, linear warmup, grad clip) until the token budget
 (summed over ranks) or the duration (counted from the launcher's start, restarts included).
 
-Two ways to average gradients (config "reducer"):
+Two ways to average gradients (config "reducer"; both in bench/ddp_comm.py):
 - "ddp" (default): DistributedDataParallel, bucketed all-reduce overlapped with backward;
 - "flat": no DDP; after backward, the fp32 gradients are copied into flat buckets, each bucket is
   all-reduced with `dist.all_reduce` and averaged, nothing overlapped. Same maths, same bytes, and
@@ -58,13 +58,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # run as a script by torchrun: make `learner` importable
+    sys.path.insert(0, str(ROOT))  # run as a script by torchrun: make `bench`, `learner` importable
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from bench.ddp_comm import CommCounter, FlatAllReduce, counting_allreduce_hook, ring_wire_bytes
 from learner.schedule import learning_rate
 from syncer.settings import settings_from_dict
 from workload import Workload, WorkloadContext, build_workload
@@ -109,69 +109,6 @@ class Counters:
     initial_eval_loss: float | None = None
 
 
-@dataclass
-class CommCounter:
-    """State of the counting comm hook."""
-
-    process_group: Any = None
-    payload_bytes: int = 0
-    last_ready: float = 0.0
-
-
-def counting_allreduce_hook(state: CommCounter, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP's default all-reduce (sum, then divide by world), counting the bucket's bytes."""
-    buf = bucket.buffer()
-    state.payload_bytes += buf.numel() * buf.element_size()
-    state.last_ready = time.perf_counter()
-    return allreduce_hook(state.process_group, bucket)
-
-
-# DDP checks the hook's annotations as objects; `from __future__ import annotations` made them strings
-counting_allreduce_hook.__annotations__.update(
-    bucket=dist.GradBucket, state=CommCounter, **{"return": torch.futures.Future[torch.Tensor]}
-)
-
-
-class FlatAllReduce:
-    """Gradient averaging by hand: flat fp32 buckets, `dist.all_reduce` (sum), divide by world."""
-
-    def __init__(self, model: torch.nn.Module, world: int, bucket_mb: float, payload_bytes: int = 0) -> None:
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.world, self.payload_bytes = world, payload_bytes
-        cap = max(1, int(bucket_mb * (1 << 20)))
-        self.buckets: list[list[torch.nn.Parameter]] = [[]]
-        for p in reversed(self.params):  # like DDP: the last layers' gradients are ready first
-            size = sum(q.numel() * q.element_size() for q in self.buckets[-1])
-            if self.buckets[-1] and size + p.numel() * p.element_size() > cap:
-                self.buckets.append([])
-            self.buckets[-1].append(p)
-
-    def broadcast_params(self) -> None:
-        """Rank 0's parameters on every rank (what DDP does at construction)."""
-        for bucket in self.buckets:
-            flat = torch.cat([p.detach().reshape(-1) for p in bucket])
-            dist.broadcast(flat, src=0)
-            with torch.no_grad():
-                for p, value in zip(bucket, flat.split([q.numel() for q in bucket])):
-                    p.copy_(value.view_as(p))
-
-    def reduce(self) -> float:
-        """Average every gradient across ranks; returns the seconds spent (all of it blocked)."""
-        t0 = time.perf_counter()
-        for bucket in self.buckets:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            self.payload_bytes += flat.numel() * flat.element_size()
-            dist.all_reduce(flat)
-            flat.div_(self.world)
-            offset = 0
-            for p in bucket:
-                n = p.numel()
-                p.grad = flat[offset : offset + n].view_as(p)
-                offset += n
-        return time.perf_counter() - t0
-
-
 def fast_forward(next_batch: Any, steps: int) -> bool:
     """Skip `steps` batches of a built-in `Batches` stream without gathering them (the same window
     starts `Batches.next()` would draw); False if `next_batch` is not one (a custom workload)."""
@@ -181,11 +118,6 @@ def fast_forward(next_batch: Any, steps: int) -> bool:
     for _ in range(steps):
         batches._rng.integers(batches.start, batches.stop - batches.seq_len, size=batches.batch_size)
     return True
-
-
-def ring_wire_bytes(payload_bytes: float, world: int) -> float:
-    """Bytes one rank sends (and receives) in a ring all-reduce of `payload_bytes`."""
-    return 2.0 * (world - 1) / world * payload_bytes if world > 1 else 0.0
 
 
 def load_config(text_or_path: str) -> JobConfig:
@@ -344,7 +276,10 @@ class Job:
         return stop > 0 or bool(self.cfg.budget_tokens and c.tokens >= self.cfg.budget_tokens)
 
     def _out_of_time(self) -> bool:
-        return bool(self.cfg.duration_s) and time.time() - self.started_at >= float(self.cfg.duration_s)
+        duration = self.cfg.duration_s
+        if not duration:  # no duration set (or 0): only the token budget ends the job
+            return False
+        return time.time() - self.started_at >= float(duration)
 
     def _after_step(self, first: bool) -> None:
         """Rank 0's bookkeeping between steps: start event, periodic eval and checkpoint."""

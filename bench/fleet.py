@@ -11,7 +11,8 @@ when the environment sets `DLD_BENCH_KEEP=1`: for a post-mortem of a run's recor
 The benchmarks read what the run wrote rather than polling `dldctl status` (each call is a
 Python start-up, about a second of CPU on a 2-core machine shared with the fleet):
 `samples()` (the syncer's `sample` records, every 2 s), `rounds()` (one per merge) and
-`events()`. `window_goodput()` turns the samples into goodput over a chosen time window:
+`events()`. `window_goodput()` (in bench/fleet_summary.py, with the run's other derived numbers)
+turns the samples into goodput over a chosen time window:
 
     merged_s(t)      = goodput(t) * provisioned_s(t)          (what the syncer reports)
     provisioned_s(t) = M * (t - t_syncer_start)               (M declared learners, no syncer restart)
@@ -27,7 +28,6 @@ optimizer; `run_diloco(Plan(...))` runs one fleet from `up` to the evaluated fin
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import random
@@ -42,12 +42,13 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.fleet_summary import budget_reached, finished_learners, summarize_run
 from dldctl.hosts.local import read_stat
 from syncer import jsonl
 
@@ -74,10 +75,14 @@ WORKLOAD: dict[str, Any] = {
 # default Nesterov (0.7, 0.9) diverged here at H <= 32, plain averaging (1.0, 0.0) did not.
 OUTER: dict[int, tuple[float, float]] = {}
 DEFAULT_OUTER = (1.0, 0.0)
-STOP_LEAD_S, RATE_WINDOW_S = (
-    2.5,
-    6.0,
-)  # a token budget is called reached STOP_LEAD_S of training early (sample lag + down)
+
+
+class OuterOptimizer(TypedDict):
+    """An outer optimizer as `[run]` keys, to pass on as `diloco_run(H, **outer)` (typed, so that
+    mypy knows these floats go to `**extra`, not to `compression` or `quorum`)."""
+
+    outer_lr: float
+    outer_momentum: float
 
 
 def diloco_run(
@@ -104,10 +109,6 @@ def diloco_run(
     }
     run.update(extra)
     return run
-
-
-def tokens_per_step(run: dict[str, Any]) -> int:
-    return int(run["batch_size"]) * int(run["seq_len"])
 
 
 # --------------------------------------------------------------------------- inventory
@@ -375,57 +376,7 @@ def _injected(text: str) -> int:
     return sum(1 for line in text.splitlines() if line.startswith("t+") and "skipped" not in line)
 
 
-# --------------------------------------------------------------------------- derived numbers
-
-
-def syncer_start(events: list[dict[str, Any]]) -> float | None:
-    """Unix time of the first `syncer_start` event (the syncer's accounting starts there)."""
-    starts = [e["t"] for e in events if e.get("kind") == "syncer_start"]
-    return min(starts) if starts else None
-
-
-def merged_seconds(sample: dict[str, Any], t0: float, learners: int) -> float:
-    """merged_s at a sample: the syncer's goodput times its provisioned time M * (t - t0)."""
-    return float(sample["goodput"]) * learners * max(0.0, float(sample["t"]) - t0)
-
-
-def window(samples: list[dict[str, Any]], start: float, end: float) -> tuple[dict, dict] | None:
-    """The first sample at or after `start` and the last at or before `end` (None if < 2)."""
-    inside = [s for s in samples if start <= s["t"] <= end]
-    return (inside[0], inside[-1]) if len(inside) >= 2 and inside[-1]["t"] > inside[0]["t"] else None
-
-
-def window_goodput(samples: list[dict[str, Any]], t0: float, learners: int, start: float, end: float) -> dict[str, Any]:
-    """Goodput, tokens merged/s and trained/s between two samples inside [start, end]."""
-    pair = window(samples, start, end)
-    if pair is None:
-        return {"goodput": None, "tokens_merged_per_s": None, "tokens_trained_per_s": None, "window_s": 0.0}
-    a, b = pair
-    dt = b["t"] - a["t"]
-    merged = merged_seconds(b, t0, learners) - merged_seconds(a, t0, learners)
-    return {
-        "goodput": merged / (learners * dt),
-        "window_s": dt,
-        "window": [a["t"], b["t"]],
-        "tokens_merged_per_s": (b["tokens_merged"] - a["tokens_merged"]) / dt,
-        "tokens_trained_per_s": (b["tokens_trained"] - a["tokens_trained"]) / dt,
-    }
-
-
-def blocked_share(samples: list[dict[str, Any]]) -> float | None:
-    """The learners' mean share of their loop time spent blocked (the last sample that has one)."""
-    for sample in reversed(samples):
-        values = [row.get("blocked_frac") for row in (sample.get("learners") or {}).values()]
-        values = [v for v in values if isinstance(v, (int, float))]
-        if values:
-            return sum(values) / len(values)
-    return None
-
-
-def finished_learners(fleet: Fleet, learners: int) -> int:
-    """How many learners wrote `finished` (their step budget is spent; never restarted)."""
-    assert fleet.run_dir is not None
-    return sum(1 for i in range(learners) if (fleet.run_dir / "learners" / f"learner-{i}" / "finished").exists())
+# --------------------------------------------------------------------------- one run (numbers: bench/fleet_summary.py)
 
 
 @dataclass
@@ -462,19 +413,6 @@ def _ended(fleet: Fleet, plan: Plan, start: float) -> bool:
     return False
 
 
-def budget_reached(samples: list[dict[str, Any]], budget: int) -> bool:
-    """`budget` tokens trained, counting STOP_LEAD_S more at the rate of the last RATE_WINDOW_S of
-    samples (the learners' own tokens/s ignores waits, pauses, restarts: chaos runs ended short)."""
-    last = samples[-1]
-    ref = next((s for s in reversed(samples) if last["t"] - s["t"] >= RATE_WINDOW_S), None)
-    rate = (
-        (last["tokens_trained"] - ref["tokens_trained"]) / (last["t"] - ref["t"])
-        if ref is not None
-        else float(last.get("tokens_per_s") or 0.0)
-    )
-    return last["tokens_trained"] + STOP_LEAD_S * max(0.0, rate) >= budget
-
-
 def run_diloco(plan: Plan) -> dict[str, Any]:
     """Run `plan` on a fresh fleet (always cleaned up) and summarise it; see `summarize_run`."""
     from bench import evaluate
@@ -482,7 +420,8 @@ def run_diloco(plan: Plan) -> dict[str, Any]:
     with Fleet(plan.name, keep=bool(os.environ.get("DLD_BENCH_KEEP")), tmpfs_mb=plan.home_tmpfs_mb) as fleet:
         fleet.up(plan.run, plan.hosts)
         start = fleet.wait_training(plan.learners)
-        stop, box = threading.Event(), []
+        stop = threading.Event()
+        box: list[Any] = []  # what the chaos thread returned (or the error it raised)
         worker = None
         if plan.chaos is not None:
             worker = threading.Thread(target=_run_chaos, args=(plan.chaos, fleet, start, stop, box), daemon=True)
@@ -507,60 +446,9 @@ def run_diloco(plan: Plan) -> dict[str, Any]:
         return out
 
 
-def _run_chaos(chaos: Any, fleet: Fleet, start: float, stop: threading.Event, box: list) -> None:
+def _run_chaos(chaos: Any, fleet: Fleet, start: float, stop: threading.Event, box: list[Any]) -> None:
     """The plan's chaos function; what it returns, or the error it raised, goes into `box`."""
     try:
         box.append(chaos(fleet, start, stop))
     except Exception as exc:
         box.append({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]})
-
-
-def summarize_run(fleet: Fleet, plan: Plan, summary: dict[str, Any], start: float, end: float) -> dict[str, Any]:
-    """Tokens, bytes (total and in the training window), goodput (syncer's and windowed), rounds."""
-    samples, rounds, events = fleet.samples(), fleet.rounds(), fleet.events()
-    t0 = syncer_start(events) or start
-    tokens = reported = int(summary.get("tokens_trained") or 0)
-    steps = int(plan.run.get("steps") or 0)
-    exact = (
-        steps
-        and not any(e.get("kind") == "death" for e in events)
-        and finished_learners(fleet, plan.learners) == plan.learners
-    )
-    if exact:  # every learner ran exactly `steps` steps; the syncer misses each one's last heartbeat
-        tokens = plan.learners * steps * tokens_per_step(plan.run)
-    wire = int(summary.get("bytes_up") or 0) + int(summary.get("bytes_down") or 0)
-    win = window_goodput(samples, t0, plan.learners, start, end)
-    steady = window(samples, start, end)
-    steady_bpt = None
-    if steady is not None:
-        a, b = steady
-        dtok = b["tokens_trained"] - a["tokens_trained"]
-        dbytes = (b["bytes_up"] + b["bytes_down"]) - (a["bytes_up"] + a["bytes_down"])
-        steady_bpt = dbytes / dtok if dtok else None
-    contributors = [len(r["contributors"]) for r in rounds]
-    return {
-        "name": plan.name,
-        "run": plan.run,
-        "learners": plan.learners,
-        "summary": summary,
-        "training_started": start,
-        "training_ended": end,
-        "train_s": end - start,
-        "tokens_trained": tokens,
-        "tokens_trained_syncer": reported,
-        "tokens_exact": bool(exact),
-        "tokens_merged": int(summary.get("tokens_merged") or 0),
-        "bytes_up": summary.get("bytes_up"),
-        "bytes_down": summary.get("bytes_down"),
-        "bytes_per_token": wire / tokens if tokens else None,
-        "up_per_token": (summary.get("bytes_up") or 0) / tokens if tokens else None,
-        "down_per_token": (summary.get("bytes_down") or 0) / tokens if tokens else None,
-        "steady_bytes_per_token": steady_bpt,
-        "goodput_syncer": summary.get("goodput"),
-        "window": win,
-        "rounds": len(rounds),
-        "mean_contributors": sum(contributors) / len(contributors) if contributors else None,
-        "contributors_hist": {str(k): v for k, v in sorted(collections.Counter(contributors).items())},
-        "blocked_share": blocked_share(samples),
-        "event_counts": dict(collections.Counter(e.get("kind") for e in events)),
-    }

@@ -26,7 +26,7 @@ start, torch import, first join) is excluded for all; every restart inside the w
 
 - DiLoCo goodput = merged learner compute time / provisioned learner time over the window, from
   the syncer's samples: merged_s(t) = goodput(t) x 4 x (t - syncer start), goodput = (merged_s(end)
-  - merged_s(start)) / (4 x window) (`bench.fleet.window_goodput`). Work still unmerged at the end
+  - merged_s(start)) / (4 x window) (`bench.fleet_summary.window_goodput`). Work still unmerged at the end
   of the window (at most H steps per fragment and learner) is not counted.
 - DP goodput = compute time of the steps in the final model (summed over ranks) / (4 x window).
 - tokens merged per second (DP: tokens in the final model per second) over the window.
@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ def _extra(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def strategies(H: int, long_h: int, extra: list[str] = ()) -> list[tuple[str, dict[str, Any]]]:
+def strategies(H: int, long_h: int, extra: Sequence[str] = ()) -> list[tuple[str, dict[str, Any]]]:
     """(name, [run] table): Decoupled at H, overwriting (the default) and rebasing replies (and
     rebasing at long_h unless 0, and with each `extra` override), synchronous at H."""
     out = [("Decoupled DiLoCo", diloco_run(H)), ("Decoupled DiLoCo, rebase", diloco_run(H, rebase=True))]

@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
-from bench.fleet import Plan, diloco_run, local_host, run_diloco
+from bench.fleet import OuterOptimizer, Plan, diloco_run, local_host, run_diloco
 from syncer.settings import RunSettings
 
 LEARNERS = 4
@@ -54,7 +54,7 @@ HETEROGENEOUS = [local_host("fast", 2), local_host("slow", 2, throttle=2.0)]
 
 def configs(H: int) -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
     """(name, [run] table, hosts) of every configuration."""
-    outer = {"outer_lr": RunSettings.outer_lr, "outer_momentum": RunSettings.outer_momentum}
+    outer: OuterOptimizer = {"outer_lr": RunSettings.outer_lr, "outer_momentum": RunSettings.outer_momentum}
     return [
         ("homogeneous, defaults", diloco_run(H, **outer), HOMOGENEOUS),
         ("heterogeneous, defaults", diloco_run(H, **outer), HETEROGENEOUS),

@@ -38,7 +38,7 @@ def _scores(fleet: Fleet) -> list[dict[str, Any]]:
 
 
 def run(H: int, M: int, duration: float) -> dict[str, Any]:
-    settings = {
+    settings: dict[str, Any] = {
         "model": "gpt-tiny",
         "seq_len": 32,
         "batch_size": 8,
@@ -62,7 +62,7 @@ def run(H: int, M: int, duration: float) -> dict[str, Any]:
     losses = [m["loss"] for m in res["inspect"]]
     finite = [x for x in losses if math.isfinite(x)]
     final, best = (losses[-1], min(finite)) if finite else (None, None)
-    diverged = (len(finite) < len(losses)) or final is None or final > best * (1 + DIVERGED)
+    diverged = (len(finite) < len(losses)) or final is None or best is None or final > best * (1 + DIVERGED)
     risks = RunSettings(**{**settings, "quorum": 1}).risks()
     return {
         "H": H,

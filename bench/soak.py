@@ -98,7 +98,8 @@ def soak(name: str, duration: float, monkey_seed: int | None, warmup: float, win
     with Fleet(name) as fleet:
         fleet.up({}, None)
         start = fleet.wait_training(LEARNERS, timeout=300)
-        stop, rss = threading.Event(), []
+        stop = threading.Event()
+        rss: list[dict[str, Any]] = []
         sampler = threading.Thread(target=sample_rss, args=(fleet, stop, 5.0, rss), daemon=True)
         sampler.start()
         monkey = None
@@ -167,11 +168,10 @@ def verdict(chaos: dict[str, Any], clean: dict[str, Any] | None) -> dict[str, An
         "syncer RSS growth < 10%": growth is not None and growth < TARGET_RSS,
         "no leaked processes": not chaos["leftovers"] and not chaos["down_error"],
     }
+    text = "; ".join(f"{k}: {'MET' if v else 'MISSED'}" for k, v in checks.items())
     gap = None
     if clean and clean["eval_loss"] and chaos["eval_loss"]:
         gap = chaos["eval_loss"] / clean["eval_loss"] - 1.0
-    text = "; ".join(f"{k}: {'MET' if v else 'MISSED'}" for k, v in checks.items())
-    if gap is not None:
         text += f"; final eval loss {chaos['eval_loss']:.4f} vs clean {clean['eval_loss']:.4f} ({100 * gap:+.1f}%)"
     return {"checks": checks, "loss_gap": gap, "text": text}
 

@@ -51,7 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
 from syncer import codec, fragments, native
-from syncer.core import Outbox, SyncerCore
+from syncer.core import SyncerCore
+from syncer.globalmodel import GlobalModel, Outbox
 from syncer.protocol import Message
 from syncer.settings import RunSettings
 from workload.gpt import param_shapes
@@ -115,6 +116,13 @@ def build_core(model: str, settings: RunSettings, kernel: native.Kernel | None =
     return core
 
 
+def global_model(core: SyncerCore) -> GlobalModel:
+    """The core's global model, which exists once the learners' weights are uploaded (`build_core`)."""
+    if core.model is None:
+        raise RuntimeError("the syncer core has no global model yet: build it with build_core()")
+    return core.model
+
+
 def outer_gradient(n: int, seed: int, shared: torch.Tensor) -> torch.Tensor:
     """A learner's outer gradient: a shared direction, its own Gaussian noise and a few outliers."""
     g = torch.Generator().manual_seed(seed)
@@ -127,7 +135,7 @@ def outer_gradient(n: int, seed: int, shared: torch.Tensor) -> torch.Tensor:
 def make_blobs(core: SyncerCore, settings: RunSettings) -> list[list[bytes]]:
     """blobs[p][m]: learner m's encoded outer gradient of fragment p (encoded once, reused)."""
     blobs = []
-    for p, theta in enumerate(core.model.theta):
+    for p, theta in enumerate(global_model(core).theta):
         shared = torch.randn(theta.numel(), generator=torch.Generator().manual_seed(1000 + p)) * 3e-4
         blobs.append(
             [
@@ -150,6 +158,7 @@ class Rounds:
 
     def __call__(self) -> None:
         core = self.core
+        gm = global_model(core)  # looked up before the timed pushes
         for p, blobs in enumerate(self.blobs):
             self.now += 1e-3
             out = Outbox()
@@ -162,7 +171,7 @@ class Rounds:
                         "push",
                         {
                             "fragment": p,
-                            "base_version": core.model.versions[p],
+                            "base_version": gm.versions[p],
                             "seq": self.seq,
                             "epoch": core.epoch,
                             "c_steps": self.steps,
@@ -203,7 +212,8 @@ def state_floor(core: SyncerCore) -> Callable[[], None]:
     """What updating the round's fp32 state costs at the least: one read and one write of each of
     the three vectors every round must update (parameters, Nesterov momentum, error-feedback
     residual), on copies of them, with nothing computed."""
-    copies = [t.clone() for m in (core.model.theta, core.model.momentum, core.model.residual) for t in m]
+    gm = global_model(core)
+    copies = [t.clone() for m in (gm.theta, gm.momentum, gm.residual) for t in m]
 
     def run() -> None:
         for t in copies:
@@ -214,7 +224,7 @@ def state_floor(core: SyncerCore) -> Callable[[], None]:
 
 def memcpy(core: SyncerCore) -> None:
     """The baseline: one copy of every fragment (the same fp32 bytes the rounds process)."""
-    for theta in core.model.theta:
+    for theta in global_model(core).theta:
         theta.clone()
 
 
@@ -223,7 +233,8 @@ def bench_model(model: str, fragments_count: int, repeat: int, kernel: native.Ke
     settings = RunSettings(model=model, fragments=fragments_count, H=16 * fragments_count)
     settings.validate()
     core = build_core(model, settings, kernel)
-    nbytes = 4 * core.model.numel
+    gm = global_model(core)
+    nbytes = 4 * gm.numel
     blobs = make_blobs(core, settings)
     rounds, floor_fn, state_fn = Rounds(core, blobs, settings.H), zstd_floor(blobs), state_floor(core)
     rounds()  # warm-up (first-touch allocations, caches)
@@ -248,7 +259,7 @@ def bench_model(model: str, fragments_count: int, repeat: int, kernel: native.Ke
         "kernel": "native" if kernel is not None else "torch",
         "fragments": fragments_count,
         "fragment_MB": nbytes / fragments_count / 1e6,
-        "segments": sum(len(core.model.plan.segments(p)) for p in range(fragments_count)),
+        "segments": sum(len(gm.plan.segments(p)) for p in range(fragments_count)),
         "round_ms": 1e3 * pipe.cpu.median / fragments_count,
         "MB/s": mbs,
         "best_MB/s": common.mb_per_s(nbytes, pipe.cpu.best),

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from bench.ddp_baseline import failure_schedule, run_ddp
-from bench.ddp_worker import fast_forward, ring_wire_bytes
+from bench.ddp_comm import ring_wire_bytes
+from bench.ddp_worker import fast_forward
 from workload import data as data_mod
 from workload import gpt as model_mod
 
