@@ -43,12 +43,12 @@ import signal
 import sys
 import threading
 import time
+
+# stdlib since 3.11; mypy checks as 3.10 (pyproject's python_version), which has none
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-# stdlib since 3.11; mypy checks as 3.10 (pyproject's python_version), which has none
-import tomllib  # type: ignore[import-not-found]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 # stdlib since 3.11; mypy checks as 3.10 (pyproject's python_version), which has none
-import tomllib  # type: ignore[import-not-found]
+import tomllib
+from pathlib import Path
+
 import typer
 from rich.console import Console
 

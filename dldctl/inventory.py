@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 import re
+
+# stdlib since 3.11; mypy checks as 3.10 (pyproject's python_version), which has none
+import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
-
-# stdlib since 3.11; mypy checks as 3.10 (pyproject's python_version), which has none
-import tomllib  # type: ignore[import-not-found]
 
 from dldctl.errors import ConfigError
 from syncer.settings import RunSettings, SettingsError, from_mapping, suggest
