@@ -29,7 +29,7 @@ import zstandard
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
-from syncer import codec
+from syncer.wire import codec
 from workload.gpt import build
 
 BLOCK = 128

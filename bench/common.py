@@ -226,7 +226,7 @@ def write_json(path: Path | str, payload: Mapping[str, Any]) -> Path:
 
 def overrides(spec: str) -> dict[str, Any]:
     """ "H=64,outer_lr=0.7" -> {"H": 64, "outer_lr": 0.7}, typed like the RunSettings defaults."""
-    from syncer.settings import RunSettings
+    from syncer.common.settings import RunSettings
 
     defaults = RunSettings().to_dict()
     out: dict[str, Any] = {}

@@ -66,7 +66,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bench.ddp_comm import CommCounter, FlatAllReduce, counting_allreduce_hook, ring_wire_bytes
 from learner.schedule import learning_rate
-from syncer.settings import settings_from_dict
+from syncer.common.settings import settings_from_dict
 from workload import Workload, WorkloadContext, build_workload
 from workload import data as data_mod
 

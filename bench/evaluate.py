@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from syncer.settings import settings_from_dict
+from syncer.common.settings import settings_from_dict
 from workload import Workload, WorkloadContext, build_workload
 
 TIED = {"lm_head.weight"}  # the GPT's LM head is the token embedding (weight tying)

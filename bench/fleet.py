@@ -50,7 +50,7 @@ if str(ROOT) not in sys.path:
 
 from bench.fleet_summary import budget_reached, finished_learners, summarize_run
 from dldctl.hosts.local import read_stat
-from syncer import jsonl
+from syncer.common import jsonl
 
 DLDCTL = str(Path(sys.executable).parent / "dldctl")
 

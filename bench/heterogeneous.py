@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
 from bench.fleet import OuterOptimizer, Plan, diloco_run, local_host, run_diloco
-from syncer.settings import RunSettings
+from syncer.common.settings import RunSettings
 
 LEARNERS = 4
 SLOW = {"learner-2", "learner-3"}  # inventory order: host "fast" (2 learners), then host "slow" (2)

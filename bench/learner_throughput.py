@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
 from bench.fleet import Fleet, diloco_run, local_host
-from syncer.settings import settings_from_dict
+from syncer.common.settings import settings_from_dict
 from workload import WorkloadContext, build_workload
 
 # (model, seq_len, batch_size, steps, quick steps) per device; threads per device below

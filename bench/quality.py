@@ -54,7 +54,7 @@ from bench.dprun import run_dp
 from bench.evaluate import relative_gap
 from bench.fleet import OuterOptimizer, Plan, diloco_run, local_host, run_diloco
 from bench.fleet_summary import tokens_per_step
-from syncer.settings import RunSettings
+from syncer.common.settings import RunSettings
 
 LEARNERS = 4
 TARGET_SYNC, TARGET_CLEAN, TARGET_CHAOS = 0.01, 0.03, 0.05

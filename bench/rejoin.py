@@ -138,7 +138,7 @@ def fetch_state(run_dir: Path, settings: dict[str, Any], times: int) -> dict[str
     from bench.evaluate import workload
     from learner.client import SyncerClient
     from learner.config import load
-    from syncer import fragments
+    from syncer.wire import fragments
 
     wl = workload(settings)
     params = dict(wl.model.named_parameters())

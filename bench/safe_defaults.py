@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
 from bench.fleet import Fleet, Plan, local_host, read_jsonl, run_diloco
-from syncer.settings import RunSettings
+from syncer.common.settings import RunSettings
 
 DIVERGED = 0.10  # final score this far above the run's best
 

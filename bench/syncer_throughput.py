@@ -1,7 +1,7 @@
 """Benchmark: the syncer's per-round hot path, in MB of fp32 fragment parameters per second.
 
 Drives the real `SyncerCore` (no sockets, fake wall clock) with the fragment plan of a real
-model (`workload.gpt.param_shapes` + `syncer.fragments.plan`, default settings: int4 + zstd,
+model (`workload.gpt.param_shapes` + `syncer.wire.fragments.plan`, default settings: int4 + zstd,
 block 128, RDA, robust clip, fleet scale, Nesterov). One round of fragment p is what production
 runs when 4 learners push it:
 
@@ -50,11 +50,12 @@ import zstandard
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
-from syncer import codec, fragments, native
+from syncer import native
+from syncer.common.settings import RunSettings
 from syncer.core import SyncerCore
 from syncer.globalmodel import GlobalModel, Outbox
-from syncer.protocol import Message
-from syncer.settings import RunSettings
+from syncer.wire import codec, fragments
+from syncer.wire.protocol import Message
 from workload.gpt import param_shapes
 
 LEARNERS = ("l0", "l1", "l2", "l3")

@@ -65,7 +65,7 @@ from torchft.local_sgd import DiLoCo
 
 from bench.evaluate import eval_loss
 from learner.schedule import learning_rate
-from syncer.settings import settings_from_dict
+from syncer.common.settings import settings_from_dict
 from workload import Workload, WorkloadContext, build_workload
 
 HOST = "127.0.0.1"

@@ -46,7 +46,8 @@ from bench.ddp_baseline import failure_schedule
 from bench.dprun import run_dp
 from bench.fleet import Fleet, Plan, diloco_run, local_host, run_diloco
 from bench.quality import DLDCTL_OUTER, SYNC_OUTER
-from syncer import checkpoint, fragments
+from syncer import checkpoint
+from syncer.wire import fragments
 
 LEARNERS = 4
 MTBF = 20.0

@@ -19,6 +19,7 @@ from dldctl.errors import DldError, UsageError
 from dldctl.hosts import LocalHost
 from dldctl.inventory import Inventory
 from dldctl.provision import HostRuntime, open_host
+from syncer.common import strictjson
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -82,7 +83,7 @@ def down(
     target = rundir.resolve(run, live_only=False)
     summary = down_mod.down(target, Console(stderr=True, highlight=False) if json_out else console)
     if json_out:
-        print(json.dumps(summary))
+        print(strictjson.dumps(summary))
         return
     table = Table(title=f"run {summary['run']} is down", show_header=False, box=None)
     for key, value in summary.items():

@@ -7,7 +7,6 @@ value becomes one UsageError line naming the flag. The model and its defaults: d
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -32,6 +31,7 @@ from dldctl.sim.units import (
     parse_quantity,
     parse_sweep,
 )
+from syncer.common import strictjson
 
 app = typer.Typer(
     help="Plan at fleet scale: goodput under failures, and the wide-area bandwidth training needs.",
@@ -109,20 +109,9 @@ def _stdout() -> Console:
     return console if console.is_terminal else Console(highlight=False, width=160)
 
 
-def _finite(obj: object) -> object:
-    """JSON has no infinity: a non-finite float (e.g. --mtbi-years inf) is written as null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def _emit_json(payload: dict[str, object]) -> None:
     """One JSON document on stdout, nothing else."""
-    typer.echo(json.dumps(_finite(payload), indent=2, allow_nan=False))
+    typer.echo(strictjson.dumps(payload, indent=2))
 
 
 def _about(seconds: float) -> str:

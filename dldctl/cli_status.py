@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from rich.live import Live
 from dldctl import rundir, snapshot
 from dldctl.rundir import RunDir
 from dldctl.view import History, render_live, render_plain
+from syncer.common import strictjson
 
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 
@@ -44,7 +44,7 @@ def status(
     """
     target = rundir.resolve(run, live_only=False)
     if json_out:
-        print(json.dumps(snapshot.collect(target)))
+        print(strictjson.dumps(snapshot.collect(target)))
         return
     if once:
         Console(highlight=False).print(render_plain(snapshot.collect(target), time.time()))

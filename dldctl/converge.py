@@ -24,6 +24,8 @@ from dldctl.hosts import LocalHost, ProcRef
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.rundir import RunDir
 from dldctl.syncerctl import SyncerControl
+from syncer.common import strictjson
+from syncer.common.atomic import atomic_write
 
 
 def stored_inventory(run: RunDir) -> Inventory:
@@ -31,7 +33,7 @@ def stored_inventory(run: RunDir) -> Inventory:
 
 
 def _save_inventory(run: RunDir, inv: Inventory) -> None:
-    (run.path / "inventory.json").write_text(json.dumps(inventory.to_dict(inv), indent=1))
+    atomic_write(run.path / "inventory.json", strictjson.dumps(inventory.to_dict(inv), indent=1))
 
 
 def _tell_syncer(run: RunDir, config: dict[str, Any]) -> None:

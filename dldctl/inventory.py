@@ -1,6 +1,6 @@
 """Inventory files: what to run where, as typed, frozen dataclasses (one per TOML table).
 
-    [run]      RunSettings (syncer/settings.py): model, data, H, fragments, quorum, ...
+    [run]      RunSettings (syncer/common/settings.py): model, data, H, fragments, quorum, ...
     [ssh]      SSHSpec: how to reach remote hosts
     [syncer]   SyncerSpec: where the syncer runs and listens
     [[hosts]]  HostSpec: one entry per machine (address "local" = this machine, no SSH)
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dldctl.errors import ConfigError
-from syncer.settings import RunSettings, SettingsError, from_mapping, suggest
+from syncer.common.settings import RunSettings, SettingsError, from_mapping, suggest
 
 TABLES = ("run", "ssh", "syncer", "hosts")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -263,7 +263,7 @@ def _validate_hosts(inv: Inventory) -> None:
 
 def _validate_model(inv: Inventory) -> None:
     """fragments <= parameter tensors, seq_len <= positions, for the built-in models."""
-    from workload import gpt as model_mod  # lazy: torch is only needed for this check
+    from workload import presets as model_mod  # torch-free: the operator may have no torch
 
     name = inv.run.model
     if ":" in name:

@@ -14,7 +14,8 @@ from typing import Any
 
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.rundir import RunDir
-from syncer import keys
+from syncer.common import keys, strictjson
+from syncer.common.atomic import atomic_write
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,7 @@ def write(inv: Inventory, run: RunDir, advertise: str = "127.0.0.1") -> dict[str
 
 
 def save_config(run: RunDir, config: dict[str, Any]) -> None:
-    tmp = run.config.with_suffix(".tmp")
-    tmp.write_text(json.dumps(config, indent=1))
-    tmp.replace(run.config)
+    atomic_write(run.config, strictjson.dumps(config, indent=1))
 
 
 def load_config(run: RunDir) -> dict[str, Any]:

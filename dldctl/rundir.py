@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from dldctl.errors import RunError
-from syncer import jsonl
-from syncer.settings import RunSettings, settings_from_dict
+from syncer.common import jsonl, strictjson
+from syncer.common.atomic import atomic_write
+from syncer.common.settings import RunSettings, settings_from_dict
 
 
 def home() -> Path:
@@ -103,16 +104,9 @@ class RunDir:
         failing), this process keeps the state in memory (read_state returns it while nobody else
         wrote the file) and writes it with its next change once it can."""
         state["updated"] = time.time()
-        tmp = self.state_file.with_name(f".state.{os.getpid()}.tmp")
         try:
-            with open(tmp, "w") as fh:
-                json.dump(state, fh, indent=1, sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.state_file)
+            atomic_write(self.state_file, strictjson.dumps(state, indent=1, sort_keys=True))
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
             self._keep_unsaved(state, exc)
             return
         if self._unsaved is not None:

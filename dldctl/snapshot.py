@@ -21,7 +21,7 @@ from dldctl.errors import DldError, RunError
 from dldctl.plan import load_config
 from dldctl.rundir import RunDir
 from dldctl.syncerctl import SyncerControl
-from syncer import jsonl
+from syncer.common import jsonl
 
 EVENTS = 40
 STARTING_S = 30.0

@@ -30,7 +30,7 @@ from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.inventory import Inventory, parse
 from dldctl.provision import HostRuntime, open_host
 from dldctl.rundir import RunDir
-from syncer.settings import settings_from_dict
+from syncer.common.settings import settings_from_dict
 
 POLL_S = 0.5
 MIRROR_S = 2.0

@@ -12,8 +12,8 @@ from typing import Any
 import zmq
 
 from dldctl.errors import SyncerError
-from syncer import keys
-from syncer.protocol import Message, ProtocolError, control, decode, encode
+from syncer.common import keys
+from syncer.wire.protocol import Message, ProtocolError, control, decode, encode
 
 
 class SyncerControl:

@@ -12,7 +12,6 @@ inventory (adds or removes learners) instead of starting a second run.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import threading
@@ -30,6 +29,8 @@ from dldctl.errors import DldError, OperationError
 from dldctl.hosts import Host, LocalHost
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.rundir import RunDir
+from syncer.common import strictjson
+from syncer.common.atomic import atomic_write
 
 
 class Board:
@@ -222,7 +223,7 @@ def wait_running(run: RunDir, board: Board, timeout: float) -> list[str]:
 
 def create_run(inv: Inventory, source: str | None) -> RunDir:
     run = rundir.create(inv.run.name)
-    (run.path / "inventory.json").write_text(json.dumps(inventory.to_dict(inv), indent=1))
+    atomic_write(run.path / "inventory.json", strictjson.dumps(inventory.to_dict(inv), indent=1))
     if source:
         shutil.copyfile(source, run.inventory)
     return run

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from learner import config, spare
 from learner.trainer import Trainer, install_signal_handlers, log
-from syncer import jsonl
+from syncer.common import jsonl
 
 
 def main(argv: list[str] | None = None) -> int:

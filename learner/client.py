@@ -23,8 +23,9 @@ import zmq
 
 from learner.config import LearnerConfig
 from learner.replica import Replica
-from syncer import codec, faultpoints, keys
-from syncer.protocol import Message, ProtocolError, check_raw_fragment, decode, encode
+from syncer.common import faultpoints, keys
+from syncer.wire import codec
+from syncer.wire.protocol import Message, ProtocolError, check_raw_fragment, decode, encode
 
 FETCH_WINDOW = 4
 GOODBYE_WAIT_S = 2.0  # at exit, how long to wait for the syncer's receipt of the bye

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from syncer.settings import RunSettings, SettingsError, from_mapping, read_resolved, settings_from_dict
+from syncer.common.settings import RunSettings, SettingsError, from_mapping, read_resolved, settings_from_dict
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from syncer.fragments import FragmentPlan
+from syncer.wire.fragments import FragmentPlan
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from syncer import codec
+from syncer.wire import codec
 
 
 def checksum(t: torch.Tensor) -> int:

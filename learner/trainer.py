@@ -29,8 +29,9 @@ from learner.client import PushItem, SyncerClient
 from learner.config import LearnerConfig
 from learner.outer import OuterState
 from learner.schedule import learning_rate
-from syncer import fragments
-from syncer.merge import ema
+from syncer.common.atomic import atomic_file, atomic_write
+from syncer.common.smallmath import ema
+from syncer.wire import fragments
 from workload import Workload, WorkloadContext, build_workload
 
 
@@ -449,7 +450,7 @@ def _write_marker(path: Path, text: str) -> None:
     """A marker file the supervisor checks for; on a full disk at least the (empty) file, which
     needs no data block, so `finished` still stops restarts."""
     try:
-        path.write_text(text)
+        atomic_write(path, text)
     except OSError as exc:
         log(f"cannot write {path.name} ({exc.strerror or exc}); leaving it empty")
         try:
@@ -460,16 +461,11 @@ def _write_marker(path: Path, text: str) -> None:
 
 def _save_replica(snapshot: Any, path: Path) -> None:
     """replica.pt, atomically (a full disk leaves the previous one, or none, never half a file)."""
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        torch.save(snapshot, tmp)
-        os.replace(tmp, path)
+        with atomic_file(path) as fh:
+            torch.save(snapshot, fh)
     except (OSError, RuntimeError) as exc:  # torch reports a failed write as RuntimeError
         log(f"cannot write {path.name} ({exc}); the last replica is not kept")
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
 
 
 def install_signal_handlers(trainer: Trainer) -> None:

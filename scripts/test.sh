@@ -29,5 +29,10 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
 
+# the walls before any test: lint, formatting and types (ruff and mypy, configured in pyproject.toml)
+.venv/bin/ruff check --quiet .
+.venv/bin/ruff format --check --quiet .
+.venv/bin/mypy
+
 # pytest exits 5 when it collects no tests: with `set -e` that fails the run too
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -7,7 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
-from syncer import checkpoint, config, jsonl
+from syncer import checkpoint, config
+from syncer.common import jsonl
 from syncer.server import SyncerServer
 
 

@@ -1,6 +1,6 @@
 """Who may talk to the syncer: CURVE keys checked through ZeroMQ's ZAP (used by syncer/server.py).
 
-The `Keyring` maps the allowed public keys (the run's key directory, syncer/keys.py) to party
+The `Keyring` maps the allowed public keys (the run's key directory, syncer/common/keys.py) to party
 names, re-reading the directory when an unknown key knocks, so a learner added while the run goes
 on is let in; a `Provider` decides one ZAP domain ("learners": the learner keys, "control": the
 operator's key) and counts what it denies; the `Authenticator` names each connection after the
@@ -19,7 +19,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
-from syncer import keys
+from syncer.common import keys
 
 
 class Keyring:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -30,9 +29,11 @@ from typing import Any
 
 import torch
 
-from syncer import faultpoints, fragments
+from syncer.common import faultpoints, strictjson
+from syncer.common.atomic import atomic_file
 from syncer.core import SyncerCore
 from syncer.globalmodel import GlobalModel
+from syncer.wire import fragments
 
 MAGIC = b"DLDCKPT1"
 PREFIX = "ckpt-"
@@ -132,25 +133,15 @@ def save(directory: Path, state: dict[str, Any], keep: int = 3) -> Path:
     body = buf.getvalue()
     name = f"{PREFIX}{state['epoch']:04d}-{state['outer_steps']:09d}-{int(time.time() * 1000)}.pt"
     final = directory / name
-    tmp = directory / f".{name}.tmp"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as fh:
+        # both files are written before either is renamed (the inner one first): a full disk fails both
+        with atomic_file(directory / HISTORY) as history, atomic_file(final) as fh:
+            history.write(_history(state, name))
             fh.write(MAGIC + hashlib.sha256(body).digest() + body[: len(body) // 2])
             faultpoints.hit("checkpoint")  # a crash here must leave the previous checkpoint valid
             fh.write(body[len(body) // 2 :])
-            fh.flush()
-            os.fsync(fh.fileno())
-        history = _write_history(directory, state, name)  # before either rename: a full disk fails both
-        os.replace(tmp, final)
-        os.replace(history, directory / HISTORY)
-        _fsync_dir(directory)  # both renames
     except OSError as exc:
-        try:
-            tmp.unlink(missing_ok=True)
-            (directory / f".{HISTORY}.tmp").unlink(missing_ok=True)
-        except OSError:
-            pass  # the directory itself is the problem
         raise CheckpointError(f"cannot write checkpoint in {directory}: {exc.strerror or exc}") from exc
     for old in list_checkpoints(directory)[keep:]:
         try:
@@ -160,8 +151,8 @@ def save(directory: Path, state: dict[str, Any], keep: int = 3) -> Path:
     return final
 
 
-def _write_history(directory: Path, state: dict[str, Any], name: str) -> Path:
-    """The counters of checkpoint `name` as JSON in a temp file (fsynced; the caller renames it)."""
+def _history(state: dict[str, Any], name: str) -> bytes:
+    """The counters of checkpoint `name` as JSON (history.json: what survives losing every checkpoint)."""
     record: dict[str, Any] = {
         k: state[k]
         for k in (
@@ -178,20 +169,8 @@ def _write_history(directory: Path, state: dict[str, Any], name: str) -> Path:
         if k in state
     }
     record.update(format=1, checkpoint=name, versions=[int(v) for v in state["versions"]])
-    tmp = directory / f".{HISTORY}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(record, fh, default=str)  # informational: never fail a checkpoint over a field's type
-        fh.flush()
-        os.fsync(fh.fileno())
-    return tmp
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    # informational: never fail a checkpoint over a field's type (default=str)
+    return strictjson.dumps(record, default=str).encode()
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
@@ -346,9 +325,13 @@ def export_model(core: SyncerCore, path: Path) -> None:
     tensors = {spec.name: torch.zeros(spec.shape, dtype=torch.float32) for spec in m.manifest}
     for p in range(m.plan.count):
         m.plan.scatter(p, m.theta[p], tensors)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(
-        {"state_dict": tensors, "outer_steps": core.outer_steps, "versions": list(m.versions), "run_id": core.run_id},
-        tmp,
-    )
-    os.replace(tmp, path)
+    with atomic_file(path) as fh:
+        torch.save(
+            {
+                "state_dict": tensors,
+                "outer_steps": core.outer_steps,
+                "versions": list(m.versions),
+                "run_id": core.run_id,
+            },
+            fh,
+        )

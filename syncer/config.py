@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from syncer.settings import RunSettings, SettingsError, read_resolved, settings_from_dict
+from syncer.common.settings import RunSettings, SettingsError, read_resolved, settings_from_dict
 
 
 @dataclass(frozen=True)

@@ -20,15 +20,15 @@ from typing import Any
 
 import torch
 
-from syncer import codec, fragments
 from syncer.clock import RoundClock
+from syncer.common.settings import RunSettings
 from syncer.fleet import Fleet, Membership
 from syncer.globalmodel import GlobalModel, Outbox
 from syncer.guard import QualityGuard
 from syncer.outerstep import OuterStep
-from syncer.protocol import Message, ProtocolError, check_fragment_index, check_raw_fragment
 from syncer.rounds import Contribution, GraceFn, Round
-from syncer.settings import RunSettings
+from syncer.wire import codec, fragments
+from syncer.wire.protocol import Message, ProtocolError, check_fragment_index, check_raw_fragment
 
 __all__ = ["Outbox", "SyncerCore"]  # Outbox too: handle() and tick() take one
 

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from syncer import checkpoint as ckpt
-from syncer import fragments, quality
+from syncer import quality
 from syncer.globalmodel import Outbox
 from syncer.guard import Snapshot
+from syncer.wire import fragments
 from workload import WorkloadContext, build_workload
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from syncer import codec
+from syncer.wire import codec
 
 SLICE = 1 << 18  # values per slice: big enough that per-op overhead is small, M + 4 slices stay in L3
 NATIVE_MAX_BLOCK = 4096  # fused.c MAX_BLOCK

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from syncer import fragments
-from syncer.protocol import Message
+from syncer.wire import fragments
+from syncer.wire.protocol import Message
 
 
 @dataclass

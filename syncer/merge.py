@@ -263,8 +263,3 @@ def fleet_fraction(round_tokens: float, period_tokens: float) -> float:
     if period_tokens <= 0:
         return 1.0
     return max(0.0, min(1.0, round_tokens / period_tokens))
-
-
-def ema(previous: float | None, value: float, beta: float = 0.9) -> float:
-    """Exponential moving average; the first value seeds it."""
-    return value if previous is None else beta * previous + (1 - beta) * value

@@ -17,12 +17,14 @@ from typing import Any
 
 import torch
 
-from syncer import codec, fused, merge
+from syncer import fused, merge
 from syncer.clock import RoundClock
+from syncer.common import smallmath
+from syncer.common.settings import RunSettings
 from syncer.fleet import Fleet
 from syncer.globalmodel import GlobalModel, Outbox
 from syncer.rounds import Contribution, Round, backlog_factor
-from syncer.settings import RunSettings
+from syncer.wire import codec
 
 
 class OuterStep:
@@ -196,7 +198,7 @@ class OuterStep:
         self.outer_steps += 1
         self.since_checkpoint += 1
         dt = self.clock() - t0
-        self.t_sync = merge.ema(self.t_sync, dt, 0.8)
+        self.t_sync = smallmath.ema(self.t_sync, dt, 0.8)
         grace_used = max(0.0, now - rnd.quorum_at) if rnd.quorum_at is not None else 0.0
         self.recent_rounds.append({"contributors": len(contribs), "grace_s": rnd.grace_s, "grace_used_s": grace_used})
         out.metrics.append(

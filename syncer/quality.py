@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from syncer.globalmodel import Outbox
 from syncer.guard import Snapshot, Verdict
-from syncer.protocol import Message
+from syncer.wire.protocol import Message
 
 if TYPE_CHECKING:
     from syncer.core import SyncerCore

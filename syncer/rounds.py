@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from syncer import codec, merge
+from syncer import merge
+from syncer.wire import codec
 
 
 @dataclass

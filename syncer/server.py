@@ -21,13 +21,15 @@ import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from syncer import checkpoint, faultpoints, jsonl, keys, native
+from syncer import checkpoint, native
 from syncer.auth import Authenticator, Keyring, Provider
+from syncer.common import faultpoints, jsonl, keys
+from syncer.common.atomic import atomic_write
 from syncer.config import SyncerConfig
 from syncer.core import Outbox, SyncerCore
 from syncer.evaluator import GlobalEvaluator, Scoring
-from syncer.protocol import Message, ProtocolError, decode, encode
 from syncer.status import sample_record, snapshot
+from syncer.wire.protocol import Message, ProtocolError, decode, encode
 
 SAMPLE_EVERY_S = 2.0
 # Connection-level drops libzmq makes before a message reaches us, from the learner socket's monitor:
@@ -85,7 +87,11 @@ class SyncerServer:
         checkpoint is valid and on_no_checkpoint = "refuse"."""
         (self.cfg.run_dir / checkpoint.REFUSED).unlink(missing_ok=True)  # a previous refusal's marker
         if self.kernel is None:
-            self.event("native_kernel", "syncer", f"not used ({native.problem}): merging with torch, 2-2.7x slower")
+            self.event(
+                "native_kernel",
+                "syncer",
+                f"not used ({native.problem}): merging with torch (slower; see BENCHMARKS.md)",
+            )
         self._resume()
         if self.scoring.ev is not None:
             self.scoring.ev.start()
@@ -153,10 +159,8 @@ class SyncerServer:
         """Leave the marker the supervisor reads (so it does not restart us in a loop), say why, stop."""
         line = lost.refusal()
         marker = self.cfg.run_dir / checkpoint.REFUSED
-        tmp = marker.with_name(f".{marker.name}.tmp")
         try:
-            tmp.write_text(line + "\n")
-            os.replace(tmp, marker)
+            atomic_write(marker, line + "\n")
         except OSError:
             pass  # an unwritable run dir: the line still goes to stderr and the event log
         self.event("syncer_refused", "syncer", line)
@@ -442,9 +446,7 @@ def _next_epoch(path: Path, at_least: int = 1) -> int:
     except (OSError, ValueError):
         epoch = 1
     epoch = max(epoch, at_least)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(str(epoch))
-    os.replace(tmp, path)
+    atomic_write(path, str(epoch))
     return epoch
 
 

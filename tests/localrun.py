@@ -20,8 +20,8 @@ from typing import Any
 
 import zmq
 
-from syncer import jsonl, keys
-from syncer.protocol import Message, control, decode, encode
+from syncer.common import jsonl, keys
+from syncer.wire.protocol import Message, control, decode, encode
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 import zmq
 
-from syncer import codec, fragments, keys
-from syncer.protocol import Message, decode, encode
+from syncer.common import keys
+from syncer.wire import codec, fragments
+from syncer.wire.protocol import Message, decode, encode
 
 # a small manifest: 6 tensors, 4 fragments
 MANIFEST = [

@@ -27,7 +27,6 @@ import json
 import os
 import sys
 import sysconfig
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+
+from syncer.common.atomic import atomic_write
+
+SHARED_MODE = 0o644  # other users' learners on the host may share the corpus cache
 
 BUILTIN_MAX_BYTES = 24 << 20  # the stdlib minus tests is ~13 MB on 3.11; a bound for others
 DEFAULT_BIN_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64, as in nanoGPT
@@ -200,8 +203,8 @@ def _cached(
     }
     try:
         root.mkdir(parents=True, exist_ok=True)
-        _atomic_write(raw, blob)
-        _atomic_write(meta, json.dumps(info, indent=1).encode())  # the sidecar commits the entry
+        atomic_write(raw, blob, SHARED_MODE)
+        atomic_write(meta, json.dumps(info, indent=1), SHARED_MODE)  # the sidecar commits the entry
         tokens = np.memmap(raw, dtype=np.uint8, mode="r")
     except OSError as exc:  # a read-only home: still train, just without the cache
         print(f"dldctl: cannot cache the corpus in {root} ({exc}); using it from memory", file=sys.stderr)
@@ -218,21 +221,6 @@ def _open_cached(raw: Path, meta: Path) -> tuple[np.ndarray, dict[str, Any]] | N
         return np.memmap(raw, dtype=np.uint8, mode="r"), info
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename it over `path` (atomic on POSIX)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes it 0600; other users' learners may share the cache
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _load_bin(path: Path, vocab_size: int, cache_dir: str | None) -> Corpus:
@@ -268,7 +256,7 @@ def _max_token(path: Path, tokens: np.ndarray, cache_dir: str | None) -> int:
     top = max(int(tokens[i : i + chunk].max()) for i in range(0, len(tokens), chunk))
     try:
         note.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(note, json.dumps({"path": str(path), "max_token": top}).encode())
+        atomic_write(note, json.dumps({"path": str(path), "max_token": top}), SHARED_MODE)
     except OSError:
         pass  # uncached: the scan simply runs again next time
     return top

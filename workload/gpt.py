@@ -3,7 +3,8 @@
 The shape follows karpathy/nanoGPT `model.py`: token + position embeddings, `n_layer` pre-LN
 blocks (causal self-attention, then a GELU MLP, each inside a residual connection), a final
 LayerNorm and an LM head whose weight *is* the token embedding (weight tying). This module
-imports only torch, so a learner host needs nothing else to build it.
+imports only torch and the torch-free preset table (workload/presets.py), so a learner host needs
+nothing else to build it.
 
 Why it matters for Decoupled DiLoCo:
 - Every learner and the syncer must agree on the parameter manifest (names, shapes, order):
@@ -17,37 +18,15 @@ Why it matters for Decoupled DiLoCo:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Hyper-parameters of one GPT; `block_size` is the number of learned positions."""
-
-    vocab_size: int = 256  # bytes by default; 50304 for GPT-2 BPE (50257 padded to x64)
-    block_size: int = 128  # longest sequence the position table allows
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0  # 0 for DiLoCo runs: the inner steps are short and data is plenty
-    bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
-
-
-PRESETS: dict[str, GPTConfig] = {
-    # tests: ~0.12M params at vocab 256, a forward+backward in a few ms on one CPU thread
-    "gpt-tiny": GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128),
-    # the CPU demo: ~0.8M params, trains visibly on 2 CPU cores in a minute at batch 16
-    "gpt-small": GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=128),
-    # a small GPU host (or a patient CPU): ~10.8M params at vocab 256
-    "gpt-medium": GPTConfig(n_layer=6, n_head=6, n_embd=384, block_size=256),
-    # GPT-2 small shapes (124M params with vocab_size=50304): for GPU hosts
-    "gpt2-124m": GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024),
-}
+from workload.presets import PRESETS as PRESETS  # re-exported: callers read gpt.PRESETS
+from workload.presets import GPTConfig as GPTConfig
+from workload.presets import config_for as config_for
 
 
 class CausalSelfAttention(nn.Module):
@@ -177,23 +156,6 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         """Parameter count (the tied head counted once)."""
         return sum(p.numel() for p in self.parameters())
-
-
-def config_for(name: str, *, vocab_size: int = 256, block_size: int | None = None) -> GPTConfig:
-    """The preset `name` with its vocabulary and (optionally shorter) position table set."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}")
-    base = PRESETS[name]
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
-    if block_size is None:
-        block_size = base.block_size
-    if not 1 <= block_size <= base.block_size:
-        raise ValueError(
-            f"block_size {block_size} is out of range for {name!r}: it allows 1..{base.block_size}"
-            f" positions (set seq_len <= {base.block_size} or pick a larger preset)"
-        )
-    return replace(base, vocab_size=vocab_size, block_size=block_size)
 
 
 def build(name: str, *, vocab_size: int = 256, block_size: int | None = None) -> GPT:

@@ -11,7 +11,6 @@ when an abort check fires, and ends with a verdict and a report written to the r
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import threading
 import time
@@ -27,7 +26,8 @@ from dldctl.chaos.plan import Experiment, Fault, Result
 from dldctl.errors import DldError
 from dldctl.rundir import RunDir
 from dldctl.snapshot import collect
-from syncer import jsonl
+from syncer.common import jsonl, strictjson
+from syncer.common.atomic import atomic_write
 
 Sleep = Callable[[float], None]
 
@@ -130,6 +130,6 @@ def _write(run: RunDir, exp: Experiment, result: Result, t0: float) -> Path:
         "aborted": result.aborted,
         "faults": [f.to_dict() for f in result.faults],
     }
-    stem.with_suffix(".json").write_text(json.dumps(payload, indent=1))
-    stem.with_suffix(".md").write_text(verdict.markdown(exp, result))
+    atomic_write(stem.with_suffix(".json"), strictjson.dumps(payload, indent=1))
+    atomic_write(stem.with_suffix(".md"), verdict.markdown(exp, result))
     return stem

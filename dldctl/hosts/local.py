@@ -8,7 +8,6 @@ Used by the built-in default run (`dldctl up` with no inventory) and for hosts w
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import signal as _signal
 import subprocess
@@ -28,6 +27,7 @@ from dldctl.hosts.base import (
     parse_started,
     parse_stat,
 )
+from syncer.common.atomic import atomic_file
 
 
 def read_stat(pid: int) -> ProcStat | None:
@@ -116,19 +116,8 @@ class LocalHost(Host):
         """Create a private tmp file beside `remote`, fchmod, fill, fsync, rename over `remote`."""
         dest = Path(os.path.expanduser(remote))
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(4)}.tmp")
-        # O_EXCL with 0600: nobody else can have the file open before fchmod sets the real mode
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.fchmod(fd, mode)
-            with os.fdopen(fd, "wb") as f:
-                fill(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, dest)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        with atomic_file(dest, mode) as f:  # O_EXCL 0600 until complete: nobody reads it half-written
+            fill(f)
 
     def get_file(self, remote: str, local: Path) -> None:
         """Copy `remote` to `local` (tmp + rename, parents created)."""
@@ -136,10 +125,8 @@ class LocalHost(Host):
         try:
             with open(src, "rb") as f:
                 local.parent.mkdir(parents=True, exist_ok=True)
-                tmp = local.with_name(f".{local.name}.{secrets.token_hex(4)}.tmp")
-                with open(tmp, "wb") as out:
+                with atomic_file(local) as out:
                     shutil.copyfileobj(f, out)
-                os.replace(tmp, local)
         except OSError as exc:
             raise HostError(self.name, f"cannot copy {remote} to {local}: {exc}") from exc
 

@@ -50,6 +50,7 @@ from dldctl.hosts.base import (
 )
 from dldctl.hosts.sshconfig import DEFAULT_CONFIG, POLICIES, SSHTarget, parse_jump, resolve_target
 from dldctl.hosts.sshconnect import connect
+from syncer.common.atomic import atomic_file
 
 COMMAND_SLOTS_PER_HOST = 7  # + 1 SFTP channel = 8 <= sshd's MaxSessions 10
 T = TypeVar("T")
@@ -334,13 +335,8 @@ class SSHHost(Host):
     def get_file(self, remote: str, local: Path) -> None:
         """SFTP download to a local tmp file, then rename."""
         local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(f".{local.name}.{secrets.token_hex(4)}.tmp")
-        try:
-            with self._sftp(f"copy {remote} to {local}") as sftp:
-                sftp.get(self._path(remote), str(tmp))
-            os.replace(tmp, local)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with self._sftp(f"copy {remote} to {local}") as sftp, atomic_file(local) as out:
+            sftp.getfo(self._path(remote), out)
 
     def read_bytes(self, remote: str, offset: int = 0, limit: int = 1 << 20) -> bytes:
         """Up to `limit` bytes of `remote` from `offset`."""

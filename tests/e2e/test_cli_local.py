@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from syncer import jsonl
+from syncer.common import jsonl
 from tests.e2e.fleetutil import DLDCTL, ROOT, Dl, kinds, learner, run_table, steps_logged_between
 
 pytestmark = [pytest.mark.timeout(300)]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from syncer import jsonl
+from syncer.common import jsonl
 from tests.e2e.fleetutil import Dl, learner, run_table
 from tests.sshfleet import FleetHost, SSHFleet, free_port
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from dldctl.hosts.local import read_stat
-from syncer import jsonl
+from syncer.common import jsonl
 from tests.e2e.fleetutil import Dl, learner, run_table
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]

@@ -19,8 +19,8 @@ import zmq
 
 from learner.client import SyncerClient
 from learner.config import LearnerConfig, LearnerSpec
-from syncer.protocol import Message, ProtocolError, decode, encode
-from syncer.settings import RunSettings
+from syncer.common.settings import RunSettings
+from syncer.wire.protocol import Message, ProtocolError, decode, encode
 
 pytestmark = pytest.mark.timeout(60)
 

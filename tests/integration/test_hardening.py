@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from syncer import checkpoint
-from syncer.protocol import Message, encode
+from syncer.wire.protocol import Message, encode
 from tests.integration.test_syncer_server import beat, clients, close_all, start
 from tests.localrun import LocalRun, write_config
 from tests.protoclient import ProtoClient

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from syncer import fragments
+from syncer.wire import fragments
 from tests.localrun import LocalRun, write_config
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]

@@ -18,7 +18,7 @@ import pytest
 from dldctl import snapshot
 from dldctl.rundir import RunDir
 from syncer import checkpoint
-from syncer.settings import RunSettings
+from syncer.common.settings import RunSettings
 from tests.localrun import LocalRun, write_config
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]

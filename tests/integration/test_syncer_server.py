@@ -17,8 +17,8 @@ import pytest
 import torch
 import zmq
 
-from syncer import codec
-from syncer.protocol import Message, encode
+from syncer.wire import codec
+from syncer.wire.protocol import Message, encode
 from tests.localrun import LocalRun, write_config
 from tests.protoclient import ProtoClient, initial_values
 
@@ -169,7 +169,7 @@ def test_published_value_is_bit_exact(syncer3: LocalRun) -> None:
 
 
 def test_curve_refuses_unknown_keys_impersonation_and_the_wrong_socket(syncer3: LocalRun, tmp_path: Path) -> None:
-    from syncer import keys
+    from syncer.common import keys
 
     stranger_dir = tmp_path / "stranger"
     keys.create(stranger_dir, "learner-0")

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from syncer import codec, fragments
-from syncer import protocol as P
+from syncer.common.settings import RunSettings
 from syncer.core import Outbox, SyncerCore
-from syncer.protocol import Message
-from syncer.settings import RunSettings
+from syncer.wire import codec, fragments
+from syncer.wire import protocol as P
+from syncer.wire.protocol import Message
 from workload.gpt import param_shapes
 
 RUN = "run-test"

@@ -17,9 +17,9 @@ from learner.client import SyncerClient
 from learner.config import LearnerConfig, LearnerSpec
 from learner.outer import OuterState
 from learner.trainer import Trainer
-from syncer import codec, fragments
-from syncer.protocol import Message
-from syncer.settings import RunSettings
+from syncer.common.settings import RunSettings
+from syncer.wire import codec, fragments
+from syncer.wire.protocol import Message
 
 N = 64
 

@@ -13,9 +13,9 @@ import torch
 from learner.client import PushItem, SyncerClient, coalesce
 from learner.config import LearnerConfig, LearnerSpec
 from learner.outer import OuterState
-from syncer import fragments
-from syncer.protocol import Message
-from syncer.settings import RunSettings
+from syncer.common.settings import RunSettings
+from syncer.wire import fragments
+from syncer.wire.protocol import Message
 
 N = 16
 

@@ -14,9 +14,9 @@ import torch
 
 from learner.client import SyncerClient
 from learner.config import LearnerConfig, LearnerSpec
-from syncer import codec
-from syncer.protocol import Message
-from syncer.settings import RunSettings
+from syncer.common.settings import RunSettings
+from syncer.wire import codec
+from syncer.wire.protocol import Message
 
 N = 256
 

@@ -15,8 +15,8 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from syncer import codec
-from syncer.codec import CodecError
+from syncer.wire import codec
+from syncer.wire.codec import CodecError
 
 MODES = ("none", "bf16", "int8", "int4")
 QMAX = {"int8": 127, "int4": 7}

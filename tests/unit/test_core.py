@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from learner.replica import Replica
-from syncer import codec, status
-from syncer import protocol as P
+from syncer import status
 from syncer.core import Outbox
-from syncer.protocol import Message, ProtocolError
+from syncer.wire import codec
+from syncer.wire import protocol as P
+from syncer.wire.protocol import Message, ProtocolError
 from tests.unit.coreharness import (
     RUN,
     Harness,

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from learner.replica import Replica
-from syncer import codec, merge
+from syncer import merge
+from syncer.wire import codec
 from tests.unit.coreharness import (
     Harness,
     make_settings,

@@ -13,7 +13,7 @@ import torch
 
 from syncer import checkpoint, status
 from syncer.core import SyncerCore
-from syncer.protocol import Message
+from syncer.wire.protocol import Message
 from tests.unit.coreharness import RUN, Harness, make_settings, sent_of, tensor_manifest
 
 # -- status snapshot ---------------------------------------------------------------------------------

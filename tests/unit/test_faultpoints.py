@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from syncer import faultpoints
+from syncer.common import faultpoints
 
 
 def test_parse_names_hits_and_seconds() -> None:

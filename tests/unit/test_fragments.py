@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from syncer import fragments as F
-from syncer.fragments import TensorSpec
+from syncer.wire import fragments as F
+from syncer.wire.fragments import TensorSpec
 from workload.gpt import param_shapes
 
 FAST = settings(max_examples=100, deadline=None, derandomize=True)

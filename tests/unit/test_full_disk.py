@@ -1,4 +1,4 @@
-"""No write can kill a process: syncer.jsonl's guarded writers, rotation, and the run's state.
+"""No write can kill a process: syncer.common.jsonl's guarded writers, rotation, and the run's state.
 
 Real ENOSPC from a 64 KiB tmpfs (tests/tinyfs.py; skipped where it cannot be mounted), and EIO
 injected at the real os.write call. A guarded write drops and counts, says so once when dropping
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from dldctl.rundir import RunDir
-from syncer import jsonl
-from syncer.settings import RunSettings, SettingsError, settings_from_dict
+from syncer.common import jsonl
+from syncer.common.settings import RunSettings, SettingsError, settings_from_dict
 from tests import tinyfs
 
 pytestmark = pytest.mark.timeout(60)

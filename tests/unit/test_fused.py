@@ -13,7 +13,8 @@ import pytest
 import torch
 import zstandard
 
-from syncer import codec, fused, merge, native
+from syncer import fused, merge, native
+from syncer.wire import codec
 from tests.unit.coreharness import Harness, make_settings, sent_of
 
 SEGMENTS = [(0, 700, "embedding"), (700, 300, "dense"), (1000, 5, "dense"), (1005, 1500, "dense"), (2505, 95, "dense")]

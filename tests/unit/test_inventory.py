@@ -10,7 +10,7 @@ import pytest
 
 from dldctl import inventory
 from dldctl.errors import ConfigError
-from syncer.settings import RunSettings
+from syncer.common.settings import RunSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = """

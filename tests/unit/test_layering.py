@@ -1,14 +1,19 @@
 """The layering rules of ARCHITECTURE.md, checked by scanning every module's imports.
 
-- syncer/protocol.py, syncer/codec.py (and the other leaves) import nothing else of the project;
-- learner may import only the shared parts of syncer (protocol, codec, fragments, settings, merge
-  helpers), never syncer.server, and never dldctl;
+Stated exactly, never widened to fit the code:
+- the shared parts of syncer (`syncer.wire`: protocol, codec, fragments; `syncer.common`:
+  settings, keys, JSON lines, fault points, atomic writes, strict JSON, small math) are leaves:
+  they import nothing of the project outside these shared parts;
+- learner imports of syncer only those shared parts (never the server, the core or the merge),
+  and never dldctl;
 - workload (the model/data seam shared by learners, the syncer's evaluator and the benchmarks)
-  imports nothing else of the project;
+  imports of the project only syncer.common (its atomic writes);
 - syncer never imports learner or dldctl, and only its evaluator shell imports workload;
-- learner and syncer never import the operator-only packages typer, rich, paramiko, matplotlib;
-- dldctl talks to a running syncer through syncer.protocol (plus the shared settings, keys and
-  log helpers), never by importing the server.
+- dldctl imports of syncer only the shared parts (it talks to a running syncer through the wire
+  protocol), never learner, and of workload only the torch-free preset table, so validating an
+  inventory needs no torch;
+- learner, syncer and workload never import the operator-only packages typer, rich, paramiko,
+  matplotlib.
 """
 
 from __future__ import annotations
@@ -20,28 +25,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = ("dldctl", "learner", "syncer", "workload")
+SHARED = ("syncer.wire", "syncer.common")  # the only parts of syncer other packages may import
 SYNCER_MAY_BUILD_MODELS = ("syncer/evaluator.py",)  # the shell that evaluates the global model
+DLDCTL_MAY_USE_OF_WORKLOAD = {"workload.presets"}  # stdlib only: no torch on the operator's path
 OPERATOR_ONLY = ("typer", "rich", "paramiko", "matplotlib")
-LEAVES = (
-    "syncer/protocol.py",
-    "syncer/codec.py",
-    "syncer/settings.py",
-    "syncer/keys.py",
-    "syncer/jsonl.py",
-    "syncer/faultpoints.py",
-)
-LEARNER_MAY_USE = {
-    "syncer",
-    "syncer.protocol",
-    "syncer.codec",
-    "syncer.fragments",
-    "syncer.settings",
-    "syncer.merge",
-    "syncer.keys",
-    "syncer.faultpoints",
-    "syncer.jsonl",
-}
-DLDCTL_MAY_USE = {"syncer", "syncer.protocol", "syncer.settings", "syncer.keys", "syncer.jsonl"}
+
+
+def shared(module: str) -> bool:
+    """Whether a module name is one of syncer's shared parts (or the shared package itself)."""
+    return any(module == pkg or module.startswith(pkg + ".") for pkg in SHARED)
 
 
 def imports(path: Path) -> set[str]:
@@ -75,7 +67,7 @@ def files(package: str) -> list[Path]:
 
 def project_imports(path: Path) -> set[str]:
     found = {m for m in imports(path) if m.split(".")[0] in PROJECT}
-    # `from syncer import codec` yields both "syncer" and "syncer.codec": keep the precise one
+    # `from syncer import codec` yields both "syncer" and "syncer.wire.codec": keep the precise one
     return {m for m in found if not any(other.startswith(m + ".") for other in found)}
 
 
@@ -83,9 +75,14 @@ def test_there_is_something_to_scan() -> None:
     assert len(files("syncer")) > 5 and len(files("learner")) > 5 and len(files("dldctl")) > 5
 
 
-@pytest.mark.parametrize("leaf", LEAVES)
-def test_leaves_import_nothing_of_the_project(leaf: str) -> None:
-    assert project_imports(ROOT / leaf) == set()
+def shared_files() -> list[Path]:
+    return [p for pkg in SHARED for p in files(pkg.replace(".", "/"))]
+
+
+@pytest.mark.parametrize("path", shared_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_shared_parts_are_leaves(path: Path) -> None:
+    assert {m for m in project_imports(path) if not shared(m)} == set()
+    assert not {m for m in imports(path) if m.split(".")[0] in OPERATOR_ONLY}
 
 
 @pytest.mark.parametrize("path", files("syncer"), ids=lambda p: p.name)
@@ -98,31 +95,62 @@ def test_syncer_never_imports_learner_or_dldctl_or_operator_packages(path: Path)
 
 
 @pytest.mark.parametrize("path", files("workload"), ids=lambda p: p.name)
-def test_workload_imports_nothing_else_of_the_project(path: Path) -> None:
-    assert {m for m in project_imports(path) if not m.startswith("workload")} == set()
+def test_workload_imports_only_the_common_leaves(path: Path) -> None:
+    mods = project_imports(path)
+    assert {m for m in mods if not m.startswith("workload") and not m.startswith("syncer.common")} == set()
     assert not {m for m in imports(path) if m.split(".")[0] in OPERATOR_ONLY}
+
+
+def learner_violations(path: Path) -> set[str]:
+    """What a learner module imports that it may not: dldctl, any unshared part of syncer, operator packages."""
+    mods = project_imports(path)
+    bad = {m for m in mods if m.startswith("dldctl") or (m.split(".")[0] == "syncer" and not shared(m))}
+    return bad | {m for m in imports(path) if m.split(".")[0] in OPERATOR_ONLY}
+
+
+def dldctl_violations(path: Path) -> set[str]:
+    """What a dldctl module imports that it may not: learner, unshared syncer, torch-needing workload."""
+    mods = project_imports(path)
+    bad = {m for m in mods if m.split(".")[0] == "learner" or (m.split(".")[0] == "syncer" and not shared(m))}
+    return bad | {m for m in mods if m.split(".")[0] == "workload" and m not in DLDCTL_MAY_USE_OF_WORKLOAD}
 
 
 @pytest.mark.parametrize("path", files("learner"), ids=lambda p: p.name)
 def test_learner_uses_only_the_shared_parts_of_syncer(path: Path) -> None:
-    mods = project_imports(path)
-    assert not {m for m in mods if m.startswith("dldctl")}
-    assert {m for m in mods if m.startswith("syncer")} <= LEARNER_MAY_USE
-    assert not {m for m in imports(path) if m.split(".")[0] in OPERATOR_ONLY}
+    assert learner_violations(path) == set()
 
 
 @pytest.mark.parametrize("path", files("dldctl"), ids=lambda p: str(p.relative_to(ROOT)))
-def test_dldctl_talks_to_the_syncer_only_through_its_protocol(path: Path) -> None:
-    mods = project_imports(path)
-    assert {m for m in mods if m.startswith("syncer")} <= DLDCTL_MAY_USE
+def test_dldctl_uses_only_the_shared_parts_and_never_the_learner(path: Path) -> None:
+    assert dldctl_violations(path) == set()
+
+
+@pytest.mark.parametrize(
+    "package, source, rule",
+    [
+        ("dldctl", "from learner import trainer\n", dldctl_violations),
+        ("dldctl", "from workload import gpt\n", dldctl_violations),
+        ("dldctl", "import syncer.server\n", dldctl_violations),
+        ("learner", "from syncer import server\n", learner_violations),
+        ("learner", "from syncer.merge import merge\n", learner_violations),
+        ("learner", "import dldctl.up\n", learner_violations),
+    ],
+)
+def test_a_reintroduced_forbidden_import_fails(package: str, source: str, rule: object) -> None:
+    probe = ROOT / package / "_layering_probe.py"
+    probe.write_text(source)
+    try:
+        assert callable(rule) and rule(probe), source
+    finally:
+        probe.unlink()
 
 
 # The pure core of ARCHITECTURE.md: no I/O (files, sockets, processes, clocks, sleeps); clocks and
 # RNGs come in as arguments. (`time` may be imported for a default clock argument, never called bare.)
 PURE_CORE = (
-    "syncer/protocol.py",
-    "syncer/codec.py",
-    "syncer/fragments.py",
+    "syncer/wire/protocol.py",
+    "syncer/wire/codec.py",
+    "syncer/wire/fragments.py",
     "syncer/merge.py",
     "syncer/fused.py",
     "syncer/rounds.py",
@@ -194,8 +222,10 @@ def test_the_pure_core_does_no_io(rel: str) -> None:
 
 
 def test_model_imports_only_torch_and_errors_is_a_leaf() -> None:
-    model = {m.split(".")[0] for m in imports(ROOT / "workload" / "gpt.py")} - {"__future__"}
-    assert model <= {"torch", "math", "dataclasses", "typing"}, model
+    model = {m for m in imports(ROOT / "workload" / "gpt.py") if m.split(".")[0] not in ("torch", "__future__")}
+    assert model <= {"math", "typing", "workload", "workload.presets"}, model
+    presets = {m.split(".")[0] for m in imports(ROOT / "workload" / "presets.py")} - {"__future__"}
+    assert presets <= {"dataclasses"}, presets  # stdlib only: the operator validates without torch
     assert project_imports(ROOT / "dldctl" / "errors.py") == set()
 
 

@@ -17,11 +17,12 @@ import pytest
 
 from dldctl import reconcile
 from dldctl.reconcile import Observation, decide, new_proc, started
-from syncer import checkpoint, jsonl, keys, status
+from syncer import checkpoint, status
+from syncer.common import jsonl, keys
+from syncer.common.settings import RunSettings, SettingsError, settings_from_dict
 from syncer.config import SyncerConfig
 from syncer.core import SyncerCore
 from syncer.server import SyncerServer, _next_epoch
-from syncer.settings import RunSettings, SettingsError, settings_from_dict
 from tests.localrun import free_port
 from tests.unit.coreharness import RUN, Harness, make_settings
 

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from syncer import merge
+from syncer.common import smallmath
 
 FAST = settings(max_examples=100, deadline=None, derandomize=True)
 
@@ -340,6 +341,6 @@ def test_fleet_fraction() -> None:
 
 
 def test_ema() -> None:
-    assert merge.ema(None, 3.0) == 3.0
-    assert merge.ema(1.0, 3.0, 0.9) == pytest.approx(1.2)
-    assert merge.ema(1.0, 3.0, 0.8) == pytest.approx(1.4)
+    assert smallmath.ema(None, 3.0) == 3.0
+    assert smallmath.ema(1.0, 3.0, 0.9) == pytest.approx(1.2)
+    assert smallmath.ema(1.0, 3.0, 0.8) == pytest.approx(1.4)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from workload import gpt as M
+from workload import presets
 
 
 def _count(shapes: list[tuple[str, tuple[int, ...]]]) -> int:
@@ -34,6 +35,15 @@ def test_presets_build_and_match_param_shapes(name: str) -> None:
 )
 def test_param_counts_sane(name: str, vocab: int, low: int, high: int) -> None:
     assert low <= _count(M.param_shapes(name, vocab_size=vocab)) <= high
+
+
+@pytest.mark.parametrize("name", list(presets.PRESETS))
+@pytest.mark.parametrize("vocab, block", [(256, None), (50304, 16)])
+def test_the_torch_free_table_matches_the_real_model(name: str, vocab: int, block: int | None) -> None:
+    """dldctl validates inventories from workload/presets.py without torch: it must agree with the model."""
+    assert presets.param_shapes(name, vocab_size=vocab, block_size=block) == M.param_shapes(
+        name, vocab_size=vocab, block_size=block
+    )
 
 
 def test_param_shapes_is_cheap_and_leaves_the_rng_alone() -> None:

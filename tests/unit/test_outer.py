@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from learner.outer import FragmentCounters, OuterState
-from syncer import fragments
+from syncer.wire import fragments
 
 SPECS = [
     fragments.TensorSpec("emb", (6, 4), "embedding"),
@@ -175,7 +175,7 @@ def test_rebase_keeps_the_work_done_since_the_push_and_sends_it_next() -> None:
 
 
 def test_rebase_with_alpha_is_refused() -> None:
-    from syncer.settings import RunSettings, SettingsError
+    from syncer.common.settings import RunSettings, SettingsError
 
     with pytest.raises(SettingsError, match="rebase"):
         RunSettings(rebase=True, alpha=0.5).validate()

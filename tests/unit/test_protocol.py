@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from syncer import protocol as P
-from syncer.protocol import Message, ProtocolError
+from syncer.wire import protocol as P
+from syncer.wire.protocol import Message, ProtocolError
 
 FAST = settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 FIXED = struct.Struct("<4sHBB")

@@ -9,11 +9,12 @@ import math
 
 import torch
 
-from syncer import checkpoint, fragments, quality
+from syncer import checkpoint, quality
+from syncer.common.settings import RunSettings
 from syncer.core import Outbox
 from syncer.evaluator import GlobalEvaluator
 from syncer.guard import QualityGuard, Snapshot
-from syncer.settings import RunSettings
+from syncer.wire import fragments
 from tests.unit.coreharness import Harness, events_of, make_settings, sent_of
 from workload import WorkloadContext, build_workload
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from learner.replica import Replica, checksum
-from syncer import codec
+from syncer.wire import codec
 
 
 def _values(n: int, seed: int) -> np.ndarray:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from syncer import codec
 from syncer.clock import LINK_S, RoundClock
 from syncer.core import Outbox
-from syncer.protocol import Message
+from syncer.wire import codec
+from syncer.wire.protocol import Message
 from tests.unit.coreharness import Harness, events_of, make_settings, rounds_of, sent_of
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from learner.schedule import FLOOR, learning_rate
-from syncer.settings import RunSettings, SettingsError
+from syncer.common.settings import RunSettings, SettingsError
 
 
 def test_constant_is_warmup_then_flat() -> None:

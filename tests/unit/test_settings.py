@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from syncer.settings import (
+from syncer.common.settings import (
     COMPRESSIONS,
     MERGES,
     RunSettings,
@@ -237,7 +237,7 @@ def test_to_dict_round_trips() -> None:
 
 
 def test_risky_combinations_are_named_and_the_defaults_have_none() -> None:
-    from syncer.settings import RunSettings as RS
+    from syncer.common.settings import RunSettings as RS
 
     assert RS().risks(4) == []
     assert any("Nesterov" in r for r in RS(outer_lr=0.7, outer_momentum=0.9, H=16).risks(4))

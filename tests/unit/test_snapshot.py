@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dldctl import rundir, snapshot
-from syncer import jsonl
+from syncer.common import jsonl
 
 
 def _closed_port() -> int:

@@ -34,6 +34,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from syncer.common import strictjson
+
 FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -283,7 +285,8 @@ _files_lock = threading.Lock()
 
 
 def _line(record: dict[str, Any]) -> bytes:
-    return (json.dumps(record, separators=(",", ":"), default=_default) + "\n").encode()
+    """One record as a JSON line every reader parses: NaN and infinities become null, objects strings."""
+    return (strictjson.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
 
 
 def append(path: Path, record: dict[str, Any], *, max_bytes: int | None = None, notices: Path | None = None) -> bool:
@@ -431,12 +434,6 @@ def guard_stdio(max_bytes: int | None = None, source: str | None = None) -> None
         except (OSError, ValueError):
             pass
         setattr(sys, attr, GuardedStream(fd, max_bytes or 0))
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, float) and value != value:
-        return None
-    return str(value)
 
 
 def segments(path: Path) -> list[Path]:
