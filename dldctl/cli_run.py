@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dldctl import check as check_mod
-from dldctl import converge, inventory, plan, rundir
+from dldctl import converge, inventory, kernel, plan, rundir
 from dldctl import down as down_mod
 from dldctl import up as up_mod
 from dldctl.errors import DldError, UsageError
@@ -137,7 +137,8 @@ def check(
         None, metavar="[INVENTORY]", help="Inventory TOML; none = the built-in default."
     ),
 ) -> None:
-    """Check every host: SSH, host key, Python, torch, device, and the syncer's port.
+    """Check every host: SSH, host key, Python, torch, device, and the syncer's port; and the
+    syncer's native merge kernel on this machine.
 
     Example: dldctl check inventory.toml
     """
@@ -158,6 +159,8 @@ def check(
                 cells.append("[dim]-[/]")
         table.add_row(f"[{'green' if res.ok else 'red'}]{res.name}[/]", *cells)
     console.print(table)
+    native = kernel.build()
+    console.print(f"[{'green' if native.ok else 'yellow'}]syncer (this machine):[/] {native.line()}", highlight=False)
     bad = [r.name for r in results if not r.ok]
     if bad:
         raise DldError(f"{len(bad)} of {len(results)} hosts failed the check: {', '.join(bad)}")

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from dldctl import inventory, plan, provision, reconcile, rundir, watchdog, wheel
+from dldctl import inventory, kernel, plan, provision, reconcile, rundir, watchdog, wheel
 from dldctl.errors import DldError, OperationError
 from dldctl.hosts import Host, LocalHost
 from dldctl.inventory import HostSpec, Inventory
@@ -244,6 +244,9 @@ def up(inv: Inventory, source: str | None, console: Console, timeout: float = 18
         finally:
             for host in hosts.values():
                 host.close()
+        board("syncer", "building the native merge kernel")
+        native = kernel.build()
+        board("syncer", "kernel ready" if native.ok else "no native kernel: torch merge")
         with run.locked():
             run.write_state(initial_state(inv, run, config, runtimes, errors))
         start_supervisor(run)
@@ -253,6 +256,8 @@ def up(inv: Inventory, source: str | None, console: Console, timeout: float = 18
             f"[yellow]still starting after {timeout:.0f} s: {', '.join(missing)}[/] "
             f"(the supervisor keeps trying; `dldctl logs <target>` shows why)"
         )
+    if not native.ok:
+        console.print(f"[yellow]{native.line()}[/]", highlight=False)
     for name, exc in errors.items():
         console.print(f"[red]left out host {name}:[/] {exc.line()}", highlight=False)
     return run

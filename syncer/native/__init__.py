@@ -13,11 +13,13 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -33,31 +35,7 @@ class Kernel:
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.path = path
-        self._gram = lib.dld_gram
-        self._gram.restype = ctypes.c_int
-        self._gram.argtypes = [_P, _P, ctypes.c_int32, ctypes.c_int64, _P, ctypes.c_int32, _P]
-        self._unpack4 = lib.dld_unpack4
-        self._unpack4.restype = ctypes.c_int
-        self._unpack4.argtypes = [_P, ctypes.c_int64, ctypes.c_int64, _P]
-        self._publish = lib.dld_publish
-        self._publish.restype = ctypes.c_int
-        self._publish.argtypes = [
-            _P,
-            _P,
-            ctypes.c_int32,
-            ctypes.c_int64,
-            _P,
-            _P,
-            ctypes.c_int64,
-            _P,
-            _P,
-            _P,
-            ctypes.c_float,
-            ctypes.c_float,
-            ctypes.c_int32,
-            _P,
-            _P,
-        ]
+        self._gram, self._unpack4, self._publish = (_bind(lib, n) for n in ("dld_gram", "dld_unpack4", "dld_publish"))
 
     @staticmethod
     def _ptrs(tensors: Sequence[torch.Tensor]) -> ctypes.Array[ctypes.c_void_p]:
@@ -132,6 +110,35 @@ class Kernel:
         )
         if rc != 0:
             raise ValueError(f"native publish refused block {block}")
+
+
+# C parameter types as ctypes; every pointer is passed as a plain address (tensor.data_ptr())
+_CTYPES: dict[str, type] = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctypes.c_float}
+_PROTOTYPE = re.compile(r"^(?:HOT\s+)?int (dld_\w+)\(([^)]*)\)\s*\{", re.M)
+
+
+def signatures(source: str) -> dict[str, list[type]]:
+    """The exported functions' parameter types, read from fused.c: the one place they are declared."""
+    return {name: [_ctype(p) for p in params.split(",")] for name, params in _PROTOTYPE.findall(source)}
+
+
+def _ctype(param: str) -> type:
+    if "*" in param:
+        return ctypes.c_void_p
+    words = [w for w in param.split() if w not in ("const", "restrict")]
+    if len(words) != 2 or words[0] not in _CTYPES:
+        raise RuntimeError(f"fused.c: no ctypes mapping for parameter {param.strip()!r}")
+    return _CTYPES[words[0]]
+
+
+def _bind(lib: ctypes.CDLL, name: str) -> Any:
+    """`lib.name` with its argument types from the C source; every export returns int (0 = ok)."""
+    sigs = signatures(SOURCE.read_text())
+    if name not in sigs:
+        raise RuntimeError(f"fused.c declares no exported int {name}(...)")
+    fn = getattr(lib, name)
+    fn.restype, fn.argtypes = ctypes.c_int, sigs[name]
+    return fn
 
 
 def load() -> Kernel | None:

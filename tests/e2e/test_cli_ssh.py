@@ -75,6 +75,7 @@ def test_check_reports_every_host_ok(ssh_run: tuple[Dl, Path, Path]) -> None:
     for name in ("h0", "h1", "h2"):
         assert name in out
     assert "FAIL" not in out and out.count("ok") >= 12
+    assert "native merge kernel ready" in out  # the syncer's kernel, built here as a declared step
 
 
 def test_up_provisions_the_hosts_and_trains(ssh_run: tuple[Dl, Path, Path]) -> None:
