@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
-from bench.fleet import Fleet, Plan, diloco_run, local_host, run_diloco
+from bench.fleet import BenchRun, Plan, diloco_run, local_host, run_diloco
 
 LEARNERS = 4
 TARGET = 0.02
@@ -53,7 +53,7 @@ def configs(H: int, steps: int) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-def last_blocked(fleet: Fleet) -> dict[str, float]:
+def last_blocked(fleet: BenchRun) -> dict[str, float]:
     """Each learner's blocked fraction in the last sample that has it (cumulative over its life)."""
     out: dict[str, float] = {}
     for sample in fleet.samples():

@@ -1,6 +1,6 @@
 """A harness for the fleet benchmarks: the real `dldctl` CLI on a local fleet, in a throw-away home.
 
-`Fleet` runs `dldctl` as a subprocess with its own `DLDCTL_HOME` (a temp dir), writes an
+`BenchRun` runs `dldctl` as a subprocess with its own `DLDCTL_HOME` (a temp dir), writes an
 inventory of local hosts (`address = "local"`), brings the run up (`up -d`), injects faults
 (`chaos kill`, `chaos monkey`), stops it with `dldctl down --json`, and always cleans up:
 `close()` runs `dldctl down` if the run may still be up, then SIGKILLs every process recorded in
@@ -146,7 +146,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- the fleet
 
 
-class Fleet:
+class BenchRun:
     """One `dldctl` home with (at most) one run in it."""
 
     def __init__(self, name: str = "bench", keep: bool = False, tmpfs_mb: int | None = None) -> None:
@@ -165,7 +165,7 @@ class Fleet:
         self.is_up = False
         self.summary: dict[str, Any] | None = None
 
-    def __enter__(self) -> Fleet:
+    def __enter__(self) -> BenchRun:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -395,14 +395,14 @@ class Plan:
     learners: int
     budget_tokens: int | None = None
     duration_s: float | None = None
-    chaos: Callable[[Fleet, float, threading.Event], Any] | None = None
+    chaos: Callable[[BenchRun, float, threading.Event], Any] | None = None
     timeout_s: float = 900.0
     eval_settings: dict[str, Any] | None = None  # default: `run`
-    inspect: Callable[[Fleet], Any] | None = None  # called after down, before the home is deleted
+    inspect: Callable[[BenchRun], Any] | None = None  # called after down, before the home is deleted
     home_tmpfs_mb: int | None = None  # the dldctl home on a tmpfs of this size (disk-full faults)
 
 
-def _ended(fleet: Fleet, plan: Plan, start: float) -> bool:
+def _ended(fleet: BenchRun, plan: Plan, start: float) -> bool:
     if plan.duration_s is not None and time.time() >= start + plan.duration_s:
         return True
     if plan.run.get("steps") and finished_learners(fleet, plan.learners) >= plan.learners:
@@ -417,7 +417,7 @@ def run_diloco(plan: Plan) -> dict[str, Any]:
     """Run `plan` on a fresh fleet (always cleaned up) and summarise it; see `summarize_run`."""
     from bench import evaluate
 
-    with Fleet(plan.name, keep=bool(os.environ.get("DLD_BENCH_KEEP")), tmpfs_mb=plan.home_tmpfs_mb) as fleet:
+    with BenchRun(plan.name, keep=bool(os.environ.get("DLD_BENCH_KEEP")), tmpfs_mb=plan.home_tmpfs_mb) as fleet:
         fleet.up(plan.run, plan.hosts)
         start = fleet.wait_training(plan.learners)
         stop = threading.Event()
@@ -446,7 +446,7 @@ def run_diloco(plan: Plan) -> dict[str, Any]:
         return out
 
 
-def _run_chaos(chaos: Any, fleet: Fleet, start: float, stop: threading.Event, box: list[Any]) -> None:
+def _run_chaos(chaos: Any, fleet: BenchRun, start: float, stop: threading.Event, box: list[Any]) -> None:
     """The plan's chaos function; what it returns, or the error it raised, goes into `box`."""
     try:
         box.append(chaos(fleet, start, stop))

@@ -13,7 +13,7 @@ import collections
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for the annotations only: bench.fleet imports this module
-    from bench.fleet import Fleet, Plan
+    from bench.fleet import BenchRun, Plan
 
 # a token budget is called reached STOP_LEAD_S of training early (sample lag + down), at the rate
 # of the last RATE_WINDOW_S of samples
@@ -69,7 +69,7 @@ def blocked_share(samples: list[dict[str, Any]]) -> float | None:
     return None
 
 
-def finished_learners(fleet: Fleet, learners: int) -> int:
+def finished_learners(fleet: BenchRun, learners: int) -> int:
     """How many learners wrote `finished` (their step budget is spent; never restarted)."""
     assert fleet.run_dir is not None
     return sum(1 for i in range(learners) if (fleet.run_dir / "learners" / f"learner-{i}" / "finished").exists())
@@ -88,7 +88,7 @@ def budget_reached(samples: list[dict[str, Any]], budget: int) -> bool:
     return last["tokens_trained"] + STOP_LEAD_S * max(0.0, rate) >= budget
 
 
-def summarize_run(fleet: Fleet, plan: Plan, summary: dict[str, Any], start: float, end: float) -> dict[str, Any]:
+def summarize_run(fleet: BenchRun, plan: Plan, summary: dict[str, Any], start: float, end: float) -> dict[str, Any]:
     """Tokens, bytes (total and in the training window), goodput (syncer's and windowed), rounds."""
     samples, rounds, events = fleet.samples(), fleet.rounds(), fleet.events()
     t0 = syncer_start(events) or start

@@ -53,24 +53,24 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
-from bench.fleet import Fleet, Plan, diloco_run, local_host, read_jsonl, run_diloco
+from bench.fleet import BenchRun, Plan, diloco_run, local_host, read_jsonl, run_diloco
 
 LEARNERS = 3
 TARGET_FINAL, TARGET_WORST = 0.02, 0.05
-Fault = Callable[[Fleet, threading.Event, float], str]  # (fleet, stop, seconds) -> what was done
+Fault = Callable[[BenchRun, threading.Event, float], str]  # (fleet, stop, seconds) -> what was done
 
 
-def _dl(fleet: Fleet, *args: str) -> str:
+def _dl(fleet: BenchRun, *args: str) -> str:
     proc = fleet.dl(*args, "--force", check=False, timeout=120)
     return f"dldctl {' '.join(args)} -> {proc.returncode}"
 
 
-def _state(fleet: Fleet) -> dict[str, Any]:
+def _state(fleet: BenchRun) -> dict[str, Any]:
     assert fleet.run_dir is not None
     return json.loads((fleet.run_dir / "state.json").read_text())
 
 
-def syncer_hang(fleet: Fleet, stop: threading.Event, seconds: float) -> str:
+def syncer_hang(fleet: BenchRun, stop: threading.Event, seconds: float) -> str:
     pid = int(fleet.status()["syncer"]["pid"])
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -80,7 +80,7 @@ def syncer_hang(fleet: Fleet, stop: threading.Event, seconds: float) -> str:
     return f"SIGSTOP syncer pid {pid} for {seconds:g} s"
 
 
-def syncer_kills(fleet: Fleet, stop: threading.Event, _seconds: float) -> str:
+def syncer_kills(fleet: BenchRun, stop: threading.Event, _seconds: float) -> str:
     done = 0
     while done < 5 and not stop.is_set():
         if fleet.kill("syncer"):
@@ -91,7 +91,7 @@ def syncer_kills(fleet: Fleet, stop: threading.Event, _seconds: float) -> str:
     return f"{done} syncer kills 3 s apart"
 
 
-def disk_full(fleet: Fleet, stop: threading.Event, seconds: float) -> str:
+def disk_full(fleet: BenchRun, stop: threading.Event, seconds: float) -> str:
     filler = fleet.home / "filler"
     with open(filler, "wb") as fh:
         block = b"\0" * (1 << 20)
@@ -107,13 +107,13 @@ def disk_full(fleet: Fleet, stop: threading.Event, seconds: float) -> str:
     return f"the home's file system full for {seconds:g} s"
 
 
-def supervisor_kill(fleet: Fleet, _stop: threading.Event, _seconds: float) -> str:
+def supervisor_kill(fleet: BenchRun, _stop: threading.Event, _seconds: float) -> str:
     pid = int(_state(fleet)["supervisor"]["pid"])
     os.kill(pid, signal.SIGKILL)
     return f"SIGKILL supervisor pid {pid}"
 
 
-def corrupt_checkpoints(fleet: Fleet, stop: threading.Event, _seconds: float) -> str:
+def corrupt_checkpoints(fleet: BenchRun, stop: threading.Event, _seconds: float) -> str:
     assert fleet.run_dir is not None
     files = sorted((fleet.run_dir / "checkpoints").glob("*"))
     for path in files:
@@ -202,7 +202,7 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 
 
 def plan_for(name: str, fault: Fault | None, seconds: float, extra: dict[str, Any], at: float, settle: float) -> Plan:
-    def chaos(fleet: Fleet, start: float, stop: threading.Event) -> dict[str, Any]:
+    def chaos(fleet: BenchRun, start: float, stop: threading.Event) -> dict[str, Any]:
         if stop.wait(max(0.0, start + at - time.time())):
             return {"t": None}
         t = time.time()
@@ -222,7 +222,7 @@ def plan_for(name: str, fault: Fault | None, seconds: float, extra: dict[str, An
     )
 
 
-def _scores(fleet: Fleet) -> dict[str, Any]:
+def _scores(fleet: BenchRun) -> dict[str, Any]:
     assert fleet.run_dir is not None
     metrics = read_jsonl(fleet.run_dir / "metrics.jsonl")
     return {

@@ -41,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
-from bench.fleet import Fleet, diloco_run, local_host
+from bench.fleet import BenchRun, diloco_run, local_host
 from syncer.common.settings import settings_from_dict
 from workload import WorkloadContext, build_workload
 
@@ -123,7 +123,7 @@ def _sync(device: str) -> None:
 
 def learner_run(run: dict[str, Any], device: str, threads: int) -> dict[str, Any]:
     """One real learner process in a real fleet; its `finished` record."""
-    with Fleet("throughput") as fleet:
+    with BenchRun("throughput") as fleet:
         fleet.up(run, [local_host("here", 1, device=device, threads=threads)])
         try:
             fleet.wait_for(
@@ -143,7 +143,7 @@ def learner_run(run: dict[str, Any], device: str, threads: int) -> dict[str, Any
     return record
 
 
-def _show_logs(fleet: Fleet) -> None:
+def _show_logs(fleet: BenchRun) -> None:
     """What a stuck run left: the events and the tails of the learner's and syncer's logs."""
     assert fleet.run_dir is not None
     for event in fleet.events()[-12:]:
@@ -154,7 +154,7 @@ def _show_logs(fleet: Fleet) -> None:
         print(f"   --- {path}:\n" + text[-3000:], flush=True)
 
 
-def _finished(fleet: Fleet) -> dict[str, Any] | None:
+def _finished(fleet: BenchRun) -> dict[str, Any] | None:
     assert fleet.run_dir is not None
     path = fleet.run_dir / "learners" / "learner-0" / "finished"
     try:

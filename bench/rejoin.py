@@ -43,7 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
-from bench.fleet import Fleet, diloco_run, local_host
+from bench.fleet import BenchRun, diloco_run, local_host
 
 LEARNERS = 4
 CHUNK = 4 << 20
@@ -81,7 +81,7 @@ def kill_phases(
     }
 
 
-def spares_ready(fleet: Fleet) -> int:
+def spares_ready(fleet: BenchRun) -> int:
     """How many warm spares of host `here` have said they are ready so far."""
     log = fleet.run_dir / "logs" / "spare-here.log" if fleet.run_dir else None
     return log.read_text().count("ready; waiting") if log is not None and log.exists() else 0
@@ -92,7 +92,7 @@ def measure_rejoins(kills: int, gap: float, warm: bool) -> list[dict[str, Any]]:
 
     With `warm`, each kill waits (up to 60 s) for a warm spare to be ready, so every restart is a
     hand-over; without, every restart is a fresh process (warm_spares = false)."""
-    with Fleet("rejoin-warm" if warm else "rejoin-fresh") as fleet:
+    with BenchRun("rejoin-warm" if warm else "rejoin-fresh") as fleet:
         fleet.up(diloco_run(32, warm_spares=warm), [local_host("here", LEARNERS)])
         fleet.wait_training(LEARNERS)
         time.sleep(3.0)
@@ -172,7 +172,7 @@ def fetch_state(run_dir: Path, settings: dict[str, Any], times: int) -> dict[str
 def measure_transfer(times: int) -> dict[str, Any]:
     """A gpt-medium fleet of 2; learner-1 removed; this process fetches the state as learner-1."""
     run = diloco_run(32, model="gpt-medium", eval_every=100000)
-    with Fleet("xfer") as fleet:
+    with BenchRun("xfer") as fleet:
         run_dir = fleet.up(run, [local_host("here", 2)])
         fleet.wait_for(lambda: fleet.events("initialized"), 240, "the global model to exist")
         fleet.dl("learner", "remove", "learner-1")

@@ -22,7 +22,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
-from bench.fleet import Fleet, Plan, local_host, read_jsonl, run_diloco
+from bench.fleet import BenchRun, Plan, local_host, read_jsonl, run_diloco
 from syncer.common.settings import RunSettings
 
 DIVERGED = 0.10  # final score this far above the run's best
@@ -32,7 +32,7 @@ def _extra(parser: Any) -> None:
     parser.add_argument("--duration", type=float, default=None, help="window D in seconds (default 75, quick 30)")
 
 
-def _scores(fleet: Fleet) -> list[dict[str, Any]]:
+def _scores(fleet: BenchRun) -> list[dict[str, Any]]:
     assert fleet.run_dir is not None
     return [m for m in read_jsonl(fleet.run_dir / "metrics.jsonl") if m.get("kind") == "global_eval"]
 

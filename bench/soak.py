@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
-from bench.fleet import Fleet
+from bench.fleet import BenchRun
 
 LEARNERS = 4  # the built-in default fleet
 TARGET_RSS = 0.10
@@ -60,7 +60,7 @@ def vm_rss_kb(pid: int) -> int | None:
     return None
 
 
-def sample_rss(fleet: Fleet, stop: threading.Event, every: float, out: list[dict[str, Any]]) -> None:
+def sample_rss(fleet: BenchRun, stop: threading.Event, every: float, out: list[dict[str, Any]]) -> None:
     """Append {"t", "pid", "rss_kb"} every `every` s; re-reads the syncer pid if it changed."""
     pid = fleet.status()["syncer"].get("pid")
     while not stop.wait(every):
@@ -95,7 +95,7 @@ def soak(name: str, duration: float, monkey_seed: int | None, warmup: float, win
     """One run of the built-in default: up, (monkey), RSS samples, down, leftovers, eval."""
     from bench import evaluate
 
-    with Fleet(name) as fleet:
+    with BenchRun(name) as fleet:
         fleet.up({}, None)
         start = fleet.wait_training(LEARNERS, timeout=300)
         stop = threading.Event()

@@ -73,7 +73,7 @@ REPLICAS = 4
 
 def kill_plan(schedule: Sequence[float], replicas: int, seed: int) -> list[tuple[float, int]]:
     """(time, victim) per kill: victims drawn with random.Random(seed), one draw per kill in
-    order, as `bench.ddp_baseline.run_ddp` and `bench.fleet.Fleet.run_kills` draw them."""
+    order, as `bench.ddp_baseline.run_ddp` and `bench.fleet.BenchRun.run_kills` draw them."""
     rng = random.Random(seed)
     return [(float(t), rng.randrange(replicas)) for t in sorted(schedule)]
 

@@ -44,7 +44,7 @@ import torch
 from bench import common, evaluate
 from bench.ddp_baseline import failure_schedule
 from bench.dprun import run_dp
-from bench.fleet import Fleet, Plan, diloco_run, local_host, run_diloco
+from bench.fleet import BenchRun, Plan, diloco_run, local_host, run_diloco
 from bench.quality import DLDCTL_OUTER, SYNC_OUTER
 from syncer import checkpoint
 from syncer.wire import fragments
@@ -72,7 +72,7 @@ def settings(H: int) -> dict[str, Any]:
     return diloco_run(H, **DLDCTL_OUTER, checkpoint_every=10, keep_checkpoints=100000, eval_every=200)
 
 
-def checkpoint_curve(fleet: Fleet, run: dict[str, Any], start: float) -> list[dict[str, Any]]:
+def checkpoint_curve(fleet: BenchRun, run: dict[str, Any], start: float) -> list[dict[str, Any]]:
     """The global model's held-out loss at every syncer checkpoint: (t since `start`, merged tokens, loss)."""
     assert fleet.run_dir is not None
     wl = evaluate.workload(run)
@@ -101,11 +101,11 @@ def run_fleet(name: str, run: dict[str, Any], duration: float, schedule: list[fl
     """One DiLoCo fleet for the window, kills on `schedule` (none if empty), with its curve."""
     box: dict[str, float] = {}
 
-    def kills(fleet: Fleet, start: float, stop: Any) -> list[dict[str, Any]]:
+    def kills(fleet: BenchRun, start: float, stop: Any) -> list[dict[str, Any]]:
         box["start"] = start
         return fleet.run_kills(schedule, LEARNERS, seed, start, stop) if schedule else []
 
-    def curve(fleet: Fleet) -> list[dict[str, Any]]:
+    def curve(fleet: BenchRun) -> list[dict[str, Any]]:
         return checkpoint_curve(fleet, run, box.get("start", 0.0))
 
     res = run_diloco(

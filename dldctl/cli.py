@@ -13,7 +13,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from dldctl import cli_chaos, cli_learner, cli_run, cli_simulate, cli_status
+from dldctl.commands import chaos as cli_chaos
+from dldctl.commands import learner as cli_learner
+from dldctl.commands import run as cli_run
+from dldctl.commands import simulate as cli_simulate
+from dldctl.commands import status as cli_status
 from dldctl.errors import DldError
 
 app = typer.Typer(

@@ -22,7 +22,7 @@ import torch
 
 from syncer.clock import RoundClock
 from syncer.common.settings import RunSettings
-from syncer.fleet import Fleet, Membership
+from syncer.fleet import Ledger, Membership
 from syncer.globalmodel import GlobalModel, Outbox
 from syncer.guard import QualityGuard
 from syncer.outerstep import OuterStep
@@ -53,7 +53,7 @@ class SyncerCore(OuterStep):
         self.run_id = run_id
         self.epoch = epoch
         self.clock = clock
-        self.fleet = Fleet(declared, settings.liveness_s, now)
+        self.fleet = Ledger(declared, settings.liveness_s, now)
         self.model: GlobalModel | None = None
         self.rounds: dict[int, Round] = {}
         self.round_clock = RoundClock(settings.H, settings.fragments)

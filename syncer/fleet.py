@@ -73,7 +73,7 @@ class LearnerInfo:
         return not self.left and now - self.last_seen < liveness_s
 
 
-class Fleet:
+class Ledger:
     """Registry of learners plus run-wide accounting."""
 
     def __init__(self, declared: list[str], liveness_s: float, started: float) -> None:
@@ -317,7 +317,7 @@ class Membership:
         self.lost_once: set[str] = set()
         self.quorum_ok: bool | None = None
 
-    def events(self, fleet: Fleet, live: set[str], quorum: int, now: float, out: Any) -> None:
+    def events(self, fleet: Ledger, live: set[str], quorum: int, now: float, out: Any) -> None:
         """learner_lost when a training learner goes silent past liveness_s, learner_back when it
         returns (one that is live no more because it is joining again, a restart quicker than
         liveness_s, has its `rejoin` event instead); quorum_lost / quorum_regained."""

@@ -21,7 +21,7 @@ from syncer import fused, merge
 from syncer.clock import RoundClock
 from syncer.common import smallmath
 from syncer.common.settings import RunSettings
-from syncer.fleet import Fleet
+from syncer.fleet import Ledger
 from syncer.globalmodel import GlobalModel, Outbox
 from syncer.rounds import Contribution, Round, backlog_factor
 from syncer.wire import codec
@@ -33,7 +33,7 @@ class OuterStep:
     s: RunSettings
     kernel: Any  # syncer.native.Kernel or None (torch round step)
     model: GlobalModel | None
-    fleet: Fleet
+    fleet: Ledger
     round_clock: RoundClock
     clock: Callable[[], float]
     counters: collections.Counter[str]

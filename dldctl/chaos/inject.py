@@ -16,15 +16,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dldctl import faults
+from dldctl.chaos import faults
 from dldctl.chaos.plan import ACTIONS
 from dldctl.errors import ChaosError, DldError, UsageError
 from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.inventory import parse
-from dldctl.plan import load_config
-from dldctl.provision import HostRuntime, open_host
+from dldctl.lifecycle.plan import load_config
+from dldctl.lifecycle.provision import HostRuntime, open_host
+from dldctl.observe.snapshot import collect
 from dldctl.rundir import RunDir
-from dldctl.snapshot import collect
 
 Confirm = Callable[[str], bool]
 DOWN_STATES = ("dead", "restarting", "stopped", "starting", "paused", "partitioned")

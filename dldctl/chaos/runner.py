@@ -24,8 +24,8 @@ from dldctl.chaos import verdict
 from dldctl.chaos.inject import Chaos
 from dldctl.chaos.plan import Experiment, Fault, Result
 from dldctl.errors import DldError
+from dldctl.observe.snapshot import collect
 from dldctl.rundir import RunDir
-from dldctl.snapshot import collect
 from syncer.common import jsonl, strictjson
 from syncer.common.atomic import atomic_write
 

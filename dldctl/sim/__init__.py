@@ -1,7 +1,7 @@
 """The pure simulation core behind `dldctl simulate`: fleet goodput and wide-area bandwidth.
 
 No I/O, no clock, no global random state: parameters and a numpy Generator (or seeds) go in,
-frozen results come out. `dldctl/cli_simulate.py` is the thin shell that parses flags and prints.
+frozen results come out. `dldctl/commands/simulate.py` is the thin shell that parses flags and prints.
 
     goodput.py     one job under data-parallel, elastic data-parallel, Decoupled DiLoCo
     montecarlo.py  spread over seeds, sweeps over chip and learner counts

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dldctl import snapshot
+from dldctl.observe import snapshot
 from dldctl.rundir import RunDir
 from syncer import checkpoint
 from syncer.common.settings import RunSettings

@@ -133,7 +133,7 @@ def test_dldctl_uses_only_the_shared_parts_and_never_the_learner(path: Path) -> 
         ("dldctl", "import syncer.server\n", dldctl_violations),
         ("learner", "from syncer import server\n", learner_violations),
         ("learner", "from syncer.merge import merge\n", learner_violations),
-        ("learner", "import dldctl.up\n", learner_violations),
+        ("learner", "import dldctl.lifecycle.up\n", learner_violations),
     ],
 )
 def test_a_reintroduced_forbidden_import_fails(package: str, source: str, rule: object) -> None:
@@ -160,7 +160,7 @@ PURE_CORE = (
     "learner/outer.py",
     "learner/schedule.py",
     "workload/gpt.py",
-    "dldctl/reconcile.py",
+    "dldctl/supervise/reconcile.py",
     "dldctl/chaos/plan.py",
     "dldctl/chaos/verdict.py",
     *(f"dldctl/sim/{p.name}" for p in sorted((ROOT / "dldctl" / "sim").glob("*.py"))),
@@ -245,3 +245,62 @@ def test_the_scanner_catches_a_violation(tmp_path: Path) -> None:
         assert "rich" in imports(bad)
     finally:
         bad.unlink()
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """Project modules imported when `path` is imported (module level, outside `if TYPE_CHECKING:`)."""
+    out: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                break  # a lazy import inside a function runs later, not at import time
+            if isinstance(sub, ast.Import):
+                out.update(a.name for a in sub.names)
+            elif isinstance(sub, ast.ImportFrom) and sub.module and not sub.level:
+                out.add(sub.module)
+                out.update(f"{sub.module}.{a.name}" for a in sub.names if _is_module(f"{sub.module}.{a.name}"))
+    return {m for m in out if m.split(".")[0] in PROJECT}
+
+
+def import_cycles(package: str) -> list[list[str]]:
+    """Every circle of module-level imports among a package's modules (depth-first search)."""
+    graph = {_module_name(p): _top_level_imports(p) for p in files(package)}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted((graph.get(node, set()) & graph.keys()) - {node}):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    return cycles
+
+
+@pytest.mark.parametrize("package", PROJECT)
+def test_no_import_circles(package: str) -> None:
+    assert import_cycles(package) == []
+
+
+def test_the_circle_scan_finds_a_circle(tmp_path: Path) -> None:
+    a, b = ROOT / "dldctl" / "_circle_a.py", ROOT / "dldctl" / "_circle_b.py"
+    a.write_text("from dldctl import _circle_b\n")
+    b.write_text("import dldctl._circle_a\n")
+    try:
+        assert ["dldctl._circle_a", "dldctl._circle_b", "dldctl._circle_a"] in import_cycles("dldctl")
+    finally:
+        a.unlink()
+        b.unlink()

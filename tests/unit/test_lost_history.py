@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dldctl import reconcile
-from dldctl.reconcile import Observation, decide, new_proc, started
+from dldctl.supervise import reconcile
+from dldctl.supervise.reconcile import Observation, decide, new_proc, started
 from syncer import checkpoint, status
 from syncer.common import jsonl, keys
 from syncer.common.settings import RunSettings, SettingsError, settings_from_dict

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dldctl import kernel
+from dldctl.lifecycle import kernel
 from syncer import native
 
 

@@ -4,8 +4,8 @@ learners left alone, unreachable hosts marked, expired faults undone."""
 
 from __future__ import annotations
 
-from dldctl import reconcile
-from dldctl.reconcile import Observation, backoff_delay, decide, new_proc, started
+from dldctl.supervise import reconcile
+from dldctl.supervise.reconcile import Observation, backoff_delay, decide, new_proc, started
 
 
 def state(**procs: dict) -> dict:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from dldctl.cli_report import report_command
+from dldctl.commands.report import report_command
 from dldctl.errors import RunError
-from dldctl.report import PLOTS, build_report, load_run
+from dldctl.observe.report import PLOTS, build_report, load_run
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "run_recorded"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

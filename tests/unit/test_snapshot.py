@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dldctl import rundir, snapshot
+from dldctl import rundir
+from dldctl.observe import snapshot
 from syncer.common import jsonl
 
 

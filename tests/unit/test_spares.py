@@ -8,9 +8,9 @@ import threading
 import time
 from pathlib import Path
 
-from dldctl import spares
 from dldctl.hosts import LocalHost
-from dldctl.provision import HostRuntime
+from dldctl.lifecycle.provision import HostRuntime
+from dldctl.supervise import spares
 from learner import spare
 
 CONFIG = {

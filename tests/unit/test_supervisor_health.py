@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from dldctl import rundir, snapshot, watchdog
+from dldctl import rundir
 from dldctl.hosts.local import read_stat
-from dldctl.reconcile import HUNG_S, STALE_S, new_proc, resume, started, supervisor_health
-from dldctl.snapshot import learner_state
-from dldctl.view import render_plain
+from dldctl.observe import snapshot
+from dldctl.observe.snapshot import learner_state
+from dldctl.observe.view import render_plain
+from dldctl.supervise import watchdog
+from dldctl.supervise.reconcile import HUNG_S, STALE_S, new_proc, resume, started, supervisor_health
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -216,7 +218,7 @@ def test_the_watchdog_restarts_a_dead_supervisor_once_and_says_why(
 
 
 def test_the_live_view_header_turns_red_for_a_missing_supervisor() -> None:
-    from dldctl.view import History, render_live
+    from dldctl.observe.view import History, render_live
 
     snap = json.loads((Path(__file__).resolve().parents[1] / "data" / "snapshots" / "healthy.json").read_text())
     snap["supervisor"] = {

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from dldctl.view import (
+from dldctl.observe.view import (
     STATE_STYLES,
     History,
     fmt_bytes,

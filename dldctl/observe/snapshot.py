@@ -6,7 +6,7 @@ syncer does not answer, the snapshot still comes back, with `syncer.alive` false
 
 The state file is only as fresh as the supervisor that writes it: a process on this machine is
 checked against its live pid (and start time), so a dead pid reads `dead` even while no
-supervisor has noticed, and `supervisor` says whether one is alive and beating (dldctl/watchdog.py).
+supervisor has noticed, and `supervisor` says whether one is alive and beating (dldctl/supervise/watchdog.py).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import re
 import time
 from typing import Any
 
-from dldctl import reconcile, watchdog
 from dldctl.errors import DldError, RunError
-from dldctl.plan import load_config
+from dldctl.lifecycle.plan import load_config
+from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.rundir import RunDir
-from dldctl.syncerctl import SyncerControl
+from dldctl.supervise import reconcile, watchdog
 from syncer.common import jsonl
 
 EVENTS = 40

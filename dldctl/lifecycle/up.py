@@ -24,11 +24,13 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from dldctl import inventory, kernel, plan, provision, reconcile, rundir, watchdog, wheel
+from dldctl import inventory, rundir
 from dldctl.errors import DldError, OperationError
 from dldctl.hosts import Host, LocalHost
 from dldctl.inventory import HostSpec, Inventory
+from dldctl.lifecycle import kernel, plan, provision, wheel
 from dldctl.rundir import RunDir
+from dldctl.supervise import reconcile, watchdog
 from syncer.common import strictjson
 from syncer.common.atomic import atomic_write
 
@@ -193,7 +195,7 @@ def initial_state(
 
 
 def start_supervisor(run: RunDir) -> None:
-    """The supervisor and its watchdog, each of which restarts the other (dldctl/watchdog.py);
+    """The supervisor and its watchdog, each of which restarts the other (dldctl/supervise/watchdog.py);
     one already alive is left alone (an orphaned run whose watchdog lives on)."""
     started = {role: watchdog.respawn(run, role) for role in watchdog.ROLES}
     with run.update() as state:

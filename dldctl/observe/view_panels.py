@@ -1,11 +1,11 @@
 """The rich building blocks of the status view: a sparkline renderable, one-line rows, and one
 function per panel of the live view (header, quorum, goodput, loss, throughput, bandwidth,
-events; the learners panel is in `dldctl.view`).
+events; the learners panel is in `dldctl.observe.view`).
 
 Everything here is a pure function of a snapshot dict (the `dldctl status --json` schema), the
 series kept by a `History`, and an injected `now`; nothing reads a clock or does I/O. The field
-access, formatting and colours the panels use, and `History` itself, are in `dldctl.view_data`.
-`dldctl.view` is the public face and re-exports what callers need.
+access, formatting and colours the panels use, and `History` itself, are in `dldctl.observe.view_data`.
+`dldctl.observe.view` is the public face and re-exports what callers need.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from dldctl.view_data import (
+from dldctl.observe.view_data import (
     DASH,
     History,
     dicts,

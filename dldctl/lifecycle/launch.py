@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from dldctl.hosts import Host, ProcRef
-from dldctl.provision import HostRuntime
+from dldctl.lifecycle.provision import HostRuntime
 
 
 def _env(runtime: HostRuntime, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -16,20 +16,20 @@ from typing import Any
 
 from rich.console import Console
 
-from dldctl import mirror
 from dldctl.errors import DldError, OperationError, RunError
 from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.inventory import parse
-from dldctl.plan import load_config
-from dldctl.provision import open_host
+from dldctl.lifecycle.plan import load_config
+from dldctl.lifecycle.provision import open_host
+from dldctl.lifecycle.syncerctl import SyncerControl
+from dldctl.observe import mirror
 from dldctl.rundir import RunDir
-from dldctl.syncerctl import SyncerControl
 
 LEARNER_GRACE_S = 20.0
 SYNCER_GRACE_S = 20.0
 
 
-class Fleet:
+class RunProcesses:
     """Every process ever started for the run, grouped by host, with the host connections."""
 
     def __init__(self, run: RunDir) -> None:
@@ -136,7 +136,7 @@ def _final_syncer(run: RunDir, config: dict[str, Any]) -> tuple[dict[str, Any] |
 def down(run: RunDir, console: Console) -> dict[str, Any]:
     """Stop the whole run; returns a summary dict (also printed)."""
     _mark_stopping(run)
-    fleet = Fleet(run)
+    fleet = RunProcesses(run)
     try:
         killed = fleet.stop(lambda r: r["target"] in ("supervisor", "watchdog"), 10.0)
         killed += fleet.stop(fleet.idle_spare, 5.0)  # warm spares that never became a learner
@@ -173,7 +173,7 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
     return summary(run, snap or before, exported, killed)
 
 
-def _bring_home(run: RunDir, fleet: Fleet, exported: str) -> str:
+def _bring_home(run: RunDir, fleet: RunProcesses, exported: str) -> str:
     """A remote syncer's last records and its final model, copied to the run directory."""
     try:
         state = run.read_state()

@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from dldctl import converge, inventory, rundir
+from dldctl import inventory, rundir
+from dldctl.lifecycle import converge
 
 app = typer.Typer(help="Add or remove learners of a live run.", no_args_is_help=True)
 console = Console(highlight=False)

@@ -2,9 +2,9 @@
 
 `dldctl up` starts two processes on the operator machine, and each keeps the other alive:
 
-    supervisor   `python -m dldctl.supervisor`: keeps the fleet at its size; touches
+    supervisor   `python -m dldctl.supervise.supervisor`: keeps the fleet at its size; touches
                  RUN/supervisor.beat every loop (its heartbeat) and restarts a dead watchdog
-    watchdog     `python -m dldctl.watchdog` (this module): every CHECK_S looks at the supervisor
+    watchdog     `python -m dldctl.supervise.watchdog` (this module): every CHECK_S looks at the supervisor
                  (pid + start time, heartbeat) and restarts it when its pid is dead, or kills and
                  restarts it when it has not beaten for HUNG_S; a capped exponential backoff while
                  the restarted one keeps dying within FAST_S; events `supervisor_lost`,
@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dldctl import reconcile
 from dldctl.errors import DldError, RunError
 from dldctl.hosts import LocalHost, ProcRef
 from dldctl.rundir import RunDir, proc_alive
+from dldctl.supervise import reconcile
 
 CHECK_S = 1.0
 FAST_S = 30.0  # a restarted supervisor that dies sooner than this is a fast death: back off
@@ -85,7 +85,7 @@ def respawn(run: RunDir, role: str) -> tuple[ProcRef, dict[str, Any] | None] | N
         if state.get("status") not in reconcile.LIVE or alive(before):
             return None
         ref = LocalHost("local").start(
-            [sys.executable, "-m", f"dldctl.{role}", "--run", str(run.path)],
+            [sys.executable, "-m", f"dldctl.supervise.{role}", "--run", str(run.path)],
             cwd=str(run.path),
             log=str(log_path(run, role)),
         )
@@ -195,7 +195,7 @@ class Watchdog:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the detached watchdog process."""
-    parser = argparse.ArgumentParser(prog="python -m dldctl.watchdog")
+    parser = argparse.ArgumentParser(prog="python -m dldctl.supervise.watchdog")
     parser.add_argument("--run", required=True, type=Path)
     args = parser.parse_args(argv)
     dog = Watchdog(RunDir(args.run))

@@ -28,7 +28,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from dldctl.errors import RunError
-from dldctl.view_data import fmt_bytes, fmt_duration
+from dldctl.observe.view_data import fmt_bytes, fmt_duration
 
 PLOTS = ("loss.png", "goodput.png", "throughput.png", "bandwidth.png", "quorum.png")
 FAULT_STYLES = {  # event kind -> marker colour on the goodput plot

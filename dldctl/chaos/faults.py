@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 from dldctl.hosts import Host, ProcRef
-from dldctl.launch import learner_workdir
-from dldctl.provision import HostRuntime
+from dldctl.lifecycle.launch import learner_workdir
+from dldctl.lifecycle.provision import HostRuntime
 
 KINDS = ("kill", "pause", "slow", "partition")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from dldctl.errors import DldError
 from dldctl.inventory import HostSpec, Inventory
-from dldctl.provision import open_host
+from dldctl.lifecycle.provision import open_host
 
 PROBE = r"""
 import json, sys, socket

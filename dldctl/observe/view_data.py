@@ -7,8 +7,8 @@ goodput and the supervisor, sparklines drawn as text, and `History`, the bounded
 snapshots' numbers that the sparklines draw. Everything is a pure function of a snapshot dict (the
 `dldctl status --json` schema) and an injected `now`; nothing reads a clock or does I/O.
 
-`dldctl.view_panels` builds the rich panels from these, `dldctl.view` lays them out and is the
-public face (it re-exports what callers need); `dldctl.report` formats with them too.
+`dldctl.observe.view_panels` builds the rich panels from these, `dldctl.observe.view` lays them out and is the
+public face (it re-exports what callers need); `dldctl.observe.report` formats with them too.
 """
 
 from __future__ import annotations

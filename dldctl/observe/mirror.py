@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from dldctl.hosts import Host
-from dldctl.provision import HostRuntime
+from dldctl.lifecycle.provision import HostRuntime
 from dldctl.rundir import RunDir
 
 FILES = ("events.jsonl", "metrics.jsonl")

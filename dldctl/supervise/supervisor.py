@@ -1,12 +1,12 @@
 """The supervisor: keeps a run's fleet at its declared size, with no terminal attached.
 
-`python -m dldctl.supervisor --run DIR` is started detached by `dldctl up`. Every half second:
+`python -m dldctl.supervise.supervisor --run DIR` is started detached by `dldctl up`. Every half second:
 observe every process (one round trip per host), let `reconcile.decide` say what to do (under
 the state lock), then do it without holding the lock: start or restart processes, undo faults
 whose time is up. Every action is an event in events.jsonl. `dldctl down` sets the run's status
 to "stopping"; the supervisor then exits and leaves the stopping to `down`.
 
-Nobody supervises alone (dldctl/watchdog.py): every loop touches the heartbeat file the watchdog
+Nobody supervises alone (dldctl/supervise/watchdog.py): every loop touches the heartbeat file the watchdog
 reads and restarts the watchdog if it died; the watchdog restarts this process if it dies or
 hangs. A restarted supervisor first adopts (or starts again) what its predecessor was starting.
 """
@@ -24,12 +24,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dldctl import faults, launch, mirror, reconcile, spares, watchdog
+from dldctl.chaos import faults
 from dldctl.errors import DldError, HostError
 from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.inventory import Inventory, parse
-from dldctl.provision import HostRuntime, open_host
+from dldctl.lifecycle import launch
+from dldctl.lifecycle.provision import HostRuntime, open_host
+from dldctl.observe import mirror
 from dldctl.rundir import RunDir
+from dldctl.supervise import reconcile, spares, watchdog
 from syncer.common.settings import settings_from_dict
 
 POLL_S = 0.5
@@ -247,7 +250,7 @@ class Supervisor:
             kind = reconcile.started(st["procs"][name], record, time.time())
         self.run.event(kind, name, f"pid {ref.pid} on {entry['host']}{how}")
 
-    # -- warm spares (dldctl/spares.py) ---------------------------------------------------------
+    # -- warm spares (dldctl/supervise/spares.py) ---------------------------------------------------------
     def _from_spare(
         self, host_name: str, runtime: HostRuntime, learner: dict[str, Any], restarts: int
     ) -> ProcRef | None:
@@ -341,7 +344,7 @@ class Supervisor:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the detached supervisor process."""
-    parser = argparse.ArgumentParser(prog="python -m dldctl.supervisor")
+    parser = argparse.ArgumentParser(prog="python -m dldctl.supervise.supervisor")
     parser.add_argument("--run", required=True, type=Path)
     args = parser.parse_args(argv)
     sup = Supervisor(RunDir(args.run))

@@ -11,8 +11,8 @@ field: it renders as "-" instead of raising; a dead syncer is said loudly, not f
     live.update(render_live(snapshot, history, now))      # rich.live.Live(screen=True)
     Console().print(render_plain(snapshot, now))          # --once: no screen control
 
-The panels live in `dldctl.view_panels`, `History` and the field access and formatting helpers
-in `dldctl.view_data`; the ones callers need are re-exported here.
+The panels live in `dldctl.observe.view_panels`, `History` and the field access and formatting helpers
+in `dldctl.observe.view_data`; the ones callers need are re-exported here.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from dldctl.view_data import (
+from dldctl.observe.view_data import (
     STATE_STYLES,
     History,
     dicts,
@@ -51,7 +51,7 @@ from dldctl.view_data import (
     syncer_alive,
     text_of,
 )
-from dldctl.view_panels import (
+from dldctl.observe.view_panels import (
     bandwidth_panel,
     event_table,
     events_panel,

@@ -11,7 +11,7 @@ status: pending -> starting -> running -> dead -> (restart) starting -> ...; als
 events to record; the supervisor does the I/O. Deaths caused by chaos do not count towards
 the crash-loop backoff.
 
-The supervisor is watched too (dldctl/watchdog.py): `supervisor_health` is the rule by which the
+The supervisor is watched too (dldctl/supervise/watchdog.py): `supervisor_health` is the rule by which the
 watchdog restarts it and `dldctl status` reports it, and `resume` is what a restarted supervisor
 makes of the processes its predecessor was in the middle of starting.
 """

@@ -1,4 +1,4 @@
-"""`dldctl report`: the thin command around `dldctl.report.build_report`.
+"""`dldctl report`: the thin command around `dldctl.observe.report.build_report`.
 
 The CLI resolves `--run NAME` (or the most recent run) to a run directory and calls
 `report_command`; errors are DldErrors (RunError) that the CLI prints as one red line.
@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from dldctl.report import build_report
+from dldctl.observe.report import build_report
 
 
 def report_command(run_dir: Path, out: Path | None = None, console: Console | None = None) -> list[Path]:

@@ -11,14 +11,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dldctl import check as check_mod
-from dldctl import converge, inventory, kernel, plan, rundir
-from dldctl import down as down_mod
-from dldctl import up as up_mod
+from dldctl import inventory, rundir
 from dldctl.errors import DldError, UsageError
 from dldctl.hosts import LocalHost
 from dldctl.inventory import Inventory
-from dldctl.provision import HostRuntime, open_host
+from dldctl.lifecycle import check as check_mod
+from dldctl.lifecycle import converge, kernel, plan
+from dldctl.lifecycle import down as down_mod
+from dldctl.lifecycle import up as up_mod
+from dldctl.lifecycle.provision import HostRuntime, open_host
 from syncer.common import strictjson
 
 console = Console(highlight=False)
@@ -68,7 +69,7 @@ def up(
         f"  dldctl logs learner-0  a learner's log\n  dldctl chaos kill learner-1\n  dldctl down"
     )
     if not detach:
-        from dldctl.cli_status import live_view
+        from dldctl.commands.status import live_view
 
         live_view(run, interval=1.0)
 

@@ -18,12 +18,14 @@ from typing import Any
 
 from rich.console import Console
 
-from dldctl import inventory, plan, provision, reconcile, rundir, wheel
+from dldctl import inventory, rundir
 from dldctl.errors import DldError, RunError, UsageError
 from dldctl.hosts import LocalHost, ProcRef
 from dldctl.inventory import HostSpec, Inventory
+from dldctl.lifecycle import plan, provision, wheel
+from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.rundir import RunDir
-from dldctl.syncerctl import SyncerControl
+from dldctl.supervise import reconcile
 from syncer.common import strictjson
 from syncer.common.atomic import atomic_write
 

@@ -9,9 +9,10 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
-from dldctl import rundir, snapshot
+from dldctl import rundir
+from dldctl.observe import snapshot
+from dldctl.observe.view import History, render_live, render_plain
 from dldctl.rundir import RunDir
-from dldctl.view import History, render_live, render_plain
 from syncer.common import strictjson
 
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
@@ -60,6 +61,6 @@ def report(
 
     Example: dldctl report --out /tmp/report
     """
-    from dldctl.cli_report import report_command  # matplotlib takes a second to import
+    from dldctl.commands.report import report_command  # matplotlib takes a second to import
 
     report_command(rundir.resolve(run, live_only=False).path, out)

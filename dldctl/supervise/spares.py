@@ -17,9 +17,9 @@ import json
 import shlex
 from typing import Any
 
-from dldctl import launch
 from dldctl.hosts import Host, ProcRef
-from dldctl.provision import HostRuntime
+from dldctl.lifecycle import launch
+from dldctl.lifecycle.provision import HostRuntime
 
 SPARE_DELAY_S = 1.0  # after a handover (or a spare's death): the new learner joins from a spare in ~0.2 s
 FIRST_SPARE_S = 5.0  # after the supervisor starts: the fleet itself imports torch first

@@ -1,0 +1,1 @@
+"""The `dldctl` subcommands, one module per group: thin Typer functions that parse, call a room below, print."""
