@@ -54,6 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common
 from bench.fleet import BenchRun, Plan, diloco_run, local_host, read_jsonl, run_diloco
+from dldctl.rundir import RunDir
+from dldctl.runstate import RunState
 
 LEARNERS = 3
 TARGET_FINAL, TARGET_WORST = 0.02, 0.05
@@ -65,9 +67,9 @@ def _dl(fleet: BenchRun, *args: str) -> str:
     return f"dldctl {' '.join(args)} -> {proc.returncode}"
 
 
-def _state(fleet: BenchRun) -> dict[str, Any]:
+def _state(fleet: BenchRun) -> RunState:
     assert fleet.run_dir is not None
-    return json.loads((fleet.run_dir / "state.json").read_text())
+    return RunDir(fleet.run_dir).read_state()
 
 
 def syncer_hang(fleet: BenchRun, stop: threading.Event, seconds: float) -> str:
@@ -108,7 +110,9 @@ def disk_full(fleet: BenchRun, stop: threading.Event, seconds: float) -> str:
 
 
 def supervisor_kill(fleet: BenchRun, _stop: threading.Event, _seconds: float) -> str:
-    pid = int(_state(fleet)["supervisor"]["pid"])
+    record = _state(fleet).supervisor
+    assert record is not None, "the run has no supervisor recorded"
+    pid = record.pid
     os.kill(pid, signal.SIGKILL)
     return f"SIGKILL supervisor pid {pid}"
 

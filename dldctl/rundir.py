@@ -6,24 +6,26 @@
 
 `state.json` is shared by the supervisor and short-lived CLI commands: every read-modify-write
 holds an flock on `state.lock`, and every write is atomic (temp file + rename), so a crash never
-leaves half a state behind. A run is live while its supervisor process is. Commands without
-`--run` use the most recent live run.
+leaves half a state behind. Its schema is dldctl/runstate.py; `read_state` and `write_state` here
+are its one load and save (everyone else gets and gives a typed, frozen RunState). A run is live
+while its supervisor process is. Commands without `--run` use the most recent live run.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import fcntl
 import json
 import os
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from dldctl.errors import RunError
+from dldctl.runstate import RunState
 from syncer.common import jsonl, strictjson
 from syncer.common.atomic import atomic_write
 from syncer.common.settings import RunSettings, settings_from_dict
@@ -43,7 +45,7 @@ class RunDir:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._unsaved: tuple[dict[str, Any], tuple[int, int, int] | None] | None = None  # state, file it replaces
+        self._unsaved: tuple[RunState, tuple[int, int, int] | None] | None = None  # state, file it replaces
         self._unsaved_count = 0
         self._log_cap: int | None = None
 
@@ -77,12 +79,13 @@ class RunDir:
         return self.learners / learner
 
     # -- state -------------------------------------------------------------------------------
-    def read_state(self) -> dict[str, Any]:
-        """The state file; RunError (naming the file and what to do) if missing or corrupt.
+    def read_state(self) -> RunState:
+        """The state file; RunError (naming the file and what to do) if missing, corrupt, of
+        another schema version or malformed (dldctl/runstate.py).
         (This process's own state that it could not write, while nobody else wrote the file.)"""
         if self._unsaved is not None:
             if _signature(self.state_file) == self._unsaved[1]:
-                return copy.deepcopy(self._unsaved[0])
+                return self._unsaved[0]  # frozen: nobody can change it under us
             self._unsaved, self._unsaved_count = None, 0  # another process wrote it since: it wins
         try:
             data = json.loads(self.state_file.read_text())
@@ -95,17 +98,15 @@ class RunDir:
                 f"{self.state_file}: corrupt state ({exc})",
                 hint="`dldctl down --run " + self.name + "` still stops every process it can find",
             ) from None
-        if not isinstance(data, dict):
-            raise RunError(f"{self.state_file}: corrupt state (not an object)")
-        return data
+        return RunState.from_json(data, self.state_file)
 
-    def write_state(self, state: dict[str, Any]) -> None:
+    def write_state(self, state: RunState) -> None:
         """Atomic replace; call while holding `locked()`. Never raises: if the disk is full (or
         failing), this process keeps the state in memory (read_state returns it while nobody else
         wrote the file) and writes it with its next change once it can."""
-        state["updated"] = time.time()
+        state = replace(state, updated=time.time())
         try:
-            atomic_write(self.state_file, strictjson.dumps(state, indent=1, sort_keys=True))
+            atomic_write(self.state_file, strictjson.dumps(state.to_json(), indent=1, sort_keys=True))
         except OSError as exc:
             self._keep_unsaved(state, exc)
             return
@@ -115,9 +116,9 @@ class RunDir:
                 "write_resumed", jsonl.source(), f"writing state.json again: {count} changes were kept in memory"
             )
 
-    def _keep_unsaved(self, state: dict[str, Any], exc: OSError) -> None:
+    def _keep_unsaved(self, state: RunState, exc: OSError) -> None:
         first = self._unsaved is None
-        self._unsaved = (copy.deepcopy(state), _signature(self.state_file))
+        self._unsaved = (state, _signature(self.state_file))
         self._unsaved_count += 1
         if first:
             jsonl.notify(
@@ -139,12 +140,13 @@ class RunDir:
             os.close(fd)
 
     @contextlib.contextmanager
-    def update(self) -> Iterator[dict[str, Any]]:
-        """`with run.update() as state: ...` reads, lets you modify, writes back atomically."""
+    def update(self) -> Iterator[Edit]:
+        """`with run.update() as edit: edit.state = edit.state.with_status("up")` reads under the
+        lock, lets you put a new state in its place, writes it back atomically."""
         with self.locked():
-            state = self.read_state()
-            yield state
-            self.write_state(state)
+            edit = Edit(self.read_state())
+            yield edit
+            self.write_state(edit.state)
 
     def event(self, kind: str, target: str, detail: str = "") -> dict[str, Any]:
         """Append to events.jsonl (rotated past the run's max_log_mb; dropped and counted, never
@@ -182,8 +184,15 @@ class RunDir:
             state = self.read_state()
         except RunError:
             return False
-        sup = state.get("supervisor") or {}
-        return state.get("status") in ("starting", "up") and proc_alive(sup.get("pid"), sup.get("start_ticks"))
+        sup = state.supervisor
+        return state.status in ("starting", "up") and sup is not None and proc_alive(sup.pid, sup.start_ticks)
+
+
+@dataclass
+class Edit:
+    """The state being changed inside `RunDir.update()`: assign a new one to `state`."""
+
+    state: RunState
 
 
 def _signature(path: Path) -> tuple[int, int, int] | None:
@@ -267,7 +276,7 @@ def find_orphan(name: str) -> RunDir | None:
         if not is_run_of(r.name, name):
             continue
         try:
-            status = r.read_state().get("status")
+            status = r.read_state().status
         except RunError:
             continue
         if status in ("starting", "up") and not r.live():

@@ -14,7 +14,7 @@ import secrets
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
 
 from dldctl.chaos import faults
 from dldctl.chaos.plan import ACTIONS
@@ -25,6 +25,7 @@ from dldctl.lifecycle.plan import load_config
 from dldctl.lifecycle.provision import HostRuntime, open_host
 from dldctl.observe.snapshot import collect
 from dldctl.rundir import RunDir
+from dldctl.runstate import Fault, Proc, ProcStatus
 
 Confirm = Callable[[str], bool]
 DOWN_STATES = ("dead", "restarting", "stopped", "starting", "paused", "partitioned")
@@ -53,9 +54,9 @@ class Chaos:
             self._hosts[name] = LocalHost(name) if spec is None or spec.local else open_host(spec, self.inv.ssh)
         return self._hosts[name]
 
-    def _target(self, target: str, action: str) -> tuple[dict[str, Any], Host, HostRuntime]:
+    def _target(self, target: str, action: str) -> tuple[Proc, Host, HostRuntime]:
         state = self.run.read_state()
-        procs = state.get("procs", {})
+        procs = state.procs
         if target not in procs or (target == "syncer" and action != "kill"):
             known = ", ".join(sorted(n for n in procs if n != "syncer"))
             raise UsageError(
@@ -63,7 +64,7 @@ class Chaos:
                 hint=f"learners: {known}" + ("; the syncer can only be killed" if target == "syncer" else ""),
             )
         entry = procs[target]
-        return entry, self._host(entry["host"]), HostRuntime.from_dict(state["hosts"][entry["host"]]["runtime"])
+        return entry, self._host(entry.host), HostRuntime.from_dict(dict(state.runtime_of(entry.host)))
 
     # -- the guard ---------------------------------------------------------------------------
     def guard(self, action: str, target: str, force: bool, confirm: Confirm | None) -> None:
@@ -89,19 +90,18 @@ class Chaos:
     # -- faults ------------------------------------------------------------------------------
     def kill(self, target: str, sig: str = "KILL", down_for: float | None = None) -> str:
         entry, host, _ = self._target(target, "kill")
-        ref = entry.get("proc")
-        if entry["status"] != "running" or not ref:
-            raise ChaosError(f"{target} is not running (status {entry['status']}); nothing to kill")
+        ref = entry.proc
+        if entry.status is not ProcStatus.RUNNING or not ref:
+            raise ChaosError(f"{target} is not running (status {entry.status}); nothing to kill")
         hold = down_for if down_for is not None else float(self.settings.get("restart_delay_s", 2.0))
-        with self.run.update() as state:
-            e = state["procs"][target]
-            e["hold_until"] = time.time() + hold
-            e["chaos_kill"] = True
+        with self.run.update() as edit:
+            e = replace(edit.state.procs[target], hold_until=time.time() + hold, chaos_kill=True)
+            edit.state = edit.state.with_proc(target, e)
         self.held.add(target)
         signum = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM}[sig.upper()]
-        if not host.signal(ProcRef(ref["pid"], ref["start_ticks"]), signum, group=True):
-            raise ChaosError(f"{target} (pid {ref['pid']}) was already gone")
-        detail = f"kill -{sig.upper()} pid {ref['pid']} on {entry['host']}; back in >= {hold:g} s"
+        if not host.signal(ProcRef(ref.pid, ref.start_ticks), signum, group=True):
+            raise ChaosError(f"{target} (pid {ref.pid}) was already gone")
+        detail = f"kill -{sig.upper()} pid {ref.pid} on {entry.host}; back in >= {hold:g} s"
         self.run.event("fault_inject", target, detail)
         return detail
 
@@ -114,28 +114,21 @@ class Chaos:
         if action == "slow" and factor <= 1.0:
             raise UsageError("--factor must be > 1 (how many times slower)")
         entry, host, runtime = self._target(target, action)
-        ref = entry.get("proc")
-        if entry["status"] != "running" or not ref:
-            raise ChaosError(f"{target} is not running (status {entry['status']})")
-        record: dict[str, Any] = {
-            "id": secrets.token_hex(4),
-            "kind": action,
-            "target": target,
-            "until": time.time() + duration,
-            "injected_at": time.time(),
-            "factor": factor,
-        }
-        with self.run.update() as state:  # registered first: the undo survives our death
-            state.setdefault("faults", []).append(record)
-        self.started.add(record["id"])
+        ref = entry.proc
+        if entry.status is not ProcStatus.RUNNING or not ref:
+            raise ChaosError(f"{target} is not running (status {entry.status})")
+        record = Fault(secrets.token_hex(4), action, target, time.time() + duration, time.time(), factor)
+        with self.run.update() as edit:  # registered first: the undo survives our death
+            edit.state = edit.state.with_fault(record)
+        self.started.add(record.id)
         try:
-            ok = faults.apply(action, host, runtime, target, ProcRef(ref["pid"], ref["start_ticks"]), duration, factor)
+            ok = faults.apply(action, host, runtime, target, ProcRef(ref.pid, ref.start_ticks), duration, factor)
         except DldError as exc:
-            self._forget(record["id"])
+            self._forget(record.id)
             raise ChaosError(f"could not {action} {target}: {exc.line()}") from exc
         if not ok:
-            self._forget(record["id"])
-            raise ChaosError(f"{target} (pid {ref['pid']}) was already gone")
+            self._forget(record.id)
+            raise ChaosError(f"{target} (pid {ref.pid}) was already gone")
         detail = {
             "pause": f"SIGSTOP for {duration:g} s",
             "slow": f"x{factor:g} slower for {duration:g} s",
@@ -145,36 +138,31 @@ class Chaos:
         return detail
 
     def _forget(self, fault_id: str) -> None:
-        with self.run.update() as state:
-            state["faults"] = [f for f in state.get("faults", []) if f.get("id") != fault_id]
+        with self.run.update() as edit:
+            edit.state = edit.state.without_fault(fault_id)
 
     def heal(self, target: str | None = None, own: bool = False) -> list[str]:
         """Undo every active fault (of one target, or all; `own`: only those this instance
         started) and lift kill holds; idempotent."""
         state = self.run.read_state()
         done = []
-        for fault in list(state.get("faults", [])):
-            mine = not own or fault.get("id") in self.started
-            if mine and (target is None or fault["target"] == target):
-                entry, host, runtime = self._target(fault["target"], fault["kind"])
-                ref = entry.get("proc")
-                faults.undo(
-                    fault["kind"],
-                    host,
-                    runtime,
-                    fault["target"],
-                    ProcRef(ref["pid"], ref["start_ticks"]) if ref else None,
-                )
-                self._forget(fault["id"])
-                self.run.event("fault_undo", fault["target"], f"{fault['kind']} healed")
-                done.append(f"{fault['kind']} {fault['target']}")
-        with self.run.update() as state:
-            for name, entry in state["procs"].items():
+        for fault in state.faults:
+            mine = not own or fault.id in self.started
+            if mine and (target is None or fault.target == target):
+                entry, host, runtime = self._target(fault.target, fault.kind)
+                ref = entry.proc
+                faults.undo(fault.kind, host, runtime, fault.target, ProcRef(ref.pid, ref.start_ticks) if ref else None)
+                self._forget(fault.id)
+                self.run.event("fault_undo", fault.target, f"{fault.kind} healed")
+                done.append(f"{fault.kind} {fault.target}")
+        with self.run.update() as edit:
+            for name, entry in edit.state.procs.items():
                 mine = not own or name in self.held
-                if mine and (target is None or name == target) and entry.get("hold_until"):
-                    entry["hold_until"] = None
-                    if entry["status"] == "dead":
-                        entry["next_start"] = time.time()
+                if mine and (target is None or name == target) and entry.hold_until:
+                    lifted = replace(entry, hold_until=None)
+                    if entry.status is ProcStatus.DEAD:
+                        lifted = replace(lifted, next_start=time.time())
+                    edit.state = edit.state.with_proc(name, lifted)
                     self.run.event("fault_undo", name, "kill hold lifted: restarting now")
                     done.append(f"hold {name}")
         return done

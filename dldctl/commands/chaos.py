@@ -150,7 +150,7 @@ def heal(
 
 def _targets(chaos: Chaos, targets: str | None) -> list[str]:
     state = chaos.run.read_state()
-    learners = sorted(n for n, p in state["procs"].items() if p["kind"] == "learner" and p["status"] != "stopped")
+    learners = sorted(state.learners(live=True))
     if not targets:
         return learners
     chosen = [t.strip() for t in targets.split(",") if t.strip()]

@@ -122,13 +122,13 @@ def _log_location(run: rundir.RunDir, target: str) -> tuple:
     if target == "supervisor":
         return LocalHost("local"), str(run.supervisor_log)
     state = run.read_state()
-    proc = state.get("procs", {}).get(target)
+    proc = state.procs.get(target)
     if proc is None:
-        known = ", ".join(sorted(state.get("procs", {}))) + ", supervisor"
+        known = ", ".join(sorted(state.procs)) + ", supervisor"
         raise UsageError(f"no process named {target!r} in run {run.name}", hint=f"known: {known}")
-    runtime = HostRuntime.from_dict(state["hosts"][proc["host"]]["runtime"])
+    runtime = HostRuntime.from_dict(dict(state.runtime_of(proc.host)))
     inv = inventory.parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
-    spec = next((h for h in inv.hosts if h.name == proc["host"]), None)
+    spec = next((h for h in inv.hosts if h.name == proc.host), None)
     host = LocalHost("local") if spec is None or spec.local else open_host(spec, inv.ssh)
     return host, f"{runtime.run_dir}/logs/{target}.log"
 

@@ -25,6 +25,7 @@ from dldctl.inventory import HostSpec, Inventory
 from dldctl.lifecycle import plan, provision, wheel
 from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.rundir import RunDir
+from dldctl.runstate import HostRecord, ProcStatus
 from dldctl.supervise import reconcile
 from syncer.common import strictjson
 from syncer.common.atomic import atomic_write
@@ -40,7 +41,7 @@ def _save_inventory(run: RunDir, inv: Inventory) -> None:
 
 def _tell_syncer(run: RunDir, config: dict[str, Any]) -> None:
     state = run.read_state()
-    ids = [n for n, p in state["procs"].items() if p["kind"] == "learner" and p["status"] != "stopped"]
+    ids = state.learners(live=True)
     try:
         with SyncerControl.for_run(config, run.path) as ctl:
             ctl.control("fleet", learners=sorted(ids))
@@ -86,10 +87,11 @@ def add(run: RunDir, host_name: str, count: int, console: Console, wait_s: float
         host.close()
     _push_keys_to_remote_syncer(run, inv, config)
     _save_inventory(run, inventory.with_host_learners(inv, spec.name, spec.learners + count))
-    with run.update() as state:
-        state["hosts"].setdefault(spec.name, {"status": "ok"})["runtime"] = runtime.to_dict()
+    with run.update() as edit:
+        old = edit.state.hosts.get(spec.name)
+        edit.state = edit.state.with_host(spec.name, HostRecord(runtime.to_dict(), old.status if old else "ok"))
         for lid in new_ids:
-            state["procs"][lid] = reconcile.new_proc("learner", spec.name)
+            edit.state = edit.state.with_proc(lid, reconcile.new_proc("learner", spec.name))
     for lid in new_ids:
         run.event("learner_add", lid, f"scavenged capacity on {spec.name}")
     _tell_syncer(run, config)
@@ -102,7 +104,7 @@ def _push_keys_to_remote_syncer(run: RunDir, inv: Inventory, config: dict[str, A
     name = config["syncer"].get("host", "local")
     if name == "local":
         return
-    runtime = provision.HostRuntime.from_dict(run.read_state()["hosts"][name]["runtime"])
+    runtime = provision.HostRuntime.from_dict(dict(run.read_state().runtime_of(name)))
     host = provision.open_host(inv.host(name), inv.ssh)
     try:
         host.put_bytes(run.config.read_bytes(), runtime.config, 0o600)
@@ -115,7 +117,7 @@ def _wait(run: RunDir, ids: list[str], timeout: float, console: Console) -> None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = run.read_state()
-        waiting = [i for i in ids if state["procs"][i]["status"] != "running"]
+        waiting = [i for i in ids if state.procs[i].status is not ProcStatus.RUNNING]
         if not waiting:
             console.print(f"started {', '.join(ids)}; they join by fetching the global state")
             return
@@ -125,19 +127,19 @@ def _wait(run: RunDir, ids: list[str], timeout: float, console: Console) -> None
 
 def remove(run: RunDir, lid: str, console: Console) -> None:
     """Gracefully take one learner out of a live run (it is not restarted)."""
-    with run.update() as state:
-        proc = state["procs"].get(lid)
-        if proc is None or proc["kind"] != "learner":
+    with run.update() as edit:
+        proc = edit.state.procs.get(lid)
+        if proc is None or not proc.learner:
             raise UsageError(f"no learner named {lid!r} in run {run.name}")
-        proc["status"] = "stopped"
-        ref = proc.get("proc")
-        host_name = proc["host"]
+        edit.state = edit.state.with_proc(lid, replace(proc, status=ProcStatus.STOPPED))
+        ref = proc.proc
+        host_name = proc.host
     if ref:
         inv = stored_inventory(run)
         spec = next((h for h in inv.hosts if h.name == host_name), None)
         host = LocalHost("local") if spec is None or spec.local else provision.open_host(spec, inv.ssh)
         try:
-            host.signal(ProcRef(ref["pid"], ref["start_ticks"]), signal.SIGTERM, group=True)
+            host.signal(ProcRef(ref.pid, ref.start_ticks), signal.SIGTERM, group=True)
         finally:
             host.close()
     run.event("learner_remove", lid, "graceful leave: its due fragments are sent, then it exits")
@@ -155,9 +157,8 @@ def converge(run: RunDir, inv: Inventory, console: Console) -> None:
         )
     state = run.read_state()
     current: dict[str, list[str]] = {}
-    for lid, proc in state["procs"].items():
-        if proc["kind"] == "learner" and proc["status"] != "stopped":
-            current.setdefault(proc["host"], []).append(lid)
+    for lid in state.learners(live=True):
+        current.setdefault(state.procs[lid].host, []).append(lid)
     changed = False
     for spec in inv.hosts:
         have = sorted(current.get(spec.name, []), key=lambda x: int(x.rsplit("-", 1)[1]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import time
+from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
@@ -24,6 +25,7 @@ from dldctl.lifecycle.provision import open_host
 from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.observe import mirror
 from dldctl.rundir import RunDir
+from dldctl.runstate import ProcStatus
 
 LEARNER_GRACE_S = 20.0
 SYNCER_GRACE_S = 20.0
@@ -106,8 +108,8 @@ class RunProcesses:
 
 def _mark_stopping(run: RunDir) -> None:
     try:
-        with run.update() as state:
-            state["status"] = "stopping"
+        with run.update() as edit:
+            edit.state = edit.state.with_status("stopping")
     except RunError as exc:
         run.event("state_corrupt", "run", f"{exc.line()}; stopping every recorded process anyway")
 
@@ -160,11 +162,9 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
     finally:
         fleet.close()
     try:
-        with run.update() as state:
-            state["status"] = "down"
-            state["stopped_at"] = time.time()
-            for proc in state.get("procs", {}).values():
-                proc["status"], proc["proc"] = "stopped", None
+        with run.update() as edit:
+            procs = {n: replace(p, status=ProcStatus.STOPPED, proc=None) for n, p in edit.state.procs.items()}
+            edit.state = replace(edit.state, status="down", stopped_at=time.time(), procs=procs)
     except RunError:
         pass
     run.event("down", "run", f"stopped; forced to kill {len(killed)} processes")
@@ -184,9 +184,9 @@ def _bring_home(run: RunDir, fleet: RunProcesses, exported: str) -> str:
         return exported
     host = fleet.host(where[0])
     try:
-        offsets = mirror.mirror(host, where[1], run, state.get("mirror", {}))
-        with run.update() as st:
-            st["mirror"] = offsets
+        offsets = mirror.mirror(host, where[1], run, dict(state.mirror))
+        with run.update() as edit:
+            edit.state = replace(edit.state, mirror=offsets)
         if exported:
             host.get_file(f"{where[1].run_dir}/final_model.pt", run.final_model)
             return str(run.final_model)

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from dldctl.hosts import Host, LocalHost
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.lifecycle import kernel, plan, provision, wheel
 from dldctl.rundir import RunDir
+from dldctl.runstate import HostRecord, ProcStatus, RunState
 from dldctl.supervise import reconcile, watchdog
 from syncer.common import strictjson
 from syncer.common.atomic import atomic_write
@@ -165,42 +167,38 @@ def initial_state(
     config: dict[str, Any],
     runtimes: dict[str, provision.HostRuntime],
     errors: dict[str, DldError],
-) -> dict[str, Any]:
+) -> RunState:
     """Every process pending (the supervisor starts them); unreachable hosts' learners stopped."""
     syncer_host = inv.syncer.host if inv.syncer.host != "local" else "local"
     procs = {"syncer": reconcile.new_proc("syncer", syncer_host)}
     for entry in config["learners"]:
         proc = reconcile.new_proc("learner", entry["host"])
         if entry["host"] in errors:
-            proc["status"] = "stopped"
-            proc["reason"] = errors[entry["host"]].line()
+            proc = replace(proc, status=ProcStatus.STOPPED, reason=errors[entry["host"]].line())
         procs[entry["id"]] = proc
-    hosts = {name: {"runtime": rt.to_dict(), "status": "ok"} for name, rt in runtimes.items()}
+    hosts = {name: HostRecord(rt.to_dict()) for name, rt in runtimes.items()}
     if "local" not in hosts:
-        hosts["local"] = {
-            "runtime": provision.HostRuntime("local", sys.executable, "", str(run.path), str(run.config)).to_dict(),
-            "status": "ok",
-        }
-    return {
-        "run": inv.run.name,
-        "run_id": config["run_id"],
-        "dir": str(run.path),
-        "status": "starting",
-        "created": time.time(),
-        "procs": procs,
-        "hosts": hosts,
-        "faults": [],
-        "supervisor": None,
-    }
+        local = provision.HostRuntime("local", sys.executable, "", str(run.path), str(run.config))
+        hosts["local"] = HostRecord(local.to_dict())
+    return RunState(
+        run=inv.run.name,
+        run_id=config["run_id"],
+        dir=str(run.path),
+        status="starting",
+        created=time.time(),
+        procs=procs,
+        hosts=hosts,
+    )
 
 
 def start_supervisor(run: RunDir) -> None:
     """The supervisor and its watchdog, each of which restarts the other (dldctl/supervise/watchdog.py);
     one already alive is left alone (an orphaned run whose watchdog lives on)."""
     started = {role: watchdog.respawn(run, role) for role in watchdog.ROLES}
-    with run.update() as state:
-        state["status"] = "up"
-        pids = {role: (state.get(role) or {}).get("pid") for role in watchdog.ROLES}
+    with run.update() as edit:
+        edit.state = edit.state.with_status("up")
+        records = {role: edit.state.daemon(role) for role in watchdog.ROLES}
+    pids = {role: record.pid if record else None for role, record in records.items()}
     said = ", ".join(
         f"{role} pid {pids[role]}{'' if started[role] else ' (already running)'}" for role in watchdog.ROLES
     )
@@ -213,9 +211,10 @@ def wait_running(run: RunDir, board: Board, timeout: float) -> list[str]:
     pending: list[str] = []
     while time.monotonic() < deadline:
         state = run.read_state()
-        pending = [n for n, p in state["procs"].items() if p["status"] not in ("running", "stopped", "finished")]
-        for name, proc in state["procs"].items():
-            if proc["status"] == "running":
+        done = (ProcStatus.RUNNING, ProcStatus.STOPPED, ProcStatus.FINISHED)
+        pending = [n for n, p in state.procs.items() if p.status not in done]
+        for name, proc in state.procs.items():
+            if proc.status is ProcStatus.RUNNING:
                 board(name, "running")
         if not pending:
             return []

@@ -10,6 +10,7 @@ from typing import Any
 from dldctl.hosts import Host
 from dldctl.lifecycle.provision import HostRuntime
 from dldctl.rundir import RunDir
+from dldctl.runstate import RunState
 
 FILES = ("events.jsonl", "metrics.jsonl")
 CHUNK = 1 << 20
@@ -45,10 +46,9 @@ def _append(path: Any, data: bytes) -> None:
         os.close(fd)
 
 
-def remote_syncer(state: dict[str, Any]) -> tuple[str, HostRuntime] | None:
+def remote_syncer(state: RunState) -> tuple[str, HostRuntime] | None:
     """(host name, runtime) of the syncer if it runs on another host, else None."""
-    proc = state.get("procs", {}).get("syncer")
-    if not proc or proc.get("host") in (None, "local"):
+    proc = state.procs.get("syncer")
+    if not proc or proc.host == "local":
         return None
-    name = proc["host"]
-    return name, HostRuntime.from_dict(state["hosts"][name]["runtime"])
+    return proc.host, HostRuntime.from_dict(dict(state.runtime_of(proc.host)))

@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from dldctl.errors import DldError, RunError
 from dldctl.lifecycle.plan import load_config
 from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.rundir import RunDir
+from dldctl.runstate import Daemon, Fault, Proc, ProcStatus, RunState
 from dldctl.supervise import reconcile, watchdog
 from syncer.common import jsonl
 
@@ -91,27 +93,27 @@ def _last_checkpoint(run: RunDir) -> int:
 
 
 def learner_state(
-    proc: dict[str, Any], syncer_row: dict[str, Any] | None, faults: list[dict[str, Any]], pid_alive: bool | None = None
+    proc: Proc, syncer_row: dict[str, Any] | None, faults: list[Fault], pid_alive: bool | None = None
 ) -> str:
     """One state word from the process status, active faults and the syncer's view. `pid_alive` is
     what its pid says now (None: not checked, a remote host): a dead pid is `dead`, whatever a
     stale record says."""
-    status = proc.get("status")
-    if pid_alive is False and status in ("running", "unreachable"):
+    status = proc.status
+    if pid_alive is False and status in (ProcStatus.RUNNING, ProcStatus.UNREACHABLE):
         return "dead"
-    if status in ("dead", "stopped", "finished"):
-        return (
-            "restarting" if status == "dead" and proc.get("next_start") else ("dead" if status == "dead" else "stopped")
-        )
-    if status in ("pending", "starting"):
+    if status is ProcStatus.DEAD:
+        return "restarting" if proc.next_start else "dead"
+    if status in (ProcStatus.STOPPED, ProcStatus.FINISHED):
+        return "stopped"
+    if status in (ProcStatus.PENDING, ProcStatus.STARTING):
         return "starting"
-    if status == "unreachable":
+    if status is ProcStatus.UNREACHABLE:
         return "dead"
-    active = {f["kind"] for f in faults if not f.get("undone")}
+    active = {f.kind for f in faults if not f.undone}
     for kind, word in (("pause", "paused"), ("partition", "partitioned"), ("slow", "slow")):
         if kind in active:
             return word
-    recently = time.time() - float(proc.get("started_at") or 0) < STARTING_S
+    recently = time.time() - float(proc.started_at or 0) < STARTING_S
     if syncer_row is None:  # the syncer is down (or has not heard of it): the process is up
         return "starting" if recently else "running"
     reported = syncer_row.get("state")
@@ -133,47 +135,52 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     snap = syncer_status(run, config) or _syncer_down(run, config)
     snap["run"] = run.name
     snap["now"] = now
-    ended = state.get("stopped_at") if state.get("status") == "down" else None
-    snap["uptime_s"] = float(ended or now) - float(state.get("created", now))  # a run that is down: how long it ran
-    snap["status"] = state.get("status")
+    ended = state.stopped_at if state.status == "down" else None
+    created = state.created if state.created is not None else now
+    snap["uptime_s"] = float(ended or now) - float(created)  # a run that is down: how long it ran
+    snap["status"] = state.status
     snap["insecure"] = bool(config["run"].get("insecure"))
-    procs = state.get("procs", {})
-    syncer_proc = procs.get("syncer", {})
+    procs = state.procs
+    syncer_proc = procs.get("syncer")
     snap["syncer"]["bind"] = snap["syncer"].get("address")
     snap["syncer"]["address"] = (
         f"tcp://{config['syncer']['advertise']}:{config['syncer']['port']}"  # what learners dial
     )
-    snap["syncer"]["restarts"] = syncer_proc.get("restarts", 0)
+    snap["syncer"]["restarts"] = syncer_proc.restarts if syncer_proc else 0
     if not snap["syncer"].get("alive"):
-        snap["syncer"]["pid"] = (syncer_proc.get("proc") or {}).get("pid")
+        snap["syncer"]["pid"] = syncer_proc.proc.pid if syncer_proc and syncer_proc.proc else None
     alive = _local_pids_alive(run, procs)
     snap["learners"] = _learner_rows(
-        procs, snap.get("learners", []), state.get("faults", []), config, snap.pop("stale_learners", {}), alive
+        procs, snap.get("learners", []), list(state.faults), config, snap.pop("stale_learners", {}), alive
     )
     snap["supervisor"] = supervisor_status(run, state, now)
-    snap["faults"] = [f for f in state.get("faults", []) if not f.get("undone")]
-    snap["spares"] = sorted(state.get("spares", {}))  # hosts with a warm spare ready
+    snap["faults"] = [f.to_json() for f in state.faults if not f.undone]
+    snap["spares"] = sorted(state.spares)  # hosts with a warm spare ready
     snap["events"] = jsonl.tail(run.events, EVENTS)
     return snap
 
 
-def supervisor_status(run: RunDir, state: dict[str, Any], now: float) -> dict[str, Any]:
+def supervisor_status(run: RunDir, state: RunState, now: float) -> dict[str, Any]:
     """The `supervisor` object: its liveness (pid, heartbeat) and its watchdog's."""
-    record, dog = state.get("supervisor") or {}, state.get("watchdog") or {}
+    record, dog = state.supervisor, state.watchdog
     beat = watchdog.last_beat(run)
     alive = watchdog.alive(record)
     heard = reconcile.last_heard(record, beat)
     return {
         "alive": alive,
-        "state": reconcile.supervisor_health(record, alive, beat, now, state.get("status")),
-        "pid": record.get("pid"),
-        "restarts": int(record.get("restarts", 0)),
+        "state": reconcile.supervisor_health(record, alive, beat, now, state.status),
+        "pid": record.pid if record else None,
+        "restarts": record.restarts if record else 0,
         "heartbeat_age_s": max(0.0, now - heard) if heard is not None else None,
-        "watchdog": {"alive": watchdog.alive(dog), "pid": dog.get("pid"), "restarts": int(dog.get("restarts", 0))},
+        "watchdog": {"alive": watchdog.alive(dog), "pid": dog.pid if dog else None, "restarts": _restarts(dog)},
     }
 
 
-def _local_pids_alive(run: RunDir, procs: dict[str, Any]) -> dict[str, bool]:
+def _restarts(record: Daemon | None) -> int:
+    return record.restarts if record else 0
+
+
+def _local_pids_alive(run: RunDir, procs: Mapping[str, Proc]) -> dict[str, bool]:
     """name -> whether its recorded pid lives, for the running processes on this machine's hosts
     (address "local", or a host the inventory does not name, as the supervisor sees them)."""
     try:
@@ -185,18 +192,18 @@ def _local_pids_alive(run: RunDir, procs: dict[str, Any]) -> dict[str, bool]:
     except (OSError, ValueError, KeyError, TypeError):
         return {}  # cannot tell which hosts are this machine: check none
     return {
-        name: watchdog.alive(proc["proc"])
+        name: watchdog.alive(proc.proc)
         for name, proc in procs.items()
-        if proc.get("host") not in remote
-        and isinstance(proc.get("proc"), dict)
-        and proc.get("status") in ("running", "unreachable")
+        if proc.host not in remote
+        and proc.proc is not None
+        and proc.status in (ProcStatus.RUNNING, ProcStatus.UNREACHABLE)
     }
 
 
 def _learner_rows(
-    procs: dict[str, Any],
+    procs: Mapping[str, Proc],
     syncer_rows: list[dict[str, Any]],
-    faults: list[dict[str, Any]],
+    faults: list[Fault],
     config: dict[str, Any],
     stale: dict[str, Any],
     alive: dict[str, bool],
@@ -206,21 +213,21 @@ def _learner_rows(
     devices = {e["id"]: e.get("device", "cpu") for e in config["learners"]}
     rows = []
     for lid, proc in sorted(procs.items(), key=lambda kv: _order(kv[0])):
-        if proc.get("kind") != "learner":
+        if not proc.learner:
             continue
         srow = by_id.get(lid)
-        mine = [f for f in faults if f.get("target") == lid]
+        mine = [f for f in faults if f.target == lid]
         state = learner_state(proc, srow, mine, alive.get(lid))
         row = {
             "id": lid,
-            "host": proc.get("host"),
+            "host": proc.host,
             "device": devices.get(lid, "cpu"),
             "state": state,
-            "pid": None if state == "stopped" or alive.get(lid) is False else (proc.get("proc") or {}).get("pid"),
+            "pid": None if state == "stopped" or alive.get(lid) is False or proc.proc is None else proc.proc.pid,
             "step": 0,
             "tokens": 0,
             "tokens_per_s": 0.0,
-            "restarts": proc.get("restarts", 0),
+            "restarts": proc.restarts,
             "weight": 0.0,
             "heartbeat_age_s": None,
             "blocked_frac": 0.0,

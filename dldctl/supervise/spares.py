@@ -7,7 +7,7 @@ writes the assignment and the spare becomes that learner, and a new spare is sta
 second later (so it does not compete for the CPU with the learner that is joining).
 
 Islands (`nproc > 1`) run under torchrun and are always started fresh. A spare's record in
-`state["spares"][host]` is its ProcRef; it is also in procs.jsonl (target `spare-<host>`), so
+`state.spares[host]` is its PidRecord; it is also in procs.jsonl (target `spare-<host>`), so
 `dldctl down` stops it like every other process of the run.
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 from dldctl.hosts import Host, ProcRef
 from dldctl.lifecycle import launch
 from dldctl.lifecycle.provision import HostRuntime
+from dldctl.runstate import ProcStatus, RunState
 
 SPARE_DELAY_S = 1.0  # after a handover (or a spare's death): the new learner joins from a spare in ~0.2 s
 FIRST_SPARE_S = 5.0  # after the supervisor starts: the fleet itself imports torch first
@@ -29,13 +30,13 @@ def assignment_path(runtime: HostRuntime, host_name: str) -> str:
     return f"{runtime.run_dir}/spares/{host_name}.json"
 
 
-def hosts_wanting_spares(state: dict[str, Any], config: dict[str, Any]) -> set[str]:
+def hosts_wanting_spares(state: RunState, config: dict[str, Any]) -> set[str]:
     """Hosts with at least one single-process learner that may still need a (re)start."""
     nproc = {e["id"]: int(e.get("nproc", 1)) for e in config["learners"]}
     return {
-        e["host"]
-        for name, e in state["procs"].items()
-        if e["kind"] == "learner" and e["status"] not in ("stopped", "finished") and nproc.get(name, 1) == 1
+        e.host
+        for name, e in state.procs.items()
+        if e.learner and e.status not in (ProcStatus.STOPPED, ProcStatus.FINISHED) and nproc.get(name, 1) == 1
     }
 
 

@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from dldctl.lifecycle import launch
 from dldctl.lifecycle.provision import HostRuntime, open_host
 from dldctl.observe import mirror
 from dldctl.rundir import RunDir
+from dldctl.runstate import Fault, PidRecord, ProcStatus, RunState
 from dldctl.supervise import reconcile, spares, watchdog
 from syncer.common.settings import settings_from_dict
 
@@ -40,8 +42,8 @@ MIRROR_S = 2.0
 HOST_RETRY_S = 5.0
 
 
-def proc_ref(data: dict[str, int] | None) -> ProcRef | None:
-    return ProcRef(int(data["pid"]), int(data["start_ticks"])) if data else None
+def proc_ref(data: PidRecord | None) -> ProcRef | None:
+    return ProcRef(data.pid, data.start_ticks) if data else None
 
 
 class Supervisor:
@@ -71,21 +73,21 @@ class Supervisor:
             self.hosts[name] = LocalHost(name) if spec is None or spec.local else open_host(spec, self.inv.ssh)
         return self.hosts[name]
 
-    def runtime(self, state: dict[str, Any], host: str) -> HostRuntime:
-        return HostRuntime.from_dict(state["hosts"][host]["runtime"])
+    def runtime(self, state: RunState, host: str) -> HostRuntime:
+        return HostRuntime.from_dict(dict(state.runtime_of(host)))
 
     def config(self) -> dict[str, Any]:
         return json.loads(self.run.config.read_text())
 
     # -- observe -----------------------------------------------------------------------------
-    def observe(self, state: dict[str, Any]) -> dict[str, reconcile.Observation]:
+    def observe(self, state: RunState) -> dict[str, reconcile.Observation]:
         """Alive/dead/unknown for every process we started, one round trip per host."""
         by_host: dict[str, list[tuple[str, ProcRef]]] = {}
-        for name, entry in state["procs"].items():
-            ref = proc_ref(entry.get("proc"))
-            if ref is not None and entry["status"] in ("running", "unreachable"):
-                by_host.setdefault(entry["host"], []).append((name, ref))
-        for host_name, record in state.get("spares", {}).items():
+        for name, entry in state.procs.items():
+            ref = proc_ref(entry.proc)
+            if ref is not None and entry.status in (ProcStatus.RUNNING, ProcStatus.UNREACHABLE):
+                by_host.setdefault(entry.host, []).append((name, ref))
+        for host_name, record in state.spares.items():
             spare = proc_ref(record)
             if spare is not None:  # always: a spare is recorded only once started (_start_spare)
                 by_host.setdefault(host_name, []).append((f"spare-{host_name}", spare))
@@ -101,32 +103,32 @@ class Supervisor:
                 seen.update({n: reconcile.Observation(None) for n, _ in items})
                 continue
             for name, ref in items:
-                dead = not alive[ref.pid] and name in state["procs"]
+                dead = not alive[ref.pid] and name in state.procs
                 finished = self._finished(state, name) if dead else None
                 last = self._last_words(state, name) if dead and not finished else ""
                 seen[name] = reconcile.Observation(alive[ref.pid], finished, last)
         return seen
 
-    def _last_words(self, state: dict[str, Any], name: str) -> str:
+    def _last_words(self, state: RunState, name: str) -> str:
         """The last line of a dead process's log (a crash's error), at most 300 characters."""
-        entry = state["procs"][name]
+        entry = state.procs[name]
         try:
-            text = self.host(entry["host"]).tail(launch.log_path(self.runtime(state, entry["host"]), name), 5)
+            text = self.host(entry.host).tail(launch.log_path(self.runtime(state, entry.host), name), 5)
         except (DldError, OSError):
             return ""
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         return lines[-1][:300] if lines else ""
 
-    def _finished(self, state: dict[str, Any], name: str) -> str | None:
+    def _finished(self, state: RunState, name: str) -> str | None:
         """'finished' (budget spent) or 'refused: why' (the syncer refused a learner; a syncer
         refused to start: its run's history was lost), from the marker file the learner leaves in
         its work dir or the syncer in the run dir; None for an ordinary death."""
-        entry = state["procs"][name]
-        runtime = self.runtime(state, entry["host"])
-        syncer = entry["kind"] == "syncer"
+        entry = state.procs[name]
+        runtime = self.runtime(state, entry.host)
+        syncer = entry.kind == "syncer"
         workdir = runtime.run_dir if syncer else launch.learner_workdir(runtime, name)
         refused = f"{workdir}/{'syncer.refused' if syncer else 'refused'}"  # syncer: syncer/checkpoint.py REFUSED
-        host = self.host(entry["host"])
+        host = self.host(entry.host)
         try:
             if not syncer and host.exists(f"{workdir}/finished"):
                 return "finished"
@@ -145,13 +147,15 @@ class Supervisor:
         while not self.stop.is_set():
             watchdog.beat(self.run)
             state = self.run.read_state()
-            if state.get("status") not in ("starting", "up") or self._replaced(state):
+            if state.status not in ("starting", "up") or self._replaced(state):
                 break
             self.keep_watchdog(state)
             seen = self.observe(state)
             s = settings_from_dict(self.config()["run"])
-            with self.run.update() as state:
-                actions, events = reconcile.decide(state, seen, time.time(), s.restart_delay_s, s.restart_backoff_max_s)
+            with self.run.update() as edit:
+                edit.state, actions, events = reconcile.decide(
+                    edit.state, seen, time.time(), s.restart_delay_s, s.restart_backoff_max_s
+                )
             for kind, target, detail in events:
                 self.run.event(kind, target, detail)
             for action in actions:
@@ -166,20 +170,20 @@ class Supervisor:
     def resume(self) -> None:
         """Processes a dead predecessor left `starting`: adopted if procs.jsonl has them, else started again."""
         records = self.run.started_procs()
-        with self.run.update() as state:
-            events = reconcile.resume(state, records, time.time())
+        with self.run.update() as edit:
+            edit.state, events = reconcile.resume(edit.state, records, time.time())
         for kind, target, detail in events:
             self.run.event(kind, target, detail)
 
     @staticmethod
-    def _replaced(state: dict[str, Any]) -> bool:
+    def _replaced(state: RunState) -> bool:
         """Whether another live supervisor is the recorded one (then this one leaves)."""
-        record = state.get("supervisor")
-        return isinstance(record, dict) and record.get("pid") != os.getpid() and watchdog.alive(record)
+        record = state.supervisor
+        return record is not None and record.pid != os.getpid() and watchdog.alive(record)
 
-    def keep_watchdog(self, state: dict[str, Any]) -> None:
+    def keep_watchdog(self, state: RunState) -> None:
         """Restart the watchdog if it died: it restarts us if we die."""
-        if watchdog.alive(state.get("watchdog")) or not self._dog_backoff.ready(time.monotonic()):
+        if watchdog.alive(state.watchdog) or not self._dog_backoff.ready(time.monotonic()):
             return
         try:
             started = watchdog.respawn(self.run, "watchdog")
@@ -190,9 +194,9 @@ class Supervisor:
         if started is None:
             return
         ref, before = started
-        lived = time.time() - float(before.get("started") or 0) if before else None
+        lived = time.time() - float(before.started or 0) if before else None
         self._dog_backoff.restarted(lived, time.monotonic())
-        why = f"pid {before.get('pid')} is dead; " if before else ""
+        why = f"pid {before.pid} is dead; " if before else ""
         self.run.event("watchdog_restarted" if before else "watchdog_started", "watchdog", f"{why}new pid {ref.pid}")
 
     def mirror_syncer(self) -> None:
@@ -206,11 +210,11 @@ class Supervisor:
         if where is None:
             return
         try:
-            offsets = mirror.mirror(self.host(where[0]), where[1], self.run, state.get("mirror", {}))
+            offsets = mirror.mirror(self.host(where[0]), where[1], self.run, dict(state.mirror))
         except DldError:
             return  # the host is marked unreachable by observe(); try again next time
-        with self.run.update() as st:
-            st["mirror"] = offsets
+        with self.run.update() as edit:
+            edit.state = replace(edit.state, mirror=offsets)
 
     def act(self, action: reconcile.Action) -> None:
         if action.kind == "start":
@@ -221,34 +225,36 @@ class Supervisor:
     def start(self, name: str) -> None:
         """Start (or restart) one process, then record its ProcRef under the lock."""
         state = self.run.read_state()
-        entry = state["procs"][name]
-        runtime = self.runtime(state, entry["host"])
-        host = self.host(entry["host"])
+        entry = state.procs[name]
+        runtime = self.runtime(state, entry.host)
+        host = self.host(entry.host)
         how = ""
         try:
-            if entry["kind"] == "syncer":
+            if entry.kind == "syncer":
                 ref = launch.start_syncer(host, runtime)
             else:
                 learner = next(e for e in self.config()["learners"] if e["id"] == name)
                 wd = launch.learner_workdir(runtime, name)
                 host.run("rm -f " + shlex.quote(f"{wd}/finished") + " " + shlex.quote(f"{wd}/refused"), check=False)
-                restarts = entry.get("restarts", 0) + (entry.get("started_at") is not None)
-                spare = self._from_spare(entry["host"], runtime, learner, restarts)
+                restarts = entry.restarts + (entry.started_at is not None)
+                spare = self._from_spare(entry.host, runtime, learner, restarts)
                 how = " (warm spare)" if spare is not None else ""
                 ref = spare or launch.start_learner(host, runtime, learner, restarts)
         except (DldError, StopIteration) as exc:
             s = settings_from_dict(self.config()["run"])
-            with self.run.update() as st:
-                delay = reconcile.start_failed(
-                    st["procs"][name], time.time(), s.restart_delay_s, s.restart_backoff_max_s
+            with self.run.update() as edit:
+                failed, delay = reconcile.start_failed(
+                    edit.state.procs[name], time.time(), s.restart_delay_s, s.restart_backoff_max_s
                 )
+                edit.state = edit.state.with_proc(name, failed)
             self.run.event("start_failed", name, f"{exc}; next try in {delay:.1f} s")
             return
-        record = {"pid": ref.pid, "start_ticks": ref.start_ticks}
-        self.run.record_proc(name, entry["host"], record)
-        with self.run.update() as st:
-            kind = reconcile.started(st["procs"][name], record, time.time())
-        self.run.event(kind, name, f"pid {ref.pid} on {entry['host']}{how}")
+        record = PidRecord(ref.pid, ref.start_ticks)
+        self.run.record_proc(name, entry.host, record.to_json())
+        with self.run.update() as edit:
+            now_running, kind = reconcile.started(edit.state.procs[name], record, time.time())
+            edit.state = edit.state.with_proc(name, now_running)
+        self.run.event(kind, name, f"pid {ref.pid} on {entry.host}{how}")
 
     # -- warm spares (dldctl/supervise/spares.py) ---------------------------------------------------------
     def _from_spare(
@@ -257,8 +263,9 @@ class Supervisor:
         """The host's live spare, now told to become `learner`; None to start a fresh process."""
         if int(learner.get("nproc", 1)) != 1:
             return None
-        with self.run.update() as st:
-            ref = proc_ref(st.get("spares", {}).pop(host_name, None))
+        with self.run.update() as edit:
+            ref = proc_ref(edit.state.spares.get(host_name))
+            edit.state = edit.state.with_spare(host_name, None)
         self._spare_after[host_name] = max(self._next_spare(host_name), time.monotonic() + spares.SPARE_DELAY_S)
         if ref is None:
             return None
@@ -275,7 +282,7 @@ class Supervisor:
     def keep_spares(self, seen: dict[str, reconcile.Observation]) -> None:
         """One live spare on every host that may need a learner (re)started, none elsewhere."""
         state, config = self.run.read_state(), self.config()
-        have = dict(state.get("spares", {}))
+        have = dict(state.spares)
         for host_name in list(have):
             if seen.get(f"spare-{host_name}", reconcile.Observation(True)).alive is False:
                 self._drop_spare(host_name, retry_s=10.0)  # it died: try again later
@@ -292,7 +299,7 @@ class Supervisor:
         """When the host's next spare may start (the first ones wait for the fleet's own start)."""
         return self._spare_after.get(host_name, self._born + spares.FIRST_SPARE_S)
 
-    def _start_spare(self, state: dict[str, Any], config: dict[str, Any], host_name: str) -> None:
+    def _start_spare(self, state: RunState, config: dict[str, Any], host_name: str) -> None:
         entry = next(e for e in config["learners"] if e["host"] == host_name and int(e.get("nproc", 1)) == 1)
         self._spare_after[host_name] = time.monotonic() + 30.0  # if it fails (or dies soon), not again at once
         try:
@@ -300,14 +307,14 @@ class Supervisor:
         except DldError as exc:
             self.run.event("spare_failed", f"spare-{host_name}", f"{exc.line()}; next try in 30 s")
             return
-        record = {"pid": ref.pid, "start_ticks": ref.start_ticks}
-        self.run.record_proc(f"spare-{host_name}", host_name, record)
-        with self.run.update() as st:
-            st.setdefault("spares", {})[host_name] = record
+        record = PidRecord(ref.pid, ref.start_ticks)
+        self.run.record_proc(f"spare-{host_name}", host_name, record.to_json())
+        with self.run.update() as edit:
+            edit.state = edit.state.with_spare(host_name, record)
 
     def _drop_spare(self, host_name: str, retry_s: float) -> None:
-        with self.run.update() as st:
-            st.get("spares", {}).pop(host_name, None)
+        with self.run.update() as edit:
+            edit.state = edit.state.with_spare(host_name, None)
         self._spare_after[host_name] = time.monotonic() + retry_s
 
     @staticmethod
@@ -318,28 +325,26 @@ class Supervisor:
         except DldError:
             pass
 
-    def undo(self, fault: dict[str, Any]) -> None:
+    def undo(self, fault: Fault) -> None:
         """Undo an expired fault and drop it from the state."""
         state = self.run.read_state()
-        entry = state["procs"].get(fault["target"])
+        entry = state.procs.get(fault.target)
         ok = False
         if entry is not None:
             try:
                 ok = faults.undo(
-                    fault["kind"],
-                    self.host(entry["host"]),
-                    self.runtime(state, entry["host"]),
-                    fault["target"],
-                    proc_ref(entry.get("proc")),
+                    fault.kind,
+                    self.host(entry.host),
+                    self.runtime(state, entry.host),
+                    fault.target,
+                    proc_ref(entry.proc),
                 )
             except HostError as exc:
-                self.run.event("fault_undo_failed", fault["target"], f"{fault['kind']}: {exc}")
+                self.run.event("fault_undo_failed", fault.target, f"{fault.kind}: {exc}")
                 return
-        with self.run.update() as st:
-            st["faults"] = [f for f in st.get("faults", []) if f.get("id") != fault.get("id")]
-        self.run.event(
-            "fault_undo", fault["target"], f"{fault['kind']} undone{'' if ok else ' (process already gone)'}"
-        )
+        with self.run.update() as edit:
+            edit.state = edit.state.without_fault(fault.id)
+        self.run.event("fault_undo", fault.target, f"{fault.kind} undone{'' if ok else ' (process already gone)'}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,11 +27,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from dldctl.errors import DldError, RunError
 from dldctl.hosts import LocalHost, ProcRef
 from dldctl.rundir import RunDir, proc_alive
+from dldctl.runstate import Daemon, PidRecord
 from dldctl.supervise import reconcile
 
 CHECK_S = 1.0
@@ -66,23 +66,23 @@ def last_beat(run: RunDir) -> float | None:
         return None
 
 
-def alive(record: Any) -> bool:
-    """Whether a recorded {"pid", "start_ticks"} is a live process on this machine (not reused)."""
-    return isinstance(record, dict) and proc_alive(record.get("pid"), record.get("start_ticks"))
+def alive(record: PidRecord | Daemon | None) -> bool:
+    """Whether a recorded pid (and start time) is a live process on this machine (not reused)."""
+    return record is not None and proc_alive(record.pid, record.start_ticks)
 
 
 def log_path(run: RunDir, role: str) -> Path:
     return run.supervisor_log if role == "supervisor" else run.path / "watchdog.log"
 
 
-def respawn(run: RunDir, role: str) -> tuple[ProcRef, dict[str, Any] | None] | None:
+def respawn(run: RunDir, role: str) -> tuple[ProcRef, Daemon | None] | None:
     """Start `role` unless the run is not live or the recorded one is alive; returns the new
     process and the record of the one it replaces (None for the first), or None if it started none."""
     assert role in ROLES
     with run.locked():
         state = run.read_state()
-        before = state.get(role)
-        if state.get("status") not in reconcile.LIVE or alive(before):
+        before = state.daemon(role)
+        if state.status not in reconcile.LIVE or alive(before):
             return None
         ref = LocalHost("local").start(
             [sys.executable, "-m", f"dldctl.supervise.{role}", "--run", str(run.path)],
@@ -90,10 +90,9 @@ def respawn(run: RunDir, role: str) -> tuple[ProcRef, dict[str, Any] | None] | N
             log=str(log_path(run, role)),
         )
         run.record_proc(role, "local", {"pid": ref.pid, "start_ticks": ref.start_ticks})
-        restarts = int(before.get("restarts", 0)) + 1 if isinstance(before, dict) else 0
-        state[role] = {"pid": ref.pid, "start_ticks": ref.start_ticks, "started": time.time(), "restarts": restarts}
-        run.write_state(state)
-    return ref, before if isinstance(before, dict) else None
+        restarts = before.restarts + 1 if before is not None else 0
+        run.write_state(state.with_daemon(role, Daemon(ref.pid, ref.start_ticks, time.time(), restarts)))
+    return ref, before
 
 
 class Backoff:
@@ -138,14 +137,14 @@ class Watchdog:
             state = self.run.read_state()
         except RunError:
             return True  # corrupt: `down` still finds us in procs.jsonl
-        if state.get("status") not in reconcile.LIVE:
+        if state.status not in reconcile.LIVE:
             return False
-        mine = state.get("watchdog")
-        if isinstance(mine, dict) and mine.get("pid") != os.getpid() and alive(mine):
+        mine = state.watchdog
+        if mine is not None and mine.pid != os.getpid() and alive(mine):
             return False  # another watchdog is the recorded one
-        record = state.get("supervisor")
+        record = state.supervisor
         now = time.time()
-        health = reconcile.supervisor_health(record, alive(record), last_beat(self.run), now, state.get("status"))
+        health = reconcile.supervisor_health(record, alive(record), last_beat(self.run), now, state.status)
         if health in ("ok", "stale"):
             self.lost = None
             return True
@@ -156,15 +155,15 @@ class Watchdog:
             self._restart(record, health, now)
         return True
 
-    def _why(self, record: Any, health: str, now: float) -> str:
-        heard = reconcile.last_heard(record if isinstance(record, dict) else None, last_beat(self.run))
+    def _why(self, record: Daemon | None, health: str, now: float) -> str:
+        heard = reconcile.last_heard(record, last_beat(self.run))
         ago = f"last heartbeat {now - heard:.1f} s ago" if heard is not None else "it never beat"
-        pid = record.get("pid") if isinstance(record, dict) else None
+        pid = record.pid if record is not None else None
         return f"pid {pid} {'is dead' if health == 'missing' else 'is hung'} ({ago})"
 
-    def _restart(self, record: Any, health: str, now: float) -> None:
-        if health == "hung" and isinstance(record, dict):
-            self._kill(ProcRef(int(record["pid"]), int(record["start_ticks"])))
+    def _restart(self, record: Daemon | None, health: str, now: float) -> None:
+        if health == "hung" and record is not None:
+            self._kill(ProcRef(record.pid, record.start_ticks))
         try:
             started = respawn(self.run, "supervisor")
         except DldError as exc:
@@ -174,7 +173,7 @@ class Watchdog:
         if started is None:
             return  # someone else restarted it, or the run is stopping
         ref, before = started
-        lived = now - float(before["started"]) if before and isinstance(before.get("started"), (int, float)) else None
+        lived = now - before.started if before is not None and before.started is not None else None
         delay = self.backoff.restarted(lived, time.monotonic())
         then = f"; it died within {FAST_S:.0f} s, so the next restart waits {delay:.0f} s" if delay else ""
         self.run.event("supervisor_restarted", "supervisor", f"{self.lost}; new pid {ref.pid}{then}")

@@ -6,7 +6,6 @@ leaves neither of them (nor anything else) alive."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -17,6 +16,8 @@ from typing import Any
 import pytest
 
 from dldctl.hosts.local import read_stat
+from dldctl.rundir import RunDir
+from dldctl.runstate import Daemon, PidRecord, ProcStatus, RunState
 from syncer.common import jsonl
 from tests.e2e.fleetutil import Dl, learner, run_table
 
@@ -33,13 +34,13 @@ learners = 2
 )
 
 
-def alive(record: dict[str, Any] | None) -> bool:
-    stat = read_stat(record["pid"]) if record else None
-    return stat is not None and stat.start_ticks == record["start_ticks"] and stat.state not in "ZX"
+def alive(record: PidRecord | Daemon | None) -> bool:
+    stat = read_stat(record.pid) if record else None
+    return record is not None and stat is not None and stat.start_ticks == record.start_ticks and stat.state not in "ZX"
 
 
-def state(dl: Dl) -> dict[str, Any]:
-    return json.loads((dl.run_dir() / "state.json").read_text())
+def state(dl: Dl) -> RunState:
+    return RunDir(dl.run_dir()).read_state()
 
 
 def until(check: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -66,44 +67,45 @@ def test_the_supervisor_and_its_watchdog_heal_each_other(tmp_path: Path) -> None
         dl("up", str(inv), "-d")
         dl.wait(lambda s: all(r["state"] == "running" for r in s["learners"]), 150, "both learners running")
         first = state(dl)
-        sup, dog = first["supervisor"], first["watchdog"]
+        sup, dog = first.supervisor, first.watchdog
+        assert sup is not None and dog is not None
         assert alive(sup) and alive(dog) and dl.status()["supervisor"]["state"] == "ok"
 
         # (a) while the watchdog cannot act (SIGSTOP), a killed supervisor shows as missing, in red
-        os.kill(dog["pid"], signal.SIGSTOP)
-        paused = dog["pid"]
-        os.kill(sup["pid"], signal.SIGKILL)
+        os.kill(dog.pid, signal.SIGSTOP)
+        paused = dog.pid
+        os.kill(sup.pid, signal.SIGKILL)
         until(lambda: not alive(sup), 10, "the supervisor to die")
         # ... and a learner that dies meanwhile is `dead`, though its record still says running
-        gone = first["procs"]["learner-0"]["proc"]
-        os.killpg(gone["pid"], signal.SIGKILL)
+        gone = first.procs["learner-0"].proc
+        assert gone is not None
+        os.killpg(gone.pid, signal.SIGKILL)
         until(lambda: not alive(gone), 10, "learner-0 to die")
         snap = dl.status()
         assert snap["supervisor"]["state"] == "missing" and snap["supervisor"]["alive"] is False, snap["supervisor"]
-        assert state(dl)["procs"]["learner-0"]["status"] == "running"  # the stale record
+        assert state(dl).procs["learner-0"].status is ProcStatus.RUNNING  # the stale record
         assert learner(snap, "learner-0")["state"] == "dead" and learner(snap, "learner-0")["pid"] is None
         once = dl("status", "--once").stdout
         assert "SUPERVISOR MISSING" in once and "the watchdog restarts it" in once, once
 
         # (b) healed without any command, within seconds of the watchdog running again
-        os.kill(dog["pid"], signal.SIGCONT)
+        os.kill(dog.pid, signal.SIGCONT)
         paused = None
         t0 = time.monotonic()
-        new = until(
-            lambda: (s := state(dl)["supervisor"]) and s["pid"] != sup["pid"] and alive(s) and s, 15, "a new supervisor"
-        )
+        new = until(lambda: (s := state(dl).supervisor) and s.pid != sup.pid and alive(s) and s, 15, "a new supervisor")
         assert time.monotonic() - t0 < 15
         restarted = events(dl, "supervisor_restarted")
-        assert restarted and f"pid {sup['pid']} is dead" in restarted[-1]["detail"], restarted
+        assert restarted and f"pid {sup.pid} is dead" in restarted[-1]["detail"], restarted
         assert events(dl, "supervisor_lost")
         until(lambda: dl.status()["supervisor"]["state"] == "ok", 30, "status to say the supervisor is ok")
 
         # (c) the new supervisor restarts the learner that died without one, and one killed now
-        victim = state(dl)["procs"]["learner-1"]["proc"]
-        os.killpg(victim["pid"], signal.SIGKILL)
+        victim = state(dl).procs["learner-1"].proc
+        assert victim is not None
+        os.killpg(victim.pid, signal.SIGKILL)
         until(lambda: not alive(victim), 10, "learner-1 to die")
         row = learner(dl.status(), "learner-1")
-        assert row["pid"] != victim["pid"] and (row["state"] != "running" or row["restarts"] >= 1), row
+        assert row["pid"] != victim.pid and (row["state"] != "running" or row["restarts"] >= 1), row
         dl.wait(
             lambda s: all(r["restarts"] >= 1 and r["state"] == "running" for r in s["learners"]),
             180,
@@ -113,17 +115,15 @@ def test_the_supervisor_and_its_watchdog_heal_each_other(tmp_path: Path) -> None
         assert alive(new), "the restarted supervisor is still the one"
 
         # the supervisor restarts a killed watchdog in turn
-        os.kill(dog["pid"], signal.SIGKILL)
-        dog2 = until(
-            lambda: (d := state(dl)["watchdog"]) and d["pid"] != dog["pid"] and alive(d) and d, 15, "a new watchdog"
-        )
-        assert any(f"pid {dog['pid']} is dead" in e["detail"] for e in events(dl, "watchdog_restarted"))
+        os.kill(dog.pid, signal.SIGKILL)
+        dog2 = until(lambda: (d := state(dl).watchdog) and d.pid != dog.pid and alive(d) and d, 15, "a new watchdog")
+        assert any(f"pid {dog.pid} is dead" in e["detail"] for e in events(dl, "watchdog_restarted"))
 
         # (d) down stops both, and everything else
         dl("down", timeout=180)
         assert not alive(new) and not alive(dog2)
         assert dl.leftovers() == []
-        assert state(dl)["status"] == "down"
+        assert state(dl).status == "down"
     finally:
         if paused is not None:
             try:

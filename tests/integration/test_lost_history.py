@@ -17,6 +17,7 @@ import pytest
 
 from dldctl.observe import snapshot
 from dldctl.rundir import RunDir
+from dldctl.runstate import RunState
 from syncer import checkpoint
 from syncer.common.settings import RunSettings
 from tests.localrun import LocalRun, write_config
@@ -58,7 +59,7 @@ def _status_json(run_path: Path) -> dict:
     """What `dldctl status --json` assembles for this run directory (the live syncer's answer)."""
     run = RunDir(run_path)
     with run.locked():
-        run.write_state({"status": "up", "created": time.time(), "procs": {}})
+        run.write_state(RunState(status="up", created=time.time()))
     return snapshot.collect(run)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dldctl.rundir import RunDir
+from dldctl.runstate import Proc, RunState
 from syncer.common import jsonl
 from syncer.common.settings import RunSettings, SettingsError, settings_from_dict
 from tests import tinyfs
@@ -148,18 +149,18 @@ def test_state_that_cannot_be_written_is_kept_until_it_can(fs: Path) -> None:
     run = RunDir(fs / "run")
     run.path.mkdir()
     with run.locked():
-        run.write_state({"status": "up", "procs": {"learner-0": {"pid": 1}}})
+        run.write_state(RunState(status="up", procs={"learner-0": Proc("learner", "a", restarts=1)}))
     filler = tinyfs.fill(fs)
-    with run.update() as state:  # no OSError out of here
-        state["procs"]["learner-0"]["pid"] = 2
-    assert json.loads(run.state_file.read_text())["procs"]["learner-0"]["pid"] == 1  # the file is intact
-    assert run.read_state()["procs"]["learner-0"]["pid"] == 2  # this process remembers
+    with run.update() as edit:  # no OSError out of here
+        edit.state = edit.state.with_proc("learner-0", Proc("learner", "a", restarts=2))
+    assert json.loads(run.state_file.read_text())["procs"]["learner-0"]["restarts"] == 1  # the file is intact
+    assert run.read_state().procs["learner-0"].restarts == 2  # this process remembers
     assert not [p for p in run.path.iterdir() if p.name.endswith(".tmp")]
     run.event("death", "learner-0", "dropped, not raised")
     filler.unlink()
-    with run.update() as state:
-        state["procs"]["learner-0"]["pid"] = 3
-    assert json.loads(run.state_file.read_text())["procs"]["learner-0"]["pid"] == 3
+    with run.update() as edit:
+        edit.state = edit.state.with_proc("learner-0", Proc("learner", "a", restarts=3))
+    assert json.loads(run.state_file.read_text())["procs"]["learner-0"]["restarts"] == 3
     kinds = [(e["kind"], e["detail"]) for e in jsonl.read(run.events)]
     assert any(k == "write_resumed" and "state.json again: 1 changes" in d for k, d in kinds), kinds
 
@@ -168,14 +169,14 @@ def test_another_writer_of_the_state_wins_over_a_kept_one(fs: Path) -> None:
     run, other = RunDir(fs / "run"), RunDir(fs / "run")
     run.path.mkdir()
     with run.locked():
-        run.write_state({"status": "up"})
+        run.write_state(RunState(status="up"))
     filler = tinyfs.fill(fs)
-    with run.update() as state:
-        state["status"] = "mine"
+    with run.update() as edit:
+        edit.state = edit.state.with_status("mine")
     filler.unlink()
-    with other.update() as state:  # e.g. `dldctl down` in another process
-        state["status"] = "stopping"
-    assert run.read_state()["status"] == "stopping"
+    with other.update() as edit:  # e.g. `dldctl down` in another process
+        edit.state = edit.state.with_status("stopping")
+    assert run.read_state().status == "stopping"
 
 
 def test_max_log_mb_is_validated() -> None:

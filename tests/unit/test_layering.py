@@ -161,6 +161,7 @@ PURE_CORE = (
     "learner/schedule.py",
     "workload/gpt.py",
     "dldctl/supervise/reconcile.py",
+    "dldctl/runstate.py",
     "dldctl/chaos/plan.py",
     "dldctl/chaos/verdict.py",
     *(f"dldctl/sim/{p.name}" for p in sorted((ROOT / "dldctl" / "sim").glob("*.py"))),

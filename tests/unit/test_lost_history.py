@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dldctl.runstate import PidRecord, ProcStatus, RunState
 from dldctl.supervise import reconcile
 from dldctl.supervise.reconcile import Observation, decide, new_proc, started
 from syncer import checkpoint, status
@@ -286,19 +287,17 @@ def test_python_m_syncer_exits_1_with_one_line(
 
 # -- the supervisor -------------------------------------------------------------------------------
 def test_a_refused_syncer_is_stopped_not_restarted() -> None:
-    e = new_proc("syncer", "local")
-    started(e, {"pid": 1, "start_ticks": 2}, 0.0)
-    st = {"procs": {"syncer": e}, "faults": []}
+    e, _ = started(new_proc("syncer", "local"), PidRecord(1, 2), 0.0)
+    st = RunState(status="up", procs={"syncer": e})
     why = "refused: no valid checkpoint in /run/checkpoints, but this run had merged (outer step 6): ..."
-    actions, events = decide(st, {"syncer": Observation(False, why)}, 100.0, 2.0, 60.0)
-    assert e["status"] == "stopped" and actions == []
+    st, actions, events = decide(st, {"syncer": Observation(False, why)}, 100.0, 2.0, 60.0)
+    assert st.procs["syncer"].status is ProcStatus.STOPPED and actions == []
     [(kind, target, detail)] = events
     assert (kind, target) == ("refused", "syncer") and detail.startswith(why) and "not restarted" in detail
     for now in (200.0, 10_000.0):
-        assert decide(st, {}, now, 2.0, 60.0)[0] == [], "never restarted in a loop"
+        assert decide(st, {}, now, 2.0, 60.0)[1] == [], "never restarted in a loop"
     # an ordinary syncer death is still restarted
-    e2 = new_proc("syncer", "local")
-    started(e2, {"pid": 3, "start_ticks": 4}, 0.0)
-    st2 = {"procs": {"syncer": e2}, "faults": []}
-    _, events2 = reconcile.decide(st2, {"syncer": Observation(False)}, 100.0, 2.0, 60.0)
-    assert e2["status"] == "dead" and events2[0][0] == "syncer_death"
+    e2, _ = started(new_proc("syncer", "local"), PidRecord(3, 4), 0.0)
+    st2 = RunState(status="up", procs={"syncer": e2})
+    st2, _, events2 = reconcile.decide(st2, {"syncer": Observation(False)}, 100.0, 2.0, 60.0)
+    assert st2.procs["syncer"].status is ProcStatus.DEAD and events2[0][0] == "syncer_death"

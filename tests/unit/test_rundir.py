@@ -10,6 +10,7 @@ import pytest
 from dldctl import rundir
 from dldctl.errors import RunError
 from dldctl.hosts.local import read_stat
+from dldctl.runstate import Daemon, RunState
 
 
 @pytest.fixture()
@@ -22,9 +23,9 @@ def make_run(name: str, *, live: bool, mtime: float) -> rundir.RunDir:
     """A run directory whose supervisor is this test process (live) or a pid that is not running."""
     run = rundir.create(name)
     me = read_stat(os.getpid())
-    sup = {"pid": os.getpid(), "start_ticks": me.start_ticks} if live else {"pid": 2**22 + 17, "start_ticks": 1}
+    sup = Daemon(os.getpid(), me.start_ticks) if live else Daemon(2**22 + 17, 1)
     with run.locked():
-        run.write_state({"status": "up", "supervisor": sup, "procs": {}})
+        run.write_state(RunState(status="up", supervisor=sup))
     os.utime(run.state_file, (mtime, mtime))
     return run
 

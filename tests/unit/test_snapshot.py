@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from dldctl import rundir
 from dldctl.observe import snapshot
+from dldctl.runstate import Proc, ProcStatus, RunState
 from syncer.common import jsonl
 
 
@@ -35,14 +37,14 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> rundir.RunDir:
     )
     with run.locked():
         run.write_state(
-            {
-                "status": "up",
-                "created": 1000.0,
-                "procs": {
-                    "learner-0": {"kind": "learner", "host": "a", "status": "running", "started_at": 0},
-                    "learner-1": {"kind": "learner", "host": "b", "status": "running", "started_at": 0},
+            RunState(
+                status="up",
+                created=1000.0,
+                procs={
+                    "learner-0": Proc("learner", "a", ProcStatus.RUNNING, started_at=0),
+                    "learner-1": Proc("learner", "b", ProcStatus.RUNNING, started_at=0),
                 },
-            }
+            )
         )
     jsonl.append(
         run.metrics,
@@ -81,7 +83,7 @@ def test_checkpoint_step_from_the_events_when_checkpoints_live_elsewhere(run: ru
 
 
 def test_a_run_that_is_down_stops_ageing(run: rundir.RunDir) -> None:
-    with run.update() as state:
-        state.update(status="down", stopped_at=1060.0)
+    with run.update() as edit:
+        edit.state = replace(edit.state, status="down", stopped_at=1060.0)
     snap = snapshot.collect(run, now=5000.0)
     assert snap["status"] == "down" and snap["uptime_s"] == 60.0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dldctl.hosts import LocalHost
 from dldctl.lifecycle.provision import HostRuntime
+from dldctl.runstate import Proc, ProcStatus, RunState
 from dldctl.supervise import spares
 from learner import spare
 
@@ -24,15 +25,16 @@ CONFIG = {
 
 
 def test_hosts_wanting_spares_skip_islands_and_learners_that_will_not_restart() -> None:
-    state = {
-        "procs": {
-            "syncer": {"kind": "syncer", "host": "a", "status": "running"},
-            "learner-0": {"kind": "learner", "host": "a", "status": "dead"},
-            "learner-1": {"kind": "learner", "host": "b", "status": "running"},  # an island
-            "learner-2": {"kind": "learner", "host": "c", "status": "finished"},
-            "learner-3": {"kind": "learner", "host": "d", "status": "stopped"},
-        }
-    }
+    state = RunState(
+        status="up",
+        procs={
+            "syncer": Proc("syncer", "a", ProcStatus.RUNNING),
+            "learner-0": Proc("learner", "a", ProcStatus.DEAD),
+            "learner-1": Proc("learner", "b", ProcStatus.RUNNING),  # an island
+            "learner-2": Proc("learner", "c", ProcStatus.FINISHED),
+            "learner-3": Proc("learner", "d", ProcStatus.STOPPED),
+        },
+    )
     assert spares.hosts_wanting_spares(state, CONFIG) == {"a"}
 
 

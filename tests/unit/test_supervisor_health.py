@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,32 +21,37 @@ from dldctl.hosts.local import read_stat
 from dldctl.observe import snapshot
 from dldctl.observe.snapshot import learner_state
 from dldctl.observe.view import render_plain
+from dldctl.runstate import Daemon, Fault, PidRecord, Proc, ProcStatus, RunState
 from dldctl.supervise import watchdog
 from dldctl.supervise.reconcile import HUNG_S, STALE_S, new_proc, resume, started, supervisor_health
 
 pytestmark = [pytest.mark.timeout(60)]
 
 
-def me() -> dict[str, int]:
-    return {"pid": os.getpid(), "start_ticks": read_stat(os.getpid()).start_ticks}
+def me() -> PidRecord:
+    return PidRecord(os.getpid(), read_stat(os.getpid()).start_ticks)
 
 
-def dead_pid() -> dict[str, int]:
+def dead_pid() -> PidRecord:
     """The pid and start time of a process that has exited (and been reaped)."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        record = {"pid": proc.pid, "start_ticks": read_stat(proc.pid).start_ticks}
+        record = PidRecord(proc.pid, read_stat(proc.pid).start_ticks)
     finally:
         proc.kill()
         proc.wait(timeout=10)
     return record
 
 
+def daemon(ref: PidRecord, started: float | None = None, restarts: int = 0) -> Daemon:
+    return Daemon(ref.pid, ref.start_ticks, started, restarts)
+
+
 # ---------------------------------------------------------------- the pure rules
 
 
 def test_supervisor_health_missing_stale_hung_ok_stopped() -> None:
-    rec = {"pid": 1, "start_ticks": 2, "started": 1000.0}
+    rec = Daemon(1, 2, 1000.0)
     assert supervisor_health(rec, True, 1010.0, 1011.0, "up") == "ok"
     assert supervisor_health(rec, True, 1010.0, 1010.0 + STALE_S + 1, "up") == "stale"
     assert supervisor_health(rec, True, 1010.0, 1010.0 + HUNG_S + 1, "up") == "hung"
@@ -54,36 +60,39 @@ def test_supervisor_health_missing_stale_hung_ok_stopped() -> None:
     assert supervisor_health(rec, False, 1010.0, 1011.0, "stopping") == "stopped"
     assert supervisor_health(rec, False, None, 5000.0, "down") == "stopped"
     # a new one that has not beaten yet: its start counts as a beat (an old beat file does not)
-    assert supervisor_health({**rec, "started": 4990.0}, True, 1010.0, 5000.0, "up") == "ok"
+    assert supervisor_health(replace(rec, started=4990.0), True, 1010.0, 5000.0, "up") == "ok"
 
 
 def test_a_dead_pid_is_dead_never_running_or_partitioned() -> None:
-    proc = {"status": "running", "started_at": 0.0, "proc": {"pid": 5, "start_ticks": 6}}
+    proc = Proc("learner", "a", ProcStatus.RUNNING, PidRecord(5, 6), started_at=0.0)
     assert learner_state(proc, {"state": "unreachable"}, []) == "partitioned"  # the stale record's word
     assert learner_state(proc, {"state": "unreachable"}, [], pid_alive=False) == "dead"
     assert learner_state(proc, {"state": "running"}, [], pid_alive=False) == "dead"
-    assert learner_state(proc, None, [{"kind": "partition"}], pid_alive=False) == "dead"
-    assert learner_state({**proc, "status": "unreachable"}, None, [], pid_alive=False) == "dead"
+    assert learner_state(proc, None, [Fault("f", "partition", "a")], pid_alive=False) == "dead"
+    assert learner_state(replace(proc, status=ProcStatus.UNREACHABLE), None, [], pid_alive=False) == "dead"
     assert learner_state(proc, {"state": "running"}, [], pid_alive=True) == "running"
-    assert learner_state({"status": "dead", "next_start": 9.0}, None, [], pid_alive=False) == "restarting"
+    dead = Proc("learner", "a", ProcStatus.DEAD, next_start=9.0)
+    assert learner_state(dead, None, [], pid_alive=False) == "restarting"
 
 
 def test_resume_adopts_a_recorded_start_and_starts_an_unrecorded_one_again() -> None:
-    adopted, lost, old = new_proc("learner", "a"), new_proc("learner", "a"), new_proc("learner", "a")
-    started(old, {"pid": 1, "start_ticks": 1}, 50.0)
-    old.update(status="starting", proc=None)  # died at 60, was being restarted: no new record
-    adopted["status"] = lost["status"] = "starting"
-    running = new_proc("learner", "a")
-    started(running, {"pid": 3, "start_ticks": 3}, 10.0)
-    state = {"procs": {"learner-0": adopted, "learner-1": lost, "learner-2": old, "learner-3": running}}
+    starting = replace(new_proc("learner", "a"), status=ProcStatus.STARTING)
+    old, _ = started(new_proc("learner", "a"), PidRecord(1, 1), 50.0)
+    old = replace(old, status=ProcStatus.STARTING, proc=None)  # died at 60, was being restarted: no new record
+    running, _ = started(new_proc("learner", "a"), PidRecord(3, 3), 10.0)
+    state = RunState(
+        status="up", procs={"learner-0": starting, "learner-1": starting, "learner-2": old, "learner-3": running}
+    )
     records = [
         {"t": 49.0, "target": "learner-2", "pid": 1, "start_ticks": 1},
         {"t": 70.0, "target": "learner-0", "pid": 7, "start_ticks": 8},
     ]
-    events = resume(state, records, 71.0)
-    assert adopted["status"] == "running" and adopted["proc"] == {"pid": 7, "start_ticks": 8}
-    assert lost["status"] == "pending" and old["status"] == "pending"  # learner-2's record is its old start
-    assert running["status"] == "running" and running["proc"]["pid"] == 3
+    state, events = resume(state, records, 71.0)
+    p = state.procs
+    assert p["learner-0"].status is ProcStatus.RUNNING and p["learner-0"].proc == PidRecord(7, 8)
+    assert p["learner-1"].status is ProcStatus.PENDING  # learner-2's record is its old start:
+    assert p["learner-2"].status is ProcStatus.PENDING
+    assert p["learner-3"].status is ProcStatus.RUNNING and p["learner-3"].proc == PidRecord(3, 3)
     assert [(k, t) for k, t, _ in events] == [("start", "learner-0")] and "adopted" in events[0][2]
 
 
@@ -117,42 +126,22 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> rundir.RunDir:
     )
     with run.locked():
         run.write_state(
-            {
-                "status": "up",
-                "created": 1000.0,
-                "faults": [],
-                "procs": {
-                    "learner-0": {
-                        "kind": "learner",
-                        "host": "here",
-                        "status": "running",
-                        "started_at": 0.0,
-                        "proc": dead_pid(),
-                    },
-                    "learner-1": {
-                        "kind": "learner",
-                        "host": "here",
-                        "status": "running",
-                        "started_at": 0.0,
-                        "proc": me(),
-                    },
-                    "learner-2": {
-                        "kind": "learner",
-                        "host": "far",
-                        "status": "running",
-                        "started_at": 0.0,
-                        "proc": {"pid": 1, "start_ticks": 1},
-                    },
+            RunState(
+                status="up",
+                created=1000.0,
+                procs={
+                    "learner-0": Proc("learner", "here", ProcStatus.RUNNING, dead_pid(), started_at=0.0),
+                    "learner-1": Proc("learner", "here", ProcStatus.RUNNING, me(), started_at=0.0),
+                    "learner-2": Proc("learner", "far", ProcStatus.RUNNING, PidRecord(1, 1), started_at=0.0),
                 },
-            }
+            )
         )
     return run
 
 
 def test_status_checks_local_pids_and_says_the_supervisor_is_missing(run: rundir.RunDir) -> None:
-    with run.update() as state:
-        state["supervisor"] = {**dead_pid(), "started": 1000.0, "restarts": 2}
-        state["watchdog"] = {**me(), "started": 1000.0}
+    with run.update() as edit:
+        edit.state = replace(edit.state, supervisor=daemon(dead_pid(), 1000.0, 2), watchdog=daemon(me(), 1000.0))
     snap = snapshot.collect(run)
     rows = {r["id"]: r for r in snap["learners"]}
     assert rows["learner-0"]["state"] == "dead" and rows["learner-0"]["pid"] is None  # dead pid, stale "running"
@@ -170,8 +159,8 @@ def test_status_checks_local_pids_and_says_the_supervisor_is_missing(run: rundir
 
 
 def test_status_says_a_beating_supervisor_is_alive(run: rundir.RunDir) -> None:
-    with run.update() as state:
-        state["supervisor"] = {**me(), "started": 1000.0}
+    with run.update() as edit:
+        edit.state = replace(edit.state, supervisor=daemon(me(), 1000.0))
     watchdog.beat(run)
     snap = snapshot.collect(run)
     assert snap["supervisor"]["state"] == "ok" and snap["supervisor"]["heartbeat_age_s"] < 5
@@ -183,11 +172,11 @@ def test_status_says_a_beating_supervisor_is_alive(run: rundir.RunDir) -> None:
 
 
 def test_respawn_starts_nothing_once_the_run_is_stopping_or_while_one_lives(run: rundir.RunDir) -> None:
-    with run.update() as state:
-        state["supervisor"] = me()
+    with run.update() as edit:
+        edit.state = replace(edit.state, supervisor=daemon(me()))
     assert watchdog.respawn(run, "supervisor") is None  # the recorded one is alive
-    with run.update() as state:
-        state.update(status="stopping", supervisor=dead_pid())
+    with run.update() as edit:
+        edit.state = replace(edit.state, status="stopping", supervisor=daemon(dead_pid()))
     assert watchdog.respawn(run, "supervisor") is None  # `down` has begun
     assert run.started_procs() == []
 
@@ -199,21 +188,21 @@ def test_the_watchdog_restarts_a_dead_supervisor_once_and_says_why(
 
     def fake_respawn(r: rundir.RunDir, role: str) -> object:
         calls.append(role)
-        with r.update() as state:
-            state[role] = {**me(), "started": time.time()}
-        return watchdog.ProcRef(os.getpid(), me()["start_ticks"]), {"pid": 4, "started": 0.0}
+        with r.update() as edit:
+            edit.state = edit.state.with_daemon(role, daemon(me(), time.time()))
+        return watchdog.ProcRef(os.getpid(), me().start_ticks), Daemon(4, 0, 0.0)
 
     monkeypatch.setattr(watchdog, "respawn", fake_respawn)
-    with run.update() as state:
-        state["supervisor"] = {**dead_pid(), "started": 1000.0}
+    with run.update() as edit:
+        edit.state = replace(edit.state, supervisor=daemon(dead_pid(), 1000.0))
     dog = watchdog.Watchdog(run)
     assert dog.step() and calls == ["supervisor"]
     assert dog.step() and calls == ["supervisor"]  # alive now: nothing more to do
     kinds = [(e["kind"], e["detail"]) for e in map(json.loads, run.events.read_text().splitlines())]
     assert [k for k, _ in kinds] == ["supervisor_lost", "supervisor_restarted"]
     assert "is dead" in kinds[1][1] and f"new pid {os.getpid()}" in kinds[1][1]
-    with run.update() as state:
-        state["status"] = "stopping"
+    with run.update() as edit:
+        edit.state = edit.state.with_status("stopping")
     assert dog.step() is False  # the watchdog leaves with the run
 
 
