@@ -70,7 +70,9 @@ def test_first_command_shows_a_learning_run_and_ctrl_c_leaves_it_running(tmp_pat
         os.execvpe("bash", ["bash", "-c", first], dict(dl.env, TERM="xterm-256color", LINES="30", COLUMNS="100"))
     seen = bytearray()
     try:
-        assert read_until(fd, b"learner-3", 420, seen), seen[-3000:].decode(errors="replace")
+        # the live view's goodput panel (up's progress board also names learner-3, before the run's
+        # state exists: it shows while the hosts are prepared and the native kernel is built)
+        assert read_until(fd, b"goodput", 420, seen), seen[-3000:].decode(errors="replace")
         snap = dl.wait(
             lambda s: s["loss"]["train"] is not None and s["syncer"]["outer_steps"] >= 10,
             240,

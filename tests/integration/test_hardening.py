@@ -113,7 +113,7 @@ def test_disk_full_while_checkpointing_is_reported(tmp_path: Path, monkeypatch: 
 
     h = Harness(make_settings())
     h.join_all()
-    real_open = open
+    real_fdopen = os.fdopen
 
     class Full:
         def __init__(self, fh) -> None:
@@ -128,10 +128,8 @@ def test_disk_full_while_checkpointing_is_reported(tmp_path: Path, monkeypatch: 
         def write(self, data: bytes) -> int:
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(
-        "builtins.open",
-        lambda p, m="r", *a, **k: Full(real_open(p, m, *a, **k)) if ".tmp" in str(p) else real_open(p, m, *a, **k),
-    )
+    # the one atomic write (syncer/common/atomic.py) opens its temp file with os.open + os.fdopen
+    monkeypatch.setattr(os, "fdopen", lambda fd, m="r", *a, **k: Full(real_fdopen(fd, m, *a, **k)))
     with pytest.raises(checkpoint.CheckpointError, match="No space left"):
         checkpoint.save(tmp_path, checkpoint.state_dict(h.core, 1.0))
     monkeypatch.undo()
