@@ -231,7 +231,8 @@ def memcpy(core: SyncerCore) -> None:
 
 def bench_model(model: str, fragments_count: int, repeat: int, kernel: native.Kernel | None = KERNEL) -> dict:
     """Time `repeat` samples of the pipeline and of memcpy, interleaved so both see the same load."""
-    settings = RunSettings(model=model, fragments=fragments_count, H=16 * fragments_count)
+    # the merge arithmetic, not the round clock: rounds close on the pushes alone
+    settings = RunSettings(model=model, fragments=fragments_count, H=16 * fragments_count, round_clock="learner")
     settings.validate()
     core = build_core(model, settings, kernel)
     gm = global_model(core)
@@ -289,7 +290,8 @@ def bench_model(model: str, fragments_count: int, repeat: int, kernel: native.Ke
 
 def profile(model: str, fragments_count: int, samples: int) -> None:
     """cProfile of a few samples: where the time goes (top 25 by own time)."""
-    settings = RunSettings(model=model, fragments=fragments_count, H=16 * fragments_count)
+    # the merge arithmetic, not the round clock: rounds close on the pushes alone
+    settings = RunSettings(model=model, fragments=fragments_count, H=16 * fragments_count, round_clock="learner")
     core = build_core(model, settings)
     rounds = Rounds(core, make_blobs(core, settings), settings.H)
     rounds()
