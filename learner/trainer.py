@@ -25,14 +25,17 @@ from typing import Any
 
 import torch
 
-from learner.client import PushItem, SyncerClient
+from learner.client import SyncerClient
 from learner.config import LearnerConfig
+from learner.link import LinkCore, PushItem
 from learner.outer import OuterState
 from learner.schedule import learning_rate
 from syncer.common.atomic import atomic_file, atomic_write
 from syncer.common.smallmath import ema
 from syncer.wire import fragments
 from workload import Workload, WorkloadContext, build_workload
+
+WAIT_TICK_S = 0.1  # while waiting on the link: how often to read the chaos controls and publish
 
 
 class Trainer:
@@ -275,24 +278,30 @@ class Trainer:
             if outer.awaiting[p] and p not in self.waited and outer.counters[p].steps >= self.s.max_lag
         ]
         for p in late:
-            deadline = time.monotonic() + self.s.liveness_s
-            while (
-                client.linked()
-                and not client.has_reply(p)
-                and time.monotonic() < deadline
-                and not self.stop.is_set()
-                and client.fatal is None
-            ):
-                time.sleep(0.002)
-                self._read_control(client)
-                self._publish(client)
+            self._wait_for_reply(client, p)
             self.waited.add(p)  # not again until its reply is applied
+
+    def _wait_for_reply(self, client: SyncerClient, p: int) -> None:
+        """At most liveness_s, woken by the reply itself; a partition (read from the chaos
+        controls every WAIT_TICK_S) or a refusal ends it."""
+
+        def answered(core: LinkCore) -> bool:
+            return core.has_reply(p) or not core.linked()
+
+        deadline = time.monotonic() + self.s.liveness_s
+        while client.linked() and not self.stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            if client.wait_for(answered, min(WAIT_TICK_S, left)):
+                return
+            self._read_control(client)
+            self._publish(client)
 
     def _wait_for_merge(self, client: SyncerClient, p: int, pushed_at: int) -> None:
         """Synchronous DiLoCo (overlap = false): block until the merge of p has come back;
-        the next step's _collect applies it (on every rank of an island alike)."""
-        while client.versions()[p] <= pushed_at and not self.stop.is_set() and client.fatal is None:
-            time.sleep(0.002)
+        the next step's _collect applies it (on every rank of an island alike). Woken by the
+        update itself; every WAIT_TICK_S it reads the chaos controls and publishes progress."""
+        while not self.stop.is_set() and client.fatal is None:
+            if client.wait_for(lambda core: core.replica.versions[p] > pushed_at, WAIT_TICK_S):
+                return
             self._read_control(client)
             self._publish(client)
 
