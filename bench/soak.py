@@ -110,7 +110,7 @@ def soak(name: str, duration: float, monkey_seed: int | None, warmup: float, win
         end = time.time()
         stop.set()
         sampler.join(timeout=30)
-        settings = fleet.config()["run"]
+        settings = fleet.config().run.to_dict()
         down_error = None
         try:
             summary = fleet.down()

@@ -7,8 +7,10 @@
 `state.json` is shared by the supervisor and short-lived CLI commands: every read-modify-write
 holds an flock on `state.lock`, and every write is atomic (temp file + rename), so a crash never
 leaves half a state behind. Its schema is dldctl/runstate.py; `read_state` and `write_state` here
-are its one load and save (everyone else gets and gives a typed, frozen RunState). A run is live
-while its supervisor process is. Commands without `--run` use the most recent live run.
+are its one load and save (everyone else gets and gives a typed, frozen RunState). `config.json`,
+the resolved configuration, is a typed, frozen ResolvedConfig (syncer/common/resolved.py) that
+`read_config` and `write_config` load and save. A run is live while its supervisor process is.
+Commands without `--run` use the most recent live run.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from typing import Any
 
 from dldctl.errors import RunError
 from dldctl.runstate import RunState
-from syncer.common import jsonl, strictjson
+from syncer.common import jsonl, resolved, strictjson
 from syncer.common.atomic import atomic_write
-from syncer.common.settings import RunSettings, settings_from_dict
+from syncer.common.resolved import ResolvedConfig
+from syncer.common.settings import RunSettings
 
 
 def home() -> Path:
@@ -48,6 +51,7 @@ class RunDir:
         self._unsaved: tuple[RunState, tuple[int, int, int] | None] | None = None  # state, file it replaces
         self._unsaved_count = 0
         self._log_cap: int | None = None
+        self._config: tuple[tuple[int, int, int] | None, ResolvedConfig] | None = None  # file, its record
 
     @property
     def name(self) -> str:
@@ -77,6 +81,25 @@ class RunDir:
 
     def learner_dir(self, learner: str) -> Path:
         return self.learners / learner
+
+    # -- the resolved configuration -----------------------------------------------------------
+    def read_config(self) -> ResolvedConfig:
+        """config.json, typed; RunError (one line naming the file and what to do) if it is
+        missing, of another schema version or malformed. Parsed again only when the file changed."""
+        signature = _signature(self.config)
+        if self._config is not None and signature is not None and self._config[0] == signature:
+            return self._config[1]
+        try:
+            config = resolved.load(self.config)
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
+        self._config = (signature, config)
+        return config
+
+    def write_config(self, config: ResolvedConfig) -> None:
+        """Replace config.json whole (atomic)."""
+        resolved.save(self.config, config)
+        self._config = None
 
     # -- state -------------------------------------------------------------------------------
     def read_state(self) -> RunState:
@@ -159,9 +182,8 @@ class RunDir:
         """The run's `max_log_mb` in bytes, from config.json (the default until it exists)."""
         if self._log_cap is None:
             try:
-                run = json.loads(self.config.read_text()).get("run", {})
-                self._log_cap = settings_from_dict(run).max_log_bytes
-            except (OSError, ValueError, AttributeError):
+                self._log_cap = self.read_config().run.max_log_bytes
+            except RunError:
                 return RunSettings().max_log_bytes
         return self._log_cap
 

@@ -1,33 +1,20 @@
-"""The learner's view of a resolved run configuration (the JSON file `dldctl up` writes).
+"""The learner's view of a resolved run configuration (config.json, syncer/common/resolved.py).
 
-Each entry of `learners` describes one learner: {"id", "host", "device", "batch_size",
-"throttle", "nproc", "threads", "env", "shard", "shards"}. Paths in the file are absolute or
-relative to the file's own directory. Only stdlib and the shared settings are imported here.
+Each entry of `learners` describes one learner (`LearnerSpec`, the shared `LearnerEntry`). Paths
+in the file are absolute or relative to the file's own directory. Only stdlib and the shared
+parts are imported here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from syncer.common.settings import RunSettings, SettingsError, from_mapping, read_resolved, settings_from_dict
+from syncer.common import resolved
+from syncer.common.resolved import LearnerEntry
+from syncer.common.settings import RunSettings, SettingsError
 
-
-@dataclass(frozen=True)
-class LearnerSpec:
-    """One learner of the fleet, as the inventory declared it."""
-
-    id: str
-    host: str = "local"
-    device: str = "cpu"
-    batch_size: int = 0  # 0: the run's batch_size
-    throttle: float = 1.0  # >1: artificially this many times slower (demos, tests)
-    nproc: int = 1  # ranks in this learner's torchrun island
-    threads: int = 1  # torch intra-op threads per rank
-    env: dict[str, str] = field(default_factory=dict)  # the inventory checks: str keys and values
-    shard: int = 0
-    shards: int = 1
+LearnerSpec = LearnerEntry  # one learner of the fleet, as the inventory declared it
 
 
 @dataclass(frozen=True)
@@ -49,34 +36,16 @@ class LearnerConfig:
 
 def load(path: Path, learner_id: str, workdir: Path | None = None) -> LearnerConfig:
     """Parse the configuration for `learner_id`; ValueError names the file and the problem."""
-    data = read_resolved(path)
+    cfg = resolved.load(path)
     base = Path(path).resolve().parent
     try:
-        settings = settings_from_dict(data["run"])
-        entry = _entry(data, learner_id)
-        spec = from_mapping(LearnerSpec, entry, "learners")
-        sec = data["syncer"]
-        address = f"tcp://{sec['advertise']}:{int(sec['port'])}"
-        secret = syncer_key = None
-        if not settings.insecure:
-            keys_dir = _resolve(base, data["keys"]["dir"])
-            secret, syncer_key = keys_dir / f"{learner_id}.key_secret", keys_dir / "syncer.key"
+        spec = cfg.learner(learner_id)
     except SettingsError as exc:
-        raise ValueError(f"{path}: {exc}") from exc
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: missing or malformed entry {exc}") from exc
-    return LearnerConfig(str(data["run_id"]), settings, spec, address, secret, syncer_key, workdir or base / learner_id)
-
-
-def _entry(data: dict[str, Any], learner_id: str) -> dict[str, Any]:
-    entries: list[dict[str, Any]] = data["learners"]  # JSON tables; from_mapping checks each one
-    for entry in entries:
-        if entry.get("id") == learner_id:
-            return entry
-    known = ", ".join(str(e.get("id")) for e in entries)
-    raise SettingsError("learners", f"no learner {learner_id!r} in this configuration (known: {known})")
-
-
-def _resolve(base: Path, value: str) -> Path:
-    p = Path(value).expanduser()
-    return p if p.is_absolute() else base / p
+        raise resolved.ResolvedConfigError(f"{path}: {exc}") from None
+    keys_dir = cfg.keys_dir(base)
+    secret = syncer_key = None
+    if keys_dir is not None:
+        secret, syncer_key = keys_dir / f"{learner_id}.key_secret", keys_dir / "syncer.key"
+    return LearnerConfig(
+        cfg.run_id, cfg.run, spec, cfg.syncer.address, secret, syncer_key, workdir or base / learner_id
+    )

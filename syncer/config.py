@@ -1,10 +1,4 @@
-"""The syncer's view of a resolved run configuration (the JSON file `dldctl up` writes).
-
-    { "version": 1, "run_id": str, "run": {RunSettings},
-      "syncer": {"host": str, "bind_host": str, "port": int, "control_port": int,
-                 "advertise": str, "dir": str},
-      "learners": [{"id": "learner-0", "host": ..., "device": ..., ...}, ...],
-      "keys": {"dir": str} }
+"""The syncer's view of a resolved run configuration (config.json, syncer/common/resolved.py).
 
 Paths are absolute or relative to the configuration file's directory.
 """
@@ -14,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from syncer.common.settings import RunSettings, SettingsError, read_resolved, settings_from_dict
+from syncer.common import resolved
+from syncer.common.settings import RunSettings
 
 
 @dataclass(frozen=True)
@@ -34,32 +29,16 @@ class SyncerConfig:
         return self.run_dir / "checkpoints"
 
 
-def _resolve(base: Path, value: str) -> Path:
-    p = Path(value).expanduser()
-    return p if p.is_absolute() else (base / p)
-
-
 def load(path: Path) -> SyncerConfig:
-    """Parse and validate the syncer's part of a resolved configuration."""
-    data = read_resolved(path)
+    """The syncer's part of a resolved configuration; ValueError (one line) names the file."""
+    cfg = resolved.load(path)
     base = Path(path).resolve().parent
-    try:
-        settings = settings_from_dict(data["run"])
-        sec = data["syncer"]
-        bind_host, port, cport = sec["bind_host"], int(sec["port"]), int(sec["control_port"])
-        learners = tuple(str(entry["id"]) for entry in data["learners"])
-        keys_dir = None if settings.insecure else _resolve(base, data["keys"]["dir"])
-        run_dir = _resolve(base, sec.get("dir", "."))
-    except SettingsError as exc:
-        raise ValueError(f"{path}: {exc}") from exc
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: missing or malformed entry {exc}") from exc
     return SyncerConfig(
-        str(data["run_id"]),
-        settings,
-        f"tcp://{bind_host}:{port}",
-        f"tcp://{bind_host}:{cport}",
-        run_dir,
-        learners,
-        keys_dir,
+        cfg.run_id,
+        cfg.run,
+        cfg.syncer.bind,
+        cfg.syncer.control_bind,
+        cfg.run_dir(base),
+        cfg.learner_ids,
+        cfg.keys_dir(base),
     )

@@ -21,7 +21,6 @@ from dldctl.chaos.plan import ACTIONS
 from dldctl.errors import ChaosError, DldError, UsageError
 from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.inventory import parse
-from dldctl.lifecycle.plan import load_config
 from dldctl.lifecycle.provision import HostRuntime, open_host
 from dldctl.observe.snapshot import collect
 from dldctl.rundir import RunDir
@@ -39,7 +38,7 @@ class Chaos:
             raise UsageError(f"run {run.name} is not live", hint="chaos needs a running fleet: `dldctl up`")
         self.run = run
         self.inv = parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
-        self.settings = load_config(run)["run"]
+        self.settings = run.read_config().run
         self._hosts: dict[str, Host] = {}
         self.started: set[str] = set()  # ids of the faults this instance injected
         self.held: set[str] = set()  # targets this instance killed with a hold
@@ -93,7 +92,7 @@ class Chaos:
         ref = entry.proc
         if entry.status is not ProcStatus.RUNNING or not ref:
             raise ChaosError(f"{target} is not running (status {entry.status}); nothing to kill")
-        hold = down_for if down_for is not None else float(self.settings.get("restart_delay_s", 2.0))
+        hold = down_for if down_for is not None else self.settings.restart_delay_s
         with self.run.update() as edit:
             e = replace(edit.state.procs[target], hold_until=time.time() + hold, chaos_kill=True)
             edit.state = edit.state.with_proc(target, e)

@@ -14,7 +14,6 @@ import signal
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -29,6 +28,7 @@ from dldctl.runstate import HostRecord, ProcStatus
 from dldctl.supervise import reconcile
 from syncer.common import strictjson
 from syncer.common.atomic import atomic_write
+from syncer.common.resolved import ResolvedConfig
 
 
 def stored_inventory(run: RunDir) -> Inventory:
@@ -39,7 +39,7 @@ def _save_inventory(run: RunDir, inv: Inventory) -> None:
     atomic_write(run.path / "inventory.json", strictjson.dumps(inventory.to_dict(inv), indent=1))
 
 
-def _tell_syncer(run: RunDir, config: dict[str, Any]) -> None:
+def _tell_syncer(run: RunDir, config: ResolvedConfig) -> None:
     state = run.read_state()
     ids = state.learners(live=True)
     try:
@@ -73,13 +73,12 @@ def add(run: RunDir, host_name: str, count: int, console: Console, wait_s: float
         raise RunError(f"run {run.name} is not live", hint="start it with `dldctl up`")
     inv = stored_inventory(run)
     spec = inv.host(host_name)
-    config = plan.load_config(run)
-    new_ids = plan.add_learners(run, config, spec, count)
+    config, new_ids = plan.add_learners(run, run.read_config(), spec, count)
     host = provision.open_host(spec, inv.ssh)
     try:
         # a local host runs from this checkout: prepare() never reads the wheel (as in up.py)
         built, digest = wheel.build(rundir.home() / "wheels") if not spec.local else (Path(), "")
-        ids_here = [e["id"] for e in config["learners"] if e["host"] == spec.name]
+        ids_here = [e.id for e in config.learners_on(spec.name)]
         runtime = provision.prepare(
             host, spec, run, config, built, digest, ids_here, lambda h, s: console.print(f"{h}: {s}", highlight=False)
         )
@@ -99,9 +98,9 @@ def add(run: RunDir, host_name: str, count: int, console: Console, wait_s: float
     return new_ids
 
 
-def _push_keys_to_remote_syncer(run: RunDir, inv: Inventory, config: dict[str, Any]) -> None:
+def _push_keys_to_remote_syncer(run: RunDir, inv: Inventory, config: ResolvedConfig) -> None:
     """A syncer on another host must learn the new learners' public keys (and config)."""
-    name = config["syncer"].get("host", "local")
+    name = config.syncer.host
     if name == "local":
         return
     runtime = provision.HostRuntime.from_dict(dict(run.read_state().runtime_of(name)))
@@ -143,7 +142,7 @@ def remove(run: RunDir, lid: str, console: Console) -> None:
         finally:
             host.close()
     run.event("learner_remove", lid, "graceful leave: its due fragments are sent, then it exits")
-    _tell_syncer(run, plan.load_config(run))
+    _tell_syncer(run, run.read_config())
     console.print(f"{lid} is leaving (SIGTERM sent; it will not be restarted)")
 
 

@@ -20,12 +20,12 @@ from rich.console import Console
 from dldctl.errors import DldError, OperationError, RunError
 from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.inventory import parse
-from dldctl.lifecycle.plan import load_config
 from dldctl.lifecycle.provision import open_host
 from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.observe import mirror
 from dldctl.rundir import RunDir
 from dldctl.runstate import ProcStatus
+from syncer.common.resolved import ResolvedConfig
 
 LEARNER_GRACE_S = 20.0
 SYNCER_GRACE_S = 20.0
@@ -114,7 +114,18 @@ def _mark_stopping(run: RunDir) -> None:
         run.event("state_corrupt", "run", f"{exc.line()}; stopping every recorded process anyway")
 
 
-def _syncer_snapshot(run: RunDir, config: dict[str, Any]) -> dict[str, Any] | None:
+def _read_config(run: RunDir) -> ResolvedConfig | None:
+    """The run's configuration, or None (an event says why): `down` stops the processes anyway."""
+    try:
+        return run.read_config()
+    except RunError as exc:
+        run.event("config_unreadable", "run", f"{exc.line()}; stopping the syncer without its control socket")
+        return None
+
+
+def _syncer_snapshot(run: RunDir, config: ResolvedConfig | None) -> dict[str, Any] | None:
+    if config is None:
+        return None
     try:
         with SyncerControl.for_run(config, run.path) as ctl:
             return ctl.status(timeout=3.0)
@@ -122,8 +133,10 @@ def _syncer_snapshot(run: RunDir, config: dict[str, Any]) -> dict[str, Any] | No
         return None
 
 
-def _final_syncer(run: RunDir, config: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+def _final_syncer(run: RunDir, config: ResolvedConfig | None) -> tuple[dict[str, Any] | None, str]:
     """Last snapshot, then close rounds, export and stop; ('', snapshot None) if it is down."""
+    if config is None:
+        return None, ""
     try:
         with SyncerControl.for_run(config, run.path) as ctl:
             snap = ctl.status(timeout=3.0)
@@ -142,7 +155,7 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
     try:
         killed = fleet.stop(lambda r: r["target"] in ("supervisor", "watchdog"), 10.0)
         killed += fleet.stop(fleet.idle_spare, 5.0)  # warm spares that never became a learner
-        config = load_config(run)
+        config = _read_config(run)
         before = _syncer_snapshot(run, config)
         console.print("stopping learners (they send their last fragments)...")
         killed += fleet.stop(lambda r: r["target"].startswith("learner-"), LEARNER_GRACE_S)

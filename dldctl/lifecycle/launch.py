@@ -6,10 +6,9 @@ named in the resolved configuration.
 
 from __future__ import annotations
 
-from typing import Any
-
 from dldctl.hosts import Host, ProcRef
 from dldctl.lifecycle.provision import HostRuntime
+from syncer.common.resolved import LearnerEntry
 
 
 def _env(runtime: HostRuntime, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -26,11 +25,11 @@ def syncer_argv(runtime: HostRuntime) -> list[str]:
     return [runtime.python, "-m", "syncer", "--config", runtime.config]
 
 
-def learner_argv(runtime: HostRuntime, entry: dict[str, Any]) -> list[str]:
+def learner_argv(runtime: HostRuntime, entry: LearnerEntry) -> list[str]:
     """`python -m learner ...`, or the same under torchrun for an island of nproc ranks."""
-    lid = entry["id"]
+    lid = entry.id
     tail = ["--config", runtime.config, "--id", lid, "--workdir", learner_workdir(runtime, lid)]
-    nproc = int(entry.get("nproc", 1))
+    nproc = entry.nproc
     if nproc > 1:
         return [
             runtime.python,
@@ -64,18 +63,18 @@ def start_syncer(host: Host, runtime: HostRuntime) -> ProcRef:
     )
 
 
-def learner_env(runtime: HostRuntime, entry: dict[str, Any], restarts: int) -> dict[str, str]:
+def learner_env(runtime: HostRuntime, entry: LearnerEntry, restarts: int) -> dict[str, str]:
     """A learner's environment: its host's `env`, our PYTHONPATH, its restart count and threads."""
-    env = _env(runtime, {k: str(v) for k, v in entry.get("env", {}).items()})
+    env = _env(runtime, dict(entry.env))
     env["DLDCTL_RESTARTS"] = str(restarts)
-    env["OMP_NUM_THREADS"] = str(entry.get("threads", 1))
-    if int(entry.get("nproc", 1)) > 1:
+    env["OMP_NUM_THREADS"] = str(entry.threads)
+    if entry.nproc > 1:
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # pytorch/pytorch#135712
     return env
 
 
-def start_learner(host: Host, runtime: HostRuntime, entry: dict[str, Any], restarts: int) -> ProcRef:
-    lid = entry["id"]
+def start_learner(host: Host, runtime: HostRuntime, entry: LearnerEntry, restarts: int) -> ProcRef:
+    lid = entry.id
     host.mkdir(learner_workdir(runtime, lid))
     env = learner_env(runtime, entry, restarts)
     return host.start(learner_argv(runtime, entry), cwd=runtime.run_dir, log=log_path(runtime, lid), env=env)

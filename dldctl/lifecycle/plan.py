@@ -1,21 +1,20 @@
 """From an inventory to a resolved run: learner ids, ports, addresses, keys, config.json.
 
-Pure where it can be (`learner_entries`, `describe`); `write` creates the keys (0600) and the
-resolved configuration that `python -m syncer` and `python -m learner` read.
+Pure where it can be (`learner_plans`, `describe`); `write` creates the keys
+(0600) and the resolved configuration (a ResolvedConfig, syncer/common/resolved.py) that
+`python -m syncer` and `python -m learner` read.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import socket
 from dataclasses import dataclass
-from typing import Any
 
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.rundir import RunDir
-from syncer.common import keys, strictjson
-from syncer.common.atomic import atomic_write
+from syncer.common import keys
+from syncer.common.resolved import KeysSection, LearnerEntry, ResolvedConfig, SyncerSection
 
 
 @dataclass(frozen=True)
@@ -24,23 +23,23 @@ class LearnerPlan:
 
     id: str
     host: HostSpec
-    entry: dict[str, Any]
+    entry: LearnerEntry
 
 
-def learner_entry(lid: str, host: HostSpec, shard: int, shards: int) -> dict[str, Any]:
+def learner_entry(lid: str, host: HostSpec, shard: int, shards: int) -> LearnerEntry:
     """The resolved-config entry of one learner."""
-    return {
-        "id": lid,
-        "host": host.name,
-        "device": host.device,
-        "batch_size": host.batch_size,
-        "throttle": host.throttle,
-        "nproc": host.nproc,
-        "threads": host.threads,
-        "env": dict(host.env),
-        "shard": shard % shards,
-        "shards": shards,
-    }
+    return LearnerEntry(
+        id=lid,
+        host=host.name,
+        device=host.device,
+        batch_size=host.batch_size,
+        throttle=host.throttle,
+        nproc=host.nproc,
+        threads=host.threads,
+        env=dict(host.env),
+        shard=shard % shards,
+        shards=shards,
+    )
 
 
 def learner_plans(inv: Inventory) -> list[LearnerPlan]:
@@ -55,7 +54,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def syncer_section(inv: Inventory, run: RunDir, advertise: str) -> dict[str, Any]:
+def syncer_section(inv: Inventory, advertise: str) -> SyncerSection:
     """Bind address, ports and the address learners dial."""
     all_local = all(h.local for h in inv.hosts) and inv.syncer.host == "local"
     bind = inv.syncer.bind or ("127.0.0.1" if all_local else "0.0.0.0")
@@ -63,62 +62,51 @@ def syncer_section(inv: Inventory, run: RunDir, advertise: str) -> dict[str, Any
     if inv.syncer.host != "local":  # the syncer runs on an inventory host: dial that host
         advertise = control = inv.syncer.advertise or inv.host(inv.syncer.host).address
     # "dir" is relative to config.json, so it is the run directory on whichever host reads it
-    return {
-        "host": inv.syncer.host,
-        "bind_host": bind,
-        "port": inv.syncer.port or free_port(),
-        "control_port": inv.syncer.control_port or free_port(),
-        "advertise": inv.syncer.advertise or advertise,
-        "control_address": control,
-        "dir": ".",
-    }
+    return SyncerSection(
+        host=inv.syncer.host,
+        bind_host=bind,
+        port=inv.syncer.port or free_port(),
+        control_port=inv.syncer.control_port or free_port(),
+        advertise=inv.syncer.advertise or advertise,
+        control_address=control,
+        dir=".",
+    )
 
 
-def resolved_config(inv: Inventory, run: RunDir, advertise: str) -> dict[str, Any]:
-    """The JSON document every process of the run reads."""
-    return {
-        "version": 1,
-        "run_id": f"{inv.run.name}-{secrets.token_hex(4)}",
-        "run": inv.run.to_dict(),
-        "syncer": syncer_section(inv, run, advertise),
-        "learners": [p.entry for p in learner_plans(inv)],
-        "keys": {"dir": "keys"},
-        "inventory": inv.path,
-    }
+def resolved_config(inv: Inventory, advertise: str) -> ResolvedConfig:
+    """The configuration every process of the run reads."""
+    return ResolvedConfig(
+        run_id=f"{inv.run.name}-{secrets.token_hex(4)}",
+        run=inv.run,
+        syncer=syncer_section(inv, advertise),
+        learners=tuple(p.entry for p in learner_plans(inv)),
+        keys=KeysSection("keys"),
+        inventory=inv.path,
+    )
 
 
-def write(inv: Inventory, run: RunDir, advertise: str = "127.0.0.1") -> dict[str, Any]:
+def write(inv: Inventory, run: RunDir, advertise: str = "127.0.0.1") -> ResolvedConfig:
     """Create keys (unless insecure) and config.json in the run directory; returns the config."""
-    config = resolved_config(inv, run, advertise)
+    config = resolved_config(inv, advertise)
     if not inv.run.insecure:
-        for name in ["syncer", "operator", *(e["id"] for e in config["learners"])]:
+        for name in ["syncer", "operator", *config.learner_ids]:
             keys.create(run.keys, name)
-    save_config(run, config)
+    run.write_config(config)
     return config
 
 
-def save_config(run: RunDir, config: dict[str, Any]) -> None:
-    atomic_write(run.config, strictjson.dumps(config, indent=1))
-
-
-def load_config(run: RunDir) -> dict[str, Any]:
-    return json.loads(run.config.read_text())
-
-
-def add_learners(run: RunDir, config: dict[str, Any], host: HostSpec, count: int) -> list[str]:
-    """Append `count` learners on `host` to the config (keys too); returns their ids."""
-    existing = config["learners"]
-    shards = existing[0]["shards"] if existing else 1
-    next_index = 1 + max((int(e["id"].rsplit("-", 1)[1]) for e in existing), default=-1)
-    new_ids = []
-    for i in range(count):
-        lid = f"learner-{next_index + i}"
-        existing.append(learner_entry(lid, host, next_index + i, shards))
-        if not config["run"].get("insecure"):
-            keys.create(run.keys, lid)
-        new_ids.append(lid)
-    save_config(run, config)
-    return new_ids
+def add_learners(run: RunDir, config: ResolvedConfig, host: HostSpec, count: int) -> tuple[ResolvedConfig, list[str]]:
+    """`count` more learners on `host` (keys too), saved; returns the new config and their ids."""
+    existing = config.learners
+    shards = existing[0].shards if existing else 1
+    next_index = 1 + max((int(e.id.rsplit("-", 1)[1]) for e in existing), default=-1)
+    entries = [learner_entry(f"learner-{next_index + i}", host, next_index + i, shards) for i in range(count)]
+    if not config.run.insecure:
+        for entry in entries:
+            keys.create(run.keys, entry.id)
+    config = config.with_learners(*entries)
+    run.write_config(config)
+    return config, [e.id for e in entries]
 
 
 def describe(inv: Inventory) -> list[str]:

@@ -18,6 +18,7 @@ from dldctl.errors import RemoteCommandError, SetupError
 from dldctl.hosts import Host, LocalHost, SSHHost
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.rundir import RunDir
+from syncer.common.resolved import ResolvedConfig
 
 LIGHT_DEPS = {"zmq": "pyzmq>=25", "zstandard": "zstandard>=0.21", "numpy": "numpy>=1.24"}
 Progress = Callable[[str, str], None]
@@ -67,7 +68,7 @@ def prepare(
     host: Host,
     spec: HostSpec,
     run: RunDir,
-    config: dict[str, Any],
+    config: ResolvedConfig,
     wheel: Path,
     digest: str,
     learner_ids: list[str],
@@ -86,28 +87,28 @@ def prepare(
     progress(spec.name, "set up python")
     python, site = _setup(host, spec, base, remote_wheel, digest)
     progress(spec.name, "copy config and keys")
-    remote_run = f"{base}/runs/{config['run_id']}"
+    remote_run = f"{base}/runs/{config.run_id}"
     push_run_files(host, run, remote_run, learner_ids, config)
-    if config["syncer"].get("host") == spec.name:
+    if config.syncer.host == spec.name:
         push_syncer_keys(host, run, remote_run, config)
     return HostRuntime(spec.name, python, site, remote_run, f"{remote_run}/config.json")
 
 
-def push_run_files(host: Host, run: RunDir, remote_run: str, learner_ids: list[str], config: dict[str, Any]) -> None:
+def push_run_files(host: Host, run: RunDir, remote_run: str, learner_ids: list[str], config: ResolvedConfig) -> None:
     """config.json plus this host's learner keys and the syncer's public key, all 0600."""
     host.mkdir(f"{remote_run}/keys", 0o700)
     host.put_bytes(run.config.read_bytes(), f"{remote_run}/config.json", 0o600)
-    if config["run"].get("insecure"):
+    if config.run.insecure:
         return
     host.put_bytes((run.keys / "syncer.key").read_bytes(), f"{remote_run}/keys/syncer.key", 0o600)
     for lid in learner_ids:
         host.put_bytes((run.keys / f"{lid}.key_secret").read_bytes(), f"{remote_run}/keys/{lid}.key_secret", 0o600)
 
 
-def push_syncer_keys(host: Host, run: RunDir, remote_run: str, config: dict[str, Any]) -> None:
+def push_syncer_keys(host: Host, run: RunDir, remote_run: str, config: ResolvedConfig) -> None:
     """For a syncer on this host: its key pair and every public key it admits (0600). Also
     used by `learner add`: the syncer picks new learners' keys up from its keys dir."""
-    if config["run"].get("insecure"):
+    if config.run.insecure:
         return
     host.mkdir(f"{remote_run}/keys", 0o700)
     host.put_bytes((run.keys / "syncer.key_secret").read_bytes(), f"{remote_run}/keys/syncer.key_secret", 0o600)
@@ -187,10 +188,10 @@ def _step(host: Host, spec: HostSpec, command: str, timeout: float = 900.0) -> N
         raise SetupError(spec.name, f"set-up failed: `{command}` exited {exc.status}: {tail}") from exc
 
 
-def learners_by_host(config: dict[str, Any]) -> dict[str, list[str]]:
+def learners_by_host(config: ResolvedConfig) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
-    for entry in config["learners"]:
-        out.setdefault(entry["host"], []).append(entry["id"])
+    for entry in config.learners:
+        out.setdefault(entry.host, []).append(entry.id)
     return out
 
 

@@ -13,6 +13,7 @@ import zmq
 
 from dldctl.errors import SyncerError
 from syncer.common import keys
+from syncer.common.resolved import ResolvedConfig
 from syncer.wire.protocol import Message, ProtocolError, control, decode, encode
 
 
@@ -34,11 +35,9 @@ class SyncerControl:
         self.sock.connect(address)
 
     @classmethod
-    def for_run(cls, config: dict[str, Any], run_path: Path) -> SyncerControl:
-        sec = config["syncer"]
-        host = sec.get("control_address") or "127.0.0.1"
-        keys_dir = None if config["run"].get("insecure") else run_path / "keys"
-        return cls(f"tcp://{host}:{sec['control_port']}", keys_dir)
+    def for_run(cls, config: ResolvedConfig, run_path: Path) -> SyncerControl:
+        """The control client of a run (the operator's copy of the config is in `run_path`)."""
+        return cls(config.syncer.control, config.keys_dir(run_path))
 
     def __enter__(self) -> SyncerControl:
         return self

@@ -35,6 +35,7 @@ from dldctl.runstate import HostRecord, ProcStatus, RunState
 from dldctl.supervise import reconcile, watchdog
 from syncer.common import strictjson
 from syncer.common.atomic import atomic_write
+from syncer.common.resolved import ResolvedConfig
 
 
 class Board:
@@ -133,7 +134,7 @@ def _check_quorum(inv: Inventory, errors: dict[str, DldError]) -> None:
 def _provision_all(
     inv: Inventory,
     run: RunDir,
-    config: dict[str, Any],
+    config: ResolvedConfig,
     hosts: dict[str, Host],
     errors: dict[str, DldError],
     board: Board,
@@ -164,25 +165,25 @@ def _provision_all(
 def initial_state(
     inv: Inventory,
     run: RunDir,
-    config: dict[str, Any],
+    config: ResolvedConfig,
     runtimes: dict[str, provision.HostRuntime],
     errors: dict[str, DldError],
 ) -> RunState:
     """Every process pending (the supervisor starts them); unreachable hosts' learners stopped."""
     syncer_host = inv.syncer.host if inv.syncer.host != "local" else "local"
     procs = {"syncer": reconcile.new_proc("syncer", syncer_host)}
-    for entry in config["learners"]:
-        proc = reconcile.new_proc("learner", entry["host"])
-        if entry["host"] in errors:
-            proc = replace(proc, status=ProcStatus.STOPPED, reason=errors[entry["host"]].line())
-        procs[entry["id"]] = proc
+    for entry in config.learners:
+        proc = reconcile.new_proc("learner", entry.host)
+        if entry.host in errors:
+            proc = replace(proc, status=ProcStatus.STOPPED, reason=errors[entry.host].line())
+        procs[entry.id] = proc
     hosts = {name: HostRecord(rt.to_dict()) for name, rt in runtimes.items()}
     if "local" not in hosts:
         local = provision.HostRuntime("local", sys.executable, "", str(run.path), str(run.config))
         hosts["local"] = HostRecord(local.to_dict())
     return RunState(
         run=inv.run.name,
-        run_id=config["run_id"],
+        run_id=config.run_id,
         dir=str(run.path),
         status="starting",
         created=time.time(),

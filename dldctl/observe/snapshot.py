@@ -17,19 +17,19 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from dldctl.errors import DldError, RunError
-from dldctl.lifecycle.plan import load_config
+from dldctl.errors import DldError
 from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.rundir import RunDir
 from dldctl.runstate import Daemon, Fault, Proc, ProcStatus, RunState
 from dldctl.supervise import reconcile, watchdog
 from syncer.common import jsonl
+from syncer.common.resolved import ResolvedConfig
 
 EVENTS = 40
 STARTING_S = 30.0
 
 
-def syncer_status(run: RunDir, config: dict[str, Any], timeout: float = 2.0) -> dict[str, Any] | None:
+def syncer_status(run: RunDir, config: ResolvedConfig, timeout: float = 2.0) -> dict[str, Any] | None:
     """The syncer's own snapshot, or None if it does not answer."""
     try:
         with SyncerControl.for_run(config, run.path) as ctl:
@@ -38,24 +38,24 @@ def syncer_status(run: RunDir, config: dict[str, Any], timeout: float = 2.0) -> 
         return None
 
 
-def _syncer_down(run: RunDir, config: dict[str, Any]) -> dict[str, Any]:
+def _syncer_down(run: RunDir, config: ResolvedConfig) -> dict[str, Any]:
     """What we can say with the syncer down: the last sample it wrote, marked stale."""
     last: dict[str, Any] = next((r for r in reversed(jsonl.tail(run.metrics, 50)) if r.get("kind") == "sample"), {})
-    settings = config["run"]
+    settings = config.run
     ckpt = _last_checkpoint(run)  # may be newer than the last sample (the final checkpoint)
     return {
         "syncer": {
             "alive": False,
-            "fragments": settings.get("fragments", 0),
+            "fragments": settings.fragments,
             "outer_steps": max(ckpt, last.get("outer_steps") or 0),
             "checkpoint_outer_step": ckpt,
             "rejected": {},
             "dropped_sends": 0,
         },
         "quorum": {
-            "min": settings.get("quorum", 1),
+            "min": settings.quorum,
             "live": 0,
-            "total": len(config["learners"]),
+            "total": len(config.learners),
             "last_round_contributors": 0,
             "recent_contributors": [],
             "below_quorum": True,
@@ -127,10 +127,7 @@ def learner_state(
 def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     """The snapshot of ARCHITECTURE.md (extended), whatever is or is not running."""
     now = time.time() if now is None else now
-    try:
-        config = load_config(run)
-    except (OSError, ValueError) as exc:
-        raise RunError(f"{run.config}: cannot read the run's configuration ({exc})") from exc
+    config = run.read_config()
     state = run.read_state()
     snap = syncer_status(run, config) or _syncer_down(run, config)
     snap["run"] = run.name
@@ -139,13 +136,11 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     created = state.created if state.created is not None else now
     snap["uptime_s"] = float(ended or now) - float(created)  # a run that is down: how long it ran
     snap["status"] = state.status
-    snap["insecure"] = bool(config["run"].get("insecure"))
+    snap["insecure"] = config.run.insecure
     procs = state.procs
     syncer_proc = procs.get("syncer")
     snap["syncer"]["bind"] = snap["syncer"].get("address")
-    snap["syncer"]["address"] = (
-        f"tcp://{config['syncer']['advertise']}:{config['syncer']['port']}"  # what learners dial
-    )
+    snap["syncer"]["address"] = config.syncer.address  # what learners dial
     snap["syncer"]["restarts"] = syncer_proc.restarts if syncer_proc else 0
     if not snap["syncer"].get("alive"):
         snap["syncer"]["pid"] = syncer_proc.proc.pid if syncer_proc and syncer_proc.proc else None
@@ -204,13 +199,13 @@ def _learner_rows(
     procs: Mapping[str, Proc],
     syncer_rows: list[dict[str, Any]],
     faults: list[Fault],
-    config: dict[str, Any],
+    config: ResolvedConfig,
     stale: dict[str, Any],
     alive: dict[str, bool],
 ) -> list[dict[str, Any]]:
     """One row per learner process; with the syncer down, step/tokens/loss from its last sample."""
     by_id = {row["id"]: row for row in syncer_rows}
-    devices = {e["id"]: e.get("device", "cpu") for e in config["learners"]}
+    devices = {e.id: e.device for e in config.learners}
     rows = []
     for lid, proc in sorted(procs.items(), key=lambda kv: _order(kv[0])):
         if not proc.learner:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any
+from collections.abc import Iterable
 
 from dldctl.hosts import Host, ProcRef
 from dldctl.lifecycle import launch
 from dldctl.lifecycle.provision import HostRuntime
 from dldctl.runstate import ProcStatus, RunState
+from syncer.common.resolved import LearnerEntry
 
 SPARE_DELAY_S = 1.0  # after a handover (or a spare's death): the new learner joins from a spare in ~0.2 s
 FIRST_SPARE_S = 5.0  # after the supervisor starts: the fleet itself imports torch first
@@ -30,9 +31,10 @@ def assignment_path(runtime: HostRuntime, host_name: str) -> str:
     return f"{runtime.run_dir}/spares/{host_name}.json"
 
 
-def hosts_wanting_spares(state: RunState, config: dict[str, Any]) -> set[str]:
-    """Hosts with at least one single-process learner that may still need a (re)start."""
-    nproc = {e["id"]: int(e.get("nproc", 1)) for e in config["learners"]}
+def hosts_wanting_spares(state: RunState, learners: Iterable[LearnerEntry]) -> set[str]:
+    """Hosts with at least one single-process learner (of the config's `learners`) that may
+    still need a (re)start."""
+    nproc = {e.id: e.nproc for e in learners}
     return {
         e.host
         for name, e in state.procs.items()
@@ -40,7 +42,7 @@ def hosts_wanting_spares(state: RunState, config: dict[str, Any]) -> set[str]:
     }
 
 
-def start_spare(host: Host, runtime: HostRuntime, host_name: str, entry: dict[str, Any]) -> ProcRef:
+def start_spare(host: Host, runtime: HostRuntime, host_name: str, entry: LearnerEntry) -> ProcRef:
     """Start a spare with the environment of that host's learners (`entry`: one of them)."""
     host.mkdir(f"{runtime.run_dir}/spares")
     host.run("rm -f " + shlex.quote(assignment_path(runtime, host_name)), check=False)
@@ -49,9 +51,9 @@ def start_spare(host: Host, runtime: HostRuntime, host_name: str, entry: dict[st
     return host.start(argv, cwd=runtime.run_dir, log=launch.log_path(runtime, f"spare-{host_name}"), env=env)
 
 
-def hand_over(host: Host, runtime: HostRuntime, host_name: str, entry: dict[str, Any], restarts: int) -> None:
-    """Tell the host's spare to become learner `entry["id"]` (put_bytes renames it into place whole)."""
-    lid = entry["id"]
+def hand_over(host: Host, runtime: HostRuntime, host_name: str, entry: LearnerEntry, restarts: int) -> None:
+    """Tell the host's spare to become learner `entry.id` (put_bytes renames it into place whole)."""
+    lid = entry.id
     workdir = launch.learner_workdir(runtime, lid)
     host.mkdir(workdir)
     payload = {"id": lid, "workdir": workdir, "log": launch.log_path(runtime, lid), "restarts": restarts}

@@ -23,7 +23,6 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from dldctl.chaos import faults
 from dldctl.errors import DldError, HostError
@@ -35,7 +34,7 @@ from dldctl.observe import mirror
 from dldctl.rundir import RunDir
 from dldctl.runstate import Fault, PidRecord, ProcStatus, RunState
 from dldctl.supervise import reconcile, spares, watchdog
-from syncer.common.settings import settings_from_dict
+from syncer.common.resolved import LearnerEntry, ResolvedConfig
 
 POLL_S = 0.5
 MIRROR_S = 2.0
@@ -76,8 +75,8 @@ class Supervisor:
     def runtime(self, state: RunState, host: str) -> HostRuntime:
         return HostRuntime.from_dict(dict(state.runtime_of(host)))
 
-    def config(self) -> dict[str, Any]:
-        return json.loads(self.run.config.read_text())
+    def config(self) -> ResolvedConfig:
+        return self.run.read_config()
 
     # -- observe -----------------------------------------------------------------------------
     def observe(self, state: RunState) -> dict[str, reconcile.Observation]:
@@ -151,7 +150,7 @@ class Supervisor:
                 break
             self.keep_watchdog(state)
             seen = self.observe(state)
-            s = settings_from_dict(self.config()["run"])
+            s = self.config().run
             with self.run.update() as edit:
                 edit.state, actions, events = reconcile.decide(
                     edit.state, seen, time.time(), s.restart_delay_s, s.restart_backoff_max_s
@@ -233,15 +232,15 @@ class Supervisor:
             if entry.kind == "syncer":
                 ref = launch.start_syncer(host, runtime)
             else:
-                learner = next(e for e in self.config()["learners"] if e["id"] == name)
+                learner = self.config().learner(name)
                 wd = launch.learner_workdir(runtime, name)
                 host.run("rm -f " + shlex.quote(f"{wd}/finished") + " " + shlex.quote(f"{wd}/refused"), check=False)
                 restarts = entry.restarts + (entry.started_at is not None)
                 spare = self._from_spare(entry.host, runtime, learner, restarts)
                 how = " (warm spare)" if spare is not None else ""
                 ref = spare or launch.start_learner(host, runtime, learner, restarts)
-        except (DldError, StopIteration) as exc:
-            s = settings_from_dict(self.config()["run"])
+        except (DldError, ValueError) as exc:
+            s = self.config().run
             with self.run.update() as edit:
                 failed, delay = reconcile.start_failed(
                     edit.state.procs[name], time.time(), s.restart_delay_s, s.restart_backoff_max_s
@@ -257,11 +256,9 @@ class Supervisor:
         self.run.event(kind, name, f"pid {ref.pid} on {entry.host}{how}")
 
     # -- warm spares (dldctl/supervise/spares.py) ---------------------------------------------------------
-    def _from_spare(
-        self, host_name: str, runtime: HostRuntime, learner: dict[str, Any], restarts: int
-    ) -> ProcRef | None:
+    def _from_spare(self, host_name: str, runtime: HostRuntime, learner: LearnerEntry, restarts: int) -> ProcRef | None:
         """The host's live spare, now told to become `learner`; None to start a fresh process."""
-        if int(learner.get("nproc", 1)) != 1:
+        if learner.nproc != 1:
             return None
         with self.run.update() as edit:
             ref = proc_ref(edit.state.spares.get(host_name))
@@ -287,7 +284,7 @@ class Supervisor:
             if seen.get(f"spare-{host_name}", reconcile.Observation(True)).alive is False:
                 self._drop_spare(host_name, retry_s=10.0)  # it died: try again later
                 have.pop(host_name)
-        wanted = spares.hosts_wanting_spares(state, config) if settings_from_dict(config["run"]).warm_spares else set()
+        wanted = spares.hosts_wanting_spares(state, config.learners) if config.run.warm_spares else set()
         for host_name in set(have) - wanted:
             self._signal_quietly(self.host(host_name), proc_ref(have[host_name]))
             self._drop_spare(host_name, retry_s=0.0)
@@ -299,8 +296,8 @@ class Supervisor:
         """When the host's next spare may start (the first ones wait for the fleet's own start)."""
         return self._spare_after.get(host_name, self._born + spares.FIRST_SPARE_S)
 
-    def _start_spare(self, state: RunState, config: dict[str, Any], host_name: str) -> None:
-        entry = next(e for e in config["learners"] if e["host"] == host_name and int(e.get("nproc", 1)) == 1)
+    def _start_spare(self, state: RunState, config: ResolvedConfig, host_name: str) -> None:
+        entry = next(e for e in config.learners_on(host_name) if e.nproc == 1)
         self._spare_after[host_name] = time.monotonic() + 30.0  # if it fails (or dies soon), not again at once
         try:
             ref = spares.start_spare(self.host(host_name), self.runtime(state, host_name), host_name, entry)

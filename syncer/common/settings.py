@@ -1,8 +1,9 @@
 """Run settings shared by the syncer, the learners and the operator (a leaf: stdlib only).
 
 `RunSettings` is the `[run]` table of an inventory and the `run` section of a resolved
-configuration. `from_mapping` turns a plain dict into any frozen settings dataclass, rejecting
-unknown keys (with a "did you mean") and wrong types; callers add the file name to the error.
+configuration (the whole file: syncer/common/resolved.py). `from_mapping` turns a plain dict
+into any frozen settings dataclass, rejecting unknown keys (with a "did you mean") and wrong
+types; callers add the file name to the error.
 """
 
 from __future__ import annotations
@@ -323,20 +324,6 @@ def _type_fix(cls: type, key: str, kind: str) -> str:
 
 def _required(f: dataclasses.Field[Any]) -> bool:
     return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-
-
-def read_resolved(path: Any) -> dict[str, Any]:
-    """A resolved run configuration (config.json) as a dict; ValueError names the file."""
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read ({exc.strerror})") from exc
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict) or data.get("version") != 1:
-        raise ValueError(f"{path}: not a dldctl resolved configuration (version 1)")
-    return data
 
 
 def settings_from_dict(data: Mapping[str, Any]) -> RunSettings:

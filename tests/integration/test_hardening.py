@@ -36,7 +36,7 @@ def test_fuzz_a_live_syncer(tmp_path: Path) -> None:
         a, b, c = cs = clients(lr, 3)
         try:
             before = b.fetch()
-            port = lr.cfg["syncer"]["port"]
+            port = lr.cfg.syncer.port
             for size in (0, 1, 64, 4096):  # raw TCP garbage, no ZMTP at all
                 with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
                     s.sendall(os.urandom(size))
@@ -47,7 +47,7 @@ def test_fuzz_a_live_syncer(tmp_path: Path) -> None:
             c.push(1, torch.full((a.plan.numel(1),), 1e-3), 1, 1)  # valid (alone it cannot close a round)
             c.seq -= 1
             c.push(1, torch.full((a.plan.numel(1),), 1e-3), 1, 1)  # the same sequence number again: a replay
-            big = ProtoClient(f"tcp://127.0.0.1:{port}", "learner-2", lr.cfg["run_id"], lr.dir / "keys")
+            big = ProtoClient(f"tcp://127.0.0.1:{port}", "learner-2", lr.cfg.run_id, lr.dir / "keys")
             big.send_raw([encode(Message("heartbeat", {"step": 1, "tokens": 1, "state": "running"}))[0]])
             dropped = lr.status()["syncer"]["disconnects"]
             big.send_raw([os.urandom(3 << 20)])  # over max_message_mb: libzmq drops the connection

@@ -19,6 +19,7 @@ from dldctl.observe import snapshot
 from dldctl.rundir import RunDir
 from dldctl.runstate import RunState
 from syncer import checkpoint
+from syncer.common import resolved
 from syncer.common.settings import RunSettings
 from tests.localrun import LocalRun, write_config
 
@@ -79,9 +80,10 @@ def test_all_checkpoints_corrupt_refused_then_continued_from_a_learner(tmp_path:
 
         _refused_start(lr, ckpt_dir, names)
 
-        cfg = json.loads(config.read_text())
-        cfg["run"]["on_no_checkpoint"] = "from-learner"
-        config.write_text(json.dumps(cfg, indent=1))
+        cfg = resolved.load(config)
+        resolved.save(
+            config, dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, on_no_checkpoint="from-learner"))
+        )
         lr.start_syncer()
         lr.expect_dead = set()
         snap = lr.wait_for(

@@ -44,8 +44,8 @@ def syncer3(tmp_path: Path) -> Iterator[LocalRun]:
 
 def clients(lr: LocalRun, n: int) -> list[ProtoClient]:
     """n clients joined: the first uploads the initial state, the others fetch it."""
-    address = f"tcp://127.0.0.1:{lr.cfg['syncer']['port']}"
-    out = [ProtoClient(address, f"learner-{i}", lr.cfg["run_id"], lr.dir / "keys") for i in range(n)]
+    address = f"tcp://127.0.0.1:{lr.cfg.syncer.port}"
+    out = [ProtoClient(address, f"learner-{i}", lr.cfg.run_id, lr.dir / "keys") for i in range(n)]
     welcome = out[0].hello()
     assert welcome["init_owner"] and not welcome["initialized"]
     out[0].upload_init(initial_values(out[0].plan))
@@ -174,13 +174,13 @@ def test_curve_refuses_unknown_keys_impersonation_and_the_wrong_socket(syncer3: 
     stranger_dir = tmp_path / "stranger"
     keys.create(stranger_dir, "learner-0")
     (stranger_dir / "syncer.key").write_bytes((syncer3.dir / "keys" / "syncer.key").read_bytes())
-    address = f"tcp://127.0.0.1:{syncer3.cfg['syncer']['port']}"
-    run_id = syncer3.cfg["run_id"]
+    address = f"tcp://127.0.0.1:{syncer3.cfg.syncer.port}"
+    run_id = syncer3.cfg.run_id
     stranger = ProtoClient(address, "learner-0", run_id, stranger_dir)
     operator = ProtoClient(address, "learner-0", run_id, syncer3.dir / "keys", key_name="operator")
     liar = ProtoClient(address, "learner-1", run_id, syncer3.dir / "keys", key_name="learner-0")
     control = ProtoClient(
-        f"tcp://127.0.0.1:{syncer3.cfg['syncer']['control_port']}", "learner-0", run_id, syncer3.dir / "keys"
+        f"tcp://127.0.0.1:{syncer3.cfg.syncer.control_port}", "learner-0", run_id, syncer3.dir / "keys"
     )
     try:
         for c in (stranger, operator, liar):

@@ -29,6 +29,8 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> rundir.RunDir:
     run.config.write_text(
         json.dumps(
             {
+                "version": 1,
+                "run_id": "snap-1",
                 "run": {"fragments": 4, "quorum": 2, "insecure": True},
                 "syncer": {"advertise": "127.0.0.1", "port": 1, "control_port": _closed_port()},
                 "learners": [{"id": "learner-0", "device": "cpu"}, {"id": "learner-1", "device": "cuda:0"}],

@@ -13,15 +13,14 @@ from dldctl.lifecycle.provision import HostRuntime
 from dldctl.runstate import Proc, ProcStatus, RunState
 from dldctl.supervise import spares
 from learner import spare
+from syncer.common.resolved import LearnerEntry
 
-CONFIG = {
-    "learners": [
-        {"id": "learner-0", "host": "a"},
-        {"id": "learner-1", "host": "b", "nproc": 2},
-        {"id": "learner-2", "host": "c"},
-        {"id": "learner-3", "host": "d"},
-    ]
-}
+LEARNERS = (
+    LearnerEntry("learner-0", host="a"),
+    LearnerEntry("learner-1", host="b", nproc=2),
+    LearnerEntry("learner-2", host="c"),
+    LearnerEntry("learner-3", host="d"),
+)
 
 
 def test_hosts_wanting_spares_skip_islands_and_learners_that_will_not_restart() -> None:
@@ -35,14 +34,14 @@ def test_hosts_wanting_spares_skip_islands_and_learners_that_will_not_restart() 
             "learner-3": Proc("learner", "d", ProcStatus.STOPPED),
         },
     )
-    assert spares.hosts_wanting_spares(state, CONFIG) == {"a"}
+    assert spares.hosts_wanting_spares(state, LEARNERS) == {"a"}
 
 
 def test_hand_over_writes_the_assignment_whole(tmp_path: Path) -> None:
     runtime = HostRuntime(host="a", python="python3", pythonpath="", run_dir=str(tmp_path), config="c.json")
     host = LocalHost("a")
     (tmp_path / "spares").mkdir()
-    spares.hand_over(host, runtime, "a", {"id": "learner-4"}, restarts=2)
+    spares.hand_over(host, runtime, "a", LearnerEntry("learner-4"), restarts=2)
     data = json.loads(Path(spares.assignment_path(runtime, "a")).read_text())
     assert data == {
         "id": "learner-4",

@@ -115,6 +115,8 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> rundir.RunDir:
     run.config.write_text(
         json.dumps(
             {
+                "version": 1,
+                "run_id": "sup-1",
                 "run": {"fragments": 2, "quorum": 1, "insecure": True},
                 "syncer": {"advertise": "127.0.0.1", "port": 1, "control_port": 1},
                 "learners": [{"id": f"learner-{i}", "device": "cpu"} for i in range(3)],

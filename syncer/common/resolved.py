@@ -1,0 +1,263 @@
+"""The resolved run configuration (`config.json`) as typed, frozen records: the one schema that
+`dldctl up` writes and every process of the run reads (a leaf: stdlib and the shared settings).
+
+    ResolvedConfig  the whole file: run id, the run settings, the syncer's section, the learners, keys
+    SyncerSection   where the syncer binds, its two ports, the addresses learners and the operator dial
+    LearnerEntry    one learner of the fleet: id, host, device, batch size, ranks, threads, env, shard
+    KeysSection     where the CURVE keys lie
+
+On disk (keys as dldctl has always written them; "version" is the schema version):
+
+    { "version": 1, "run_id": str, "run": {RunSettings},
+      "syncer": {"host", "bind_host", "port", "control_port", "advertise", "control_address", "dir"},
+      "learners": [{"id": "learner-0", "host", "device", "batch_size", "throttle", "nproc",
+                    "threads", "env", "shard", "shards"}, ...],
+      "keys": {"dir": str}, "inventory": str }
+
+Paths in the file are absolute or relative to the file's own directory (`resolve_path`), so the
+same file works in the run directory of whichever host reads it. `load` and `save` are the one
+reader and writer; `from_json` checks the schema version and every field (unknown keys too), so
+a file of another dldctl, or a damaged one, is one line naming the file, the key and what to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from syncer.common import strictjson
+from syncer.common.atomic import atomic_write
+from syncer.common.settings import RunSettings, SettingsError, from_mapping, suggest
+
+SCHEMA_VERSION = 1
+VERSION_KEY = "version"
+FIX = "start a new run with `dldctl up`"
+TOP_KEYS = (VERSION_KEY, "run_id", "run", "syncer", "learners", "keys", "inventory")
+
+
+class ResolvedConfigError(ValueError):
+    """A resolved configuration that cannot be used: one line naming the file and what to do."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncerSection:
+    """Where the syncer listens and how the others reach it (`host`: an inventory host or "local")."""
+
+    host: str = "local"
+    bind_host: str = "127.0.0.1"
+    port: int
+    control_port: int
+    advertise: str = "127.0.0.1"  # the address learners dial
+    control_address: str = "127.0.0.1"  # the address the operator's control client dials
+    dir: str = "."  # the run directory, relative to the configuration file
+
+    @property
+    def bind(self) -> str:
+        return f"tcp://{self.bind_host}:{self.port}"
+
+    @property
+    def control_bind(self) -> str:
+        return f"tcp://{self.bind_host}:{self.control_port}"
+
+    @property
+    def address(self) -> str:
+        """What learners dial."""
+        return f"tcp://{self.advertise}:{self.port}"
+
+    @property
+    def control(self) -> str:
+        """What the operator's control client dials."""
+        return f"tcp://{self.control_address or '127.0.0.1'}:{self.control_port}"
+
+
+@dataclass(frozen=True)
+class LearnerEntry:
+    """One learner of the fleet, as the inventory declared it (0 batch_size: the run's)."""
+
+    id: str
+    host: str = "local"
+    device: str = "cpu"
+    batch_size: int = 0  # 0: the run's batch_size
+    throttle: float = 1.0  # >1: artificially this many times slower (demos, tests)
+    nproc: int = 1  # ranks in this learner's torchrun island
+    threads: int = 1  # torch intra-op threads per rank
+    env: dict[str, str] = field(default_factory=dict)  # str keys and values (checked on load)
+    shard: int = 0
+    shards: int = 1
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> LearnerEntry:
+        entry = from_mapping(cls, data, where)
+        for key, value in entry.env.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise SettingsError(f"{where}.env", f"{key!r} = {value!r}: names and values must be strings")
+        return entry
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class KeysSection:
+    """The directory of the run's CURVE key files (relative to the configuration file)."""
+
+    dir: str = "keys"
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """The whole file. Frozen: a change (`with_learners`) is a new record that `save` writes."""
+
+    run_id: str
+    run: RunSettings
+    syncer: SyncerSection
+    learners: tuple[LearnerEntry, ...] = ()
+    keys: KeysSection = KeysSection()
+    inventory: str | None = None  # where the inventory came from (only shown to people)
+
+    @property
+    def learner_ids(self) -> tuple[str, ...]:
+        return tuple(e.id for e in self.learners)
+
+    def learner(self, learner_id: str) -> LearnerEntry:
+        """The entry of `learner_id`; SettingsError (naming the known ones) if there is none."""
+        for entry in self.learners:
+            if entry.id == learner_id:
+                return entry
+        known = ", ".join(self.learner_ids) or "none"
+        raise SettingsError("learners", f"no learner {learner_id!r} in this configuration (known: {known})")
+
+    def learners_on(self, host: str) -> list[LearnerEntry]:
+        return [e for e in self.learners if e.host == host]
+
+    def with_learners(self, *entries: LearnerEntry) -> ResolvedConfig:
+        """This configuration with `entries` appended to the fleet."""
+        return replace(self, learners=(*self.learners, *entries))
+
+    def keys_dir(self, base: Path) -> Path | None:
+        """The keys directory as seen from `base` (the file's directory); None for an insecure run."""
+        return None if self.run.insecure else resolve_path(base, self.keys.dir)
+
+    def run_dir(self, base: Path) -> Path:
+        """The run directory as seen from `base` (the file's directory)."""
+        return resolve_path(base, self.syncer.dir)
+
+    # -- JSON --------------------------------------------------------------------------------
+    @classmethod
+    def from_json(cls, data: Any, where: object = "config.json") -> ResolvedConfig:
+        """The typed configuration; ResolvedConfigError (one line naming `where`) for another
+        schema version or a missing, unknown or mistyped key. Does no I/O."""
+        if not isinstance(data, dict):
+            raise ResolvedConfigError(f"{where}: not a resolved configuration (not a JSON object); {FIX}")
+        if VERSION_KEY not in data:
+            raise ResolvedConfigError(
+                f"{where}: no schema version (key {VERSION_KEY!r}): not a configuration `dldctl up` wrote; {FIX}"
+            )
+        version = data[VERSION_KEY]
+        if version != SCHEMA_VERSION or isinstance(version, bool):
+            raise ResolvedConfigError(
+                f"{where}: schema version {version!r}, this dldctl reads version {SCHEMA_VERSION}; {FIX}"
+            )
+        try:
+            return cls._parse(data)
+        except SettingsError as exc:
+            raise ResolvedConfigError(f"{where}: malformed configuration: {exc}; {FIX}") from None
+
+    @classmethod
+    def _parse(cls, data: dict[str, Any]) -> ResolvedConfig:
+        for key in data:
+            if key not in TOP_KEYS:
+                close = suggest(key, list(TOP_KEYS))
+                raise SettingsError(key, "unknown key", f"did you mean {close!r}?" if close else None)
+        learners = _list(data, "learners")
+        entries = tuple(LearnerEntry.from_json(e, f"learners[{i}]") for i, e in enumerate(learners))
+        seen: set[str] = set()
+        for i, entry in enumerate(entries):
+            if entry.id in seen:
+                raise SettingsError(f"learners[{i}].id", f"duplicate learner id {entry.id!r}")
+            seen.add(entry.id)
+        return cls(
+            run_id=_str(data, "run_id"),
+            run=_settings(_table(data, "run")),
+            syncer=from_mapping(SyncerSection, _table(data, "syncer"), "syncer"),
+            learners=entries,
+            keys=from_mapping(KeysSection, data.get("keys", {}), "keys"),
+            inventory=_str(data, "inventory") if data.get("inventory") is not None else None,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The file's JSON, keys as dldctl has always written them."""
+        out: dict[str, Any] = {
+            VERSION_KEY: SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "run": self.run.to_dict(),
+            "syncer": dataclasses.asdict(self.syncer),
+            "learners": [e.to_json() for e in self.learners],
+            "keys": dataclasses.asdict(self.keys),
+        }
+        if self.inventory is not None:
+            out["inventory"] = self.inventory
+        return out
+
+
+def _settings(data: dict[str, Any]) -> RunSettings:
+    """The `run` section, checked like an inventory's `[run]` table (its keys named `run.KEY`)."""
+    settings = from_mapping(RunSettings, data, "run")
+    try:
+        settings.validate()
+    except SettingsError as exc:
+        raise SettingsError(f"run.{exc.key}" if exc.key else "run", exc.problem, exc.fix) from None
+    return settings
+
+
+def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
+    if key not in data:
+        raise SettingsError(key, "is required")
+    value = data[key]
+    if not isinstance(value, dict):
+        raise SettingsError(key, f"must be an object, got {type(value).__name__}")
+    return value
+
+
+def _list(data: dict[str, Any], key: str) -> list[Any]:
+    value = data.get(key, [])
+    if not isinstance(value, list):
+        raise SettingsError(key, f"must be a list, got {type(value).__name__}")
+    return value
+
+
+def _str(data: dict[str, Any], key: str) -> str:
+    if key not in data:
+        raise SettingsError(key, "is required")
+    value = data[key]
+    if not isinstance(value, str):
+        raise SettingsError(key, f"must be a string, got {type(value).__name__} {value!r}")
+    return value
+
+
+def resolve_path(base: Path, value: str) -> Path:
+    """A path of the file: absolute, `~`-expanded, or relative to `base` (the file's directory)."""
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+# -- the one load and the one save --------------------------------------------------------------
+def load(path: Path | str) -> ResolvedConfig:
+    """Read and check a resolved configuration; ResolvedConfigError (a ValueError) names the file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ResolvedConfigError(f"{path}: cannot read the run's configuration ({exc.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ResolvedConfigError(f"{path}: not valid JSON ({exc}); {FIX}") from None
+    return ResolvedConfig.from_json(data, path)
+
+
+def save(path: Path | str, config: ResolvedConfig) -> None:
+    """Write `config` to `path` whole (atomic: a crash leaves the old file or the new one)."""
+    atomic_write(path, strictjson.dumps(config.to_json(), indent=1))
