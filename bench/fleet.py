@@ -1,12 +1,12 @@
-"""A harness for the fleet benchmarks: the real `dldctl` CLI on a local fleet, in a throw-away home.
+"""The fleet benchmarks' harness: the real `dldctl` CLI on a local fleet, in a throw-away home.
 
-`BenchRun` runs `dldctl` as a subprocess with its own `DLDCTL_HOME` (a temp dir), writes an
-inventory of local hosts (`address = "local"`), brings the run up (`up -d`), injects faults
-(`chaos kill`, `chaos monkey`), stops it with `dldctl down --json`, and always cleans up:
-`close()` runs `dldctl down` if the run may still be up, then SIGKILLs every process recorded in
-the run's `procs.jsonl` that is still alive *and* still has the recorded start time (pid reuse is
-checked, nothing is ever killed by name), then deletes the home (kept, and its path printed,
-when the environment sets `DLD_BENCH_KEEP=1`: for a post-mortem of a run's records and logs).
+`BenchRun` is the project's harness (`dldctl.testing.DldctlHome`: `dldctl` as a subprocess with
+its own `DLDCTL_HOME` in a temp dir, `up -d` from a `[run]` table and local hosts, `chaos kill`,
+`down --json`, and a teardown that always runs: `dldctl down`, then a SIGKILL by pid and start
+time for whatever procs.jsonl records as still alive, never by name, then the home deleted)
+with what only the benchmarks need: the syncer's samples and rounds, the training start,
+seeded kills and the chaos monkey. The home is kept, and its path printed, when the environment
+sets `DLD_BENCH_KEEP=1`: for a post-mortem of a run's records and logs.
 
 The benchmarks read what the run wrote rather than polling `dldctl status` (each call is a
 Python start-up, about a second of CPU on a 2-core machine shared with the fleet):
@@ -28,14 +28,11 @@ optimizer; `run_diloco(Plan(...))` runs one fleet from `up` to the evaluated fin
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -49,11 +46,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.fleet_summary import budget_reached, finished_learners, summarize_run
-from dldctl.hosts.local import read_stat
-from syncer.common import jsonl
-
-DLDCTL = str(Path(sys.executable).parent / "dldctl")
-
+from dldctl.testing import DldctlHome
+from dldctl.testing import local_host as local_host  # the benchmarks import these two from here
+from dldctl.testing import read_jsonl as read_jsonl
 
 # --------------------------------------------------------------------------- shared settings
 
@@ -111,125 +106,23 @@ def diloco_run(
     return run
 
 
-# --------------------------------------------------------------------------- inventory
-
-
-def toml_value(value: Any) -> str:
-    """One TOML value (str, bool, int, float, or a flat dict as an inline table)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
-    return json.dumps(str(value))
-
-
-def inventory_text(run: dict[str, Any], hosts: list[dict[str, Any]]) -> str:
-    """An inventory: the `[run]` table and one `[[hosts]]` table per host."""
-    lines = ["[run]"] + [f"{k} = {toml_value(v)}" for k, v in run.items()]
-    for host in hosts:
-        lines += ["", "[[hosts]]"] + [f"{k} = {toml_value(v)}" for k, v in host.items()]
-    return "\n".join(lines) + "\n"
-
-
-def local_host(name: str, learners: int, **extra: Any) -> dict[str, Any]:
-    """A `[[hosts]]` entry on this machine: one torch thread per learner unless `extra` says otherwise."""
-    return {"name": name, "address": "local", "learners": learners, "threads": 1, **extra}
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete JSON record of a file (a torn last line is skipped); [] if it is missing."""
-    return list(jsonl.read(path))
-
-
 # --------------------------------------------------------------------------- the fleet
 
 
-class BenchRun:
-    """One `dldctl` home with (at most) one run in it."""
+class BenchRun(DldctlHome):
+    """One `dldctl` home (dldctl/testing.py: a temp dir, always torn down) with (at most) one run
+    in it, plus what the benchmarks read and do: samples, rounds, seeded kills, the monkey."""
 
     def __init__(self, name: str = "bench", keep: bool = False, tmpfs_mb: int | None = None) -> None:
-        self.name = name
-        self.keep = keep
-        self.home = Path(tempfile.mkdtemp(prefix=f"dld-{name}-"))
-        self.tmpfs = (
-            bool(tmpfs_mb)
-            and subprocess.run(  # a home on its own small file system, to fill up
-                ["mount", "-t", "tmpfs", "-o", f"size={tmpfs_mb}m", "tmpfs", str(self.home)], capture_output=True
-            ).returncode
-            == 0
-        )
-        self.env = dict(os.environ, DLDCTL_HOME=str(self.home), COLUMNS="160", PYTHONUNBUFFERED="1")
-        self.run_dir: Path | None = None
-        self.is_up = False
-        self.summary: dict[str, Any] | None = None
+        super().__init__(name=name, keep=keep, tmpfs_mb=tmpfs_mb, columns=160)
 
-    def __enter__(self) -> BenchRun:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def dl(self, *args: str, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
-        """Run `dldctl ARGS` in this home; raise with the output tail if it fails and `check`."""
-        proc = subprocess.run(
-            [DLDCTL, *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-        )
-        if check and proc.returncode != 0:
-            raise RuntimeError(
-                f"dldctl {' '.join(args)} exited {proc.returncode}: {proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
-            )
-        return proc
-
-    def up(self, run: dict[str, Any], hosts: list[dict[str, Any]] | None, timeout: float = 240) -> Path:
-        """`dldctl up INVENTORY -d` (or the built-in default when `hosts` is None); the run dir."""
-        args = ["up", "-d", "--timeout", str(timeout)]
-        if hosts is not None:
-            inv = self.home / "inventory.toml"
-            inv.write_text(inventory_text({"name": self.name, **run}, hosts))
-            args.insert(1, str(inv))
-        self.is_up = True
-        self.dl(*args, timeout=timeout + 60)
-        runs = sorted((self.home / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
-        self.run_dir = runs[-1]
-        return self.run_dir
-
-    def status(self) -> dict[str, Any]:
-        return json.loads(self.dl("status", "--json", timeout=60).stdout)
-
-    def config(self) -> dict[str, Any]:
-        assert self.run_dir is not None
-        return json.loads((self.run_dir / "config.json").read_text())
-
-    # -- what the run wrote ------------------------------------------------------------------
     def samples(self) -> list[dict[str, Any]]:
-        return [r for r in self._records("metrics.jsonl") if r.get("kind") == "sample"]
+        """The syncer's `sample` records (every 2 s)."""
+        return self.metrics("sample")
 
     def rounds(self) -> list[dict[str, Any]]:
-        return [r for r in self._records("metrics.jsonl") if r.get("kind") == "round"]
-
-    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        return [e for e in self._records("events.jsonl") if kind is None or e.get("kind") == kind]
-
-    def _records(self, name: str) -> list[dict[str, Any]]:
-        return read_jsonl(self.run_dir / name) if self.run_dir else []
-
-    def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.5) -> Any:
-        """Poll `predicate` (no dldctl call unless it makes one) until it returns something truthy."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(every)
-        raise TimeoutError(f"{self.name}: timed out after {timeout:g} s waiting for {what}")
+        """One record per merge."""
+        return self.metrics("round")
 
     def wait_training(self, learners: int, timeout: float = 180) -> float:
         """Unix time of the first sample in which `learners` learners have trained (step > 0)."""
@@ -244,10 +137,6 @@ class BenchRun:
         return self.wait_for(started, timeout, f"{learners} learners training")
 
     # -- faults ------------------------------------------------------------------------------
-    def kill(self, target: str, sig: str = "KILL") -> bool:
-        """`dldctl chaos kill TARGET --signal SIG --force`; False if it was refused (not running)."""
-        return self.dl("chaos", "kill", target, "--signal", sig, "--force", check=False, timeout=60).returncode == 0
-
     def run_kills(
         self, schedule: list[float], learners: int, seed: int, origin: float, stop: threading.Event
     ) -> list[dict[str, Any]]:
@@ -281,41 +170,11 @@ class BenchRun:
         faults and exits; not SIGINT, which a shell's background job ignores: the monkey ran on, and
         the fleet trained on past its budget while this waited for it)."""
         log = self.home / f"monkey-{seed}.log"
-        cmd = [
-            DLDCTL,
-            "chaos",
-            "monkey",
-            "--mtbf",
-            str(mtbf),
-            "--duration",
-            str(duration),
-            "--seed",
-            str(seed),
-            "--actions",
-            actions,
-            "--fault-duration",
-            str(fault_duration),
-            "--force",
-        ]
+        args = ["chaos", "monkey", "--mtbf", str(mtbf), "--duration", str(duration), "--seed", str(seed)]
+        args += ["--actions", actions, "--fault-duration", str(fault_duration), "--force"]
         with open(log, "w") as fh:
-            proc = subprocess.Popen(
-                cmd, env=self.env, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, stdin=subprocess.DEVNULL
-            )
-            interrupted_at = None
-            try:
-                while proc.poll() is None and not stop.wait(0.5):
-                    pass
-                if proc.poll() is None:
-                    interrupted_at = time.monotonic()
-                    proc.send_signal(signal.SIGTERM)
-                    proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass  # reported below as `sigterm_ignored`
-            finally:
-                hung = proc.poll() is None
-                if hung:
-                    proc.kill()
-                    proc.wait()
+            proc = self.popen(*args, stdout=fh, stderr=subprocess.STDOUT)
+            interrupted_at, hung = _stop_monkey(proc, stop)
         text = log.read_text(errors="replace")
         return {
             "returncode": proc.returncode,
@@ -325,47 +184,26 @@ class BenchRun:
             "exit_after_sigterm_s": None if interrupted_at is None or hung else time.monotonic() - interrupted_at,
         }
 
-    # -- the end -----------------------------------------------------------------------------
-    def down(self) -> dict[str, Any]:
-        """`dldctl down --json`; the summary (with `final_model` the path of final_model.pt)."""
-        proc = self.dl("down", "--json", timeout=180)
-        self.is_up = False
-        self.summary = json.loads(proc.stdout)
-        return self.summary
 
-    def leftovers(self) -> list[dict[str, Any]]:
-        """Processes recorded in procs.jsonl that are still alive with the same start time."""
-        alive = []
-        for procs in (self.home / "runs").glob("*/procs.jsonl"):
-            for rec in read_jsonl(procs):
-                stat = read_stat(int(rec["pid"]))
-                if stat is not None and stat.start_ticks == rec["start_ticks"] and stat.state not in "ZX":
-                    alive.append(rec)
-        return alive
-
-    def close(self) -> list[dict[str, Any]]:
-        """Stop everything this home started; returns what had to be SIGKILLed after `down`."""
-        if self.is_up and (self.home / "runs").is_dir():
-            try:
-                self.dl("down", timeout=180, check=False)
-            except subprocess.TimeoutExpired:
-                pass
-            self.is_up = False
-        killed = self.leftovers()
-        for rec in killed:
-            stat = read_stat(int(rec["pid"]))
-            if stat is not None and stat.start_ticks == rec["start_ticks"]:
-                try:
-                    os.kill(int(rec["pid"]), signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        if self.tmpfs and subprocess.run(["umount", str(self.home)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(self.home)], capture_output=True)
-        if not self.keep:
-            shutil.rmtree(self.home, ignore_errors=True)
-        else:
-            print(f"{self.name}: home kept at {self.home}", file=sys.stderr)
-        return killed
+def _stop_monkey(proc: subprocess.Popen[Any], stop: threading.Event) -> tuple[float | None, bool]:
+    """Wait for the monkey to end, or SIGTERM it once `stop` is set (SIGKILL if it ignores that for
+    30 s); (when it was interrupted, whether it ignored the SIGTERM)."""
+    interrupted_at = None
+    try:
+        while proc.poll() is None and not stop.wait(0.5):
+            pass
+        if proc.poll() is None:
+            interrupted_at = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass  # reported as `sigterm_ignored`
+    finally:
+        hung = proc.poll() is None
+        if hung:
+            proc.kill()
+            proc.wait()
+    return interrupted_at, hung
 
 
 def _injected(text: str) -> int:

@@ -1,9 +1,11 @@
-"""Test harness: a real syncer and real learner processes on 127.0.0.1, without dldctl.
+"""A real syncer and real learner processes on 127.0.0.1, without dldctl (integration tests).
 
 Writes a resolved configuration (the same JSON `dldctl up` writes) and CURVE keys into a temp
 dir, starts `python -m syncer` and `python -m learner` as subprocesses in their own process
-groups, talks to the syncer's control socket like the operator does, and stops every process it
-started (by pid/process group) in `close()`.
+groups, and talks to the syncer's control socket like the operator does. What it shares with
+every harness is the project's (`dldctl.testing`): the processes it started (`Processes`: by
+pid and process group, all stopped in `close()`), polling with a timeout (`wait_until`) and
+the JSON-lines readers.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from syncer.common import jsonl, keys
+from dldctl.testing import Processes, read_jsonl, wait_until
+from syncer.common import keys, resolved
 from syncer.wire.protocol import Message, control, decode, encode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,8 +96,9 @@ class LocalRun:
     def __init__(self, directory: Path, config: Path) -> None:
         self.dir = directory
         self.config = config
-        self.cfg = json.loads(config.read_text())
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.cfg = resolved.load(config)
+        self.procs = Processes()
+        self.expect_dead: set[str] = set()  # processes whose exit `wait_for` does not report
         self.ctx = zmq.Context()
         self._ctl: zmq.Socket | None = None
 
@@ -104,57 +108,41 @@ class LocalRun:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _spawn(self, name: str, argv: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 (the child's stdout; closed at stop)
+    def spawn(self, name: str, argv: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+        """`python ARGV` in its own process group, its output in DIR/NAME.log."""
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))  # keep the caller's
         env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", **(extra_env or {}))
-        proc = subprocess.Popen(
-            [sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
-        )
-        log.close()
-        self.procs[name] = proc
-        return proc
+        return self.procs.spawn(name, [sys.executable, *argv], log=self.dir / f"{name}.log", env=env, cwd=ROOT)
 
     def start_syncer(self, env: dict[str, str] | None = None) -> subprocess.Popen:
-        return self._spawn("syncer", ["-m", "syncer", "--config", str(self.config)], env)
+        return self.spawn("syncer", ["-m", "syncer", "--config", str(self.config)], env)
 
     def start_learner(self, i: int, env: dict[str, str] | None = None) -> subprocess.Popen:
         lid = f"learner-{i}"
         tail = ["-m", "learner", "--config", str(self.config), "--id", lid]
-        nproc = int(self.cfg["learners"][i].get("nproc", 1))
+        nproc = self.cfg.learners[i].nproc
         if nproc > 1:  # an island: the same command dldctl runs
-            return self._spawn(
+            return self.spawn(
                 lid, ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *tail], env
             )
-        return self._spawn(lid, tail, env)
+        return self.spawn(lid, tail, env)
 
     def wait_log(self, name: str, text: str, timeout: float) -> None:
         """Wait until a process's log contains `text` (e.g. a fault point)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if text in self.log(name):
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"{name} never logged {text!r}: {self.log(name)[-2000:]}")
+        wait_until(
+            lambda: text in self.log(name),
+            timeout,
+            f"{name} to log {text!r}",
+            every=0.05,
+            describe=lambda: self.log(name)[-2000:],
+        )
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        proc = self.procs[name]
-        if proc.poll() is None:
-            os.killpg(proc.pid, sig)
-        proc.wait(timeout=30)
+        """Send `sig` to a process's group and wait for it to exit."""
+        self.procs.kill(name, sig)
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        self.procs.stop()
         if self._ctl is not None:
             self._ctl.close(linger=0)
         self.ctx.term()
@@ -164,11 +152,11 @@ class LocalRun:
         if self._ctl is None:
             sock = self.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
-            if not self.cfg["run"].get("insecure"):
+            if not self.cfg.run.insecure:
                 keydir = self.dir / "keys"
                 sock.curve_publickey, sock.curve_secretkey = keys.load_pair(keydir / "operator.key_secret")
                 sock.curve_serverkey = keys.load_public(keydir / "syncer.key")
-            sock.connect(f"tcp://127.0.0.1:{self.cfg['syncer']['control_port']}")
+            sock.connect(f"tcp://127.0.0.1:{self.cfg.syncer.control_port}")
             self._ctl = sock
         return self._ctl
 
@@ -187,35 +175,39 @@ class LocalRun:
     def control(self, action: str, **args: Any) -> Message:
         return self.request(control(action, **args))
 
-    def wait_for(self, predicate, timeout: float, what: str, poll: float = 0.25) -> dict[str, Any]:
-        """Poll status until predicate(snapshot) is true; raise with the last snapshot if not."""
-        deadline = time.monotonic() + timeout
-        snap: dict[str, Any] = {}
-        while time.monotonic() < deadline:
+    def wait_for(
+        self, predicate: Callable[[dict[str, Any]], Any], timeout: float, what: str, poll: float = 0.25
+    ) -> dict[str, Any]:
+        """Poll status until predicate(snapshot) is true; raise with the last snapshot if not (at
+        once if the syncer exited and is not in `expect_dead`)."""
+        last: dict[str, Any] = {}
+
+        def check() -> dict[str, Any] | None:
             try:
                 snap = self.status(timeout=2.0)
             except TimeoutError:
                 snap = {}
+            last.clear()
+            last.update(snap)
             if snap and predicate(snap):
                 return snap
-            for name, proc in self.procs.items():
-                if name == "syncer" and proc.poll() is not None and not self._expect_dead(name):
-                    raise AssertionError(f"syncer exited ({proc.returncode}): {self.log('syncer')[-2000:]}")
-            time.sleep(poll)
-        raise AssertionError(
-            f"timed out waiting for {what}; last snapshot: {json.dumps(snap)[:3000]}\n"
-            + "\n".join(f"--- {n}\n{self.log(n)[-1500:]}" for n in self.procs)
-        )
+            syncer = self.procs.get("syncer")
+            if syncer is not None and syncer.poll() is not None and "syncer" not in self.expect_dead:
+                raise AssertionError(f"syncer exited ({syncer.returncode}): {self.log('syncer')[-2000:]}")
+            return None
 
-    def _expect_dead(self, name: str) -> bool:
-        return getattr(self, "expect_dead", set()).__contains__(name)
+        def describe() -> str:
+            logs = "\n".join(f"--- {n}\n{self.log(n)[-1500:]}" for n in self.procs)
+            return f"last snapshot: {json.dumps(last)[:3000]}\n{logs}"
+
+        return wait_until(check, timeout, what, every=poll, describe=describe)
 
     def log(self, name: str) -> str:
         path = self.dir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
     def events(self) -> list[dict[str, Any]]:
-        return list(jsonl.read(self.dir / "events.jsonl"))
+        return read_jsonl(self.dir / "events.jsonl")
 
     def metrics(self, kind: str | None = None) -> list[dict[str, Any]]:
-        return [r for r in jsonl.read(self.dir / "metrics.jsonl") if kind is None or r.get("kind") == kind]
+        return [r for r in read_jsonl(self.dir / "metrics.jsonl") if kind is None or r.get("kind") == kind]

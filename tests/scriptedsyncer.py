@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
-from collections.abc import Callable
 from types import TracebackType
 
 import torch
@@ -95,11 +93,3 @@ class ScriptedSyncer(threading.Thread):
     def _reply(self, msg: Message) -> None:
         assert self._peer is not None, "a reply goes to the learner that spoke"
         self._sock.send_multipart([self._peer, *encode(msg)])
-
-
-def wait_until(done: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll `done()` every 10 ms up to `timeout` seconds; AssertionError naming `what`."""
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.01)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.fleetutil import Dl, run_table
+from dldctl.testing import DldctlHome
+from tests.e2e.fleetutil import run_table
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -25,18 +26,15 @@ learners = 2
 def test_corrupt_state_file_and_insecure_run(tmp_path: Path) -> None:
     inv = tmp_path / "inv.toml"
     inv.write_text(INVENTORY)
-    dl = Dl(tmp_path / "home")
-    try:
+    with DldctlHome(tmp_path / "home") as dl:
         dl("up", str(inv), "-d")
         snap = dl.wait(lambda s: s["syncer"]["outer_steps"] >= 3, 120, "merges")
         assert snap["insecure"] is True and "INSECURE" in dl("status", "--once").stdout
-        assert not list((dl.run_dir() / "keys").iterdir()), "an insecure run has no keys"
-        (dl.run_dir() / "state.json").write_text("{ this is not json")
+        assert not list((dl.run_dir / "keys").iterdir()), "an insecure run has no keys"
+        (dl.run_dir / "state.json").write_text("{ this is not json")
         bad = dl("status", check=False)
         assert bad.returncode == 1 and "corrupt state" in bad.stderr and "state.json" in bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
         assert len(dl.leftovers()) >= 3, "the processes keep running with a corrupt state file"
         dl("down", timeout=120)
         assert dl.leftovers() == []
-    finally:
-        dl.cleanup()

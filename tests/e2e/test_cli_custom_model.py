@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.e2e.fleetutil import ROOT, Dl, run_table
+from dldctl.testing import DldctlHome
+from tests.e2e.fleetutil import ROOT, run_table
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -35,8 +36,7 @@ env = {{ PYTHONPATH = "{ROOT}" }}
 def test_custom_model_trains_under_dldctl_up(tmp_path: Path) -> None:
     inv = inventory(tmp_path, "custom", "examples.custom_model:factory", 2)
     home = tmp_path / "home"
-    dl = Dl(home)
-    try:
+    with DldctlHome(home) as dl:
         dl("up", str(inv), "-d")
         snap = dl.wait(
             lambda s: (
@@ -53,16 +53,13 @@ def test_custom_model_trains_under_dldctl_up(tmp_path: Path) -> None:
         assert any(name.startswith("rnn.") for name in final), sorted(final)
         assert not any(name.startswith("transformer.") for name in final)
         assert dl.leftovers() == []
-    finally:
-        dl.cleanup()
 
 
 def test_a_learner_that_crashes_at_start_says_why_in_the_events(tmp_path: Path) -> None:
     """A factory that does not exist kills every learner at start; the supervisor's death events
     carry the error from the learner's log, so `dldctl status` shows why, not only that."""
     inv = inventory(tmp_path, "broken", "examples.custom_model:no_such_factory", 1)
-    dl = Dl(tmp_path / "home")
-    try:
+    with DldctlHome(tmp_path / "home") as dl:
         dl("up", str(inv), "-d")
         snap = dl.wait(
             lambda s: any(e["kind"] == "death" and "its log ends" in e["detail"] for e in s["events"]),
@@ -74,5 +71,3 @@ def test_a_learner_that_crashes_at_start_says_why_in_the_events(tmp_path: Path) 
         assert "has no attribute 'no_such_factory'" in death["detail"], death["detail"]
         dl("down")
         assert dl.leftovers() == []
-    finally:
-        dl.cleanup()

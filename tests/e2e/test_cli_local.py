@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from syncer.common import jsonl
-from tests.e2e.fleetutil import DLDCTL, ROOT, Dl, kinds, learner, run_table, steps_logged_between
+from dldctl.testing import DldctlHome
+from tests.e2e.fleetutil import kinds, learner, run_table, steps_logged_between
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -41,12 +41,11 @@ throttle = 2.0
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Dl, Path]]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DldctlHome, Path]]:
     home = tmp_path_factory.mktemp("home")
     inv = home / "inventory.toml"
     inv.write_text(INVENTORY)
-    dl = Dl(home)
-    try:
+    with DldctlHome(home) as dl:
         out = dl("up", str(inv), "-d")
         assert "up: e2e-" in out.stdout
         dl.wait(
@@ -55,15 +54,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Dl, Path]]
             "the fleet training",
         )
         yield dl, inv
-    finally:
-        dl.cleanup()
 
 
-def all_events(dl: Dl) -> list[dict]:
-    return list(jsonl.read(dl.run_dir() / "events.jsonl"))
-
-
-def test_status_json_matches_the_schema(fleet: tuple[Dl, Path]) -> None:
+def test_status_json_matches_the_schema(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
     snap = dl.status()
     assert isinstance(snap["run"], str) and isinstance(snap["uptime_s"], float)
@@ -84,13 +77,13 @@ def test_status_json_matches_the_schema(fleet: tuple[Dl, Path]) -> None:
     assert snap["bytes"]["ddp_equivalent"] > snap["bytes"]["up"] + snap["bytes"]["down"]
 
 
-def test_status_once_is_plain_text(fleet: tuple[Dl, Path]) -> None:
+def test_status_once_is_plain_text(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
     out = dl("status", "--once").stdout
     assert "\x1b[" not in out and "learner-3" in out and "quorum" in out
 
 
-def test_logs_show_a_learner_and_the_syncer(fleet: tuple[Dl, Path]) -> None:
+def test_logs_show_a_learner_and_the_syncer(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
     assert "learner-0" in dl("logs", "learner-0", "--tail", "20").stdout
     assert "serving run" in dl("logs", "syncer", "--tail", "50").stdout
@@ -98,12 +91,12 @@ def test_logs_show_a_learner_and_the_syncer(fleet: tuple[Dl, Path]) -> None:
     assert bad.returncode == 2 and "no process named 'learner-9'" in bad.stderr
 
 
-def spare_ready(dl: Dl, host: str) -> bool:
-    log = dl.run_dir() / "logs" / f"spare-{host}.log"
+def spare_ready(dl: DldctlHome, host: str) -> bool:
+    log = dl.run_dir / "logs" / f"spare-{host}.log"
     return host in dl.status()["spares"] and log.exists() and "ready; waiting" in log.read_text()
 
 
-def test_kill_a_learner_and_a_warm_spare_takes_its_place(fleet: tuple[Dl, Path]) -> None:
+def test_kill_a_learner_and_a_warm_spare_takes_its_place(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
     deadline = time.monotonic() + 90
     while not spare_ready(dl, "a") and time.monotonic() < deadline:
@@ -118,7 +111,7 @@ def test_kill_a_learner_and_a_warm_spare_takes_its_place(fleet: tuple[Dl, Path])
         "learner-1 restarted and training",
     )
     dl.wait(lambda s: s["tokens"]["merged"] > merged, 60, "merges going on")
-    events = [e for e in all_events(dl) if e["target"] == "learner-1"]
+    events = [e for e in dl.events() if e["target"] == "learner-1"]
     assert {"fault_inject", "restart", "rejoin"} <= {e["kind"] for e in events}, events
     restart = next(e for e in events if e["kind"] == "restart")
     assert restart["detail"].endswith("(warm spare)"), restart
@@ -126,7 +119,7 @@ def test_kill_a_learner_and_a_warm_spare_takes_its_place(fleet: tuple[Dl, Path])
     dl.wait(lambda s: "a" in s["spares"], 60, "a new spare on host a")
 
 
-def test_pause_slow_partition_take_effect_and_undo_themselves(fleet: tuple[Dl, Path]) -> None:
+def test_pause_slow_partition_take_effect_and_undo_themselves(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
     # 20 s: each dldctl command takes seconds on a loaded 2-core host, and all three faults must
     # still be active when the status below is read
@@ -142,12 +135,12 @@ def test_pause_slow_partition_take_effect_and_undo_themselves(fleet: tuple[Dl, P
     # cut off from the syncer, learner-0 trained on: it logged its progress all through the partition
     during = steps_logged_between(dl, "learner-0", cut + 2, cut + 9)
     assert len(during) >= 2 and during == sorted(during), during
-    undone = [(e["kind"], e["target"]) for e in all_events(dl) if e["kind"] == "fault_undo"]
+    undone = [(e["kind"], e["target"]) for e in dl.events() if e["kind"] == "fault_undo"]
     assert {("fault_undo", "learner-2"), ("fault_undo", "learner-3"), ("fault_undo", "learner-0")} <= set(undone)
     assert "learner_back" in kinds(dl.status(), "learner-0")
 
 
-def test_guard_refuses_to_break_the_quorum_and_heal_is_idempotent(fleet: tuple[Dl, Path]) -> None:
+def test_guard_refuses_to_break_the_quorum_and_heal_is_idempotent(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
     dl("chaos", "pause", "learner-0", "--duration", "30")
     dl("chaos", "pause", "learner-1", "--duration", "30")
@@ -158,7 +151,7 @@ def test_guard_refuses_to_break_the_quorum_and_heal_is_idempotent(fleet: tuple[D
     dl.wait(lambda s: all(r["state"] == "running" for r in s["learners"]), 60, "learners running again")
 
 
-def test_kill_the_syncer_and_it_resumes_from_its_checkpoint(fleet: tuple[Dl, Path]) -> None:
+def test_kill_the_syncer_and_it_resumes_from_its_checkpoint(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
     before = dl.wait(lambda s: s["syncer"]["checkpoint_outer_step"] > 0, 60, "a checkpoint")
     epoch = before["syncer"]["epoch"]
@@ -177,7 +170,7 @@ def test_kill_the_syncer_and_it_resumes_from_its_checkpoint(fleet: tuple[Dl, Pat
     dl.wait(lambda s: s["syncer"]["outer_steps"] > steps + 3 and s["quorum"]["live"] >= 3, 90, "merging again")
 
 
-def test_a_hung_syncer_merges_every_fragment_again_once_it_continues(fleet: tuple[Dl, Path]) -> None:
+def test_a_hung_syncer_merges_every_fragment_again_once_it_continues(fleet: tuple[DldctlHome, Path]) -> None:
     """SIGSTOP longer than the learners' 3 x liveness_s: they give up on their sockets and open
     new ones, so the calls of the first ticks after SIGCONT go to the old ones. Every fragment
     must be called again and merged (it was never called again: nothing merged until down)."""
@@ -197,7 +190,7 @@ def test_a_hung_syncer_merges_every_fragment_again_once_it_continues(fleet: tupl
     assert after["syncer"]["pid"] == pid  # the same process, not a restart
 
 
-def test_monkey_schedule_is_reproducible_and_training_goes_on(fleet: tuple[Dl, Path]) -> None:
+def test_monkey_schedule_is_reproducible_and_training_goes_on(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
     args = (
         "chaos",
@@ -252,30 +245,12 @@ def _sigint(disposition: signal.Handlers) -> Callable[[], None]:
     ids=["ctrl-c", "sigterm-in-background"],
 )
 def test_interrupt_stops_the_monkey_and_undoes_its_faults(
-    fleet: tuple[Dl, Path], sig: int, sigint: signal.Handlers
+    fleet: tuple[DldctlHome, Path], sig: int, sigint: signal.Handlers
 ) -> None:
     dl, _ = fleet
-    proc = subprocess.Popen(
-        [
-            DLDCTL,
-            "chaos",
-            "monkey",
-            "--mtbf",
-            "1",
-            "--duration",
-            "10m",
-            "--seed",
-            "5",
-            "--actions",
-            "pause",
-            "--fault-duration",
-            "10m",
-            "--targets",
-            "learner-3",
-            "--force",
-        ],
-        env=dl.env,
-        cwd=ROOT,
+    proc = dl.popen(
+        *("chaos", "monkey", "--mtbf", "1", "--duration", "10m", "--seed", "5", "--actions", "pause"),
+        *("--fault-duration", "10m", "--targets", "learner-3", "--force"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -295,7 +270,7 @@ def test_interrupt_stops_the_monkey_and_undoes_its_faults(
     assert "fault_undo" in kinds(snap, "learner-3")
 
 
-def test_experiment_runs_to_a_verdict_with_a_report(fleet: tuple[Dl, Path], tmp_path: Path) -> None:
+def test_experiment_runs_to_a_verdict_with_a_report(fleet: tuple[DldctlHome, Path], tmp_path: Path) -> None:
     dl, _ = fleet
     exp = tmp_path / "exp.toml"
     exp.write_text("""
@@ -320,14 +295,14 @@ check = "syncer.alive == false"
 """)
     out = dl("chaos", "run", str(exp), timeout=120)
     assert "verdict: PASS" in out.stdout
-    reports = sorted((dl.run_dir() / "chaos").glob("smoke-*.json"))
+    reports = sorted((dl.run_dir / "chaos").glob("smoke-*.json"))
     report = json.loads(reports[-1].read_text())
     kill = report["faults"][0]
     assert report["passed"] and kill["action"] == "kill" and kill["back_after_s"] is not None
     assert kill["detected_after_s"] is not None and kill["detected_after_s"] <= kill["back_after_s"]
 
 
-def test_learner_add_and_remove(fleet: tuple[Dl, Path]) -> None:
+def test_learner_add_and_remove(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
     out = dl("learner", "add", "--host", "a", "--count", "1")
     assert "learner-4" in out.stdout
@@ -341,21 +316,21 @@ def test_learner_add_and_remove(fleet: tuple[Dl, Path]) -> None:
     dl.wait(lambda s: learner(s, "learner-4")["state"] == "stopped" and s["quorum"]["total"] == 4, 60, "learner-4 gone")
 
 
-def test_up_again_converges_instead_of_starting_a_second_run(fleet: tuple[Dl, Path]) -> None:
+def test_up_again_converges_instead_of_starting_a_second_run(fleet: tuple[DldctlHome, Path]) -> None:
     dl, inv = fleet
     out = dl("up", str(inv), "-d")
     assert "already matches the inventory" in out.stdout
     assert len(list((dl.home / "runs").iterdir())) == 1
 
 
-def test_report_writes_plots_and_a_summary(fleet: tuple[Dl, Path], tmp_path: Path) -> None:
+def test_report_writes_plots_and_a_summary(fleet: tuple[DldctlHome, Path], tmp_path: Path) -> None:
     dl, _ = fleet
     dl("report", "--out", str(tmp_path / "rep"))
     for name in ("loss.png", "goodput.png", "throughput.png", "bandwidth.png", "quorum.png", "summary.md"):
         assert (tmp_path / "rep" / name).stat().st_size > 0
 
 
-def test_down_stops_everything_with_a_summary(fleet: tuple[Dl, Path]) -> None:
+def test_down_stops_everything_with_a_summary(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
     out = json.loads(dl("down", "--json").stdout)
     assert out["final_model"] and Path(out["final_model"]).exists() and out["outer_steps"] > 0

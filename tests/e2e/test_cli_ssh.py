@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from dldctl.testing import DldctlHome
 from syncer.common import jsonl
-from tests.e2e.fleetutil import Dl, learner, run_table
+from tests.e2e.fleetutil import learner, run_table
 from tests.sshfleet import FleetHost, SSHFleet, free_port
 
 pytestmark = [pytest.mark.timeout(400)]
@@ -57,19 +58,16 @@ workdir = "{workdir / name}"
 
 
 @pytest.fixture(scope="module")
-def ssh_run(ssh_fleet: SSHFleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Dl, Path, Path]]:
+def ssh_run(ssh_fleet: SSHFleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DldctlHome, Path, Path]]:
     home = tmp_path_factory.mktemp("sshhome")
     work = tmp_path_factory.mktemp("remote")
     inv = home / "inventory.toml"
     inv.write_text(inventory(ssh_fleet, work))
-    dl = Dl(home)
-    try:
+    with DldctlHome(home) as dl:
         yield dl, inv, work
-    finally:
-        dl.cleanup()
 
 
-def test_check_reports_every_host_ok(ssh_run: tuple[Dl, Path, Path]) -> None:
+def test_check_reports_every_host_ok(ssh_run: tuple[DldctlHome, Path, Path]) -> None:
     dl, inv, _ = ssh_run
     out = dl("check", str(inv)).stdout
     for name in ("h0", "h1", "h2"):
@@ -78,7 +76,7 @@ def test_check_reports_every_host_ok(ssh_run: tuple[Dl, Path, Path]) -> None:
     assert "native merge kernel ready" in out  # the syncer's kernel, built here as a declared step
 
 
-def test_up_provisions_the_hosts_and_trains(ssh_run: tuple[Dl, Path, Path]) -> None:
+def test_up_provisions_the_hosts_and_trains(ssh_run: tuple[DldctlHome, Path, Path]) -> None:
     dl, inv, work = ssh_run
     out = dl("up", str(inv), "-d", timeout=300)
     assert "up: ssh-" in out.stdout
@@ -95,7 +93,7 @@ def test_up_provisions_the_hosts_and_trains(ssh_run: tuple[Dl, Path, Path]) -> N
     assert list((work / "h0" / "site").glob("*/dldctl/__init__.py")), "the wheel was not installed on h0"
 
 
-def test_a_learner_killed_on_its_host_is_healed_without_any_command(ssh_run: tuple[Dl, Path, Path]) -> None:
+def test_a_learner_killed_on_its_host_is_healed_without_any_command(ssh_run: tuple[DldctlHome, Path, Path]) -> None:
     dl, _, _ = ssh_run
     row = learner(dl.status(), "learner-1")
     os.killpg(row["pid"], signal.SIGKILL)  # a crash on host h1 (same machine, so we can reach it)
@@ -105,7 +103,7 @@ def test_a_learner_killed_on_its_host_is_healed_without_any_command(ssh_run: tup
         120,
         "learner-1 restarted over SSH",
     )
-    rounds = dl.run_dir() / "metrics.jsonl"
+    rounds = dl.run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if any(
@@ -118,7 +116,7 @@ def test_a_learner_killed_on_its_host_is_healed_without_any_command(ssh_run: tup
         raise AssertionError("learner-1 did not contribute again after its restart")
 
 
-def test_chaos_and_logs_over_ssh(ssh_run: tuple[Dl, Path, Path]) -> None:
+def test_chaos_and_logs_over_ssh(ssh_run: tuple[DldctlHome, Path, Path]) -> None:
     dl, _, _ = ssh_run
     dl("chaos", "kill", "learner-2", "--signal", "TERM")
     dl.wait(
@@ -132,7 +130,7 @@ def test_chaos_and_logs_over_ssh(ssh_run: tuple[Dl, Path, Path]) -> None:
     assert "learner-2" in dl("logs", "learner-2", "--tail", "30").stdout
 
 
-def test_learner_add_joins_on_a_remote_host(ssh_run: tuple[Dl, Path, Path]) -> None:
+def test_learner_add_joins_on_a_remote_host(ssh_run: tuple[DldctlHome, Path, Path]) -> None:
     dl, _, _ = ssh_run
     dl("learner", "add", "--host", "h2", "--count", "1", timeout=300)
     dl.wait(
@@ -142,7 +140,9 @@ def test_learner_add_joins_on_a_remote_host(ssh_run: tuple[Dl, Path, Path]) -> N
     )
 
 
-def test_learner_add_brings_in_a_host_the_run_did_not_have(ssh_run: tuple[Dl, Path, Path], ssh_fleet: SSHFleet) -> None:
+def test_learner_add_brings_in_a_host_the_run_did_not_have(
+    ssh_run: tuple[DldctlHome, Path, Path], ssh_fleet: SSHFleet
+) -> None:
     """Scavenged capacity: a new [[hosts]] entry (another machine at h0's address) from a file."""
     dl, inv, work = ssh_run
     more = inv.with_name("more.toml")
@@ -156,10 +156,10 @@ def test_learner_add_brings_in_a_host_the_run_did_not_have(ssh_run: tuple[Dl, Pa
     )
     assert learner(snap, "learner-4")["host"] == "h3"
     assert list((work / "h3" / "site").glob("*/dldctl/__init__.py")), "the new host was not provisioned"
-    assert "host_add" in [e["kind"] for e in jsonl.read(dl.run_dir() / "events.jsonl")]
+    assert "host_add" in [e["kind"] for e in jsonl.read(dl.run_dir / "events.jsonl")]
 
 
-def test_down_leaves_nothing_running_on_any_host(ssh_run: tuple[Dl, Path, Path]) -> None:
+def test_down_leaves_nothing_running_on_any_host(ssh_run: tuple[DldctlHome, Path, Path]) -> None:
     dl, _, _ = ssh_run
     summary = json.loads(dl("down", "--json", timeout=180).stdout)
     assert summary["outer_steps"] > 0 and summary["killed"] == []
@@ -184,8 +184,7 @@ def test_bad_host_key_and_unreachable_host_are_refused_and_the_rest_comes_up(
     text = text.replace(str(ssh_fleet.hosts[0].known_hosts), str(wrong))
     inv = tmp_path / "inv.toml"
     inv.write_text(text)
-    dl = Dl(tmp_path / "home")
-    try:
+    with DldctlHome(tmp_path / "home") as dl:
         checked = dl("check", str(inv), check=False)
         assert checked.returncode == 1 and "2 of 4 hosts failed" in checked.stderr
         assert "host key" in checked.stdout.lower() and "gone" in checked.stdout
@@ -194,8 +193,6 @@ def test_bad_host_key_and_unreachable_host_are_refused_and_the_rest_comes_up(
         assert "changed" in out.stdout.lower() or "does not match" in out.stdout.lower()
         snap = dl.wait(lambda s: sum(r["state"] == "running" for r in s["learners"]) == 2, 180, "h0 and h2 training")
         assert learner(snap, "learner-1")["state"] == "stopped"
-    finally:
-        dl.cleanup()
     assert dl.leftovers() == []
 
 
@@ -204,15 +201,14 @@ def test_syncer_on_a_remote_host(ssh_fleet: SSHFleet, tmp_path: Path) -> None:
     text = inventory(ssh_fleet, tmp_path / "w", name="remote-syncer").replace("[ssh]", '[syncer]\nhost = "h0"\n\n[ssh]')
     inv = tmp_path / "inv.toml"
     inv.write_text(text)
-    dl = Dl(tmp_path / "home")
-    try:
+    with DldctlHome(tmp_path / "home") as dl:
         dl("up", str(inv), "-d", timeout=300)
         snap = dl.wait(lambda s: s["syncer"]["alive"] and s["syncer"]["outer_steps"] >= 5, 180, "merges on h0")
         assert snap["syncer"]["address"].startswith(f"tcp://{ssh_fleet.hosts[0].address}:")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            kinds = [e["kind"] for e in jsonl.read(dl.run_dir() / "events.jsonl")]
-            samples = [r for r in jsonl.read(dl.run_dir() / "metrics.jsonl") if r.get("kind") == "sample"]
+            kinds = [e["kind"] for e in jsonl.read(dl.run_dir / "events.jsonl")]
+            samples = [r for r in jsonl.read(dl.run_dir / "metrics.jsonl") if r.get("kind") == "sample"]
             if "syncer_start" in kinds and samples:
                 break
             time.sleep(1)
@@ -220,7 +216,5 @@ def test_syncer_on_a_remote_host(ssh_fleet: SSHFleet, tmp_path: Path) -> None:
             raise AssertionError("the remote syncer's records did not come home")
         summary = json.loads(dl("down", "--json", timeout=180).stdout)
         assert summary["final_model"] and Path(summary["final_model"]).is_file()
-        assert str(dl.run_dir()) in summary["final_model"]
-    finally:
-        dl.cleanup()
+        assert str(dl.run_dir) in summary["final_model"]
     assert dl.leftovers() == []

@@ -15,11 +15,10 @@ from typing import Any
 
 import pytest
 
-from dldctl.hosts.local import read_stat
-from dldctl.rundir import RunDir
-from dldctl.runstate import Daemon, PidRecord, ProcStatus, RunState
-from syncer.common import jsonl
-from tests.e2e.fleetutil import Dl, learner, run_table
+from dldctl.runstate import Daemon, PidRecord, ProcStatus
+from dldctl.testing import DldctlHome, wait_until
+from dldctl.testing import alive as running
+from tests.e2e.fleetutil import learner, run_table
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 
@@ -35,38 +34,23 @@ learners = 2
 
 
 def alive(record: PidRecord | Daemon | None) -> bool:
-    stat = read_stat(record.pid) if record else None
-    return record is not None and stat is not None and stat.start_ticks == record.start_ticks and stat.state not in "ZX"
-
-
-def state(dl: Dl) -> RunState:
-    return RunDir(dl.run_dir()).read_state()
+    return record is not None and running(record.pid, record.start_ticks)
 
 
 def until(check: Callable[[], Any], timeout: float, what: str) -> Any:
     """Poll `check` (cheap: the state file, /proc) until it returns something true."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out ({timeout} s) waiting for {what}")
-
-
-def events(dl: Dl, kind: str) -> list[dict[str, Any]]:
-    return [e for e in jsonl.read(dl.run_dir() / "events.jsonl") if e["kind"] == kind]
+    return wait_until(check, timeout, what, every=0.2)
 
 
 def test_the_supervisor_and_its_watchdog_heal_each_other(tmp_path: Path) -> None:
     inv = tmp_path / "inv.toml"
     inv.write_text(INVENTORY)
-    dl = Dl(tmp_path / "home")
+    dl = DldctlHome(tmp_path / "home")
     paused: int | None = None
     try:
         dl("up", str(inv), "-d")
         dl.wait(lambda s: all(r["state"] == "running" for r in s["learners"]), 150, "both learners running")
-        first = state(dl)
+        first = dl.state()
         sup, dog = first.supervisor, first.watchdog
         assert sup is not None and dog is not None
         assert alive(sup) and alive(dog) and dl.status()["supervisor"]["state"] == "ok"
@@ -83,7 +67,7 @@ def test_the_supervisor_and_its_watchdog_heal_each_other(tmp_path: Path) -> None
         until(lambda: not alive(gone), 10, "learner-0 to die")
         snap = dl.status()
         assert snap["supervisor"]["state"] == "missing" and snap["supervisor"]["alive"] is False, snap["supervisor"]
-        assert state(dl).procs["learner-0"].status is ProcStatus.RUNNING  # the stale record
+        assert dl.state().procs["learner-0"].status is ProcStatus.RUNNING  # the stale record
         assert learner(snap, "learner-0")["state"] == "dead" and learner(snap, "learner-0")["pid"] is None
         once = dl("status", "--once").stdout
         assert "SUPERVISOR MISSING" in once and "the watchdog restarts it" in once, once
@@ -92,15 +76,17 @@ def test_the_supervisor_and_its_watchdog_heal_each_other(tmp_path: Path) -> None
         os.kill(dog.pid, signal.SIGCONT)
         paused = None
         t0 = time.monotonic()
-        new = until(lambda: (s := state(dl).supervisor) and s.pid != sup.pid and alive(s) and s, 15, "a new supervisor")
+        new = until(
+            lambda: (s := dl.state().supervisor) and s.pid != sup.pid and alive(s) and s, 15, "a new supervisor"
+        )
         assert time.monotonic() - t0 < 15
-        restarted = events(dl, "supervisor_restarted")
+        restarted = dl.events("supervisor_restarted")
         assert restarted and f"pid {sup.pid} is dead" in restarted[-1]["detail"], restarted
-        assert events(dl, "supervisor_lost")
+        assert dl.events("supervisor_lost")
         until(lambda: dl.status()["supervisor"]["state"] == "ok", 30, "status to say the supervisor is ok")
 
         # (c) the new supervisor restarts the learner that died without one, and one killed now
-        victim = state(dl).procs["learner-1"].proc
+        victim = dl.state().procs["learner-1"].proc
         assert victim is not None
         os.killpg(victim.pid, signal.SIGKILL)
         until(lambda: not alive(victim), 10, "learner-1 to die")
@@ -111,23 +97,23 @@ def test_the_supervisor_and_its_watchdog_heal_each_other(tmp_path: Path) -> None
             180,
             "both learners restarted by the new supervisor",
         )
-        assert {e["target"] for e in events(dl, "restart")} == {"learner-0", "learner-1"}
+        assert {e["target"] for e in dl.events("restart")} == {"learner-0", "learner-1"}
         assert alive(new), "the restarted supervisor is still the one"
 
         # the supervisor restarts a killed watchdog in turn
         os.kill(dog.pid, signal.SIGKILL)
-        dog2 = until(lambda: (d := state(dl).watchdog) and d.pid != dog.pid and alive(d) and d, 15, "a new watchdog")
-        assert any(f"pid {dog.pid} is dead" in e["detail"] for e in events(dl, "watchdog_restarted"))
+        dog2 = until(lambda: (d := dl.state().watchdog) and d.pid != dog.pid and alive(d) and d, 15, "a new watchdog")
+        assert any(f"pid {dog.pid} is dead" in e["detail"] for e in dl.events("watchdog_restarted"))
 
         # (d) down stops both, and everything else
         dl("down", timeout=180)
         assert not alive(new) and not alive(dog2)
         assert dl.leftovers() == []
-        assert state(dl).status == "down"
+        assert dl.state().status == "down"
     finally:
         if paused is not None:
             try:
                 os.kill(paused, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-        dl.cleanup()
+        dl.close()

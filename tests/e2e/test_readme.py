@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.fleetutil import Dl
+from dldctl.testing import DldctlHome
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.timeout(600)]
@@ -62,7 +62,7 @@ def read_until(fd: int, pattern: bytes, timeout: float, seen: bytearray) -> bool
 
 def test_first_command_shows_a_learning_run_and_ctrl_c_leaves_it_running(tmp_path: Path) -> None:
     first = readme_commands()[0]
-    dl = Dl(tmp_path / "home")
+    dl = DldctlHome(tmp_path / "home")
     pid, fd = pty.fork()
     if pid == 0:  # the child: a login-like shell in the repo, in a real terminal
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # as a terminal's shell has it, however this suite was started
@@ -97,4 +97,4 @@ def test_first_command_shows_a_learning_run_and_ctrl_c_leaves_it_running(tmp_pat
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         os.close(fd)
-        dl.cleanup()
+        dl.close()

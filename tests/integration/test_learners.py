@@ -138,7 +138,7 @@ def test_a_warm_spare_becomes_the_learner_it_is_told_to(tmp_path: Path) -> None:
     with run_of(tmp_path, [{}, {}]) as lr:  # only learner-0 runs: learner-1 is the spare's to be
         lr.kill("learner-1")
         assignment = tmp_path / "spare.json"
-        lr._spawn("spare", ["-m", "learner", "--config", str(lr.config), "--spare", str(assignment)])
+        lr.spawn("spare", ["-m", "learner", "--config", str(lr.config), "--spare", str(assignment)])
         lr.wait_log("spare", "ready; waiting for", 120)
         tmp = tmp_path / "spare.json.tmp"
         tmp.write_text(

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dldctl.testing import wait_until
 from learner.client import SyncerClient
 from learner.config import LearnerConfig, LearnerSpec
 from learner.link import PushItem
@@ -30,7 +31,7 @@ from learner.trainer import Trainer
 from syncer.common.settings import RunSettings
 from syncer.wire import codec, fragments
 from syncer.wire.protocol import Message
-from tests.scriptedsyncer import EPOCH, ScriptedSyncer, wait_until
+from tests.scriptedsyncer import EPOCH, ScriptedSyncer
 
 pytestmark = pytest.mark.timeout(60)
 N = 64
@@ -111,7 +112,7 @@ def test_no_wait_when_off_or_the_syncer_is_cut_off_and_at_most_liveness(tmp_path
         assert 0.9 <= took < 1.5, f"waited {took:.2f} s for a reply that never came, liveness_s = 1"
         timer = _reply_after(syncer, 0.1, ["learner-2"])  # a round without our push: no reply
         client.set_partitioned(True)
-        wait_until(lambda: not client.linked(), 5.0, "the partition to cut the link")
+        wait_until(lambda: not client.linked(), 5.0, "the partition to cut the link", every=0.01)
         assert _timed(Trainer(client.cfg, "inc")._bound_lag, client, _pushed(50)) < 0.05, "cut off: no wait"
         timer.join()
 
@@ -128,7 +129,7 @@ def test_a_synchronous_round_ends_when_its_update_lands(tmp_path: Path) -> None:
 def _stop_behind_a_large_push(tmp_path: Path, echo: bool) -> tuple[SyncerClient, list[str], float]:
     with linked(tmp_path, [N], echo=echo) as (client, syncer):
         client.push(PushItem(0, torch.zeros(16 << 20), 0, 8, 2048, 0.1, 0.01, EPOCH))  # 64 MB in flight
-        wait_until(lambda: client.pending() == 0, 20.0, "the push to be handed to the socket")
+        wait_until(lambda: client.pending() == 0, 20.0, "the push to be handed to the socket", every=0.01)
         took = _timed(client.stop, 3.0)
         assert not client.is_alive()
         time.sleep(0.2)  # what arrived has been recorded

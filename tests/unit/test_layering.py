@@ -2,8 +2,8 @@
 
 Stated exactly, never widened to fit the code:
 - the shared parts of syncer (`syncer.wire`: protocol, codec, fragments; `syncer.common`:
-  settings, keys, JSON lines, fault points, atomic writes, strict JSON, small math) are leaves:
-  they import nothing of the project outside these shared parts;
+  settings, the resolved configuration, keys, JSON lines, fault points, atomic writes, strict JSON,
+  small math) are leaves: they import nothing of the project outside these shared parts;
 - learner imports of syncer only those shared parts (never the server, the core or the merge),
   and never dldctl;
 - workload (the model/data seam shared by learners, the syncer's evaluator and the benchmarks)
@@ -13,7 +13,9 @@ Stated exactly, never widened to fit the code:
   protocol), never learner, and of workload only the torch-free preset table, so validating an
   inventory needs no torch;
 - learner, syncer and workload never import the operator-only packages typer, rich, paramiko,
-  matplotlib.
+  matplotlib;
+- the harness that tests and benchmarks drive dldctl with (`dldctl.testing`) is dldctl and keeps
+  its rules; it imports neither torch nor the code built on it (tests, bench).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ SHARED = ("syncer.wire", "syncer.common")  # the only parts of syncer other pack
 SYNCER_MAY_BUILD_MODELS = ("syncer/evaluator.py",)  # the shell that evaluates the global model
 DLDCTL_MAY_USE_OF_WORKLOAD = {"workload.presets"}  # stdlib only: no torch on the operator's path
 OPERATOR_ONLY = ("typer", "rich", "paramiko", "matplotlib")
+HARNESS = "dldctl/testing.py"  # tests/ and bench/ build on it, never the other way round
+NOT_IN_THE_HARNESS = ("torch", "tests", "bench")
 
 
 def shared(module: str) -> bool:
@@ -125,12 +129,23 @@ def test_dldctl_uses_only_the_shared_parts_and_never_the_learner(path: Path) -> 
     assert dldctl_violations(path) == set()
 
 
+def harness_violations(path: Path) -> set[str]:
+    """What the harness imports that it may not: dldctl's forbidden imports, torch, tests, bench."""
+    return dldctl_violations(path) | {m for m in imports(path) if m.split(".")[0] in NOT_IN_THE_HARNESS}
+
+
+def test_the_harness_needs_no_torch_and_no_test_code() -> None:
+    assert harness_violations(ROOT / HARNESS) == set()
+
+
 @pytest.mark.parametrize(
     "package, source, rule",
     [
         ("dldctl", "from learner import trainer\n", dldctl_violations),
         ("dldctl", "from workload import gpt\n", dldctl_violations),
         ("dldctl", "import syncer.server\n", dldctl_violations),
+        ("dldctl", "import torch\n", harness_violations),
+        ("dldctl", "from tests.localrun import LocalRun\n", harness_violations),
         ("learner", "from syncer import server\n", learner_violations),
         ("learner", "from syncer.merge import merge\n", learner_violations),
         ("learner", "import dldctl.lifecycle.up\n", learner_violations),
@@ -159,6 +174,8 @@ PURE_CORE = (
     "syncer/status.py",
     "learner/outer.py",
     "learner/schedule.py",
+    "learner/link.py",
+    "learner/replica.py",
     "workload/gpt.py",
     "dldctl/supervise/reconcile.py",
     "dldctl/runstate.py",
