@@ -35,4 +35,4 @@ fi
 .venv/bin/mypy
 
 # pytest exits 5 when it collects no tests: with `set -e` that fails the run too
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"

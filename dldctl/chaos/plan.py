@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dldctl.sim.units import parse_duration
+from dldctl.units import parse_duration
 
 ACTIONS = ("kill", "pause", "slow", "partition")
 SIGNALS = ("KILL", "TERM")

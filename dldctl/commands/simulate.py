@@ -22,7 +22,7 @@ from dldctl.sim import bandwidth as bw
 from dldctl.sim import goodput as gp
 from dldctl.sim.errors import ParamError
 from dldctl.sim.montecarlo import Summary, monte_carlo, sweep
-from dldctl.sim.units import (
+from dldctl.units import (
     format_count,
     format_duration,
     parse_count,

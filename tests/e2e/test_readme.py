@@ -73,14 +73,16 @@ def test_first_command_shows_a_learning_run_and_ctrl_c_leaves_it_running(tmp_pat
         # the live view's goodput panel (up's progress board also names learner-3, before the run's
         # state exists: it shows while the hosts are prepared and the native kernel is built)
         assert read_until(fd, b"goodput", 420, seen), seen[-3000:].decode(errors="replace")
+        # merging, then learning: the loss falls well below where it was at the first merges (a run
+        # that did not learn, or whose merges undid the learners' work, stays put)
         snap = dl.wait(
-            lambda s: s["loss"]["train"] is not None and s["syncer"]["outer_steps"] >= 10,
+            lambda s: s["loss"]["train"] is not None and s["syncer"]["outer_steps"] >= 2,
             240,
             "the default run merging",
         )
         first_loss = snap["loss"]["train"]
-        snap = dl.wait(
-            lambda s: s["loss"]["train"] is not None and s["loss"]["train"] < min(first_loss - 0.3, 3.5),
+        dl.wait(
+            lambda s: s["loss"]["train"] is not None and s["loss"]["train"] < first_loss - 0.5,
             240,
             "the loss falling",
         )

@@ -179,6 +179,7 @@ PURE_CORE = (
     "workload/gpt.py",
     "dldctl/supervise/reconcile.py",
     "dldctl/runstate.py",
+    "dldctl/units.py",
     "dldctl/chaos/plan.py",
     "dldctl/chaos/verdict.py",
     *(f"dldctl/sim/{p.name}" for p in sorted((ROOT / "dldctl" / "sim").glob("*.py"))),

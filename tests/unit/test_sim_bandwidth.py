@@ -26,7 +26,7 @@ from dldctl.sim.bandwidth import (
     link_report,
 )
 from dldctl.sim.errors import ParamError
-from dldctl.sim.units import format_count, parse_quantity
+from dldctl.units import format_count, parse_quantity
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -36,7 +36,7 @@ from dldctl.sim.goodput import (
 )
 from dldctl.sim.intervals import StepFunction, time_with_at_least, union
 from dldctl.sim.montecarlo import Spread, monte_carlo, sweep
-from dldctl.sim.units import format_duration, parse_count, parse_count_list, parse_duration, parse_sweep
+from dldctl.units import format_duration, parse_count, parse_count_list, parse_duration, parse_sweep
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""Parsing of the human forms the simulate flags accept: "30s", "5m", "2h", "1.2M", "12B".
+"""Parsing of the human forms the CLI accepts (simulate flags, chaos plans): "30s", "5m", "2h", "1.2M", "12B".
 
 Pure functions raising ValueError with a short reason; the CLI turns that into a one-line usage
 error naming the flag.
