@@ -14,7 +14,8 @@ import uuid
 from pathlib import Path
 
 from learner import config, spare
-from learner.trainer import Trainer, install_signal_handlers, log
+from learner.logline import log
+from learner.trainer import Trainer, install_signal_handlers
 from syncer.common import jsonl
 
 

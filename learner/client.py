@@ -23,6 +23,7 @@ import zmq
 
 from learner.config import LearnerConfig
 from learner.link import Identity, LinkCore, LinkEvent, LinkOutbox, PushItem, Send, push_message
+from learner.logline import log
 from syncer.common import faultpoints, keys
 from syncer.wire.protocol import Message, ProtocolError, encode
 
@@ -304,12 +305,4 @@ class SyncerClient(threading.Thread):
             if event.kind == "ready":
                 self.ready.set()
             elif event.kind not in QUIET_EVENTS:
-                _log(f"learner: {event.kind}: {event.detail}")
-
-
-def _log(line: str) -> None:
-    """One line on the learner's log; a line the disk cannot take is lost, never raised."""
-    try:
-        print(line, flush=True)
-    except (OSError, ValueError):
-        pass
+                log(f"{self.cfg.spec.id}: link {event.kind}: {event.detail}")

@@ -1,6 +1,6 @@
 """The learner's view of a resolved run configuration (config.json, syncer/common/resolved.py).
 
-Each entry of `learners` describes one learner (`LearnerSpec`, the shared `LearnerEntry`). Paths
+Each entry of `learners` describes one learner (the shared `LearnerEntry`). Paths
 in the file are absolute or relative to the file's own directory. Only stdlib and the shared
 parts are imported here.
 """
@@ -14,8 +14,6 @@ from syncer.common import resolved
 from syncer.common.resolved import LearnerEntry
 from syncer.common.settings import RunSettings, SettingsError
 
-LearnerSpec = LearnerEntry  # one learner of the fleet, as the inventory declared it
-
 
 @dataclass(frozen=True)
 class LearnerConfig:
@@ -23,7 +21,7 @@ class LearnerConfig:
 
     run_id: str
     settings: RunSettings
-    spec: LearnerSpec
+    spec: LearnerEntry
     syncer_address: str
     secret_key: Path | None  # this learner's CURVE key pair (NAME.key_secret)
     syncer_key: Path | None  # the syncer's public key

@@ -28,6 +28,7 @@ import torch
 from learner.client import SyncerClient
 from learner.config import LearnerConfig
 from learner.link import LinkCore, PushItem
+from learner.logline import log
 from learner.outer import OuterState
 from learner.schedule import learning_rate
 from syncer.common.atomic import atomic_file, atomic_write
@@ -452,14 +453,6 @@ def resolve_device(name: str, island: Any = None) -> torch.device:
     if name != "cpu":
         raise RuntimeError(f"unknown device {name!r}; use cpu, cuda or cuda:N")
     return torch.device("cpu")
-
-
-def log(message: str) -> None:
-    """One line on stdout (the learner's log); a line the disk cannot take is lost, never raised."""
-    try:
-        print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 def _write_marker(path: Path, text: str) -> None:

@@ -24,10 +24,11 @@ import torch
 
 from dldctl.testing import wait_until
 from learner.client import SyncerClient
-from learner.config import LearnerConfig, LearnerSpec
+from learner.config import LearnerConfig
 from learner.link import PushItem
 from learner.outer import OuterState
 from learner.trainer import Trainer
+from syncer.common.resolved import LearnerEntry
 from syncer.common.settings import RunSettings
 from syncer.wire import codec, fragments
 from syncer.wire.protocol import Message
@@ -44,7 +45,7 @@ def linked(
     """A real link thread joined to a scripted syncer; stopped (and the syncer closed) at the end."""
     settings = RunSettings(liveness_s=1.0, **{"round_clock": "learner", "compression": "none", **run})
     with ScriptedSyncer(sizes, echo_bye=echo) as syncer:
-        cfg = LearnerConfig("run", settings, LearnerSpec("learner-1"), syncer.address, None, None, tmp_path)
+        cfg = LearnerConfig("run", settings, LearnerEntry("learner-1"), syncer.address, None, None, tmp_path)
         client = SyncerClient(cfg, [], sizes, lambda: [torch.zeros(s) for s in sizes], "inc")
         client.start()
         try:

@@ -8,16 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from learner.config import LearnerConfig, LearnerSpec
+from learner.config import LearnerConfig
 from learner.outer import OuterState
 from learner.trainer import Trainer
+from syncer.common.resolved import LearnerEntry
 from syncer.common.settings import RunSettings
 from syncer.wire import fragments
 
 
 def _trainer(tmp_path: Path, **run: object) -> Trainer:
     settings = RunSettings(liveness_s=1.0, **{"round_clock": "learner", **run})
-    cfg = LearnerConfig("run", settings, LearnerSpec("learner-1"), "tcp://127.0.0.1:1", None, None, tmp_path)
+    cfg = LearnerConfig("run", settings, LearnerEntry("learner-1"), "tcp://127.0.0.1:1", None, None, tmp_path)
     return Trainer(cfg, "inc")
 
 
