@@ -8,19 +8,19 @@ value becomes one UsageError line naming the flag. The model and its defaults: d
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from dldctl.commands import simulate_calibrate
+from dldctl.commands import simulate_common as sc
 from dldctl.errors import OperationError, UsageError
 from dldctl.sim import bandwidth as bw
 from dldctl.sim import goodput as gp
-from dldctl.sim.errors import ParamError
 from dldctl.sim.montecarlo import Summary, monte_carlo, sweep
 from dldctl.units import (
     format_count,
@@ -31,34 +31,16 @@ from dldctl.units import (
     parse_quantity,
     parse_sweep,
 )
-from syncer.common import strictjson
 
 app = typer.Typer(
     help="Plan at fleet scale: goodput under failures, and the wide-area bandwidth training needs.",
     no_args_is_help=True,
 )
 
-SCHEMA_GOODPUT = "dldctl.simulate.goodput/1"
+SCHEMA_GOODPUT = "dldctl.simulate.goodput/2"
 SCHEMA_BANDWIDTH = "dldctl.simulate.bandwidth/1"
 DEFAULT_LEARNERS = "8"
 DEFAULT_SWEEP_LEARNERS = "1,2,4,8,16"
-LABELS = {gp.DATA_PARALLEL: "data-parallel", gp.ELASTIC: "elastic data-parallel", gp.DILOCO: "Decoupled DiLoCo"}
-
-# Core field -> the flag that sets it, so a ParamError from the core names what to change.
-FLEET_FLAGS = {
-    "chips": "--chips",
-    "learners": "--learners",
-    "mtbi_s": "--mtbi-years",
-    "step_time_s": "--step-time",
-    "step_jitter": "--step-jitter",
-    "recovery_s": "--recovery",
-    "reconfig_s": "--reconfig",
-    "restart_s": "--restart",
-    "checkpoint_every_s": "--checkpoint-every",
-    "failure_domain": "--failure-domain",
-    "quorum": "--quorum",
-    "horizon_s": "--hours",
-}
 LINK_FLAGS = {
     "params": "--params",
     "step_time_s": "--step-time",
@@ -71,55 +53,9 @@ LINK_FLAGS = {
     "dp_bits": "--dp-bits",
     "dp_overlap": "--dp-overlap",
 }
-
-T = TypeVar("T")
-
-
-def _parse(flag: str, text: str, parser: Callable[[str], T]) -> T:
-    """Run one parser; its ValueError becomes a usage error that names the flag."""
-    try:
-        return parser(text)
-    except ValueError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
-
-
-# Core fields kept in other units than their flags: show the value as the user typed it.
-_AS_TYPED = {"mtbi_s": lambda s: s / gp.YEAR_S, "horizon_s": lambda s: s / 3600.0}
-
-
-def _build(factory: Callable[..., T], flags: dict[str, str], **values: object) -> T:
-    """Construct a core parameter set; its ParamError becomes a usage error naming the flag."""
-    try:
-        return factory(**values)
-    except ParamError as exc:
-        flag = flags.get(exc.field, exc.field)
-        shown = values.get(exc.field)
-        if exc.field in _AS_TYPED and isinstance(shown, float):
-            shown = _AS_TYPED[exc.field](shown)
-        raise UsageError(
-            f"{flag} {exc.why} (got {shown:g})"
-            if isinstance(shown, (int, float))
-            else f"{flag} {exc.why} (got {shown!r})"
-        ) from None
-
-
-def _stdout() -> Console:
-    """The console for results; wide when piped so tables are not squeezed to 80 columns."""
-    console = Console(highlight=False)
-    return console if console.is_terminal else Console(highlight=False, width=160)
-
-
-def _emit_json(payload: dict[str, object]) -> None:
-    """One JSON document on stdout, nothing else."""
-    typer.echo(strictjson.dumps(payload, indent=2))
-
-
-def _about(seconds: float) -> str:
-    """A rough human duration: 13.1s, 26.3m, 3.1h, 2.5d."""
-    for div, unit in ((86400.0, "d"), (3600.0, "h"), (60.0, "m")):
-        if seconds >= div:
-            return f"{seconds / div:.1f}{unit}"
-    return f"{seconds:.1f}s"
+_parse, _build, _stdout, _emit_json, _about = sc.parse, sc.build, sc.stdout, sc.emit_json, sc.about
+LABELS, FLEET_FLAGS = sc.LABELS, sc.FLEET_FLAGS
+app.command("calibrate")(simulate_calibrate.calibrate)
 
 
 def _spread_cell(mean: float, p10: float, p90: float) -> str:
@@ -256,11 +192,23 @@ def goodput(
         0.0, "--step-jitter", help="Coefficient of variation of one replica's step time (stragglers)."
     ),
     recovery: str = typer.Option("30m", "--recovery", help="Failure until the failed replica is back in service."),
-    reconfig: str = typer.Option("20s", "--reconfig", help="Pause of an elastic job (or learner) to shrink or grow."),
-    restart: str = typer.Option("10m", "--restart", help="Non-elastic job: restart from the last checkpoint."),
-    checkpoint_every: str = typer.Option(
-        "30m", "--checkpoint-every", help="Checkpoint interval of the non-elastic job."
+    reconfig: str = typer.Option(
+        f"{gp.CALIBRATED_RECONFIG_S:g}s", "--reconfig", help="Elastic job: the pause that drops failed replicas."
     ),
+    learner_reconfig: str = typer.Option(
+        f"{gp.CALIBRATED_LEARNER_RECONFIG_S:g}s", "--learner-reconfig", help="Decoupled DiLoCo: one learner's pause."
+    ),
+    restart: str = typer.Option(
+        f"{gp.CALIBRATED_RESTART_S:g}s", "--restart", help="Non-elastic job: restart from the last checkpoint."
+    ),
+    checkpoint_every: str = typer.Option(
+        "auto", "--checkpoint-every", help="Non-elastic job's checkpoint interval; auto: Young/Daly for its failures."
+    ),
+    checkpoint_cost: str = typer.Option("1s", "--checkpoint-cost", help="Time one checkpoint blocks the job."),
+    rate_cv: float = typer.Option(
+        1.0, "--rate-cv", help="Burstiness: variation of the failure rate between periods (0: constant)."
+    ),
+    rate_period: str = typer.Option("1h", "--rate-period", help="How long one failure rate holds."),
     failure_domain: str = typer.Option(
         "128", "--failure-domain", help="Chips one failure takes out: its model-parallel replica."
     ),
@@ -292,8 +240,12 @@ def goodput(
         step_jitter=step_jitter,
         recovery_s=_parse("--recovery", recovery, parse_duration),
         reconfig_s=_parse("--reconfig", reconfig, parse_duration),
+        learner_reconfig_s=_parse("--learner-reconfig", learner_reconfig, parse_duration),
         restart_s=_parse("--restart", restart, parse_duration),
-        checkpoint_every_s=_parse("--checkpoint-every", checkpoint_every, parse_duration),
+        checkpoint_every_s=sc.parse_interval("--checkpoint-every", checkpoint_every),
+        checkpoint_cost_s=_parse("--checkpoint-cost", checkpoint_cost, parse_duration),
+        rate_cv=rate_cv,
+        rate_period_s=_parse("--rate-period", rate_period, parse_duration),
         failure_domain=_parse("--failure-domain", failure_domain, parse_count),
         quorum=quorum,
         horizon_s=hours * 3600.0,
@@ -316,11 +268,15 @@ def _goodput_single(chips: str, learners: str | None, base: dict[str, Any], seed
                 "schema": SCHEMA_GOODPUT,
                 "mode": "single",
                 "params": {**asdict(fleet), "seeds": seeds},
+                "checkpoint_interval_s": {str(n): fleet.checkpoint_interval_s()},
+                "assumptions": sc.assumptions([fleet]),
                 "results": [s.to_dict() for s in results],
             }
         )
         return
-    _stdout().print(_single_table(fleet, results, len(seeds)))
+    out = _stdout()
+    out.print(_single_table(fleet, results, len(seeds)))
+    _print_assumptions(out, [fleet])
 
 
 def _goodput_sweep(
@@ -335,6 +291,7 @@ def _goodput_sweep(
     # Validate once at the largest fleet (which also bounds the failures per run).
     fleet = _build(gp.FleetParams, FLEET_FLAGS, chips=max(chips), learners=max(counts), **base)
     results = sweep(fleet, chips, counts, seeds)
+    fleets = [replace(fleet, chips=n, learners=1, quorum=1) for n in chips]
     if plot is not None:
         _write_plot(plot, results, chips)
     if as_json:
@@ -344,6 +301,8 @@ def _goodput_sweep(
                 "schema": SCHEMA_GOODPUT,
                 "mode": "sweep",
                 "params": params,
+                "checkpoint_interval_s": {str(f.chips): f.checkpoint_interval_s() for f in fleets},
+                "assumptions": sc.assumptions(fleets),
                 "plot": str(plot) if plot else None,
                 "results": [s.to_dict() for s in results],
             }
@@ -352,8 +311,16 @@ def _goodput_sweep(
     out = _stdout()
     out.print(_sweep_table("goodput", results, chips, len(seeds)))
     out.print(_sweep_table("system uptime", results, chips, len(seeds)))
+    _print_assumptions(out, fleets)
     if plot is not None:
         out.print(f"plot written to {plot}")
+
+
+def _print_assumptions(out: Any, fleets: list[gp.FleetParams]) -> None:
+    """The model and constants under the table, dimmed (docs/simulate.md states each rule)."""
+    out.print("[dim]model (docs/simulate.md):[/]")
+    for line in sc.assumptions(fleets):
+        out.print(f"[dim]  - {line}[/]", soft_wrap=True)
 
 
 def _link_table(report: bw.LinkReport) -> Table:

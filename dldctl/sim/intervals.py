@@ -98,3 +98,28 @@ def time_with_at_least(
     down = StepFunction(0.0, times, deltas, hi)
     lo_down, hi_down = down.where_at_most(total - k)
     return total_length(lo_down, hi_down)
+
+
+def absorbing_pauses(t: np.ndarray, lost: np.ndarray, pause_s: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+    """Pauses of a unit whose reconfiguration absorbs the failures that happen during it.
+
+    The failure at t[i] (sorted) that finds the unit running starts a pause at t[i] - lost[i]
+    (the step in flight is wasted, never before the previous pause ended) that ends at
+    t[i] + pause_s; every failure before that end joins the same pause. The failure that starts
+    the next pause is found for every i at once (a sorted search); only the walk along that
+    chain is a Python loop, over plain integers. Returns disjoint sorted intervals in [0, hi].
+    """
+    n = int(t.size)
+    if n == 0:
+        return union(np.empty(0), np.empty(0), 0.0, hi)
+    following = np.maximum(np.searchsorted(t, t + pause_s, side="left"), np.arange(1, n + 1)).tolist()
+    chain: list[int] = []
+    i = 0
+    while i < n:
+        chain.append(i)
+        i = following[i]
+    first = np.asarray(chain)
+    ends = t[first] + pause_s
+    previous_end = np.concatenate(([0.0], ends[:-1]))
+    starts = np.maximum(t[first] - lost[first], previous_end)
+    return union(starts, ends, 0.0, hi)

@@ -49,6 +49,7 @@ def test_the_contract_commands_exist() -> None:
         "chaos heal",
         "simulate goodput",
         "simulate bandwidth",
+        "simulate calibrate",
     }
     assert expected <= names
 

@@ -1,13 +1,15 @@
 """The fleet simulator against hand-computed timelines and closed-form expectations.
 
-Closed forms used (lambda = chips / MTBI, the unit's failure rate):
+Closed forms used (lambda = chips / MTBI, the unit's failure rate; constant rate unless said):
 - data-parallel: a run after a failure lasts max(0, gap - R); with gaps Exp(lambda) the long-run
   kept share is lambda * e^(-lambda R) * C e^(-lambda C) / (1 - e^(-lambda C)).
-- elastic: each failure covers [t - u, t + R] and [t + rec, t + rec + R] (u ~ U(0, step)); a point
-  is uncovered with probability exp(-lambda (step/2 + 2R)) (Poisson coverage), and failures in
-  (x - rec, x - R) cost `domain` chips without covering x, so
-  goodput = exp(-lambda (step/2 + 2R)) * (1 - domain * lambda * (rec - R) / chips).
-- DiLoCo: learners are independent, so uptime with quorum K is P(Binomial(M, p) >= K).
+- elastic: a failure that finds the unit running pauses it from t - u (u ~ U(0, step), the step in
+  flight) to t + R and absorbs every failure before t + R: an alternating renewal process with
+  run time Exp(lambda) and pause R, so uptime = 1 - (R + step/2) / (1/lambda + R); failures cost
+  `domain` chips for `rec` each, about domain * lambda * rec / chips of the capacity.
+- bursty rate: the same renewal formula averaged over the gamma-distributed rate of each period.
+- DiLoCo: learners are independent at a constant rate, so uptime with quorum K is
+  P(Binomial(M, p) >= K).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from dldctl.sim.errors import ParamError
+from dldctl.sim.failures import failure_times, rate_profile
 from dldctl.sim.goodput import (
     DATA_PARALLEL,
     DILOCO,
@@ -27,14 +31,13 @@ from dldctl.sim.goodput import (
     YEAR_S,
     FleetParams,
     expected_max_normal,
-    failure_times,
     learner_sizes,
     simulate,
     simulate_data_parallel,
     simulate_diloco,
     simulate_elastic,
 )
-from dldctl.sim.intervals import StepFunction, time_with_at_least, union
+from dldctl.sim.intervals import StepFunction, absorbing_pauses, time_with_at_least, union
 from dldctl.sim.montecarlo import Spread, monte_carlo, sweep
 from dldctl.units import format_duration, parse_count, parse_count_list, parse_duration, parse_sweep
 
@@ -68,7 +71,7 @@ def mean_over_seeds(strategy: str, params: FleetParams, seeds: int = 5) -> tuple
 def test_data_parallel_timeline_by_hand() -> None:
     # Failures at 1000 s and 5000 s, restart 600 s, checkpoints every 300 s of a run:
     # run 0..1000 keeps 900; run 1600..5000 (3400 s) keeps 3300; run 5600..10000 keeps all 4400.
-    p = FleetParams(chips=1000, restart_s=600, checkpoint_every_s=300, horizon_s=10_000)
+    p = FleetParams(chips=1000, restart_s=600, checkpoint_every_s=300, checkpoint_cost_s=0, horizon_s=10_000, rate_cv=0)
     r = simulate_data_parallel(p, ScriptedRng([1000, 5000]))
     assert r.goodput == pytest.approx((900 + 3300 + 4400) / 10_000)
     assert r.uptime == pytest.approx(0.86)
@@ -77,27 +80,60 @@ def test_data_parallel_timeline_by_hand() -> None:
 
 def test_data_parallel_failure_during_restart_starts_it_over() -> None:
     # The failure at 1300 s hits the restart begun at 1000 s: the job runs again only from 1900 s.
-    p = FleetParams(chips=1000, restart_s=600, checkpoint_every_s=100, horizon_s=10_000)
+    p = FleetParams(chips=1000, restart_s=600, checkpoint_every_s=100, checkpoint_cost_s=0, horizon_s=10_000, rate_cv=0)
     r = simulate_data_parallel(p, ScriptedRng([1000, 1300]))
     assert r.uptime == pytest.approx((1000 + (10_000 - 1900)) / 10_000)
 
 
+def test_data_parallel_checkpoints_cost_their_time_by_hand() -> None:
+    # Cycles of 300 s of work + 10 s of checkpoint: the run 0..1000 holds 3 cycles (930 s) and
+    # keeps 900; the last run 1600..10000 (8400 s) writes 27 checkpoints and keeps 8400 - 270.
+    p = FleetParams(
+        chips=1000, restart_s=600, checkpoint_every_s=300, checkpoint_cost_s=10, horizon_s=10_000, rate_cv=0
+    )
+    r = simulate_data_parallel(p, ScriptedRng([1000]))
+    assert r.uptime == pytest.approx((900 + 8400 - 270) / 10_000)
+
+
+def test_checkpoint_interval_is_young_daly_unless_set() -> None:
+    # 100,000 chips at 1 year each fail every 315.6 s; a 2 s checkpoint: sqrt(2 * 2 * 315.6) s.
+    p = FleetParams(chips=100_000, checkpoint_cost_s=2.0)
+    assert p.checkpoint_interval_s() == pytest.approx(math.sqrt(4 * YEAR_S / 100_000))
+    assert replace(p, checkpoint_every_s=900.0).checkpoint_interval_s() == 900.0
+    assert replace(p, checkpoint_cost_s=0.0).checkpoint_interval_s() == p.step_time_s  # never below a step
+    assert replace(p, mtbi_s=math.inf).checkpoint_interval_s() == math.inf
+
+
 def test_elastic_timeline_by_hand() -> None:
     # One failure at 1000 s, 3 s into a step; 100 chips out until 1500 s; 20 s pauses each way.
-    p = FleetParams(chips=1000, failure_domain=100, reconfig_s=20, recovery_s=500, horizon_s=10_000)
+    p = FleetParams(chips=1000, failure_domain=100, reconfig_s=20, recovery_s=500, horizon_s=10_000, rate_cv=0)
     r = simulate_elastic(p, ScriptedRng([1000], lost=[3.0]))
-    # Paused 997..1020 (all chips idle), 100 short 1020..1500, paused again 1500..1520.
-    lost = 1000 * 3 + 1000 * 20 + 100 * (1500 - 1020) + 1000 * 20
+    # Paused 997..1020 (all chips idle), 100 short 1020..1500, then back without a pause.
+    lost = 1000 * 3 + 1000 * 20 + 100 * (1500 - 1020)
     assert r.goodput == pytest.approx(1 - lost / (1000 * 10_000))
-    assert r.uptime == pytest.approx(1 - (23 + 20) / 10_000)
+    assert r.uptime == pytest.approx(1 - 23 / 10_000)
+
+
+def test_failures_during_a_pause_join_it() -> None:
+    # Failures at 1000 and 1010 (inside the first pause, to 1020) and 1030 (after it).
+    p = FleetParams(chips=1000, failure_domain=100, reconfig_s=20, recovery_s=500, horizon_s=10_000, rate_cv=0)
+    r = simulate_elastic(p, ScriptedRng([1000, 1010, 1030], lost=[3.0, 5.0, 4.0]))
+    assert r.uptime == pytest.approx(1 - (23 + 24) / 10_000)  # 997..1020 and 1026..1050
+    starts, ends = absorbing_pauses(np.array([1000.0, 1010.0, 1030.0]), np.array([3.0, 5.0, 4.0]), 20.0, 10_000)
+    assert starts.tolist() == [997.0, 1026.0] and ends.tolist() == [1020.0, 1050.0]
+    # The lost in-flight step never reaches back into the previous pause; a zero pause absorbs nothing.
+    starts, ends = absorbing_pauses(np.array([10.0, 21.0]), np.array([0.0, 5.0]), 10.0, 100)
+    assert starts.tolist() == [10.0] and ends.tolist() == [31.0]
+    starts, _ = absorbing_pauses(np.array([5.0, 5.0, 7.0]), np.zeros(3), 0.0, 100)
+    assert starts.size == 0
 
 
 def test_learner_smaller_than_failure_domain_stops_until_repaired() -> None:
     # A learner of 64 chips loses all of them: no progress from the failure until it is back.
-    p = FleetParams(chips=64, failure_domain=128, reconfig_s=10, recovery_s=300, horizon_s=10_000)
+    p = FleetParams(chips=64, failure_domain=128, learner_reconfig_s=10, recovery_s=300, horizon_s=10_000, rate_cv=0)
     r = simulate_diloco(p, ScriptedRng([2000], lost=[0.0]))
-    assert r.uptime == pytest.approx(1 - (300 + 10) / 10_000)
-    assert r.goodput == pytest.approx(1 - (300 + 10) / 10_000)
+    assert r.uptime == pytest.approx(1 - 300 / 10_000)
+    assert r.goodput == pytest.approx(1 - 300 / 10_000)
 
 
 # --- closed forms --------------------------------------------------------------------------------
@@ -133,7 +169,15 @@ def test_poisson_gaps_are_exponential() -> None:
 
 def test_data_parallel_matches_renewal_closed_form() -> None:
     lam, restart, ckpt = 1 / 3600, 600.0, 900.0
-    p = FleetParams(chips=1000, mtbi_s=1000 / lam, restart_s=restart, checkpoint_every_s=ckpt, horizon_s=2000 * 3600.0)
+    p = FleetParams(
+        chips=1000,
+        mtbi_s=1000 / lam,
+        restart_s=restart,
+        checkpoint_every_s=ckpt,
+        checkpoint_cost_s=0,
+        horizon_s=2000 * 3600.0,
+        rate_cv=0,
+    )
     expected = lam * math.exp(-lam * restart) * ckpt * math.exp(-lam * ckpt) / (1 - math.exp(-lam * ckpt))
     goodput, _ = mean_over_seeds(DATA_PARALLEL, p, seeds=4)
     assert goodput == pytest.approx(expected, abs=0.01)
@@ -141,13 +185,26 @@ def test_data_parallel_matches_renewal_closed_form() -> None:
 
 def test_data_parallel_fine_checkpoints_give_exp_minus_lambda_r() -> None:
     lam, restart = 1 / 1800, 1800.0  # lambda * R = 1: e^-1 of the time is kept
-    p = FleetParams(chips=500, mtbi_s=500 / lam, restart_s=restart, checkpoint_every_s=1e-3, horizon_s=4000 * 3600.0)
+    p = FleetParams(
+        chips=500,
+        mtbi_s=500 / lam,
+        restart_s=restart,
+        checkpoint_every_s=1e-3,
+        checkpoint_cost_s=0,
+        horizon_s=4000 * 3600.0,
+        rate_cv=0,
+    )
     goodput, _ = mean_over_seeds(DATA_PARALLEL, p, seeds=3)
     assert goodput == pytest.approx(math.exp(-1), abs=0.01)
 
 
-def test_elastic_matches_coverage_closed_form() -> None:
-    n, lam, step, reconf, rec, dom = 10_000, 1 / 1000, 6.0, 20.0, 600.0, 128
+def renewal_uptime(lam: Any, pause: float, step: float) -> Any:
+    """Alternating renewal: runs Exp(lam) long, each ended by a pause plus the step in flight."""
+    return 1 - (pause + step / 2) / (1 / lam + pause)
+
+
+def test_elastic_matches_renewal_closed_form() -> None:
+    n, lam, step, reconf, rec, dom = 10_000, 1 / 100, 6.0, 40.0, 600.0, 16
     p = FleetParams(
         chips=n,
         mtbi_s=n / lam,
@@ -156,12 +213,43 @@ def test_elastic_matches_coverage_closed_form() -> None:
         recovery_s=rec,
         failure_domain=dom,
         horizon_s=500 * 3600.0,
+        rate_cv=0,
     )
-    uptime_cf = math.exp(-lam * (step / 2 + 2 * reconf))
-    goodput_cf = uptime_cf * (1 - dom * lam * (rec - reconf) / n)
+    uptime_cf = renewal_uptime(lam, reconf, step)  # 0.68 (the old double-pause rule: 0.43)
     goodput, uptime = mean_over_seeds(ELASTIC, p, seeds=4)
-    assert uptime == pytest.approx(uptime_cf, abs=0.003)
-    assert goodput == pytest.approx(goodput_cf, abs=0.003)
+    assert uptime == pytest.approx(uptime_cf, abs=0.004)
+    assert goodput == pytest.approx(uptime_cf * (1 - dom * lam * rec / n), abs=0.006)
+
+
+def test_bursty_rate_is_the_renewal_formula_averaged_over_the_rate() -> None:
+    # cv = 1: each hour's rate is exponential around the mean; the time average of the renewal
+    # uptime over that distribution, by quadrature, against the simulated elastic job.
+    n, lam, step, reconf = 10_000, 1 / 60, 6.0, 30.0
+    p = FleetParams(
+        chips=n, mtbi_s=n / lam, step_time_s=step, reconfig_s=reconf, failure_domain=1, horizon_s=400 * 3600.0
+    )
+    u = np.linspace(1e-6, 40.0, 400_001)
+    weights = np.exp(-u) / np.exp(-u).sum()
+    expected = float(np.sum(weights * np.clip(renewal_uptime(lam * u, reconf, step), 0, 1)))
+    constant = renewal_uptime(lam, reconf, step)
+    _, uptime = mean_over_seeds(ELASTIC, p, seeds=3)
+    assert uptime == pytest.approx(expected, abs=0.01)
+    assert expected > constant + 0.05  # bursts cost less than a steady rate: failures share pauses
+
+
+def test_failure_rate_profile_is_overdispersed_with_the_mean_kept() -> None:
+    rng = np.random.default_rng(5)
+    rate, period, horizon = 0.01, 3600.0, 2000 * 3600.0  # 36 failures per period on average
+    profile = rate_profile(horizon, period, 1.0, rng)
+    t = failure_times(rate, horizon, rng, profile)
+    counts = np.histogram(t, bins=np.arange(0, horizon + period, period))[0]
+    assert counts.mean() == pytest.approx(36, rel=0.06)
+    # Gamma-mixed Poisson: variance = m + cv^2 m^2 (Poisson alone: m).
+    assert counts.var() == pytest.approx(36 + 36**2, rel=0.2)
+    # cv = 0 draws nothing: the generator is where it was.
+    a, b = np.random.default_rng(9), np.random.default_rng(9)
+    assert rate_profile(horizon, period, 0.0, a).multipliers.tolist() == [1.0]
+    assert a.random() == b.random()
 
 
 @pytest.mark.parametrize("quorum", [1, 2, 4])
@@ -174,11 +262,12 @@ def test_diloco_quorum_uptime_is_binomial(quorum) -> None:
         quorum=quorum,
         mtbi_s=per_learner / lam,
         step_time_s=step,
-        reconfig_s=reconf,
+        learner_reconfig_s=reconf,
         recovery_s=1200.0,
         horizon_s=300 * 3600.0,
+        rate_cv=0,
     )
-    up = math.exp(-lam * (step / 2 + 2 * reconf))
+    up = renewal_uptime(lam, reconf, step)
     expected = sum(math.comb(m, k) * up**k * (1 - up) ** (m - k) for k in range(quorum, m + 1))
     _, uptime = mean_over_seeds(DILOCO, p, seeds=3)
     assert uptime == pytest.approx(expected, abs=0.015)
@@ -189,7 +278,7 @@ def test_quorum_changes_uptime_not_goodput() -> None:
     g1, u1 = mean_over_seeds(DILOCO, base, seeds=3)
     g8, u8 = mean_over_seeds(DILOCO, replace(base, quorum=8), seeds=3)
     assert g1 == g8
-    assert u8 < u1 - 0.5
+    assert u8 < u1 - 0.3
 
 
 # --- relations between strategies ---------------------------------------------------------------
@@ -197,7 +286,7 @@ def test_quorum_changes_uptime_not_goodput() -> None:
 
 @pytest.mark.parametrize("chips", [1000, 150_000, 1_200_000])
 def test_one_learner_is_elastic_data_parallel_on_the_same_chips(chips) -> None:
-    p = FleetParams(chips=chips, learners=1, horizon_s=12 * 3600.0)
+    p = FleetParams(chips=chips, learners=1, horizon_s=12 * 3600.0, learner_reconfig_s=None)
     for seed in range(3):
         a = simulate_elastic(p, np.random.default_rng(seed))
         b = simulate_diloco(p, np.random.default_rng(seed))
@@ -207,8 +296,9 @@ def test_one_learner_is_elastic_data_parallel_on_the_same_chips(chips) -> None:
 def test_m_learners_on_n_chips_behave_like_one_elastic_job_on_n_over_m() -> None:
     # The paper's rule of thumb; here it holds because each learner is an elastic job.
     n, m = 1_200_000, 8
-    g_diloco, _ = mean_over_seeds(DILOCO, FleetParams(chips=n, learners=m, horizon_s=12 * 3600.0))
-    g_small, _ = mean_over_seeds(ELASTIC, FleetParams(chips=n // m, horizon_s=12 * 3600.0), seeds=10)
+    same = dict(horizon_s=48 * 3600.0, learner_reconfig_s=None)
+    g_diloco, _ = mean_over_seeds(DILOCO, FleetParams(chips=n, learners=m, **same))
+    g_small, _ = mean_over_seeds(ELASTIC, FleetParams(chips=n // m, **same), seeds=10)
     assert g_diloco == pytest.approx(g_small, abs=0.015)
 
 
@@ -231,7 +321,7 @@ def test_more_learners_more_goodput_at_scale() -> None:
         for m in (1, 2, 4, 8, 16)
     ]
     assert all(a < b for a, b in itertools.pairwise(goodputs)), goodputs
-    assert goodputs[-1] > 0.75 and goodputs[0] < 0.1
+    assert goodputs[-1] > 0.85 and goodputs[0] < 0.5
 
 
 def test_stragglers_cost_synchronous_jobs_more() -> None:
@@ -274,7 +364,8 @@ def test_spread_of_known_values() -> None:
 
 
 def test_sweep_shape_and_common_random_numbers() -> None:
-    out = sweep(FleetParams(chips=1, horizon_s=3 * 3600.0), [150_000, 300_000], [1, 2, 4], range(2))
+    base = FleetParams(chips=1, horizon_s=3 * 3600.0, learner_reconfig_s=None)  # a learner pauses as the job
+    out = sweep(base, [150_000, 300_000], [1, 2, 4], range(2))
     assert len(out) == 2 * (2 + 3)
     by_key = {(s.strategy, s.chips, s.learners): s for s in out}
     for n in (150_000, 300_000):
