@@ -46,6 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.fleet_summary import budget_reached, finished_learners, summarize_run
+from dldctl.inventory import outer_for_h
 from dldctl.testing import DldctlHome
 from dldctl.testing import local_host as local_host  # the benchmarks import these two from here
 from dldctl.testing import read_jsonl as read_jsonl
@@ -66,10 +67,6 @@ WORKLOAD: dict[str, Any] = {
     "eval_batches": 16,
 }
 
-# Outer optimizer per H, chosen because they are stable on this workload (see docs/tuning.md): the
-# default Nesterov (0.7, 0.9) diverged here at H <= 32, plain averaging (1.0, 0.0) did not.
-OUTER: dict[int, tuple[float, float]] = {}
-DEFAULT_OUTER = (1.0, 0.0)
 
 
 class OuterOptimizer(TypedDict):
@@ -85,11 +82,12 @@ def diloco_run(
 ) -> dict[str, Any]:
     """The `[run]` table of a benchmark fleet: WORKLOAD plus the DiLoCo settings.
 
-    4 fragments, the outer optimizer of `OUTER` for this H, a 0.5 s restart delay (the default
+    4 fragments, dldctl's default outer optimizer for this H (`dldctl.inventory.outer_for_h`:
+    plain averaging below H = 64, Nesterov from there), a 0.5 s restart delay (the default
     is 2 s: the failure benchmarks measure the algorithm, not a conservative supervisor), and
     `extra` on top.
     """
-    lr, momentum = OUTER.get(H, DEFAULT_OUTER)
+    lr, momentum = outer_for_h(H)
     run = {
         **WORKLOAD,
         "H": H,

@@ -45,7 +45,7 @@ from bench import common, evaluate
 from bench.ddp_baseline import failure_schedule
 from bench.dprun import run_dp
 from bench.fleet import BenchRun, Plan, diloco_run, local_host, run_diloco
-from bench.quality import DLDCTL_OUTER, SYNC_OUTER
+from bench.quality import SYNC_OUTER, dldctl_outer
 from syncer import checkpoint
 from syncer.wire import fragments
 
@@ -69,7 +69,7 @@ def _extra(parser: argparse.ArgumentParser) -> None:
 def settings(H: int) -> dict[str, Any]:
     """The [run] table every strategy shares: the bench workload, dldctl's outer optimizer, a
     checkpoint every 10 merges (all kept, for the curve), an evaluation every 200 steps."""
-    return diloco_run(H, **DLDCTL_OUTER, checkpoint_every=10, keep_checkpoints=100000, eval_every=200)
+    return diloco_run(H, **dldctl_outer(H), checkpoint_every=10, keep_checkpoints=100000, eval_every=200)
 
 
 def checkpoint_curve(fleet: BenchRun, run: dict[str, Any], start: float) -> list[dict[str, Any]]:

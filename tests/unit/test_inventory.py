@@ -150,3 +150,21 @@ def test_example_loads_and_documents_every_key() -> None:
                 rf"^{f.name}\s*=", text, re.MULTILINE
             )
             assert line, f"inventory.example.toml does not document [{table}] {f.name}"
+
+
+@pytest.mark.parametrize(
+    ("run", "expected"),
+    [
+        ("H = 32", (1.0, 0.0)),  # plain averaging below H = 64
+        ("H = 16", (1.0, 0.0)),
+        ("H = 64", (0.7, 0.9)),  # DiLoCo's Nesterov from H = 64 (docs/algorithm.md)
+        ("H = 128", (0.7, 0.9)),
+        ("", (0.7, 0.9)),  # the default H is 64
+        ("H = 64\nouter_lr = 1.0", (1.0, 0.0)),  # either key set: the user's optimizer, other key default
+        ("H = 16\nouter_momentum = 0.3", (1.0, 0.3)),
+    ],
+)
+def test_outer_optimizer_follows_h_unless_set(tmp_path: Path, run: str, expected: tuple[float, float]) -> None:
+    inv = inventory.load(write(tmp_path, GOOD.replace("[run]\n", f"[run]\n{run}\n")))
+    assert (inv.run.outer_lr, inv.run.outer_momentum) == expected
+    assert inventory.default_inventory().run.H == 32 and inventory.default_inventory().run.outer_momentum == 0.0
