@@ -7,7 +7,9 @@ its code (1 failed, 2 usage/configuration); anything else is a bug and keeps its
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
+from typing import Any, cast
 
 import typer
 from rich.console import Console
@@ -27,6 +29,27 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        try:
+            version = importlib.metadata.version("dldctl")
+        except importlib.metadata.PackageNotFoundError:  # run from a source tree without installing
+            version = "unknown (not installed)"
+        typer.echo(f"dldctl {version}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print dldctl's version and exit."
+    ),
+) -> None:
+    """Operate Decoupled DiLoCo training runs: bring a fleet up, break it on purpose, watch it heal."""
+
+
 app.command()(cli_run.up)
 app.command()(cli_run.down)
 app.command()(cli_status.status)
@@ -38,11 +61,17 @@ app.add_typer(cli_learner.app, name="learner")
 app.add_typer(cli_simulate.app, name="simulate")
 
 
-try:  # typer >= 0.16 carries its own copy of click
-    from typer._click.exceptions import ClickException
-except ImportError:  # pragma: no cover - older typer on the real click
-    # click itself is not installed beside a typer that carries its own copy (as here)
-    from click.exceptions import ClickException  # type: ignore[import-not-found,no-redef]
+def _parser_error_class() -> type[Exception]:
+    """The command-line parser's exception base, reached through typer's public `BadParameter`.
+
+    typer >= 0.16 carries its own copy of click and older typer re-exports click's; the base is
+    `ClickException` in both, and neither needs a private import.
+    """
+    base = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+    return cast("type[Exception]", base)
+
+
+ClickException = _parser_error_class()
 
 
 def _error(text: str) -> None:
@@ -58,12 +87,13 @@ def main() -> None:
         _error(exc.line())
         sys.exit(exc.exit_code)
     except ClickException as exc:
-        ctx = getattr(exc, "ctx", None)
+        parser_error: Any = exc  # a ClickException: format_message, show, exit_code, ctx
+        ctx = getattr(parser_error, "ctx", None)
         if type(exc).__name__ == "NoArgsIsHelpError":  # `dldctl` or `dldctl chaos` alone: the help
-            exc.show()
+            parser_error.show()
         else:
-            _error(exc.format_message() + (f" (`{ctx.command_path} -h` for help)" if ctx is not None else ""))
-        sys.exit(exc.exit_code)
+            _error(parser_error.format_message() + (f" (`{ctx.command_path} -h` for help)" if ctx is not None else ""))
+        sys.exit(parser_error.exit_code)
     except typer.Abort:
         _error("aborted")
         sys.exit(1)

@@ -115,3 +115,11 @@ def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path) -> None:
         env={**__import__("os").environ, **env},
     )
     assert proc.returncode == 0 and "WARNING: outer_momentum = 0.9 at H = 16" in proc.stdout, proc.stdout
+
+
+def test_version_prints_the_installed_version() -> None:
+    import importlib.metadata
+
+    proc = subprocess.run([sys.executable, "-m", "dldctl", "--version"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout == f"dldctl {importlib.metadata.version('dldctl')}\n"

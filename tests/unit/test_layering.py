@@ -323,3 +323,27 @@ def test_the_circle_scan_finds_a_circle(tmp_path: Path) -> None:
     finally:
         a.unlink()
         b.unlink()
+
+
+THIRD_PARTY = ("typer", "rich", "zmq", "torch", "paramiko", "zstandard", "numpy", "matplotlib", "click")
+
+
+def private_imports(names: set[str]) -> list[str]:
+    """Imports of a dependency's private module (`typer._click`): they break under an open range."""
+    return sorted(
+        name
+        for name in names
+        if name.split(".")[0] in THIRD_PARTY and any(part.startswith("_") for part in name.split(".")[1:])
+    )
+
+
+@pytest.mark.parametrize(
+    "path", [p for pkg in ("dldctl", "learner", "syncer", "workload") for p in files(pkg)], ids=lambda p: str(p)
+)
+def test_no_private_imports_of_dependencies(path: Path) -> None:
+    assert private_imports(imports(path)) == []
+
+
+def test_the_private_import_scan_catches_one() -> None:
+    found = {"typer._click.exceptions", "torch._dynamo", "torch.nn", "dldctl._private", "rich.console"}
+    assert private_imports(found) == ["torch._dynamo", "typer._click.exceptions"]
