@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dldctl import inventory, rundir
+from dldctl.commands.options import duration
 from dldctl.errors import DldError, UsageError
 from dldctl.hosts import LocalHost
 from dldctl.inventory import Inventory
@@ -39,12 +40,13 @@ def up(
         False, "--detach", "-d", help="Return once the fleet is up instead of opening the live view."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and touch nothing."),
-    timeout: float = typer.Option(180.0, "--timeout", help="Seconds to wait for every process to run."),
+    timeout: str = typer.Option("3m", "--timeout", help="How long to wait for every process to run: 90s, 3m, 180."),
 ) -> None:
     """Provision the hosts, start the syncer and every learner, keep them alive.
 
     Example: dldctl up inventory.toml --detach
     """
+    wait_s = duration("--timeout", timeout)
     inv = load_inventory(inventory_file)
     if dry_run:
         for line in plan.describe(inv):
@@ -63,7 +65,7 @@ def up(
         converge.converge(live, inv, console)
         run = live
     else:
-        run = up_mod.up(inv, str(inventory_file) if inventory_file else None, console, timeout)
+        run = up_mod.up(inv, str(inventory_file) if inventory_file else None, console, wait_s)
     console.print(
         f"\n[bold green]up:[/] {run.name}\n  dldctl status          live view\n"
         f"  dldctl logs learner-0  a learner's log\n  dldctl chaos kill learner-1\n  dldctl down"

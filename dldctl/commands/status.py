@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.live import Live
 
 from dldctl import rundir
+from dldctl.commands.options import duration
 from dldctl.observe import snapshot
 from dldctl.observe.view import History, render_live, render_plain
 from dldctl.rundir import RunDir
@@ -37,12 +38,13 @@ def status(
     run: str | None = RunOpt,
     once: bool = typer.Option(False, "--once", help="Print one plain snapshot (no screen control)."),
     json_out: bool = typer.Option(False, "--json", help="Print one snapshot as JSON."),
-    interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes of the live view."),
+    interval: str = typer.Option("1s", "--interval", help="Time between refreshes of the live view: 2s, 500ms."),
 ) -> None:
     """Quorum, goodput, throughput, bandwidth, loss, learners and events of a run.
 
     Example: dldctl status --once
     """
+    every_s = duration("--interval", interval)
     target = rundir.resolve(run, live_only=False)
     if json_out:
         print(strictjson.dumps(snapshot.collect(target)))
@@ -50,7 +52,7 @@ def status(
     if once:
         Console(highlight=False).print(render_plain(snapshot.collect(target), time.time()))
         return
-    live_view(target, interval)
+    live_view(target, every_s)
 
 
 def report(

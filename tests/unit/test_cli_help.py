@@ -91,6 +91,30 @@ def test_mistakes_exit_2_with_one_red_line(tmp_path) -> None:
     assert bad_span.returncode == 2 and bad_span.stderr.strip().startswith("error: --mtbf: 'soon' is not a duration")
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["up", "--timeout", "3parsecs", "--dry-run"], "error: --timeout: '3parsecs' is not a duration"),
+        (["up", "--timeout", "0", "--dry-run"], "error: --timeout must be > 0"),
+        (["status", "--interval", "soon"], "error: --interval: 'soon' is not a duration"),
+    ],
+)
+def test_durations_take_units_and_a_bad_one_names_its_flag(args: list[str], message: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "dldctl", *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().startswith(message), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == ""
+
+
+def test_a_duration_with_units_is_accepted() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dldctl", "up", "--timeout", "3m", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "dry run" in proc.stdout
+
+
 def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path) -> None:
     env = {"DLDCTL_HOME": str(tmp_path / "home")}
     proc = subprocess.run(
