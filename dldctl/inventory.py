@@ -28,7 +28,7 @@ TABLES = ("run", "ssh", "syncer", "hosts")
 # The outer optimizer a run gets when its [run] table sets neither outer_lr nor outer_momentum:
 # plain averaging below H = 64, DiLoCo's Nesterov from there. Measured on gpt-tiny, 4 learners at
 # dldctl's defaults: at H = 32 plain averaging 1.599-1.615 against Nesterov's 1.651 (8,000 steps),
-# at H = 64 Nesterov 1.696-1.698 against 1.716-1.749 (4,000 steps, two runs each); docs/algorithm.md.
+# at H = 64 Nesterov 1.707 against 1.732 on average (4,000 steps, five runs each); docs/tuning.md.
 NESTEROV_FROM_H = 64
 PLAIN_AVERAGING = (1.0, 0.0)
 NESTEROV = (0.7, 0.9)
@@ -48,6 +48,8 @@ def with_default_outer(run: Any) -> Any:
         return run  # from_mapping names the bad H
     lr, momentum = outer_for_h(H)
     return {**run, "outer_lr": lr, "outer_momentum": momentum}
+
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 

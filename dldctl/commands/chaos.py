@@ -9,18 +9,18 @@ import tomllib
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from dldctl import rundir
 from dldctl.chaos import runner, verdict
 from dldctl.chaos.inject import Chaos
 from dldctl.chaos.plan import ACTIONS, PlanError, monkey_schedule, parse_experiment, seconds
+from dldctl.commands.options import output_console
 from dldctl.errors import ConfigError, OperationError, UsageError
 
 app = typer.Typer(
     help="Break a live run on purpose: kill, pause, slow, partition, a monkey, experiments.", no_args_is_help=True
 )
-console = Console(highlight=False)
+console = output_console()
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 ForceOpt = typer.Option(False, "--force", help="Do it even if it leaves fewer live learners than the quorum.")
 

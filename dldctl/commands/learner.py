@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from dldctl import inventory, rundir
+from dldctl.commands.options import output_console
 from dldctl.lifecycle import converge
 
 app = typer.Typer(help="Add or remove learners of a live run.", no_args_is_help=True)
-console = Console(highlight=False)
+console = output_console()
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 
 

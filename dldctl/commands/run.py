@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dldctl import inventory, rundir
-from dldctl.commands.options import duration
+from dldctl.commands.options import duration, output_console
 from dldctl.errors import DldError, UsageError
 from dldctl.hosts import LocalHost
 from dldctl.inventory import Inventory
@@ -23,7 +24,7 @@ from dldctl.lifecycle import up as up_mod
 from dldctl.lifecycle.provision import HostRuntime, open_host
 from syncer.common import strictjson
 
-console = Console(highlight=False)
+console = output_console()
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 
@@ -70,7 +71,9 @@ def up(
         f"\n[bold green]up:[/] {run.name}\n  dldctl status          live view\n"
         f"  dldctl logs learner-0  a learner's log\n  dldctl chaos kill learner-1\n  dldctl down"
     )
-    if not detach:
+    if not detach and not sys.stdout.isatty():  # a pipe, a file, CI: nobody to watch the live view
+        console.print("stdout is not a terminal: detached (`dldctl status --watch` streams the run)")
+    elif not detach:
         from dldctl.commands.status import live_view
 
         live_view(run, interval=1.0)
@@ -84,7 +87,14 @@ def down(
     Example: dldctl down --run default
     """
     target = rundir.resolve(run, live_only=False)
-    summary = down_mod.down(target, Console(stderr=True, highlight=False) if json_out else console)
+    done = down_mod.already_down(target)
+    if done is not None:  # a second `down`: say so, touch nothing, log no event
+        if json_out:
+            print(strictjson.dumps(done))
+        else:
+            console.print(f"run {done['run']} is already down; final model: {done['final_model'] or 'none'}")
+        return
+    summary = down_mod.down(target, output_console(stderr=True) if json_out else console)
     if json_out:
         print(strictjson.dumps(summary))
         return

@@ -13,6 +13,7 @@ from typing import TypeVar
 import typer
 from rich.console import Console
 
+from dldctl.commands.options import output_console
 from dldctl.errors import UsageError
 from dldctl.sim import goodput as gp
 from dldctl.sim.errors import ParamError
@@ -84,8 +85,7 @@ def build(factory: Callable[..., T], flags: dict[str, str], **values: object) ->
 
 def stdout() -> Console:
     """The console for results; wide when piped so tables are not squeezed to 80 columns."""
-    console = Console(highlight=False)
-    return console if console.is_terminal else Console(highlight=False, width=160)
+    return output_console()
 
 
 def emit_json(payload: dict[str, object]) -> None:

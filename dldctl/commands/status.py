@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -10,7 +12,7 @@ from rich.console import Console
 from rich.live import Live
 
 from dldctl import rundir
-from dldctl.commands.options import duration
+from dldctl.commands.options import duration, output_console
 from dldctl.observe import snapshot
 from dldctl.observe.view import History, render_live, render_plain
 from dldctl.rundir import RunDir
@@ -37,7 +39,10 @@ def live_view(run: RunDir, interval: float = 1.0) -> None:
 def status(
     run: str | None = RunOpt,
     once: bool = typer.Option(False, "--once", help="Print one plain snapshot (no screen control)."),
-    json_out: bool = typer.Option(False, "--json", help="Print one snapshot as JSON."),
+    json_out: bool = typer.Option(False, "--json", help="Print one snapshot as JSON (with --watch: JSON lines)."),
+    watch: bool = typer.Option(
+        False, "--watch", "-w", help="Without a terminal: print a snapshot every --interval until interrupted."
+    ),
     interval: str = typer.Option("1s", "--interval", help="Time between refreshes of the live view: 2s, 500ms."),
 ) -> None:
     """Quorum, goodput, throughput, bandwidth, loss, learners and events of a run.
@@ -46,13 +51,38 @@ def status(
     """
     every_s = duration("--interval", interval)
     target = rundir.resolve(run, live_only=False)
-    if json_out:
+    if watch:
+        stream(target, every_s, json_out)
+    elif json_out:
         print(strictjson.dumps(snapshot.collect(target)))
+    elif once or not sys.stdout.isatty():  # a pipe or a file gets one snapshot, never a screen
+        plain_console().print(render_plain(snapshot.collect(target), time.time()))
+    else:
+        live_view(target, every_s)
+
+
+def plain_console() -> Console:
+    """Plain text that a pipe or a file keeps whole: no colour codes, no wrapping at 80 columns."""
+    return output_console()
+
+
+def stream(run: RunDir, interval: float, as_json: bool) -> None:
+    """A snapshot every `interval` s (JSON lines, or plain text blocks) until Ctrl-C or SIGTERM."""
+    console = plain_console()
+    try:
+        while True:
+            snap = snapshot.collect(run)
+            if as_json:
+                print(strictjson.dumps(snap), flush=True)
+            else:
+                console.print(render_plain(snap, time.time()))
+                console.print()
+                sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
         return
-    if once:
-        Console(highlight=False).print(render_plain(snapshot.collect(target), time.time()))
-        return
-    live_view(target, every_s)
+    except BrokenPipeError:  # `| head`: the reader left; say nothing more, not even at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def report(

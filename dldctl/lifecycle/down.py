@@ -148,6 +148,33 @@ def _final_syncer(run: RunDir, config: ResolvedConfig | None) -> tuple[dict[str,
         return None, ""
 
 
+def already_down(run: RunDir) -> dict[str, Any] | None:
+    """What a second `down` reports for a run that is down already (nothing is touched), or None.
+
+    A run is marked down only once every process of it is stopped, so nothing can still run.
+    """
+    try:
+        state = run.read_state()
+    except RunError:
+        return None
+    if state.status != "down":
+        return None
+    model = run.final_model if run.final_model.exists() else None
+    return {
+        "run": run.name,
+        "dir": str(run.path),
+        "already_down": True,
+        "stopped_at": state.stopped_at,
+        "final_model": str(model) if model else None,
+        "uptime_s": _run_age(state.created, state.stopped_at),
+    }
+
+
+def _run_age(created: float | None, stopped_at: float | None) -> float | None:
+    """How long the run ran, `up` to `down` (not the age of a syncer restarted meanwhile)."""
+    return stopped_at - created if created is not None and stopped_at is not None else None
+
+
 def down(run: RunDir, console: Console) -> dict[str, Any]:
     """Stop the whole run; returns a summary dict (also printed)."""
     _mark_stopping(run)
@@ -183,7 +210,13 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
     run.event("down", "run", f"stopped; forced to kill {len(killed)} processes")
     if snap and before:
         snap["loss"] = before["loss"]  # learners report losses while they run
-    return summary(run, snap or before, exported, killed)
+    out = summary(run, snap or before, exported, killed)
+    try:
+        state = run.read_state()
+        out["uptime_s"] = _run_age(state.created, state.stopped_at)
+    except RunError:
+        pass
+    return out
 
 
 def _bring_home(run: RunDir, fleet: RunProcesses, exported: str) -> str:

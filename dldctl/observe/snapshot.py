@@ -124,12 +124,16 @@ def learner_state(
     return "running"
 
 
+SCHEMA = "dldctl.status/1"  # `status --json`; fields may be added, none renamed (docs/status.md)
+
+
 def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     """The snapshot of ARCHITECTURE.md (extended), whatever is or is not running."""
     now = time.time() if now is None else now
     config = run.read_config()
     state = run.read_state()
     snap = syncer_status(run, config) or _syncer_down(run, config)
+    snap["schema"] = SCHEMA
     snap["run"] = run.name
     snap["now"] = now
     ended = state.stopped_at if state.status == "down" else None

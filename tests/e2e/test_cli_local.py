@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dldctl.testing import DldctlHome
+from dldctl.testing import DLDCTL, DldctlHome
 from tests.e2e.fleetutil import kinds, learner, run_table, steps_logged_between
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -59,6 +59,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DldctlHome
 def test_status_json_matches_the_schema(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
     snap = dl.status()
+    assert snap["schema"] == "dldctl.status/1"
     assert isinstance(snap["run"], str) and isinstance(snap["uptime_s"], float)
     assert {"alive", "address", "fragments", "outer_steps", "checkpoint_outer_step"} <= set(snap["syncer"])
     assert snap["syncer"]["alive"] is True and snap["syncer"]["fragments"] == 4
@@ -81,6 +82,28 @@ def test_status_once_is_plain_text(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
     out = dl("status", "--once").stdout
     assert "\x1b[" not in out and "learner-3" in out and "quorum" in out
+
+
+def test_status_into_a_file_is_one_snapshot_and_watch_streams_json_lines(
+    fleet: tuple[DldctlHome, Path], tmp_path: Path
+) -> None:
+    dl, inv = fleet
+    out = tmp_path / "status.txt"
+    with out.open("w") as sink:  # `dldctl status > file`: no terminal, so one snapshot, then exit
+        proc = subprocess.run([DLDCTL, "status"], env=dl.env, stdout=sink, stderr=subprocess.PIPE, timeout=60)
+    text = out.read_text()
+    assert proc.returncode == 0 and "learner-3" in text and "quorum" in text and "\x1b[" not in text
+    watch = dl.popen("status", "--watch", "--json", "--interval", "300ms", stdout=subprocess.PIPE, text=True)
+    try:
+        lines = [watch.stdout.readline() for _ in range(2)] if watch.stdout else []
+    finally:
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(timeout=30) == 0
+    snaps = [json.loads(line) for line in lines]
+    assert [s["schema"] for s in snaps] == ["dldctl.status/1"] * 2 and snaps[1]["now"] > snaps[0]["now"]
+    # `up` without a terminal (here: on the live run, which it converges) detaches instead of a live view
+    again = dl("up", str(inv), timeout=120)
+    assert "stdout is not a terminal: detached" in again.stdout
 
 
 def test_logs_show_a_learner_and_the_syncer(fleet: tuple[DldctlHome, Path]) -> None:
@@ -339,3 +362,13 @@ def test_down_stops_everything_with_a_summary(fleet: tuple[DldctlHome, Path]) ->
     assert snap["status"] == "down" and snap["syncer"]["alive"] is False
     time.sleep(1.0)
     assert dl.leftovers() == []
+    # the run's age, not a restarted syncer's (this fleet's syncer was killed and restarted above)
+    state = json.loads((dl.run_dir / "state.json").read_text())
+    assert out["uptime_s"] == pytest.approx(state["stopped_at"] - state["created"], abs=0.01)
+    # a second down says so, with the real final model, exit 0, and logs no event
+    events_before = (dl.run_dir / "events.jsonl").read_text()
+    again = dl("down")
+    assert f"is already down; final model: {out['final_model']}" in again.stdout
+    again_json = json.loads(dl("down", "--json").stdout)
+    assert again_json["already_down"] is True and again_json["final_model"] == out["final_model"]
+    assert (dl.run_dir / "events.jsonl").read_text() == events_before
