@@ -68,7 +68,6 @@ WORKLOAD: dict[str, Any] = {
 }
 
 
-
 class OuterOptimizer(TypedDict):
     """An outer optimizer as `[run]` keys, to pass on as `diloco_run(H, **outer)` (typed, so that
     mypy knows these floats go to `**extra`, not to `compression` or `quorum`)."""

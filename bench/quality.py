@@ -96,11 +96,14 @@ TUNED = {"rebase": True, "quorum": LEARNERS, "max_lag": 2}
 TUNED_NAME = f"Decoupled DiLoCo, quorum {LEARNERS}, rebase, max_lag 2"
 DEFAULTS_NAME = "Decoupled DiLoCo, dldctl defaults"
 SYNC_NAME = "synchronous DiLoCo"
+
+
 # dldctl's own outer optimizer (bench.fleet.diloco_run otherwise picks plain averaging)
 def dldctl_outer(H: int) -> OuterOptimizer:
     """dldctl's default outer optimizer for this H (plain averaging below 64, Nesterov from there)."""
     lr, momentum = outer_for_h(H)
     return {"outer_lr": lr, "outer_momentum": momentum}
+
 
 # synchronous DiLoCo with the paper's outer Nesterov: the stronger baseline here (1.586 against 1.594
 # with plain averaging at 8000 steps)
