@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.live import Live
 
 from dldctl import rundir
+from dldctl.chaos.runner import sigterm_interrupts
 from dldctl.commands.options import duration, output_console
 from dldctl.observe import snapshot
 from dldctl.observe.view import History, render_live, render_plain
@@ -70,19 +71,24 @@ def stream(run: RunDir, interval: float, as_json: bool) -> None:
     """A snapshot every `interval` s (JSON lines, or plain text blocks) until Ctrl-C or SIGTERM."""
     console = plain_console()
     try:
-        while True:
-            snap = snapshot.collect(run)
-            if as_json:
-                print(strictjson.dumps(snap), flush=True)
-            else:
-                console.print(render_plain(snap, time.time()))
-                console.print()
-                sys.stdout.flush()
-            time.sleep(interval)
-    except KeyboardInterrupt:
-        return
-    except BrokenPipeError:  # `| head`: the reader left; say nothing more, not even at exit
+        with sigterm_interrupts():  # a script stops it with `kill`, and SIGINT may be ignored there
+            _stream_loop(run, interval, as_json, console)
+    except (KeyboardInterrupt, BrokenPipeError):
+        # Stopped, or the reader left (`| head`): drop what is still buffered, so the flush at exit
+        # neither blocks on a pipe nobody reads nor complains about a closed one.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _stream_loop(run: RunDir, interval: float, as_json: bool, console: Console) -> None:
+    while True:
+        snap = snapshot.collect(run)
+        if as_json:
+            print(strictjson.dumps(snap), flush=True)
+        else:
+            console.print(render_plain(snap, time.time()))
+            console.print()
+            sys.stdout.flush()
+        time.sleep(interval)
 
 
 def report(

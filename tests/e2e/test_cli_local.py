@@ -96,9 +96,10 @@ def test_status_into_a_file_is_one_snapshot_and_watch_streams_json_lines(
     watch = dl.popen("status", "--watch", "--json", "--interval", "300ms", stdout=subprocess.PIPE, text=True)
     try:
         lines = [watch.stdout.readline() for _ in range(2)] if watch.stdout else []
-    finally:
-        watch.send_signal(signal.SIGINT)
-        assert watch.wait(timeout=30) == 0
+    finally:  # SIGTERM, as a script stops it (a background shell starts its jobs with SIGINT ignored)
+        watch.send_signal(signal.SIGTERM)
+        watch.communicate(timeout=30)
+    assert watch.returncode == 0
     snaps = [json.loads(line) for line in lines]
     assert [s["schema"] for s in snaps] == ["dldctl.status/1"] * 2 and snaps[1]["now"] > snaps[0]["now"]
     # `up` without a terminal (here: on the live run, which it converges) detaches instead of a live view
