@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from dldctl.chaos import faults
 from dldctl.chaos.plan import ACTIONS
+from dldctl.chaos.records import Injection
 from dldctl.errors import ChaosError, DldError, UsageError
 from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.inventory import parse
@@ -82,19 +83,21 @@ class Chaos:
         )
         if confirm is None or not confirm(question):
             raise ChaosError(
-                f"refused: {action} {target} would leave {after} live learners < quorum {quorum}",
+                f"refused: {action} {target} would leave {after} live learners, below the minimum quorum {quorum}",
                 hint="pass --force to do it anyway",
             )
 
     # -- faults ------------------------------------------------------------------------------
-    def kill(self, target: str, sig: str = "KILL", down_for: float | None = None) -> str:
+    def kill(self, target: str, sig: str = "KILL", down_for: float | None = None) -> Injection:
+        """Signal the target's process group with a hold on its restart; what was done."""
         entry, host, _ = self._target(target, "kill")
         ref = entry.proc
         if entry.status is not ProcStatus.RUNNING or not ref:
             raise ChaosError(f"{target} is not running (status {entry.status}); nothing to kill")
         hold = down_for if down_for is not None else self.settings.restart_delay_s
+        now = time.time()
         with self.run.update() as edit:
-            e = replace(edit.state.procs[target], hold_until=time.time() + hold, chaos_kill=True)
+            e = replace(edit.state.procs[target], hold_until=now + hold, chaos_kill=True)
             edit.state = edit.state.with_proc(target, e)
         self.held.add(target)
         signum = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM}[sig.upper()]
@@ -102,9 +105,9 @@ class Chaos:
             raise ChaosError(f"{target} (pid {ref.pid}) was already gone")
         detail = f"kill -{sig.upper()} pid {ref.pid} on {entry.host}; back in >= {hold:g} s"
         self.run.event("fault_inject", target, detail)
-        return detail
+        return Injection("kill", target, entry.host, ref.pid, now, hold, now + hold, detail, signal=sig.upper())
 
-    def fault(self, action: str, target: str, duration: float, factor: float = 3.0) -> str:
+    def fault(self, action: str, target: str, duration: float, factor: float = 3.0) -> Injection:
         """pause / slow / partition for `duration` seconds (undone by the supervisor at expiry)."""
         if action not in ACTIONS or action == "kill":
             raise UsageError(f"unknown fault {action!r}")
@@ -116,7 +119,8 @@ class Chaos:
         ref = entry.proc
         if entry.status is not ProcStatus.RUNNING or not ref:
             raise ChaosError(f"{target} is not running (status {entry.status})")
-        record = Fault(secrets.token_hex(4), action, target, time.time() + duration, time.time(), factor)
+        now = time.time()
+        record = Fault(secrets.token_hex(4), action, target, now + duration, now, factor)
         with self.run.update() as edit:  # registered first: the undo survives our death
             edit.state = edit.state.with_fault(record)
         self.started.add(record.id)
@@ -134,7 +138,10 @@ class Chaos:
             "partition": f"cut off from the syncer for {duration:g} s",
         }[action]
         self.run.event("fault_inject", target, detail)
-        return detail
+        slowed = factor if action == "slow" else None
+        return Injection(
+            action, target, entry.host, ref.pid, now, duration, record.until, detail, None, slowed, record.id
+        )
 
     def _forget(self, fault_id: str) -> None:
         with self.run.update() as edit:

@@ -291,3 +291,4 @@ class Result:
     reasons: list[str] = field(default_factory=list)
     faults: list[FaultReport] = field(default_factory=list)
     aborted: str | None = None
+    files: list[str] = field(default_factory=list)  # the report files written (chaos/<name>-<time>.json, .md)

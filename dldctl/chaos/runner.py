@@ -1,6 +1,7 @@
 """The foreground loops: the chaos monkey and experiment runs (sleep, inject, sample, judge).
 
-Both print each fault as it happens. Interrupting either (Ctrl-C, or SIGTERM from `kill`,
+Both print each fault as it happens, and hand `emit` its JSON line (records.py) for `--json`.
+Interrupting either (Ctrl-C, or SIGTERM from `kill`,
 `timeout` or a service manager: the way to stop one started in the background, where a shell
 leaves SIGINT ignored) heals the faults it started (the supervisor would undo them at their
 expiry anyway). An experiment samples `dldctl status --json` snapshots, aborts (and rolls back)
@@ -15,14 +16,16 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from dldctl.chaos import verdict
+from dldctl.chaos import records, verdict
 from dldctl.chaos.inject import Chaos
 from dldctl.chaos.plan import Experiment, Fault, Result
+from dldctl.chaos.records import Injection
 from dldctl.errors import DldError
 from dldctl.observe.snapshot import collect
 from dldctl.rundir import RunDir
@@ -30,9 +33,22 @@ from syncer.common import jsonl, strictjson
 from syncer.common.atomic import atomic_write
 
 Sleep = Callable[[float], None]
+Emit = Callable[[dict[str, Any]], None]  # gets each fault's JSON line (records.fault_line)
 
 
-def inject(chaos: Chaos, fault: Fault, *, force: bool) -> str:
+def drop(record: dict[str, Any]) -> None:
+    """The default `emit`: text mode prints, it reports nothing else."""
+
+
+@dataclass
+class MonkeyOutcome:
+    """How a monkey ended: faults injected; `healed` (what it undid) only when interrupted."""
+
+    injected: int = 0
+    healed: list[str] | None = None
+
+
+def inject(chaos: Chaos, fault: Fault, *, force: bool) -> Injection:
     """One fault now; the quorum guard refuses (no prompt in a loop) unless forced."""
     chaos.guard(fault.action, fault.target, force, confirm=None)
     if fault.action == "kill":
@@ -57,28 +73,35 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def monkey(chaos: Chaos, schedule: list[Fault], console: Console, *, force: bool, sleep: Sleep = time.sleep) -> int:
-    """Run a schedule; returns how many faults were injected."""
+def monkey(
+    chaos: Chaos, schedule: list[Fault], console: Console, *, force: bool, sleep: Sleep = time.sleep, emit: Emit = drop
+) -> MonkeyOutcome:
+    """Run a schedule; how many faults were injected, and what an interrupt healed."""
     start = time.monotonic()
-    injected = 0
+    outcome = MonkeyOutcome()
     try:
         with sigterm_interrupts():
             for fault in schedule:
                 sleep(max(0.0, start + fault.at - time.monotonic()))
                 try:
-                    detail = inject(chaos, fault, force=force)
-                    injected += 1
-                    console.print(f"[red]{fault.describe()}[/]  {detail}", highlight=False)
+                    done = inject(chaos, fault, force=force)
+                    outcome.injected += 1
+                    console.print(f"[red]{fault.describe()}[/]  {done.detail}", highlight=False)
+                    emit(records.fault_line(chaos.run.name, fault, done, None, done.t))
                 except DldError as exc:
                     console.print(f"[yellow]{fault.describe()}  skipped: {exc.line()}[/]", highlight=False)
+                    emit(records.fault_line(chaos.run.name, fault, None, exc.line(), time.time()))
     except KeyboardInterrupt:
-        healed = chaos.heal(own=True)
-        console.print(f"monkey interrupted; healed its faults: {', '.join(healed) or 'nothing'}")
-    return injected
+        outcome.healed = chaos.heal(own=True)
+        console.print(f"monkey interrupted; healed its faults: {', '.join(outcome.healed) or 'nothing'}")
+    return outcome
 
 
-def run_experiment(chaos: Chaos, run: RunDir, exp: Experiment, console: Console, sleep: Sleep = time.sleep) -> Result:
-    """Steady state, faults on time, sampling, abort/rollback, verdict and report."""
+def run_experiment(
+    chaos: Chaos, run: RunDir, exp: Experiment, console: Console, sleep: Sleep = time.sleep, emit: Emit = drop
+) -> Result:
+    """Steady state, faults on time, sampling, abort/rollback, verdict and report (its files in
+    `Result.files`)."""
     t0 = time.time()
     samples = [collect(run)]
     injected: list[float | None] = [None] * len(exp.faults)
@@ -90,7 +113,7 @@ def run_experiment(chaos: Chaos, run: RunDir, exp: Experiment, console: Console,
                 elapsed = time.time() - t0
                 while pending and pending[0][1].at <= elapsed:
                     i, fault = pending.pop(0)
-                    aborted = _inject_one(chaos, fault, console) or aborted
+                    aborted = _inject_one(chaos, fault, console, emit) or aborted
                     injected[i] = time.time()
                 sleep(exp.sample_every)
                 samples.append(collect(run))
@@ -104,18 +127,21 @@ def run_experiment(chaos: Chaos, run: RunDir, exp: Experiment, console: Console,
         console.print(f"[yellow]rolling back ({aborted}): healed {', '.join(chaos.heal(own=True)) or 'nothing'}[/]")
     events = list(jsonl.read(run.events, since=t0 - 1))
     result = verdict.evaluate(exp, samples, events, injected, aborted)
-    _write(run, exp, result, t0)
+    stem = _write(run, exp, result, t0)
+    result.files = [str(stem.with_suffix(".json")), str(stem.with_suffix(".md"))]
     return result
 
 
-def _inject_one(chaos: Chaos, fault: Fault, console: Console) -> str | None:
+def _inject_one(chaos: Chaos, fault: Fault, console: Console, emit: Emit) -> str | None:
     try:
-        detail = inject(chaos, fault, force=True)
-        console.print(f"[red]{fault.describe()}[/]  {detail}", highlight=False)
-        return None
+        done = inject(chaos, fault, force=True)
     except DldError as exc:
         console.print(f"[yellow]{fault.describe()}  failed: {exc.line()}[/]", highlight=False)
+        emit(records.fault_line(chaos.run.name, fault, None, exc.line(), time.time()))
         return f"could not inject {fault.action} {fault.target}: {exc.line()}"
+    console.print(f"[red]{fault.describe()}[/]  {done.detail}", highlight=False)
+    emit(records.fault_line(chaos.run.name, fault, done, None, done.t))
+    return None
 
 
 def _write(run: RunDir, exp: Experiment, result: Result, t0: float) -> Path:

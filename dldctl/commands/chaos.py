@@ -1,28 +1,43 @@
-"""CLI: `dldctl chaos ...` — break a live run on purpose, safely and reproducibly."""
+"""CLI: `dldctl chaos ...` — break a live run on purpose, safely and reproducibly.
+
+`--json`: `kill`, `pause`, `slow`, `partition` and `heal` print one object; `monkey` and `run`
+print JSON lines, one per fault as it happens, then a summary (shapes: dldctl/chaos/records.py,
+docs/chaos.md). Progress goes to stderr then. The quorum guard asks only on a terminal.
+"""
 
 from __future__ import annotations
 
 import random
+import sys
+import time
 
 # stdlib since 3.11; mypy checks as 3.10 (pyproject's python_version), which has none
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import typer
+from rich.console import Console
 
 from dldctl import rundir
-from dldctl.chaos import runner, verdict
-from dldctl.chaos.inject import Chaos
-from dldctl.chaos.plan import ACTIONS, PlanError, monkey_schedule, parse_experiment, seconds
+from dldctl.chaos import records, runner, verdict
+from dldctl.chaos.inject import Chaos, Confirm
+from dldctl.chaos.plan import ACTIONS, Experiment, PlanError, monkey_schedule, parse_experiment, seconds
 from dldctl.commands.options import output_console
 from dldctl.errors import ConfigError, OperationError, UsageError
+from syncer.common import strictjson
 
 app = typer.Typer(
     help="Break a live run on purpose: kill, pause, slow, partition, a monkey, experiments.", no_args_is_help=True
 )
 console = output_console()
+err_console = output_console(stderr=True)  # what a human reads while stdout carries JSON
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 ForceOpt = typer.Option(False, "--force", help="Do it even if it leaves fewer live learners than the quorum.")
+JsonOpt = typer.Option(False, "--json", help="Print what was done as one JSON object (messages go to stderr).")
+LinesOpt = typer.Option(
+    False, "--json", help="Print JSON lines: one per fault as it happens, then a summary (messages go to stderr)."
+)
 
 
 def _chaos(run: str | None) -> Chaos:
@@ -30,7 +45,21 @@ def _chaos(run: str | None) -> Chaos:
 
 
 def _confirm(question: str) -> bool:
-    return typer.confirm(question, default=False)
+    return typer.confirm(question, default=False, err=True)  # on stderr: stdout may carry JSON
+
+
+def _confirmer() -> Confirm | None:
+    """Ask on a terminal only; without one (a script, a pipe, CI) the guard refuses, naming --force."""
+    return _confirm if sys.stdin.isatty() else None
+
+
+def _out(json_out: bool) -> Console:
+    return err_console if json_out else console
+
+
+def _emit(record: dict[str, Any]) -> None:
+    """One JSON document (or JSON line) on stdout, at once: a script reads it as it happens."""
+    print(strictjson.dumps(record), flush=True)
 
 
 @app.command()
@@ -44,6 +73,7 @@ def kill(
     ),
     force: bool = ForceOpt,
     run: str | None = RunOpt,
+    json_out: bool = JsonOpt,
 ) -> None:
     """Signal a learner's (or the syncer's) process group; the supervisor restarts it.
 
@@ -54,10 +84,14 @@ def kill(
     hold = None if down_for is None else _seconds("--down-for", down_for)
     chaos = _chaos(run)
     try:
-        chaos.guard("kill", target, force, _confirm)
-        console.print(f"[red]killed {target}[/]: {chaos.kill(target, signal, hold)}")
+        chaos.guard("kill", target, force, _confirmer())
+        done = chaos.kill(target, signal, hold)
     finally:
         chaos.close()
+    if json_out:
+        _emit(records.injected(chaos.run.name, done))
+    else:
+        console.print(f"[red]killed {target}[/]: {done.detail}")
 
 
 def _seconds(flag: str, text: str, positive: bool = False) -> float:
@@ -71,19 +105,24 @@ def _seconds(flag: str, text: str, positive: bool = False) -> float:
     return value
 
 
-def _timed(action: str, target: str, duration: str, factor: float, force: bool, run: str | None) -> None:
+def _timed(
+    action: str, target: str, duration: str, factor: float, force: bool, run: str | None, json_out: bool
+) -> None:
     span = _seconds("--duration", duration, positive=True)
     if action == "slow" and factor <= 1.0:
         raise UsageError(f"--factor: must be > 1 (how many times slower), got {factor:g}")
     chaos = _chaos(run)
     try:
-        chaos.guard(action, target, force, _confirm)
-        console.print(
-            f"[red]{action} {target}[/]: {chaos.fault(action, target, span, factor)} "
-            f"(undone automatically; `dldctl chaos heal` ends it now)"
-        )
+        chaos.guard(action, target, force, _confirmer())
+        done = chaos.fault(action, target, span, factor)
     finally:
         chaos.close()
+    if json_out:
+        _emit(records.injected(chaos.run.name, done))
+    else:
+        console.print(
+            f"[red]{action} {target}[/]: {done.detail} (undone automatically; `dldctl chaos heal` ends it now)"
+        )
 
 
 @app.command()
@@ -92,12 +131,13 @@ def pause(
     duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."),
     force: bool = ForceOpt,
     run: str | None = RunOpt,
+    json_out: bool = JsonOpt,
 ) -> None:
     """SIGSTOP a learner (a hung straggler), SIGCONT after --duration.
 
     Example: dldctl chaos pause learner-1 --duration 20s
     """
-    _timed("pause", target, duration, 1.0, force, run)
+    _timed("pause", target, duration, 1.0, force, run, json_out)
 
 
 @app.command()
@@ -106,12 +146,13 @@ def slow(
     factor: float = typer.Option(..., "--factor", help="How many times slower."),
     duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."),
     run: str | None = RunOpt,
+    json_out: bool = JsonOpt,
 ) -> None:
     """Make a learner run F times slower for a while.
 
     Example: dldctl chaos slow learner-3 --factor 4 --duration 1m
     """
-    _timed("slow", target, duration, factor, True, run)
+    _timed("slow", target, duration, factor, True, run, json_out)
 
 
 @app.command()
@@ -120,12 +161,13 @@ def partition(
     duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."),
     force: bool = ForceOpt,
     run: str | None = RunOpt,
+    json_out: bool = JsonOpt,
 ) -> None:
     """Cut a learner off from the syncer both ways; it keeps training and reconnects after.
 
     Example: dldctl chaos partition learner-0 --duration 30s
     """
-    _timed("partition", target, duration, 1.0, force, run)
+    _timed("partition", target, duration, 1.0, force, run, json_out)
 
 
 @app.command()
@@ -133,6 +175,7 @@ def heal(
     target: str | None = typer.Argument(None, help="Only this learner (default: with --all, everything)."),
     all_: bool = typer.Option(False, "--all", help="Undo every active fault and kill hold."),
     run: str | None = RunOpt,
+    json_out: bool = JsonOpt,
 ) -> None:
     """Undo active faults now (idempotent).
 
@@ -145,7 +188,10 @@ def heal(
         done = chaos.heal(None if all_ else target)
     finally:
         chaos.close()
-    console.print(f"healed: {', '.join(done)}" if done else "nothing to heal")
+    if json_out:
+        _emit(records.heal(chaos.run.name, None if all_ else target, done, time.time()))
+    else:
+        console.print(f"healed: {', '.join(done)}" if done else "nothing to heal")
 
 
 def _targets(chaos: Chaos, targets: str | None) -> list[str]:
@@ -172,6 +218,7 @@ def monkey(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the schedule, inject nothing."),
     force: bool = ForceOpt,
     run: str | None = RunOpt,
+    json_out: bool = LinesOpt,
 ) -> None:
     """A chaos monkey: Poisson-distributed faults, reproducible with --seed.
 
@@ -179,6 +226,7 @@ def monkey(
     """
     mtbf_s, duration_s = _seconds("--mtbf", mtbf, positive=True), _seconds("--duration", duration)
     fault_s, down_s = _seconds("--fault-duration", fault_duration, positive=True), _seconds("--down-for", down_for)
+    out = _out(json_out)
     chaos = _chaos(run)
     try:
         try:
@@ -193,15 +241,29 @@ def monkey(
             )
         except PlanError as exc:
             raise UsageError(str(exc)) from None
-        console.print(f"monkey: {len(schedule)} faults over {duration_s:g} s (seed {seed})")
+        out.print(f"monkey: {len(schedule)} faults over {duration_s:g} s (seed {seed})")
+        options = {"seed": seed, "mtbf_s": mtbf_s, "duration_s": duration_s, "dry_run": dry_run}
         if dry_run:
             for fault in schedule:
-                console.print(fault.describe())
-            return
-        done = runner.monkey(chaos, schedule, console, force=force)
-        console.print(f"monkey done: {done} of {len(schedule)} faults injected")
+                out.print(fault.describe())
+            outcome = runner.MonkeyOutcome()
+        else:
+            outcome = runner.monkey(chaos, schedule, out, force=force, emit=_emit if json_out else runner.drop)
     finally:
         chaos.close()
+    if json_out:
+        _emit(records.monkey_summary(chaos.run.name, schedule, options, outcome.injected, outcome.healed))
+    elif not dry_run:
+        console.print(f"monkey done: {outcome.injected} of {len(schedule)} faults injected")
+
+
+def _experiment(path: Path) -> Experiment:
+    try:
+        return parse_experiment(tomllib.loads(path.read_text()), str(path))
+    except FileNotFoundError:
+        raise ConfigError(str(path), None, "no such file") from None
+    except (tomllib.TOMLDecodeError, PlanError, KeyError, ValueError, TypeError) as exc:
+        raise ConfigError(str(path), None, str(exc)) from None
 
 
 @app.command("run")
@@ -209,31 +271,32 @@ def run_experiment(
     experiment: Path = typer.Argument(..., help="Experiment TOML (see examples/chaos-experiment.toml)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, inject nothing."),
     run: str | None = RunOpt,
+    json_out: bool = LinesOpt,
 ) -> None:
     """Run a declarative chaos experiment; ends with a verdict (exit 1 on fail) and a report.
 
     Example: dldctl chaos run examples/chaos-experiment.toml
     """
-    try:
-        exp = parse_experiment(tomllib.loads(experiment.read_text()), str(experiment))
-    except FileNotFoundError:
-        raise ConfigError(str(experiment), None, "no such file") from None
-    except (tomllib.TOMLDecodeError, PlanError, KeyError, ValueError, TypeError) as exc:
-        raise ConfigError(str(experiment), None, str(exc)) from None
-    console.print(f"experiment {exp.name}: {exp.duration:g} s, {len(exp.faults)} faults")
+    exp, out = _experiment(experiment), _out(json_out)
+    out.print(f"experiment {exp.name}: {exp.duration:g} s, {len(exp.faults)} faults")
     for fault in exp.faults:
-        console.print(f"  {fault.describe()}")
+        out.print(f"  {fault.describe()}")
     for check in exp.steady:
-        console.print(f"  steady state: {check.text}")
+        out.print(f"  steady state: {check.text}")
     for check in exp.aborts:
-        console.print(f"  abort if: {check.text}")
+        out.print(f"  abort if: {check.text}")
     if dry_run:
+        if json_out:
+            _emit(records.experiment_summary(None, exp, None))
         return
     chaos = _chaos(run)
     try:
-        result = runner.run_experiment(chaos, chaos.run, exp, console)
+        result = runner.run_experiment(chaos, chaos.run, exp, out, emit=_emit if json_out else runner.drop)
     finally:
         chaos.close()
-    console.print(verdict.markdown(exp, result))
+    if json_out:  # a failed verdict too: its summary, then the error line and exit 1
+        _emit(records.experiment_summary(chaos.run.name, exp, result))
+    else:
+        console.print(verdict.markdown(exp, result))
     if not result.passed:
         raise OperationError(f"experiment {exp.name} failed: {'; '.join(result.reasons)}")

@@ -182,6 +182,7 @@ PURE_CORE = (
     "dldctl/units.py",
     "dldctl/chaos/plan.py",
     "dldctl/chaos/verdict.py",
+    "dldctl/chaos/records.py",
     *(f"dldctl/sim/{p.name}" for p in sorted((ROOT / "dldctl" / "sim").glob("*.py"))),
 )
 IO_MODULES = {
