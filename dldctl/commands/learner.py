@@ -1,18 +1,67 @@
-"""CLI: `learner add` (scavenged capacity joins mid-run) and `learner remove` (graceful leave)."""
+"""CLI: `learner add` (scavenged capacity joins mid-run) and `learner remove` (graceful leave).
+
+`--json` prints one `"schema": "dldctl.learner/1"` object on stdout (docs/operations.md); the
+progress (host preparation, the wait for the new learners) goes to stderr then.
+"""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from dldctl import inventory, rundir
 from dldctl.commands.options import output_console
 from dldctl.lifecycle import converge
+from dldctl.rundir import RunDir
+from dldctl.runstate import RunState
+from syncer.common import strictjson
 
 app = typer.Typer(help="Add or remove learners of a live run.", no_args_is_help=True)
 console = output_console()
+err_console = output_console(stderr=True)
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
+JsonOpt = typer.Option(False, "--json", help="Print what was done as one JSON object (messages go to stderr).")
+SCHEMA = "dldctl.learner/1"
+JOIN_TIMEOUT_S = 120.0  # how long `add` waits for its learners to run
+
+
+def added(run: str, host: str, ids: list[str], state: RunState, now: float) -> dict[str, Any]:
+    """The document of `learner add --json`: each new learner, and whether it ran in time."""
+    rows = []
+    for lid in ids:
+        proc = state.procs.get(lid)
+        status = None if proc is None else proc.status.value
+        pid = None if proc is None or proc.proc is None else proc.proc.pid
+        rows.append({"id": lid, "status": status, "pid": pid, "running": status == "running"})
+    return {
+        "schema": SCHEMA,
+        "run": run,
+        "action": "add",
+        "host": host,
+        "added": list(ids),
+        "learners": rows,
+        "all_running": all(r["running"] for r in rows),
+        "timeout_s": JOIN_TIMEOUT_S,
+        "t": now,
+    }
+
+
+def removed(run: str, done: converge.Removed, now: float) -> dict[str, Any]:
+    """The document of `learner remove --json`: `result` is `leaving` (SIGTERM delivered: it
+    sends its due fragments, says bye, exits) or `stopped` (no process was left to tell)."""
+    return {
+        "schema": SCHEMA,
+        "run": run,
+        "action": "remove",
+        "learner": done.learner,
+        "host": done.host,
+        "pid": done.pid,
+        "result": "leaving" if done.signalled else "stopped",
+        "t": now,
+    }
 
 
 @app.command("add")
@@ -23,21 +72,29 @@ def add(
         None, "--inventory", help="An inventory that declares --host, for a host the run does not have yet."
     ),
     run: str | None = RunOpt,
+    json_out: bool = JsonOpt,
 ) -> None:
     """Add learners mid-run; they join by fetching the current global state.
 
     Example: dldctl learner add --host gpu-c --count 2 --inventory inventory.toml
     """
-    live = rundir.resolve(run)
+    live: RunDir = rundir.resolve(run)
     if inventory_file is not None:
         converge.adopt_host(live, inventory.load(inventory_file).host(host))
-    converge.add(live, host, count, console)
+    ids = converge.add(live, host, count, err_console if json_out else console, wait_s=JOIN_TIMEOUT_S)
+    if json_out:
+        print(strictjson.dumps(added(live.name, host, ids, live.read_state(), time.time())), flush=True)
 
 
 @app.command("remove")
-def remove(learner: str = typer.Argument(..., help="learner-N"), run: str | None = RunOpt) -> None:
+def remove(
+    learner: str = typer.Argument(..., help="learner-N"), run: str | None = RunOpt, json_out: bool = JsonOpt
+) -> None:
     """Take a learner out gracefully: it sends its due fragments, says bye, is not restarted.
 
     Example: dldctl learner remove learner-3
     """
-    converge.remove(rundir.resolve(run), learner, console)
+    live = rundir.resolve(run)
+    done = converge.remove(live, learner, err_console if json_out else console)
+    if json_out:
+        print(strictjson.dumps(removed(live.name, done, time.time())), flush=True)

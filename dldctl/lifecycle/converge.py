@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import signal
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -124,7 +124,18 @@ def _wait(run: RunDir, ids: list[str], timeout: float, console: Console) -> None
     console.print(f"[yellow]not running yet after {timeout:.0f} s: {', '.join(waiting)}[/] (`dldctl logs` tells why)")
 
 
-def remove(run: RunDir, lid: str, console: Console) -> None:
+@dataclass(frozen=True)
+class Removed:
+    """What `remove` did: the learner, its host, its pid (None: it had no process) and whether
+    the SIGTERM reached a process (False: already gone; it is stopped all the same)."""
+
+    learner: str
+    host: str
+    pid: int | None
+    signalled: bool
+
+
+def remove(run: RunDir, lid: str, console: Console) -> Removed:
     """Gracefully take one learner out of a live run (it is not restarted)."""
     with run.update() as edit:
         proc = edit.state.procs.get(lid)
@@ -133,17 +144,22 @@ def remove(run: RunDir, lid: str, console: Console) -> None:
         edit.state = edit.state.with_proc(lid, replace(proc, status=ProcStatus.STOPPED))
         ref = proc.proc
         host_name = proc.host
+    signalled = False
     if ref:
         inv = stored_inventory(run)
         spec = next((h for h in inv.hosts if h.name == host_name), None)
         host = LocalHost("local") if spec is None or spec.local else provision.open_host(spec, inv.ssh)
         try:
-            host.signal(ProcRef(ref.pid, ref.start_ticks), signal.SIGTERM, group=True)
+            signalled = host.signal(ProcRef(ref.pid, ref.start_ticks), signal.SIGTERM, group=True)
         finally:
             host.close()
     run.event("learner_remove", lid, "graceful leave: its due fragments are sent, then it exits")
     _tell_syncer(run, run.read_config())
-    console.print(f"{lid} is leaving (SIGTERM sent; it will not be restarted)")
+    if signalled:
+        console.print(f"{lid} is leaving (SIGTERM sent; it will not be restarted)")
+    else:
+        console.print(f"{lid} is stopped (its process was already gone; it will not be restarted)")
+    return Removed(lid, host_name, ref.pid if ref else None, signalled)
 
 
 def converge(run: RunDir, inv: Inventory, console: Console) -> None:
