@@ -94,6 +94,7 @@ def _stream_loop(run: RunDir, interval: float, as_json: bool, console: Console) 
 def report(
     run: str | None = RunOpt,
     out: Path | None = typer.Option(None, "--out", help="Output directory (default: RUN/report)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the run, the output directory and the files as JSON."),
 ) -> None:
     """PNG plots and a markdown summary of a run, live or finished.
 
@@ -101,4 +102,4 @@ def report(
     """
     from dldctl.commands.report import report_command  # matplotlib takes a second to import
 
-    report_command(rundir.resolve(run, live_only=False).path, out)
+    report_command(rundir.resolve(run, live_only=False).path, out, json_out=json_out)

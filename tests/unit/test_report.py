@@ -106,3 +106,12 @@ def test_report_command_defaults_to_run_dir_report(tmp_path: Path) -> None:
     paths = report_command(run, None, console=Console(file=out, width=200))
     assert paths[-1] == run / "report" / "summary.md"
     assert "summary.md" in out.getvalue() and "quorum.png" in out.getvalue()
+
+
+def test_report_json_is_one_object_listing_the_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run_recorded"
+    shutil.copytree(RECORDED, run)
+    paths = report_command(run, tmp_path / "out", json_out=True)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "dldctl.report/1" and doc["run"] == "run_recorded" and doc["out"] == str(tmp_path / "out")
+    assert doc["files"] == [str(p) for p in paths] and doc["files"][-1].endswith("summary.md")
