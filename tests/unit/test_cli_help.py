@@ -147,3 +147,28 @@ def test_version_prints_the_installed_version() -> None:
     proc = subprocess.run([sys.executable, "-m", "dldctl", "--version"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout == f"dldctl {importlib.metadata.version('dldctl')}\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["chaos", "kill", "learner-0", "--json"],
+        ["chaos", "pause", "learner-0", "--duration", "5s", "--json"],
+        ["chaos", "slow", "learner-0", "--factor", "2", "--duration", "5s", "--json"],
+        ["chaos", "partition", "learner-0", "--duration", "5s", "--json"],
+        ["chaos", "heal", "--all", "--json"],
+        ["chaos", "monkey", "--mtbf", "1s", "--duration", "5s", "--json"],
+        ["chaos", "run", "missing.toml", "--json"],
+        ["learner", "add", "--host", "a", "--json"],
+        ["learner", "remove", "learner-0", "--json"],
+        ["report", "--json"],
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_json_is_an_option_and_an_error_prints_no_json(args: list[str], tmp_path) -> None:
+    """`--json` parses (the command gets as far as looking for the run) and a failure leaves stdout empty."""
+    from dldctl.errors import DldError
+
+    result = CliRunner(env={"DLDCTL_HOME": str(tmp_path)}).invoke(app, args)
+    assert isinstance(result.exception, DldError), result.output
+    assert result.stdout == ""
