@@ -6,8 +6,9 @@
     [[hosts]]  HostSpec: one entry per machine (address "local" = this machine, no SSH)
 
 Unknown keys and wrong types are rejected with the file, the key, a "did you mean" and the fix;
-cross-field rules are checked before anything starts. The built-in default (`dldctl up` with no
-argument) is an Inventory built from the same dataclasses.
+cross-field rules are checked before anything starts. A relative path (`[run] init_from`) is
+taken from the inventory file's directory (`load` makes it absolute). The built-in default
+(`dldctl up` with no argument) is an Inventory built from the same dataclasses.
 """
 
 from __future__ import annotations
@@ -165,9 +166,20 @@ def load(path: str | os.PathLike[str]) -> Inventory:
         raise ConfigError(str(p), None, f"cannot read ({exc.strerror})") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(p), None, f"not valid TOML: {exc}", "fix the syntax at that line") from exc
-    inv = parse(data, str(p))
+    inv = with_paths_from(parse(data, str(p)), p.parent)
     validate(inv)
     return inv
+
+
+def with_paths_from(inv: Inventory, base: Path) -> Inventory:
+    """The inventory with its file paths made absolute: `~` expanded, a relative one taken from
+    `base` (the inventory file's directory), so the run directory's copy means the same file."""
+    if not inv.run.init_from.strip():
+        return inv
+    path = Path(inv.run.init_from).expanduser()
+    if not path.is_absolute():
+        path = base.absolute() / path
+    return replace(inv, run=replace(inv.run, init_from=str(path)))
 
 
 def parse(data: dict[str, Any], path: str) -> Inventory:

@@ -45,6 +45,7 @@ class RunSettings:
     model: str = "gpt-small"  # gpt-tiny | gpt-small | gpt-medium | gpt2-124m | pkg.mod:factory
     data: str = "builtin"  # builtin | path to a text file/dir | path to a uint16 .bin
     seed: int = 0
+    init_from: str = ""  # a model file a new run starts from ("" = from the seed; a resumed run: its checkpoint)
     steps: int = 0  # inner steps per learner; 0 = until `dldctl down`
     duration: float = 0.0  # seconds; 0 = until `dldctl down`
     # inner optimizer (AdamW)
@@ -102,6 +103,12 @@ class RunSettings:
             "name",
             f"must be 1-64 letters, digits, '_', '.' or '-' starting with a letter or digit, got {self.name!r}",
             'it names the run directory, e.g. name = "exp-1"',
+        )
+        _check(
+            self.init_from == "" or self.init_from.strip() != "",
+            "init_from",
+            "is blank",
+            'name a model file, e.g. init_from = "final_model.pt", or leave the key out to start from the seed',
         )
         _check(self.H >= 1, "H", f"must be >= 1, got {self.H}")
         _check(self.fragments >= 1, "fragments", f"must be >= 1, got {self.fragments}")

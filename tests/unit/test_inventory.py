@@ -168,3 +168,20 @@ def test_outer_optimizer_follows_h_unless_set(tmp_path: Path, run: str, expected
     inv = inventory.load(write(tmp_path, GOOD.replace("[run]\n", f"[run]\n{run}\n")))
     assert (inv.run.outer_lr, inv.run.outer_momentum) == expected
     assert inventory.default_inventory().run.H == 32 and inventory.default_inventory().run.outer_momentum == 0.0
+
+
+def test_init_from_is_taken_from_the_inventory_files_directory(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    inv = inventory.load(write(tmp_path, GOOD.replace("[run]\n", '[run]\ninit_from = "models/final_model.pt"\n')))
+    assert inv.run.init_from == str(tmp_path.absolute() / "models" / "final_model.pt")
+    again = inventory.parse(inventory.to_dict(inv), str(tmp_path / "elsewhere" / "inventory.toml"))
+    assert again.run.init_from == inv.run.init_from  # the run directory's copy names the same file
+    absolute = inventory.load(write(tmp_path, GOOD.replace("[run]\n", '[run]\ninit_from = "/data/x.pt"\n')))
+    assert absolute.run.init_from == "/data/x.pt"
+    assert inventory.load(write(tmp_path, GOOD)).run.init_from == ""
+
+
+@pytest.mark.parametrize(("value", "problem"), [('"  "', "is blank"), ("3", "must be str")])
+def test_a_bad_init_from_names_the_key(tmp_path: Path, value: str, problem: str) -> None:
+    exc = error(tmp_path, GOOD.replace("[run]\n", f"[run]\ninit_from = {value}\n"))
+    assert exc.key == "run.init_from" and problem in exc.line()

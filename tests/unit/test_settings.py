@@ -177,6 +177,7 @@ def test_H_must_be_a_multiple_of_fragments_and_fix_proposes_one() -> None:
         ({"max_carry": -0.5}, "max_carry"),
         ({"max_carry": -2.0}, "max_carry"),
         ({"seq_len": 0}, "seq_len"),
+        ({"init_from": "  "}, "init_from"),
         ({"batch_size": 0}, "batch_size"),
         ({"max_queue": 0}, "max_queue"),
         ({"keep_checkpoints": 0}, "keep_checkpoints"),
