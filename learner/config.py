@@ -26,6 +26,7 @@ class LearnerConfig:
     secret_key: Path | None  # this learner's CURVE key pair (NAME.key_secret)
     syncer_key: Path | None  # the syncer's public key
     workdir: Path
+    init_model: Path | None = None  # the model file a new run starts from ([run] init_from); None: the seed's
 
     @property
     def batch_size(self) -> int:
@@ -45,5 +46,12 @@ def load(path: Path, learner_id: str, workdir: Path | None = None) -> LearnerCon
     if keys_dir is not None:
         secret, syncer_key = keys_dir / f"{learner_id}.key_secret", keys_dir / "syncer.key"
     return LearnerConfig(
-        cfg.run_id, cfg.run, spec, cfg.syncer.address, secret, syncer_key, workdir or base / learner_id
+        cfg.run_id,
+        cfg.run,
+        spec,
+        cfg.syncer.address,
+        secret,
+        syncer_key,
+        workdir or base / learner_id,
+        cfg.init_model_path(base),
     )

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from learner import initmodel
 from learner.client import SyncerClient
 from learner.config import LearnerConfig
 from learner.link import LinkCore, PushItem
@@ -84,6 +85,10 @@ class Trainer:
             seed=self.s.seed + 1_000_003 * rank + 7_919 * restarts,
         )
         self.wl = build_workload(ctx)
+        if self.cfg.init_model is not None:  # before anything is uploaded or trained (learner/initmodel.py)
+            said = initmodel.load(self.wl.model, self.cfg.init_model, self.s.init_from)
+            if rank == 0:
+                log(f"{self.cfg.spec.id}: {said}")
         self.train_model = self.island.wrap(self.wl.model) if self.island else self.wl.model
         self.params = {n: p.data for n, p in self.wl.model.named_parameters()}
         self.manifest = [

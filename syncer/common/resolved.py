@@ -12,7 +12,7 @@ On disk (keys as dldctl has always written them; "version" is the schema version
       "syncer": {"host", "bind_host", "port", "control_port", "advertise", "control_address", "dir"},
       "learners": [{"id": "learner-0", "host", "device", "batch_size", "throttle", "nproc",
                     "threads", "env", "shard", "shards"}, ...],
-      "keys": {"dir": str}, "inventory": str }
+      "keys": {"dir": str}, "inventory": str, "init_model": str (only with [run] init_from) }
 
 Paths in the file are absolute or relative to the file's own directory (`resolve_path`), so the
 same file works in the run directory of whichever host reads it. `load` and `save` are the one
@@ -35,7 +35,7 @@ from syncer.common.settings import RunSettings, SettingsError, from_mapping, sug
 SCHEMA_VERSION = 1
 VERSION_KEY = "version"
 FIX = "start a new run with `dldctl up`"
-TOP_KEYS = (VERSION_KEY, "run_id", "run", "syncer", "learners", "keys", "inventory")
+TOP_KEYS = (VERSION_KEY, "run_id", "run", "syncer", "learners", "keys", "inventory", "init_model")
 
 
 class ResolvedConfigError(ValueError):
@@ -117,6 +117,7 @@ class ResolvedConfig:
     learners: tuple[LearnerEntry, ...] = ()
     keys: KeysSection = KeysSection()
     inventory: str | None = None  # where the inventory came from (only shown to people)
+    init_model: str | None = None  # the run's copy of [run] init_from, relative to the file (None: from the seed)
 
     @property
     def learner_ids(self) -> tuple[str, ...]:
@@ -144,6 +145,10 @@ class ResolvedConfig:
     def run_dir(self, base: Path) -> Path:
         """The run directory as seen from `base` (the file's directory)."""
         return resolve_path(base, self.syncer.dir)
+
+    def init_model_path(self, base: Path) -> Path | None:
+        """The model file a new run starts from, as seen from `base`; None: from the seed."""
+        return None if self.init_model is None else resolve_path(base, self.init_model)
 
     # -- JSON --------------------------------------------------------------------------------
     @classmethod
@@ -186,6 +191,7 @@ class ResolvedConfig:
             learners=entries,
             keys=from_mapping(KeysSection, data.get("keys", {}), "keys"),
             inventory=_str(data, "inventory") if data.get("inventory") is not None else None,
+            init_model=_str(data, "init_model") if data.get("init_model") is not None else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -200,6 +206,8 @@ class ResolvedConfig:
         }
         if self.inventory is not None:
             out["inventory"] = self.inventory
+        if self.init_model is not None:
+            out["init_model"] = self.init_model
         return out
 
 
