@@ -12,8 +12,9 @@ import socket
 from dataclasses import dataclass
 
 from dldctl.inventory import HostSpec, Inventory
+from dldctl.lifecycle import initmodel
 from dldctl.rundir import RunDir
-from syncer.common import keys
+from syncer.common import keys, modelfile
 from syncer.common.resolved import KeysSection, LearnerEntry, ResolvedConfig, SyncerSection
 
 
@@ -82,12 +83,15 @@ def resolved_config(inv: Inventory, advertise: str) -> ResolvedConfig:
         learners=tuple(p.entry for p in learner_plans(inv)),
         keys=KeysSection("keys"),
         inventory=inv.path,
+        init_model=modelfile.INIT_MODEL if inv.run.init_from else None,  # write() copies it there
     )
 
 
 def write(inv: Inventory, run: RunDir, advertise: str = "127.0.0.1") -> ResolvedConfig:
-    """Create keys (unless insecure) and config.json in the run directory; returns the config."""
+    """Create keys (unless insecure), the init model's copy (`[run] init_from`) and config.json
+    in the run directory; returns the config."""
     config = resolved_config(inv, advertise)
+    initmodel.copy(inv, run)
     if not inv.run.insecure:
         for name in ["syncer", "operator", *config.learner_ids]:
             keys.create(run.keys, name)
@@ -124,5 +128,6 @@ def describe(inv: Inventory) -> list[str]:
             f"{plan.id} on {h.name} ({where}): device {h.device}, nproc {h.nproc}, "
             f"batch {h.batch_size or inv.run.batch_size}, throttle {h.throttle:g}"
         )
+    lines += initmodel.describe(inv)
     lines += [f"WARNING: {risk}" for risk in inv.run.risks(len(learner_plans(inv)))]
     return lines

@@ -17,6 +17,7 @@ from typing import Any
 from dldctl.errors import RemoteCommandError, SetupError
 from dldctl.hosts import Host, LocalHost, SSHHost
 from dldctl.inventory import HostSpec, Inventory
+from dldctl.lifecycle import initmodel
 from dldctl.rundir import RunDir
 from syncer.common.resolved import ResolvedConfig
 
@@ -95,9 +96,10 @@ def prepare(
 
 
 def push_run_files(host: Host, run: RunDir, remote_run: str, learner_ids: list[str], config: ResolvedConfig) -> None:
-    """config.json plus this host's learner keys and the syncer's public key, all 0600."""
+    """config.json (and the run's init model) plus this host's learner keys and the syncer's public key, all 0600."""
     host.mkdir(f"{remote_run}/keys", 0o700)
     host.put_bytes(run.config.read_bytes(), f"{remote_run}/config.json", 0o600)
+    initmodel.push(host, run, remote_run, config)
     if config.run.insecure:
         return
     host.put_bytes((run.keys / "syncer.key").read_bytes(), f"{remote_run}/keys/syncer.key", 0o600)

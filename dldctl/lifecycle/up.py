@@ -29,7 +29,7 @@ from dldctl import inventory, rundir
 from dldctl.errors import DldError, OperationError
 from dldctl.hosts import Host, LocalHost
 from dldctl.inventory import HostSpec, Inventory
-from dldctl.lifecycle import kernel, plan, provision, wheel
+from dldctl.lifecycle import initmodel, kernel, plan, provision, wheel
 from dldctl.rundir import RunDir
 from dldctl.runstate import HostRecord, ProcStatus, RunState
 from dldctl.supervise import reconcile, watchdog
@@ -233,6 +233,7 @@ def create_run(inv: Inventory, source: str | None) -> RunDir:
 
 def up(inv: Inventory, source: str | None, console: Console, timeout: float = 180.0) -> RunDir:
     """Bring a new run up; returns its directory (processes keep running after we return)."""
+    initmodel.check(inv)  # [run] init_from: a bad model file fails here, before any host or run directory
     run = create_run(inv, source)
     console.print(f"run [bold]{run.name}[/] in {run.path}", highlight=False)
     names = [h.name for h in inv.hosts] + ["syncer"] + [p.id for p in plan.learner_plans(inv)]
