@@ -101,7 +101,7 @@ def restore(core: SyncerCore, state: dict[str, Any], now: float) -> None:
     if [t.numel() for t in model.theta] != plan.sizes():
         raise CheckpointError("checkpoint tensors do not match its own fragment plan")
     outer_steps, bytes_up, bytes_down = int(state["outer_steps"]), int(state["bytes_up"]), int(state["bytes_down"])
-    core.fleet.load_state_dict(state["fleet"], now, float(state["saved_at"]))
+    core.fleet.load_state_dict(state["fleet"], now, float(state["saved_at"]), closed=bool(state.get("closed")))
     core.model = model
     core.outer_steps = core.checkpoint_outer_step = outer_steps
     core.bytes_up, core.bytes_down = bytes_up, bytes_down
@@ -159,6 +159,7 @@ def _history(state: dict[str, Any], name: str) -> bytes:
             "run_id",
             "epoch",
             "saved_at",
+            "closed",
             "outer_steps",
             "fragments",
             "fleet",
@@ -309,7 +310,7 @@ def continue_counters(core: SyncerCore, lost: LostHistory, now: float) -> list[s
     core.outer_steps = lost.outer_steps
     core.bytes_up, core.bytes_down = int(h.get("bytes_up", 0)), int(h.get("bytes_down", 0))
     try:
-        core.fleet.load_state_dict(h["fleet"], now, float(h.get("saved_at", now)))
+        core.fleet.load_state_dict(h["fleet"], now, float(h.get("saved_at", now)), closed=bool(h.get("closed")))
     except (KeyError, TypeError, ValueError):
         missing.append("token and time accounting (no readable history)")
     if not h:

@@ -287,13 +287,15 @@ class Ledger:
             },
         }
 
-    def load_state_dict(self, state: dict[str, Any], now: float, saved_at: float) -> None:
-        """Restore counters; the time the syncer was down still counts as provisioned."""
+    def load_state_dict(self, state: dict[str, Any], now: float, saved_at: float, closed: bool = False) -> None:
+        """Restore counters. The time the syncer was down counts as provisioned (the fleet was
+        there, waiting), unless the run was `closed` (stopped by `down`: nobody was provisioned)."""
         self.merged_s = float(state["merged_s"])
         self.merged_tokens = float(state["merged_tokens"])
         self.steps_total = int(state["steps_total"])
         self.declared = list(state.get("declared", self.declared))
-        self.provisioned_s = float(state["provisioned_s"]) + max(0.0, now - saved_at) * len(self.declared)
+        downtime = 0.0 if closed else max(0.0, now - saved_at)
+        self.provisioned_s = float(state["provisioned_s"]) + downtime * len(self.declared)
         # the same incarnation saying hello again is a reconnect: its counters continue from here
         for lid, saved in state.get("learners", {}).items():
             self.learners[lid] = LearnerInfo(

@@ -73,6 +73,7 @@ class SyncerServer:
         self._quiet: dict[str, float] = {}
         self._export_name: Any = None
         self.stopping = threading.Event()
+        self._closed = False
         self.learner_sock: zmq.Socket[bytes] | None = None  # the three are set by open()
         self.control_sock: zmq.Socket[bytes] | None = None
         self.monitor: zmq.Socket[bytes] | None = None
@@ -352,6 +353,7 @@ class SyncerServer:
         if action == "shutdown":
             # stop taking messages now; export after the loop, so no round can close after it
             self._export_name = msg.get("export")
+            self._closed = True  # the operator stopped the run: its time down is nobody's lost work
             self.stopping.set()
             target = self._export_path(self._export_name) if self.core.model is not None else None
             return Message("control_rep", {"ok": True, "detail": str(target or "")})
@@ -409,6 +411,8 @@ class SyncerServer:
         now = self.wall()
         try:
             state = state if state is not None else checkpoint.state_dict(self.core, now)
+            if final and self._closed:
+                state = {**state, "closed": True}
             path = checkpoint.save(self.cfg.checkpoint_dir, state, self.cfg.settings.keep_checkpoints)
         except checkpoint.CheckpointError as exc:
             self._ckpt_retry_at = now + 10.0

@@ -121,6 +121,10 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
     # the 10 s the syncer was down still count as provisioned time for the 3 declared learners
     assert fresh.fleet.provisioned_s == pytest.approx(h.core.fleet.provisioned_s + 30.0)
     assert set(fresh.fleet.learners) == {"a", "b", "c"}
+    # ...but not after `down` closed the run (its final checkpoint says so): nobody was provisioned
+    closed = SyncerCore(h.s, RUN, ["a", "b", "c"], now=110.0, epoch=2)
+    checkpoint.restore(closed, {**state, "closed": True}, now=110.0)
+    assert closed.fleet.provisioned_s == pytest.approx(h.core.fleet.provisioned_s)
     # the restored core keeps merging from where the old one stopped
     h2 = Harness(h.s)
     h2.core = fresh
