@@ -18,6 +18,7 @@ from rich.markup import escape
 from dldctl.commands import chaos as cli_chaos
 from dldctl.commands import learner as cli_learner
 from dldctl.commands import run as cli_run
+from dldctl.commands import runs as cli_runs
 from dldctl.commands import simulate as cli_simulate
 from dldctl.commands import status as cli_status
 from dldctl.errors import DldError
@@ -53,6 +54,7 @@ def _root(
 app.command()(cli_run.up)
 app.command()(cli_run.down)
 app.command()(cli_status.status)
+app.command()(cli_runs.runs)
 app.command()(cli_run.logs)
 app.command()(cli_run.check)
 app.command()(cli_status.report)

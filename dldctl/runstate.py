@@ -389,6 +389,9 @@ def _mapping(d: dict[str, Any], key: str, parse: Callable[[Any, str], T]) -> dic
     return {str(name): parse(value, f"{key}[{name!r}]") for name, value in items.items()}
 
 
+DOWN_REASON = "stopped by down"  # a Proc.reason: what `up --resume` starts again
+
+
 def new_proc(kind: str, host: str) -> Proc:
     """A process not started yet (the supervisor starts every pending one)."""
     return Proc(kind=kind, host=host)

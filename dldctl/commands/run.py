@@ -6,7 +6,9 @@ import json
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -14,14 +16,16 @@ from rich.table import Table
 
 from dldctl import inventory, rundir
 from dldctl.commands.options import duration, output_console
-from dldctl.errors import DldError, UsageError
+from dldctl.errors import DldError, OperationError, UsageError
 from dldctl.hosts import LocalHost
 from dldctl.inventory import Inventory
 from dldctl.lifecycle import check as check_mod
 from dldctl.lifecycle import converge, kernel, plan
 from dldctl.lifecycle import down as down_mod
+from dldctl.lifecycle import resume as resume_mod
 from dldctl.lifecycle import up as up_mod
 from dldctl.lifecycle.provision import HostRuntime, open_host
+from dldctl.observe import snapshot
 from syncer.common import strictjson
 
 console = output_console()
@@ -42,47 +46,138 @@ def up(
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and touch nothing."),
     timeout: str = typer.Option("3m", "--timeout", help="How long to wait for every process to run: 90s, 3m, 180."),
+    resume: str | None = typer.Option(
+        None, "--resume", metavar="RUN", help="Continue a down or crashed run from its newest checkpoint."
+    ),
+    wait: bool = typer.Option(
+        False, "--wait", help="Return once the quorum is live and merges happened (up to --timeout more); implies -d."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the run id and endpoints as JSON; implies -d."),
 ) -> None:
     """Provision the hosts, start the syncer and every learner, keep them alive.
 
     Example: dldctl up inventory.toml --detach
     """
     wait_s = duration("--timeout", timeout)
-    inv = load_inventory(inventory_file)
-    if dry_run:
-        for line in plan.describe(inv):
-            console.print(line)
-        console.print("[dim](dry run: nothing was touched)[/]")
+    out = output_console(stderr=True) if json_out else console
+    if resume is not None:
+        run = _resume(resume, inventory_file, dry_run, out, wait_s)
+    else:
+        inv = load_inventory(inventory_file)
+        if dry_run:
+            for line in plan.describe(inv):
+                console.print(line)
+            console.print("[dim](dry run: nothing was touched)[/]")
+            return
+        run = _start_or_converge(inv, inventory_file, out, wait_s)
+    merging = _wait_merging(run, wait_s, out) if wait else None
+    if json_out:
+        print(strictjson.dumps(up_record(run, merging)))
         return
+    console.print(
+        f"\n[bold green]up:[/] {run.name}\n  dldctl status          live view\n"
+        f"  dldctl logs learner-0  a learner's log\n  dldctl chaos kill learner-1\n  dldctl down"
+    )
+    if detach or wait:
+        return
+    if not sys.stdout.isatty():  # a pipe, a file, CI: nobody to watch the live view
+        console.print("stdout is not a terminal: detached (`dldctl status --watch` streams the run)")
+        return
+    from dldctl.commands.status import live_view
+
+    live_view(run, interval=1.0)
+
+
+def _start_or_converge(inv: Inventory, inventory_file: Path | None, out: Console, wait_s: float) -> rundir.RunDir:
+    """A new run, or the live run of this name converged to the inventory (an orphan restarted)."""
     for risk in inv.run.risks(len(plan.learner_plans(inv))):
         err_console.print(f"[yellow]warning:[/] {risk}")
     live = rundir.find_live(inv.run.name)
     orphan = None if live else rundir.find_orphan(inv.run.name)
     if orphan is not None:  # its supervisor died: bring it back, then converge
-        console.print(f"[yellow]run {orphan.name} lost its supervisor; restarting it[/]")
+        out.print(f"[yellow]run {orphan.name} lost its supervisor; restarting it[/]")
         up_mod.start_supervisor(orphan)
         live = orphan
     if live is not None:
-        converge.converge(live, inv, console)
-        run = live
-    else:
-        run = up_mod.up(inv, str(inventory_file) if inventory_file else None, console, wait_s)
-    console.print(
-        f"\n[bold green]up:[/] {run.name}\n  dldctl status          live view\n"
-        f"  dldctl logs learner-0  a learner's log\n  dldctl chaos kill learner-1\n  dldctl down"
-    )
-    if not detach and not sys.stdout.isatty():  # a pipe, a file, CI: nobody to watch the live view
-        console.print("stdout is not a terminal: detached (`dldctl status --watch` streams the run)")
-    elif not detach:
-        from dldctl.commands.status import live_view
+        converge.converge(live, inv, out)
+        return live
+    return up_mod.up(inv, str(inventory_file) if inventory_file else None, out, wait_s)
 
-        live_view(run, interval=1.0)
+
+def _resume(name: str, inventory_file: Path | None, dry_run: bool, out: Console, wait_s: float) -> rundir.RunDir:
+    if inventory_file is not None or dry_run:
+        raise UsageError(
+            "--resume continues a run with its own inventory and settings",
+            hint=f"drop {'INVENTORY' if inventory_file else '--dry-run'}; `dldctl runs` lists the runs",
+        )
+    target = rundir.resolve(name, live_only=False)
+    if target.live():  # nothing to do: as a second `down` is
+        out.print(f"run {target.name} is up already")
+        return target
+    run, _ = resume_mod.resume(target, out, wait_s)
+    return run
+
+
+def _wait_merging(run: rundir.RunDir, wait_s: float, out: Console) -> dict[str, Any]:
+    """Until the quorum is live and the syncer merged since we began (OperationError after `wait_s`)."""
+    out.print("waiting for the quorum and the first merges...")
+    deadline = time.monotonic() + wait_s
+    first: int | None = None
+    snap = snapshot.collect(run)
+    while True:
+        steps = snap["syncer"].get("outer_steps") if snap["syncer"].get("alive") else None
+        first = steps if first is None else first
+        live, need = snap["quorum"]["live"], snap["quorum"]["min"]
+        if steps is not None and first is not None and steps > first and live >= need:
+            out.print(f"merging: outer step {steps}, {live} learners live (quorum {need})")
+            return {"outer_steps": steps, "live": live, "quorum": need}
+        if time.monotonic() >= deadline:
+            raise OperationError(f"run {run.name}: {why_not_merging(snap, first)} after {wait_s:.0f} s", hint=WAIT_HINT)
+        time.sleep(0.5)
+        snap = snapshot.collect(run)
+
+
+WAIT_HINT = "`dldctl status` shows the fleet and `dldctl logs learner-N` why a learner is not up; the run keeps going"
+
+
+def why_not_merging(snap: dict[str, Any], first: int | None) -> str:
+    """The reason `up --wait` gave up, from a status snapshot (pure)."""
+    if not snap["syncer"].get("alive"):
+        return "the syncer is not answering"
+    live, need = snap["quorum"]["live"], snap["quorum"]["min"]
+    if live < need:
+        down = [
+            f"{r['id']} {r['state']}" for r in snap.get("learners", []) if r.get("state") not in ("running", "slow")
+        ]
+        return f"only {live} of the {need} learners the quorum needs are live" + (
+            f" (not live: {', '.join(down)})" if down else ""
+        )
+    return f"no merge yet (outer step {first}), though {live} learners are live"
+
+
+def up_record(run: rundir.RunDir, merging: dict[str, Any] | None) -> dict[str, Any]:
+    """What `up --json` prints: the run, where its syncer listens, its processes."""
+    config, state = run.read_config(), run.read_state()
+    return {
+        "schema": "dldctl.up/1",
+        "run": run.name,
+        "run_id": config.run_id,
+        "dir": str(run.path),
+        "syncer": {"host": config.syncer.host, "address": config.syncer.address, "control": config.syncer.control},
+        "processes": {name: {"host": p.host, "status": p.status.value} for name, p in state.procs.items()},
+        "not_running": [n for n, p in state.procs.items() if p.status.value not in ("running", "stopped", "finished")],
+        "merging": merging,
+    }
 
 
 def down(
-    run: str | None = RunOpt, json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON.")
+    run: str | None = RunOpt,
+    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask, even on a terminal, which run to stop."),
 ) -> None:
     """Stop everything on every host: final checkpoint, final model, a summary.
+
+    Without --run, on a terminal, it asks before stopping the most recent live run.
 
     Example: dldctl down --run default
     """
@@ -94,6 +189,8 @@ def down(
         else:
             console.print(f"run {done['run']} is already down; final model: {done['final_model'] or 'none'}")
         return
+    if run is None and not yes and sys.stdin.isatty():  # the target was picked for the user: ask
+        typer.confirm(f"stop run {target.name} ({_describe(target)})?", default=False, abort=True)
     summary = down_mod.down(target, output_console(stderr=True) if json_out else console)
     if json_out:
         print(strictjson.dumps(summary))
@@ -104,6 +201,15 @@ def down(
             value = f"{value:.4g}"
         table.add_row(key, str(value))
     console.print(table)
+
+
+def _describe(run: rundir.RunDir) -> str:
+    """A few words on a run, for the question `down` asks."""
+    from dldctl.observe.runs import row
+
+    r = row(run, time.time())
+    age = "-" if r["age_s"] is None else f"{r['age_s'] / 60:.0f} min"
+    return f"{r['state']}, {r['learners']} learners on {', '.join(r['hosts']) or 'no host'}, age {age}"
 
 
 def logs(
@@ -149,6 +255,7 @@ def check(
     inventory_file: Path | None = typer.Argument(
         None, metavar="[INVENTORY]", help="Inventory TOML; none = the built-in default."
     ),
+    json_out: bool = typer.Option(False, "--json", help="Print the results as JSON (the exit code says pass/fail)."),
 ) -> None:
     """Check every host: SSH, host key, Python, torch, device, and the syncer's port; and the
     syncer's native merge kernel on this machine.
@@ -157,14 +264,45 @@ def check(
     """
     inv = load_inventory(inventory_file)
     results = check_mod.check(inv)
+    native = kernel.build()
+    if json_out:
+        print(strictjson.dumps(check_record(inv, results, native)))
+    else:
+        _print_check(inv, results, native)
+    bad = [r.name for r in results if not r.ok]
+    if bad:
+        raise DldError(f"{len(bad)} of {len(results)} hosts failed the check: {', '.join(bad)}")
+
+
+CHECK_COLUMNS = ["ssh", "python", "torch", "device", "port"]
+
+
+def check_record(inv: Inventory, results: list[check_mod.HostCheck], native: kernel.KernelStatus) -> dict[str, Any]:
+    """What `check --json` prints: per host and item, passed and the detail."""
+    return {
+        "schema": "dldctl.check/1",
+        "inventory": str(inv.path),
+        "ok": all(r.ok for r in results),
+        "hosts": [
+            {
+                "name": r.name,
+                "ok": r.ok,
+                "checks": {col: {"ok": passed, "detail": detail} for col, (passed, detail) in r.items.items()},
+            }
+            for r in results
+        ],
+        "syncer_kernel": {"ok": native.ok, "detail": native.line()},
+    }
+
+
+def _print_check(inv: Inventory, results: list[check_mod.HostCheck], native: kernel.KernelStatus) -> None:
     table = Table(title=f"dldctl check {inv.path}")
     table.add_column("host")
-    columns = ["ssh", "python", "torch", "device", "port"]
-    for col in columns:
+    for col in CHECK_COLUMNS:
         table.add_column(col, overflow="fold")
     for res in results:
         cells = []
-        for col in columns:
+        for col in CHECK_COLUMNS:
             if col in res.items:
                 passed, detail = res.items[col]
                 cells.append(f"[{'green' if passed else 'red'}]{'ok' if passed else 'FAIL'}[/] {detail}")
@@ -172,8 +310,4 @@ def check(
                 cells.append("[dim]-[/]")
         table.add_row(f"[{'green' if res.ok else 'red'}]{res.name}[/]", *cells)
     console.print(table)
-    native = kernel.build()
     console.print(f"[{'green' if native.ok else 'yellow'}]syncer (this machine):[/] {native.line()}", highlight=False)
-    bad = [r.name for r in results if not r.ok]
-    if bad:
-        raise DldError(f"{len(bad)} of {len(results)} hosts failed the check: {', '.join(bad)}")

@@ -24,7 +24,7 @@ from dldctl.lifecycle.provision import open_host
 from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.observe import mirror
 from dldctl.rundir import RunDir
-from dldctl.runstate import ProcStatus
+from dldctl.runstate import DOWN_REASON, Proc, ProcStatus
 from syncer.common.resolved import ResolvedConfig
 
 LEARNER_GRACE_S = 20.0
@@ -203,7 +203,7 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
         fleet.close()
     try:
         with run.update() as edit:
-            procs = {n: replace(p, status=ProcStatus.STOPPED, proc=None) for n, p in edit.state.procs.items()}
+            procs = {n: _stopped(p) for n, p in edit.state.procs.items()}
             edit.state = replace(edit.state, status="down", stopped_at=time.time(), procs=procs)
     except RunError:
         pass
@@ -217,6 +217,12 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
     except RunError:
         pass
     return out
+
+
+def _stopped(proc: Proc) -> Proc:
+    """A process as `down` leaves it: stopped; the reason says whether `down` stopped it."""
+    done = proc.status in (ProcStatus.STOPPED, ProcStatus.FINISHED)
+    return replace(proc, status=ProcStatus.STOPPED, proc=None, reason=proc.reason if done else DOWN_REASON)
 
 
 def _bring_home(run: RunDir, fleet: RunProcesses, exported: str) -> str:

@@ -16,6 +16,7 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -231,29 +232,39 @@ def create_run(inv: Inventory, source: str | None) -> RunDir:
     return run
 
 
-def up(inv: Inventory, source: str | None, console: Console, timeout: float = 180.0) -> RunDir:
-    """Bring a new run up; returns its directory (processes keep running after we return)."""
-    initmodel.check(inv)  # [run] init_from: a bad model file fails here, before any host or run directory
-    run = create_run(inv, source)
-    console.print(f"run [bold]{run.name}[/] in {run.path}", highlight=False)
-    names = [h.name for h in inv.hosts] + ["syncer"] + [p.id for p in plan.learner_plans(inv)]
-    with Board(console, names) as board:
-        hosts, errors = _open_remote(inv, board)
-        try:
-            _check_quorum(inv, errors)
-            config = plan.write(inv, run, advertise_address(hosts, console))
-            runtimes = _provision_all(inv, run, config, hosts, errors, board)
-            _check_quorum(inv, errors)
-        finally:
-            for host in hosts.values():
-                host.close()
-        board("syncer", "building the native merge kernel")
-        native = kernel.build()
-        board("syncer", "kernel ready" if native.ok else "no native kernel: torch merge")
-        with run.locked():
-            run.write_state(initial_state(inv, run, config, runtimes, errors))
-        start_supervisor(run)
-        missing = wait_running(run, board, timeout)
+def prepare_fleet(
+    inv: Inventory, run: RunDir, board: Board, make_config: Callable[[str], ResolvedConfig]
+) -> tuple[ResolvedConfig, dict[str, provision.HostRuntime], dict[str, DldError]]:
+    """Connect to the hosts, write the configuration (`make_config(advertise address)`), set up
+    every reachable host; (config, runtimes, unreachable hosts). Fails below the quorum."""
+    hosts, errors = _open_remote(inv, board)
+    try:
+        _check_quorum(inv, errors)
+        config = make_config(advertise_address(hosts, board.console))
+        runtimes = _provision_all(inv, run, config, hosts, errors, board)
+        _check_quorum(inv, errors)
+    finally:
+        for host in hosts.values():
+            host.close()
+    return config, runtimes, errors
+
+
+def start_fleet(run: RunDir, board: Board, state: RunState, timeout: float) -> tuple[list[str], kernel.KernelStatus]:
+    """Build the native kernel, write the state, start the supervisor, wait for the processes;
+    (the names still not running, the kernel)."""
+    board("syncer", "building the native merge kernel")
+    native = kernel.build()
+    board("syncer", "kernel ready" if native.ok else "no native kernel: torch merge")
+    with run.locked():
+        run.write_state(state)
+    start_supervisor(run)
+    return wait_running(run, board, timeout), native
+
+
+def report_start(
+    console: Console, timeout: float, missing: list[str], native: kernel.KernelStatus, errors: dict[str, DldError]
+) -> None:
+    """What did not come up, and why, after `start_fleet`."""
     if missing:
         console.print(
             f"[yellow]still starting after {timeout:.0f} s: {', '.join(missing)}[/] "
@@ -263,4 +274,21 @@ def up(inv: Inventory, source: str | None, console: Console, timeout: float = 18
         console.print(f"[yellow]{native.line()}[/]", highlight=False)
     for name, exc in errors.items():
         console.print(f"[red]left out host {name}:[/] {exc.line()}", highlight=False)
+
+
+def fleet_names(inv: Inventory) -> list[str]:
+    """The lines of the progress board: the hosts, the syncer, the learners."""
+    return [h.name for h in inv.hosts] + ["syncer"] + [p.id for p in plan.learner_plans(inv)]
+
+
+def up(inv: Inventory, source: str | None, console: Console, timeout: float = 180.0) -> RunDir:
+    """Bring a new run up; returns its directory (processes keep running after we return)."""
+    initmodel.check(inv)  # [run] init_from: a bad model file fails here, before any host or run directory
+    run = create_run(inv, source)
+    console.print(f"run [bold]{run.name}[/] in {run.path}", highlight=False)
+    with Board(console, fleet_names(inv)) as board:
+        config, runtimes, errors = prepare_fleet(inv, run, board, lambda advertise: plan.write(inv, run, advertise))
+        state = initial_state(inv, run, config, runtimes, errors)
+        missing, native = start_fleet(run, board, state, timeout)
+    report_start(console, timeout, missing, native, errors)
     return run

@@ -1,0 +1,73 @@
+"""`dldctl runs`: every run directory as one row (name, state, age, hosts, progress, loss).
+
+The state word is the run's truth, not only what state.json last said:
+    up        its supervisor runs (starting: the fleet is still coming up)
+    crashed   meant to be up but its supervisor is gone (`dldctl up --resume RUN` restarts it)
+    stopping  `down` began and did not finish (`dldctl down --run RUN` again)
+    down      stopped by `down` (`dldctl up --resume RUN` continues it from its checkpoint)
+    unreadable  state.json cannot be read (`dldctl down --run RUN` still stops what it finds)
+Progress (outer steps, tokens, the last eval loss) is the newest "sample" record of the run's
+metrics log, so a run that is down still shows where it ended.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dldctl.errors import RunError
+from dldctl.rundir import RunDir, all_runs
+from dldctl.runstate import DOWN_REASON, RunState
+from syncer.common import jsonl
+
+SCHEMA = "dldctl.runs/1"
+
+
+def state_word(status: str, live: bool) -> str:
+    """The row's state from the state file's status and whether the supervisor runs (pure)."""
+    if status in ("starting", "up"):
+        return status if live else "crashed"
+    return status
+
+
+def learner_count(state: RunState) -> int:
+    """The learners the run has: those not stopped, or for a run that is down those `down` stopped."""
+    live = state.learners(live=True)
+    if live or state.status != "down":
+        return len(live)
+    return sum(1 for name in state.learners() if state.procs[name].reason == DOWN_REASON)
+
+
+def last_sample(run: RunDir) -> dict[str, Any] | None:
+    """The newest "sample" record of the run's metrics log (reads only its tail)."""
+    records = jsonl.tail(run.metrics, 20, max_bytes=256 * 1024)
+    return next((r for r in reversed(records) if r.get("kind") == "sample"), None)
+
+
+def row(run: RunDir, now: float) -> dict[str, Any]:
+    """One run's row (JSON-ready)."""
+    out: dict[str, Any] = {"name": run.name, "dir": str(run.path), "state": "unreadable"}
+    try:
+        state = run.read_state()
+    except RunError as exc:
+        return {**out, "problem": exc.line(), "age_s": None, "hosts": [], "learners": 0}
+    out["state"] = state_word(state.status, run.live())
+    out["run"] = state.run
+    out["age_s"] = now - state.created if state.created is not None else None
+    out["stopped_at"] = state.stopped_at
+    out["hosts"] = sorted({p.host for p in state.procs.values()})
+    out["learners"] = learner_count(state)
+    sample = last_sample(run) or {}
+    out["outer_steps"] = sample.get("outer_steps")
+    out["tokens_merged"] = sample.get("tokens_merged")
+    out["tokens_trained"] = sample.get("tokens_trained")
+    out["goodput"] = sample.get("goodput")
+    out["loss_eval"] = sample.get("loss_global") if sample.get("loss_global") is not None else sample.get("loss_eval")
+    out["final_model"] = str(run.final_model) if run.final_model.exists() else None
+    return out
+
+
+def collect(now: float | None = None) -> dict[str, Any]:
+    """Every run, newest first, as the JSON `dldctl runs --json` prints."""
+    when = time.time() if now is None else now
+    return {"schema": SCHEMA, "runs": [row(r, when) for r in all_runs()]}
