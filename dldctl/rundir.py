@@ -280,7 +280,7 @@ def resolve(run: str | None, *, live_only: bool = True) -> RunDir:
         live = [r for r in named if r.live()]
         if live or named:
             return (live or named)[0]
-        raise RunError(f"no run named {run!r} under {runs_root()}", hint="`ls " + str(runs_root()) + "` lists the runs")
+        raise RunError(f"no run named {run!r} under {runs_root()}", hint="`dldctl runs` lists the runs")
     for r in all_runs():
         if r.live():
             return r

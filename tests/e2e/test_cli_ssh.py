@@ -188,6 +188,12 @@ def test_bad_host_key_and_unreachable_host_are_refused_and_the_rest_comes_up(
         checked = dl("check", str(inv), check=False)
         assert checked.returncode == 1 and "2 of 4 hosts failed" in checked.stderr
         assert "host key" in checked.stdout.lower() and "gone" in checked.stdout
+        as_json = dl("check", str(inv), "--json", check=False)  # the same verdicts, for a script
+        report = json.loads(as_json.stdout)
+        hosts = {h["name"]: h for h in report["hosts"]}
+        assert as_json.returncode == 1 and report["schema"] == "dldctl.check/1" and report["ok"] is False
+        assert hosts["h0"]["ok"] and not hosts["h1"]["ok"] and not hosts["gone"]["ok"]
+        assert "host key" in hosts["h1"]["checks"]["ssh"]["detail"].lower() and hosts["h0"]["checks"]["port"]["ok"]
         out = dl("up", str(inv), "-d", timeout=300)
         assert "left out host h1" in out.stdout and "left out host gone" in out.stdout
         assert "changed" in out.stdout.lower() or "does not match" in out.stdout.lower()
