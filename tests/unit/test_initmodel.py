@@ -5,17 +5,20 @@ directory, named in config.json relative to it, and pushed with the run files.""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 
 from dldctl import inventory, rundir
 from dldctl.errors import ConfigError
 from dldctl.hosts import LocalHost
 from dldctl.lifecycle import initmodel as up_side
 from dldctl.lifecycle import plan, provision
+from dldctl.lifecycle import up as up_mod
 from learner import config as learner_config
 from learner import initmodel
 from learner.initmodel import Slot
@@ -191,6 +194,18 @@ def test_up_refuses_a_bad_file_in_one_line(tmp_path: Path) -> None:
         line = err.value.line()
         assert line.startswith(f"{tmp_path / 'inv.toml'}: [run.init_from] {tmp_path / name}: "), line
         assert why in line and "\n" not in line and err.value.exit_code == 2
+
+
+def test_up_checks_the_file_before_it_makes_a_run_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DLDCTL_HOME", str(tmp_path / "home"))
+    (tmp_path / "notes.pt").write_text("not a model\n")
+
+    def too_early(*_: object) -> None:  # without the check, `up` would go on to start a fleet
+        raise AssertionError("up made a run directory before it checked init_from")
+
+    monkeypatch.setattr(up_mod, "create_run", too_early)
+    with pytest.raises(ConfigError, match=r"\[run.init_from\] .*notes.pt: not a torch file"):
+        up_mod.up(inv_with(tmp_path, "notes.pt"), None, Console(file=io.StringIO()))
 
 
 def test_a_good_file_is_copied_named_in_the_config_and_pushed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
