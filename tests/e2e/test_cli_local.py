@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from dldctl.testing import DLDCTL, DldctlHome
+from syncer import checkpoint
 from tests.e2e.fleetutil import kinds, learner, run_table, steps_logged_between
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -126,9 +126,17 @@ def test_kill_a_learner_and_a_warm_spare_takes_its_place(fleet: tuple[DldctlHome
     while not spare_ready(dl, "a") and time.monotonic() < deadline:
         time.sleep(0.5)
     assert spare_ready(dl, "a"), "no warm spare on host a"
-    merged = dl.status()["tokens"]["merged"]
-    out = dl("chaos", "kill", "learner-1", "--down-for", "2")
-    assert "killed learner-1" in out.stdout
+    before = dl.status()
+    merged, pid = before["tokens"]["merged"], learner(before, "learner-1")["pid"]
+    killed = json.loads(dl("chaos", "kill", "learner-1", "--down-for", "2", "--json").stdout)
+    assert (killed["schema"], killed["run"], killed["action"], killed["target"]) == (
+        "dldctl.chaos/1",
+        dl.run_dir.name,
+        "kill",
+        "learner-1",
+    )
+    assert (killed["pid"], killed["host"], killed["signal"], killed["duration_s"]) == (pid, "a", "KILL", 2.0)
+    assert killed["until"] == pytest.approx(killed["t"] + 2.0) and "kill -KILL" in killed["detail"]
     dl.wait(
         lambda s: learner(s, "learner-1")["restarts"] == 1 and learner(s, "learner-1")["state"] == "running",
         90,
@@ -147,14 +155,23 @@ def test_pause_slow_partition_take_effect_and_undo_themselves(fleet: tuple[Dldct
     dl, _ = fleet
     # 20 s: each dldctl command takes seconds on a loaded 2-core host, and all three faults must
     # still be active when the status below is read
-    dl("chaos", "pause", "learner-2", "--duration", "20")
-    dl("chaos", "slow", "learner-3", "--factor", "3", "--duration", "20")
+    paused = json.loads(dl("chaos", "pause", "learner-2", "--duration", "20", "--json").stdout)
+    assert "slow learner-3" in dl("chaos", "slow", "learner-3", "--factor", "3", "--duration", "20").stdout
     cut = time.time()
-    dl("chaos", "partition", "learner-0", "--duration", "10")
+    cutoff = json.loads(dl("chaos", "partition", "learner-0", "--duration", "10", "--json").stdout)
     snap = dl.status()
     states = {r["id"]: r["state"] for r in snap["learners"]}
     assert (states["learner-2"], states["learner-3"], states["learner-0"]) == ("paused", "slow", "partitioned"), states
     assert len(snap["faults"]) == 3
+    assert (paused["schema"], paused["action"], paused["target"], paused["duration_s"]) == (
+        "dldctl.chaos/1",
+        "pause",
+        "learner-2",
+        20.0,
+    )
+    assert paused["until"] == pytest.approx(paused["t"] + 20) and paused["pid"] == learner(snap, "learner-2")["pid"]
+    assert (cutoff["action"], cutoff["target"], cutoff["host"]) == ("partition", "learner-0", "a")
+    assert {paused["fault_id"], cutoff["fault_id"]} <= {f["id"] for f in snap["faults"]}
     dl.wait(lambda s: not s["faults"] and all(r["state"] == "running" for r in s["learners"]), 60, "faults undone")
     # cut off from the syncer, learner-0 trained on: it logged its progress all through the partition
     during = steps_logged_between(dl, "learner-0", cut + 2, cut + 9)
@@ -168,9 +185,15 @@ def test_guard_refuses_to_break_the_quorum_and_heal_is_idempotent(fleet: tuple[D
     dl, _ = fleet
     dl("chaos", "pause", "learner-0", "--duration", "30")
     dl("chaos", "pause", "learner-1", "--duration", "30")
-    refused = dl("chaos", "pause", "learner-2", "--duration", "30", check=False, input="n\n")
-    assert refused.returncode == 1 and "below the minimum quorum" in (refused.stdout + refused.stderr)
-    assert "healed" in dl("chaos", "heal", "--all").stdout
+    # no terminal: no prompt (a script would hang on one), a refusal that names --force
+    refused = dl("chaos", "pause", "learner-2", "--duration", "30", check=False, input="y\n")
+    assert refused.returncode == 1 and "below the minimum quorum 2" in refused.stderr and "--force" in refused.stderr
+    as_json = dl("chaos", "pause", "learner-2", "--duration", "30", "--json", check=False)
+    assert as_json.returncode == 1 and as_json.stdout == "" and as_json.stderr.startswith("error: refused: pause")
+    healed = json.loads(dl("chaos", "heal", "--all", "--json").stdout)
+    assert healed["schema"] == "dldctl.chaos/1" and healed["action"] == "heal"
+    assert {"kind": "pause", "target": "learner-0"} in healed["healed"], healed
+    assert {"kind": "pause", "target": "learner-1"} in healed["healed"], healed
     assert "nothing to heal" in dl("chaos", "heal", "--all").stdout
     dl.wait(lambda s: all(r["state"] == "running" for r in s["learners"]), 60, "learners running again")
 
@@ -180,7 +203,7 @@ def test_kill_the_syncer_and_it_resumes_from_its_checkpoint(fleet: tuple[DldctlH
     before = dl.wait(lambda s: s["syncer"]["checkpoint_outer_step"] > 0, 60, "a checkpoint")
     epoch = before["syncer"]["epoch"]
     killed = time.time()
-    dl("chaos", "kill", "syncer", "--down-for", "4s")
+    assert "killed syncer" in dl("chaos", "kill", "syncer", "--down-for", "4s").stdout
     snap = dl.wait(lambda s: s["syncer"]["alive"] and s["syncer"].get("epoch") == epoch + 1, 60, "syncer back")
     back = time.time()
     # while the syncer was away (held down 4 s) the learners kept training
@@ -233,20 +256,25 @@ def test_monkey_schedule_is_reproducible_and_training_goes_on(fleet: tuple[Dldct
     assert first == second and first.count("t+") >= 3
     merged = dl.status()["tokens"]["merged"]
     out = dl(
-        "chaos",
+        *("chaos", "monkey", "--mtbf", "2", "--duration", "8", "--seed", "1", "--actions", "pause,slow"),
+        *("--fault-duration", "2", "--json"),
+    )
+    lines = [json.loads(line) for line in out.stdout.splitlines()]  # JSON lines: one per fault, then the summary
+    *faults, summary = lines
+    assert {r["schema"] for r in lines} == {"dldctl.chaos/1"} and {r["record"] for r in faults} <= {"fault"}
+    assert (summary["record"], summary["action"], summary["seed"], summary["interrupted"]) == (
+        "summary",
         "monkey",
-        "--mtbf",
-        "2",
-        "--duration",
-        "8",
-        "--seed",
-        "1",
-        "--actions",
-        "pause,slow",
-        "--fault-duration",
-        "2",
-    ).stdout
-    assert re.search(r"monkey done: \d+ of \d+ faults injected", out)
+        1,
+        False,
+    )
+    assert summary["planned"] == len(summary["schedule"]) == len(faults) >= 1
+    assert summary["injected"] == sum(r["injected"] for r in faults)
+    assert [(r["at"], r["action"], r["target"]) for r in faults] == [
+        (f["at"], f["action"], f["target"]) for f in summary["schedule"]
+    ]
+    assert all(r["pid"] for r in faults if r["injected"]) and all(r["error"] for r in faults if not r["injected"])
+    assert "faults over 8 s" in out.stderr  # the text goes to stderr
     dl.wait(lambda s: s["tokens"]["merged"] > merged and not s["faults"], 60, "merging after the monkey")
 
 
@@ -317,10 +345,22 @@ duration = 3
 [[abort]]
 check = "syncer.alive == false"
 """)
-    out = dl("chaos", "run", str(exp), timeout=120)
-    assert "verdict: PASS" in out.stdout
-    reports = sorted((dl.run_dir / "chaos").glob("smoke-*.json"))
-    report = json.loads(reports[-1].read_text())
+    out = dl("chaos", "run", str(exp), "--json", timeout=120)
+    *lines, summary = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(r["record"], r["action"], r["target"], r["injected"]) for r in lines] == [
+        ("fault", "kill", "learner-3", True),
+        ("fault", "pause", "learner-2", True),
+    ]
+    assert (summary["schema"], summary["record"], summary["experiment"], summary["passed"]) == (
+        "dldctl.chaos/1",
+        "summary",
+        "smoke",
+        True,
+    )
+    json_file, md_file = summary["files"]
+    assert "verdict: PASS" in Path(md_file).read_text()
+    report = json.loads(Path(json_file).read_text())
+    assert report["faults"] == summary["faults"]
     kill = report["faults"][0]
     assert report["passed"] and kill["action"] == "kill" and kill["back_after_s"] is not None
     assert kill["detected_after_s"] is not None and kill["detected_after_s"] <= kill["back_after_s"]
@@ -328,15 +368,18 @@ check = "syncer.alive == false"
 
 def test_learner_add_and_remove(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
-    out = dl("learner", "add", "--host", "a", "--count", "1")
-    assert "learner-4" in out.stdout
+    out = json.loads(dl("learner", "add", "--host", "a", "--count", "1", "--json").stdout)
+    assert (out["schema"], out["action"], out["host"], out["added"]) == ("dldctl.learner/1", "add", "a", ["learner-4"])
+    assert out["all_running"] is True and out["learners"][0]["running"] and out["learners"][0]["pid"]
     dl.wait(
         lambda s: any(r["id"] == "learner-4" and r["state"] == "running" and r["weight"] > 0 for r in s["learners"]),
         90,
         "learner-4 joined and merged",
     )
     assert dl.status()["quorum"]["total"] == 5
-    dl("learner", "remove", "learner-4")
+    gone = json.loads(dl("learner", "remove", "learner-4", "--json").stdout)
+    assert (gone["schema"], gone["learner"], gone["host"]) == ("dldctl.learner/1", "learner-4", "a")
+    assert gone["result"] == "leaving" and isinstance(gone["pid"], int)
     dl.wait(lambda s: learner(s, "learner-4")["state"] == "stopped" and s["quorum"]["total"] == 4, 60, "learner-4 gone")
 
 
@@ -349,8 +392,11 @@ def test_up_again_converges_instead_of_starting_a_second_run(fleet: tuple[Dldctl
 
 def test_report_writes_plots_and_a_summary(fleet: tuple[DldctlHome, Path], tmp_path: Path) -> None:
     dl, _ = fleet
-    dl("report", "--out", str(tmp_path / "rep"))
-    for name in ("loss.png", "goodput.png", "throughput.png", "bandwidth.png", "quorum.png", "summary.md"):
+    out = json.loads(dl("report", "--out", str(tmp_path / "rep"), "--json").stdout)
+    assert (out["schema"], out["run"], out["out"]) == ("dldctl.report/1", dl.run_dir.name, str(tmp_path / "rep"))
+    names = ("loss.png", "goodput.png", "throughput.png", "bandwidth.png", "quorum.png", "summary.md")
+    assert sorted(Path(f).name for f in out["files"]) == sorted(names)
+    for name in names:
         assert (tmp_path / "rep" / name).stat().st_size > 0
 
 
@@ -373,3 +419,32 @@ def test_down_stops_everything_with_a_summary(fleet: tuple[DldctlHome, Path]) ->
     again_json = json.loads(dl("down", "--json").stdout)
     assert again_json["already_down"] is True and again_json["final_model"] == out["final_model"]
     assert (dl.run_dir / "events.jsonl").read_text() == events_before
+
+
+def test_runs_lists_the_run_and_resume_continues_it_from_its_checkpoint(fleet: tuple[DldctlHome, Path]) -> None:
+    dl, _ = fleet  # after the test above: the run is down
+    listed = json.loads(dl("runs", "--json").stdout)
+    assert listed["schema"] == "dldctl.runs/1" and len(listed["runs"]) == 1
+    row = listed["runs"][0]
+    assert row["name"] == dl.run_dir.name and row["state"] == "down" and {"a", "b"} <= set(row["hosts"])
+    ended = json.loads(dl("down", "--json").stdout)
+    assert row["outer_steps"] is not None and row["final_model"] == ended["final_model"]
+    assert dl.run_dir.name in dl("runs").stdout
+    checkpointed = max(int(p.name.split("-")[2]) for p in (dl.run_dir / "checkpoints").glob("ckpt-*.pt"))
+    final, _ = checkpoint.load_latest(dl.run_dir / "checkpoints")
+    assert final is not None and final["closed"] is True  # `down` closed it: its time down is not lost work
+    # resume: the same run directory, the outer steps go on from the checkpoint, learner-4 (removed) stays out
+    up = json.loads(dl("up", "--resume", dl.run_dir.name, "--wait", "--json", "--timeout", "2m", timeout=300).stdout)
+    assert up["schema"] == "dldctl.up/1" and up["dir"] == str(dl.run_dir) and up["not_running"] == []
+    assert up["merging"]["outer_steps"] > checkpointed >= 1
+    assert up["processes"]["learner-4"]["status"] == "stopped"
+    assert {up["processes"][f"learner-{i}"]["status"] for i in range(4)} == {"running"}
+    events = [json.loads(line) for line in (dl.run_dir / "events.jsonl").read_text().splitlines()]
+    resumed = [e for e in events if e["kind"] == "syncer_resume"][-1]
+    assert f"from outer step {checkpointed}" in resumed["detail"]
+    assert [r["state"] for r in json.loads(dl("runs", "--json").stdout)["runs"]] == ["up"]
+    assert dl.status()["goodput"] > 0.8 * row["goodput"]  # the accounting goes on where it stopped
+    again = dl("up", "--resume", dl.run_dir.name, "--json")  # already up: says so, exit 0
+    assert json.loads(again.stdout)["run"] == dl.run_dir.name and "up already" in again.stderr
+    out = json.loads(dl("down", "--json").stdout)
+    assert out["outer_steps"] > checkpointed and dl.leftovers() == []
