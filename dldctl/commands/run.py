@@ -30,6 +30,7 @@ from syncer.common import strictjson
 
 console = output_console()
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+DOWN_SCHEMA = "dldctl.down/1"
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 
 
@@ -185,7 +186,7 @@ def down(
     done = down_mod.already_down(target)
     if done is not None:  # a second `down`: say so, touch nothing, log no event
         if json_out:
-            print(strictjson.dumps(done))
+            print(strictjson.dumps({"schema": DOWN_SCHEMA, **done}))
         else:
             console.print(f"run {done['run']} is already down; final model: {done['final_model'] or 'none'}")
         return
@@ -193,7 +194,7 @@ def down(
         typer.confirm(f"stop run {target.name} ({_describe(target)})?", default=False, abort=True)
     summary = down_mod.down(target, output_console(stderr=True) if json_out else console)
     if json_out:
-        print(strictjson.dumps(summary))
+        print(strictjson.dumps({"schema": DOWN_SCHEMA, **summary}))
         return
     table = Table(title=f"run {summary['run']} is down", show_header=False, box=None)
     for key, value in summary.items():

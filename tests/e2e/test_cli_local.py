@@ -403,6 +403,7 @@ def test_report_writes_plots_and_a_summary(fleet: tuple[DldctlHome, Path], tmp_p
 def test_down_stops_everything_with_a_summary(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
     out = json.loads(dl("down", "--json").stdout)
+    assert out["schema"] == "dldctl.down/1"
     assert out["final_model"] and Path(out["final_model"]).exists() and out["outer_steps"] > 0
     assert dl.leftovers() == []
     snap = dl.status()
@@ -418,6 +419,7 @@ def test_down_stops_everything_with_a_summary(fleet: tuple[DldctlHome, Path]) ->
     assert f"is already down; final model: {out['final_model']}" in again.stdout
     again_json = json.loads(dl("down", "--json").stdout)
     assert again_json["already_down"] is True and again_json["final_model"] == out["final_model"]
+    assert again_json["schema"] == "dldctl.down/1"
     assert (dl.run_dir / "events.jsonl").read_text() == events_before
 
 
