@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,24 @@ def test_example_loads_and_documents_every_key() -> None:
                 rf"^{f.name}\s*=", text, re.MULTILINE
             )
             assert line, f"inventory.example.toml does not document [{table}] {f.name}"
+
+
+def _default(f: dataclasses.Field[object]) -> object:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+
+
+def test_example_shows_the_defaults_it_says_it_shows() -> None:
+    """The header: in [run], [ssh] and [syncer] the value shown is the default, but for `name` and
+    the outer pair (whose default follows H)."""
+    data = tomllib.loads((ROOT / "inventory.example.toml").read_text())
+    tables = {"run": RunSettings, "ssh": inventory.SSHSpec, "syncer": inventory.SyncerSpec}
+    named = {"name", "outer_lr", "outer_momentum"}
+    for table, cls in tables.items():
+        defaults = {f.name: _default(f) for f in dataclasses.fields(cls)}
+        wrong = {k: (v, defaults[k]) for k, v in data[table].items() if k not in named and v != defaults[k]}
+        assert not wrong, f"inventory.example.toml [{table}] shows values that are not the defaults: {wrong}"
 
 
 @pytest.mark.parametrize(
