@@ -104,14 +104,17 @@ def check(doc: Documented) -> None:
     words = shlex.split(doc.line)[1:]
     if doc.inline or doc.is_mistake or SYNOPSIS.search(doc.line):  # the command and its options exist
         command, rest = _resolve([w for w in words if not SYNOPSIS.search(w)][:3])
-        named = {w.split("=")[0].strip("[]|.") for w in re.findall(r"--?[a-zA-Z][\w-]*", doc.line)}
+        named = {w.split("=")[0].strip("[]|.") for w in re.findall(r"(?<![\w-])--?[a-zA-Z][\w-]*", doc.line)}
         unknown = named - _options(command)
         assert not unknown, f"{doc.where}: `{doc.line}`: {command.name} has no {sorted(unknown)}"
         return
     command, rest = _resolve(words)
     if getattr(command, "commands", None) is not None and not rest:  # `dldctl chaos`: its help
         return
-    command.make_context(command.name or "dldctl", rest, resilient_parsing=False)
+    try:
+        command.make_context(command.name or "dldctl", rest, resilient_parsing=False)
+    except typer.Exit:  # an eager option that answers and exits: --version, --help
+        pass
 
 
 CASES = documented_commands()
