@@ -124,8 +124,10 @@ def test_chaos_and_logs_over_ssh(ssh_run: tuple[DldctlHome, Path, Path]) -> None
         120,
         "learner-2 back",
     )
-    dl("chaos", "pause", "learner-0", "--duration", "8", "--force")
+    # long enough to be seen on a loaded machine; `heal` undoes it early (SIGCONT over SSH)
+    dl("chaos", "pause", "learner-0", "--duration", "60", "--force")
     assert learner(dl.status(), "learner-0")["state"] == "paused"
+    dl("chaos", "heal", "learner-0")
     dl.wait(lambda s: learner(s, "learner-0")["state"] == "running", 60, "pause undone over SSH")
     assert "learner-2" in dl("logs", "learner-2", "--tail", "30").stdout
 
