@@ -51,6 +51,9 @@ from dldctl.observe.view_data import (
     syncer_alive,
     text_of,
 )
+from dldctl.observe.view_frame import consistent, sort_learners
+from dldctl.observe.view_keys import ViewState
+from dldctl.observe.view_overlay import detail_panel, footer, help_panel
 from dldctl.observe.view_panels import (
     bandwidth_panel,
     event_table,
@@ -130,36 +133,48 @@ def learners_table(
     rows: int | None = None,
     compact: int = 0,
     expand: bool = True,
+    ui: ViewState | None = None,
+    rule: bool = True,
 ) -> Table:
-    """One row per learner (at most `rows`, troubled learners kept first); stragglers marked `*`.
-    `compact` 1 leaves out device and trend, 2 also host and weight; without a history no trend."""
-    learners = dicts(snapshot.get("learners"))
+    """One row per learner (at most `rows`, troubled learners and the selected one kept first);
+    stragglers marked `*`. `compact` 1 leaves out device and trend, 2 also host and weight;
+    without a history no trend. `ui` orders the rows by its sort column and marks its selection."""
+    learners = sort_learners(dicts(snapshot.get("learners")), ui.sort if ui else "learner")
+    selected = ui.selected if ui else None
     shown = learners
     if rows is not None and len(learners) > rows:
-        shown = pick_learners(learners, max(0, rows - 1))
+        shown = pick_learners(learners, max(0, rows - 1), keep=selected)
     columns = [
         (name, options)
         for name, options, level in LEARNER_COLUMNS
         if compact <= level and not (name == "trend" and history is None)
     ]
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=expand, padding=(0, 1))
+    table = Table(box=box.SIMPLE_HEAD if rule else None, show_edge=False, pad_edge=False, expand=expand, padding=(0, 1))
     for name, options in columns:
-        table.add_column(name, **options)
+        table.add_column(name + ("▾" if ui and ui.sort == name and name != "learner" else ""), **options)
     for learner in shown:
         cells = _learner_cells(learner, snapshot, now, history)
         loud = learner.get("straggler") is True or learner.get("state") == "partitioned"
-        table.add_row(*(cells[name] for name, _ in columns), style="bold" if loud else None)
+        style = "reverse" if selected is not None and text_of(learner.get("id")) == selected else None
+        table.add_row(*(cells[name] for name, _ in columns), style=style or ("bold" if loud else None))
     if len(shown) < len(learners):
         table.add_row(Text(f"… +{len(learners) - len(shown)} more", "dim"))
     return table
 
 
-def learners_panel(snapshot: dict, history: History, now: float, rows: int | None, compact: int) -> Panel:
-    """The learners table in a panel titled with how many run."""
+def learners_panel(
+    snapshot: dict, history: History, now: float, height: int | None, compact: int, ui: ViewState | None = None
+) -> Panel:
+    """The learners table in a panel `height` rows high, titled with how many run; one row short of
+    room for them all, the table leaves out the rule under its header rather than a learner."""
     learners = dicts(snapshot.get("learners"))
+    rule = height is None or height - 4 >= len(learners)
+    rows = None if height is None else height - (4 if rule else 3)
     running = sum(1 for learner in learners if learner.get("state") == "running")
     body: RenderableType = (
-        learners_table(snapshot, now, history, rows, compact) if learners else Text("no learners reported", "dim")
+        learners_table(snapshot, now, history, rows, compact, ui=ui, rule=rule)
+        if learners
+        else Text("no learners reported", "dim")
     )
     stragglers = any(learner.get("straggler") is True for learner in learners)
     return Panel(
@@ -184,8 +199,11 @@ def plan_sections(height: int, learner_count: int) -> dict[str, int]:
     for name, want in (("header", 3), ("row1", 5), ("learners", learner_count + 4), ("row2", 5), ("events", 3)):
         if name == "learners":  # leave room for row2 and a few events unless the learners need it
             want = learner_count + 4 if learner_count else 3
-            spare = budget - 9
-            want = min(want, spare if spare >= min(want, 8) else budget)
+            spare = budget - 8
+            if want > spare and learner_count and want - 1 <= spare:
+                want -= 1  # without the rule under the table's header (see learners_panel)
+            else:
+                want = min(want, spare - 1 if spare - 1 >= min(want, 8) else budget)
         if want > budget or want < 3:
             continue
         plan[name] = want
@@ -196,17 +214,30 @@ def plan_sections(height: int, learner_count: int) -> dict[str, int]:
     return plan
 
 
-def build_layout(snapshot: dict, history: History, now: float, width: int, height: int) -> Layout:
-    """The live view's layout for a screen of `width` x `height`."""
-    plan = plan_sections(height, len(dicts(snapshot.get("learners"))))
+def build_layout(
+    snapshot: dict,
+    history: History,
+    now: float,
+    width: int,
+    height: int,
+    ui: ViewState | None = None,
+    log: list[str] | None = None,
+) -> Layout:
+    """The live view's layout for a screen of `width` x `height`; with `ui`, the footer line and
+    the panel it opened (help, or the selected learner's detail: under the learners, in place of
+    the throughput row and the events)."""
+    learners = len(dicts(snapshot.get("learners")))
+    body = height - 1 if ui is not None else height
+    overlay = ui is not None and (ui.panel == "help" or (ui.panel == "detail" and ui.selected is not None))
+    plan = _overlay_plan(body, learners) if overlay else plan_sections(body, learners)
     narrow = width < 72
     sections = []
-    for name in ("header", "row1", "row2", "learners", "events"):
+    for name in ("header", "row1", "row2", "learners", "events", "overlay"):
         if name not in plan:
             continue
         region = Layout(name=name, size=plan[name])
         if name == "header":
-            region.update(header_panel(snapshot, now, compact=width < 90))
+            region.update(header_panel(snapshot, now, compact=width < 90, history=history))
         elif name == "row1":
             panels = [quorum_panel(snapshot), goodput_panel(snapshot, history)]
             region.split_row(*(Layout(p) for p in panels + ([] if narrow else [loss_panel(snapshot, history)])))
@@ -215,29 +246,52 @@ def build_layout(snapshot: dict, history: History, now: float, width: int, heigh
             region.split_row(*(Layout(p) for p in panels))
         elif name == "learners":
             compact = 2 if narrow else 1 if width < 90 else 0
-            region.update(learners_panel(snapshot, history, now, plan[name] - 4, compact))
-        else:
+            region.update(learners_panel(snapshot, history, now, plan[name], compact, ui))
+        elif name == "events":
             region.update(events_panel(snapshot, now))
+        else:
+            assert ui is not None
+            chosen = ui.selected or ""
+            region.update(help_panel() if ui.panel == "help" else detail_panel(snapshot, chosen, log or [], now))
         sections.append(region)
+    if ui is not None:
+        sections.append(Layout(footer(ui), name="footer", size=1))
     root = Layout(name="screen")
     root.split_column(*sections) if sections else root.update(Text(""))
     return root
 
 
+def _overlay_plan(height: int, learner_count: int) -> dict[str, int]:
+    """Rows for header, learners and an open panel (which takes the rest, at least 6 rows)."""
+    plan = {"header": 3} if height >= 12 else {}
+    left = height - sum(plan.values())
+    want = min(learner_count + 4 if learner_count else 3, max(3, left - 6))
+    if left - want >= 3:
+        plan["learners"] = want
+    plan["overlay"] = height - sum(plan.values())
+    return plan
+
+
 class LiveView:
     """Renders `build_layout` for whatever size it is given, so the view fits any terminal."""
 
-    def __init__(self, snapshot: dict, history: History, now: float) -> None:
-        self.snapshot, self.history, self.now = snapshot, history, now
+    def __init__(
+        self, snapshot: dict, history: History, now: float, ui: ViewState | None, log: list[str] | None
+    ) -> None:
+        self.snapshot, self.history, self.now, self.ui, self.log = snapshot, history, now, ui, log
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         height = options.height or console.height
-        yield build_layout(self.snapshot, self.history, self.now, options.max_width, height)
+        yield build_layout(self.snapshot, self.history, self.now, options.max_width, height, self.ui, self.log)
 
 
-def render_live(snapshot: dict, history: History, now: float) -> Layout:
-    """The full-screen view: header, quorum, goodput, loss, throughput, bandwidth, learners, events."""
-    return Layout(LiveView(snapshot if isinstance(snapshot, dict) else {}, history, now), name="root")
+def render_live(
+    snapshot: dict, history: History, now: float, ui: ViewState | None = None, log: list[str] | None = None
+) -> Layout:
+    """The full-screen view: header, quorum, goodput, loss, throughput, bandwidth, learners, events;
+    with `ui` (the keys' state) also the footer and the panel a key opened, `log` the selected
+    learner's newest log lines. One frame is one consistent snapshot (`view_frame.consistent`)."""
+    return Layout(LiveView(consistent(snapshot), history, now, ui, log), name="root")
 
 
 # ---------------------------------------------------------------- the plain snapshot
@@ -315,7 +369,7 @@ def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
 def render_plain(snapshot: dict, now: float, max_events: int = 10) -> RenderableType:
     """`dldctl status --once`: key lines, the learners table and the last events, no screen control
     (print on any Console; it colours only when that console is a terminal)."""
-    snapshot = snapshot if isinstance(snapshot, dict) else {}
+    snapshot = consistent(snapshot)
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()

@@ -209,27 +209,54 @@ def quorum_label(snapshot: dict) -> str:
 # ---------------------------------------------------------------- sparklines
 
 
-def sparkline(values: Sequence[Any], width: int, lo: float | None = None, hi: float | None = None) -> str:
+SPARK_FLOOR = 0.05  # a free scale spans at least 5 % of the values' magnitude: noise draws flat
+
+
+def spark_scale(
+    values: Sequence[Any], lo: float | None = None, hi: float | None = None, floor: float = SPARK_FLOOR
+) -> tuple[float, float] | None:
+    """The bottom and top a sparkline of `values` is drawn between (None when none is a number).
+
+    `lo`/`hi` fix an end; a free scale is min..max, widened about its middle to at least `floor`
+    times the largest magnitude, so a loss moving from 2.700 to 2.703 draws flat, not as a cliff.
+    """
+    real = [v for v in map(num, values) if v is not None]
+    if not real:
+        return None
+    bottom = min(real) if lo is None else lo
+    top = max(real) if hi is None else hi
+    need = floor * max(abs(bottom), abs(top)) if lo is None and hi is None else 0.0
+    if top - bottom < need:
+        mid = (top + bottom) / 2
+        bottom, top = mid - need / 2, mid + need / 2
+    return bottom, top
+
+
+def sparkline(
+    values: Sequence[Any], width: int, lo: float | None = None, hi: float | None = None, floor: float = SPARK_FLOOR
+) -> str:
     """The last `width` values as unicode blocks ▁..█ (one per value, at most `width` chars).
 
-    The scale is min..max of what is shown unless `lo`/`hi` fix it; a constant series draws
-    mid-height blocks; None, NaN and inf draw a space.
+    The scale is `spark_scale` of what is shown (min..max, at least `floor` of the magnitude wide,
+    unless `lo`/`hi` fix it); a constant series draws mid-height blocks; None, NaN and inf draw a space.
     """
     if width <= 0:
         return ""
     shown = [num(v) for v in list(values)[-width:]]
-    real = [v for v in shown if v is not None]
-    if not real:
+    scale = spark_scale(shown, lo, hi, floor)
+    if scale is None:
         return " " * len(shown)
-    bottom = min(real) if lo is None else lo
-    top = max(real) if hi is None else hi
+    bottom, top = scale
     span = top - bottom
+    flat = lo is None and hi is None and len({v for v in shown if v is not None}) == 1
     out = []
     for v in shown:
         if v is None:
             out.append(" ")
+        elif flat or (span <= 0 and lo is None and hi is None):
+            out.append(BLOCKS[3])
         elif span <= 0:
-            out.append(BLOCKS[3] if lo is None and hi is None else BLOCKS[0 if v <= bottom else -1])
+            out.append(BLOCKS[0 if v <= bottom else -1])
         else:
             frac = min(1.0, max(0.0, (v - bottom) / span))
             out.append(BLOCKS[min(len(BLOCKS) - 1, int(frac * (len(BLOCKS) - 1) + 0.5))])
@@ -255,12 +282,15 @@ def live_age(snapshot: dict, age: Any, now: float) -> float | None:
     return a + max(0.0, now - taken) if taken is not None else a
 
 
-def pick_learners(learners: list[dict], room: int) -> list[dict]:
-    """At most `room` learners, the troubled ones (not running, or stragglers) first, in id order."""
+def pick_learners(learners: list[dict], room: int, keep: str | None = None) -> list[dict]:
+    """At most `room` learners in their given order: the one named `keep` (the selected one) and
+    the troubled ones (not running, or stragglers) first."""
     if len(learners) <= room:
         return learners
 
     def trouble(item: tuple[int, dict]) -> int:
+        if keep is not None and str(item[1].get("id")) == keep:
+            return -1
         return 0 if item[1].get("state") not in ("running", None) or item[1].get("straggler") else 1
 
     kept = sorted(sorted(enumerate(learners), key=trouble)[: max(0, room)], key=lambda i: i[0])
@@ -268,6 +298,13 @@ def pick_learners(learners: list[dict], room: int) -> list[dict]:
 
 
 # ---------------------------------------------------------------- history for the sparklines
+
+
+def _rejected_total(snapshot: dict) -> float | None:
+    rejected = dig(snapshot, "syncer", "rejected")
+    if not isinstance(rejected, dict):
+        return None
+    return sum(v for v in map(num, rejected.values()) if v is not None)
 
 
 SERIES = (
@@ -282,6 +319,9 @@ SERIES = (
     "loss_global",
     "quorum_live",
     "contributors",
+    "t",
+    "dropped_sends",
+    "rejected",
 )
 
 
@@ -332,6 +372,9 @@ class History:
             "loss_global": num(dig(snapshot, "loss", "global")),
             "quorum_live": num(dig(snapshot, "quorum", "live")),
             "contributors": num(dig(snapshot, "quorum", "last_round_contributors")),
+            "t": num(snapshot.get("now")),
+            "dropped_sends": num(dig(snapshot, "syncer", "dropped_sends")),
+            "rejected": _rejected_total(snapshot),
         }
 
     def _derive_rates(self, snapshot: dict, values: dict[str, float | None], taken: float | None) -> None:
@@ -343,6 +386,21 @@ class History:
         up, down = values["up_per_s"], values["down_per_s"]
         values["bytes_per_s"] = None if up is None and down is None else (up or 0.0) + (down or 0.0)
         self._last_bytes = totals
+
+    def recent_rise(self, name: str, window_s: float = 60.0) -> float | None:
+        """How much a lifetime counter (`dropped_sends`, `rejected`) grew over the last `window_s`
+        seconds of snapshots: the sum of its rises between successive ones (a counter that starts
+        over, as after a syncer restart, counts from 0). None until two snapshots are in."""
+        times, values = list(self._series["t"]), list(self._series.get(name, ()))
+        if len(times) < 2 or times[-1] is None:
+            return None
+        rise, newest = 0.0, times[-1]
+        for i in range(1, len(times)):
+            t, before, after = times[i], values[i - 1], values[i]
+            if t is None or after is None or t < newest - window_s:
+                continue
+            rise += after - before if before is not None and after >= before else after
+        return rise
 
     def latest(self, name: str) -> float | None:
         """The newest value of a series (None if empty)."""

@@ -10,7 +10,7 @@ access, formatting and colours the panels use, and `History` itself, are in `dld
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich import box
@@ -64,8 +64,13 @@ EVENT_STYLES = {
 # ---------------------------------------------------------------- one-line renderables
 
 
+MIN_SPARK = 4  # a sparkline narrower than this leaves its scale out
+
+
 class Spark:
-    """A one-line renderable: `prefix` + a sparkline as wide as the space left + `suffix`."""
+    """A one-line renderable: `prefix` + a sparkline as wide as the space left + its scale
+    (" min–max" of what it draws, formatted by `fmt`; a fixed `lo`/`hi` end is shown as fixed)
+    where there is room for it + `suffix`. The scale is `spark_scale`: noise draws flat."""
 
     def __init__(
         self,
@@ -76,21 +81,46 @@ class Spark:
         lo: float | None = None,
         hi: float | None = None,
         style: str = "cyan",
+        fmt: Callable[[float], str] | None = None,
     ) -> None:
         self.prefix, self.suffix = Text(prefix) if isinstance(prefix, str) else prefix, suffix
-        self.values, self.lo, self.hi, self.style = values, lo, hi, style
+        self.values, self.lo, self.hi, self.style, self.fmt = values, lo, hi, style, fmt
+
+    def scale_text(self, width: int) -> str:
+        """ " min–max" of the last `width` values ("" without a formatter or a number)."""
+        shown = [v for v in map(num, list(self.values)[-width:]) if v is not None] if width > 0 else []
+        if self.fmt is None or not shown:
+            return ""
+        low = self.lo if self.lo is not None else min(shown)
+        high = self.hi if self.hi is not None else max(shown)
+        return f" {self.fmt(low)}–{self.fmt(high)}"
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         suffix = Text(self.suffix) if isinstance(self.suffix, str) else self.suffix
         room = options.max_width - self.prefix.cell_len - suffix.cell_len
-        line = Text.assemble(
+        scale = self.scale_text(room)
+        if room - len(scale) < min(MIN_SPARK, len(self.values)):
+            scale = ""
+        room -= len(scale)
+        yield Text.assemble(
             self.prefix,
             (sparkline(self.values, room, self.lo, self.hi), self.style),
+            (scale, "dim"),
             suffix,
             no_wrap=True,
             overflow="ellipsis",
         )
-        yield line
+
+
+class Fit:
+    """The first of several one-line alternatives (the most detailed first) that fits the width:
+    a line drops its less important parts, never the digits of a figure (the last one is cut)."""
+
+    def __init__(self, *choices: Text) -> None:
+        self.choices = choices
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield next((c for c in self.choices if c.cell_len <= options.max_width), self.choices[-1])
 
 
 def line(*parts: str | tuple[str, str] | Text) -> Text:
@@ -130,8 +160,13 @@ def short_id(learner_id: Any) -> str:
     return "#" + name[len("learner-") :] if name.startswith("learner-") else name
 
 
-def header_notes(snapshot: dict, now: float) -> Text:
-    """The header's second voice (its subtitle): warnings an operator should not miss."""
+WARN_WINDOW_S = 60.0  # a counter's warning lasts this long after its last rise
+
+
+def header_notes(snapshot: dict, now: float, history: History | None = None) -> Text:
+    """The header's second voice (its subtitle): warnings an operator should not miss. Rejected
+    messages and dropped sends are warned about while they rise (over the last WARN_WINDOW_S of
+    `history`); without a history (`--once`) they are not (`--json` has the lifetime counters)."""
     notes: list[tuple[str, str]] = []
     if snapshot.get("status") == "down":
         notes.append(("the run is down (`dldctl down`); `dldctl report` summarises it", "bold"))
@@ -144,13 +179,10 @@ def header_notes(snapshot: dict, now: float) -> Text:
         notes.append((f"snapshot {fmt_duration(now - taken)} old", "yellow"))
     if snapshot.get("insecure") is True:
         notes.append(("INSECURE: no CURVE", "bold yellow"))
-    rejected = dig(snapshot, "syncer", "rejected")
-    total = sum(v for v in rejected.values() if num(v)) if isinstance(rejected, dict) else 0
-    if total:
-        notes.append((f"rejected {int(total)}", "yellow"))
-    dropped = num(dig(snapshot, "syncer", "dropped_sends"))
-    if dropped:
-        notes.append((f"dropped sends {int(dropped)}", "yellow"))
+    for name, words in (("rejected", "rejected"), ("dropped_sends", "dropped sends")):
+        rise = history.recent_rise(name, WARN_WINDOW_S) if history is not None else None
+        if rise:  # lifetime counters: said while they grow, gone a minute after they stop
+            notes.append((f"{words} {int(rise)} in {WARN_WINDOW_S:.0f}s", "yellow"))
     notes += [(str(w), "bold red") for w in dig(snapshot, "syncer", "warnings") or []]
     notes += [(guard, "bold red")] if (guard := guard_note(snapshot)) else []
     risks = dig(snapshot, "syncer", "risks") or []
@@ -162,40 +194,47 @@ def header_notes(snapshot: dict, now: float) -> Text:
     return out.append(" ") if notes else out
 
 
-def header_panel(snapshot: dict, now: float, compact: bool = False) -> Panel:
-    """Run, uptime, syncer health, outer steps, checkpoint (`compact`: leave out pid and epoch)."""
+def _syncer_parts(snapshot: dict, compact: bool, address: bool = True) -> list[Any]:
     s = section(snapshot, "syncer")
-    down = snapshot.get("status") == "down"
-    parts: list[Any] = [("ran " if down else "up ", "dim"), (fmt_duration(run_uptime(snapshot, now)), "bold"), SEP]
-    if down:
-        parts += [(" RUN DOWN ", "bold"), " syncer stopped"]
+    where = [" ", text_of(s.get("address"))] if address else []
+    if snapshot.get("status") == "down":
+        parts: list[Any] = [(" RUN DOWN ", "bold"), " syncer stopped"]
     elif syncer_alive(snapshot):
-        parts += [("● ", "green"), "syncer ", text_of(s.get("address"))]
+        parts = [("● ", "green"), "syncer", *where]
         if not compact:
             parts += [(" pid ", "dim"), fmt_int(s.get("pid")), (" epoch ", "dim"), fmt_int(s.get("epoch"))]
     else:
-        parts += [(" SYNCER DOWN ", "bold white on red"), " ", text_of(s.get("address"))]
+        parts = [(" SYNCER DOWN ", "bold white on red"), *where]
     if num(s.get("restarts")):
         parts += [(" restarts ", "dim"), (fmt_int(s.get("restarts")), "yellow")]
-    parts += [
-        SEP,
-        ("outer ", "dim"),
-        (fmt_int(s.get("outer_steps")), "bold"),
-        SEP,
-        ("ckpt ", "dim"),
-        fmt_int(s.get("checkpoint_outer_step")),
-        SEP,
-        fmt_int(s.get("fragments")),
-        (" fragments", "dim"),
+    return parts
+
+
+def _progress_parts(snapshot: dict, fragments: bool) -> list[Any]:
+    s = section(snapshot, "syncer")
+    parts: list[Any] = [SEP, ("outer ", "dim"), (fmt_int(s.get("outer_steps")), "bold")]
+    parts += [SEP, ("ckpt ", "dim"), fmt_int(s.get("checkpoint_outer_step"))]
+    return parts + ([SEP, fmt_int(s.get("fragments")), (" fragments", "dim")] if fragments else [])
+
+
+def header_panel(snapshot: dict, now: float, compact: bool = False, history: History | None = None) -> Panel:
+    """Run, uptime, syncer health, outer steps, checkpoint (`compact`: leave out pid and epoch;
+    where the line still does not fit, the fragments, then the syncer's address go first)."""
+    down = snapshot.get("status") == "down"
+    head: list[Any] = [("ran " if down else "up ", "dim"), (fmt_duration(run_uptime(snapshot, now)), "bold"), SEP]
+    choices = [
+        line(*head, *_syncer_parts(snapshot, compact), *_progress_parts(snapshot, True)),
+        line(*head, *_syncer_parts(snapshot, compact), *_progress_parts(snapshot, False)),
+        line(*head, *_syncer_parts(snapshot, True, address=False), *_progress_parts(snapshot, False)),
     ]
     border = "green" if syncer_alive(snapshot) else ("white" if down else "red")
     if not down and dig(snapshot, "supervisor", "state") in ("missing", "hung"):
         border = "red"
     return Panel(
-        line(*parts),
+        Fit(*choices),
         title=Text.assemble(" dldctl ", (text_of(snapshot.get("run")), "bold"), " "),
         title_align="left",
-        subtitle=header_notes(snapshot, now) or None,
+        subtitle=header_notes(snapshot, now, history) or None,
         subtitle_align="right",
         border_style=border,
         box=box.HEAVY if border == "red" else box.ROUNDED,
@@ -221,32 +260,46 @@ def quorum_panel(snapshot: dict, recent: Sequence[Any] | None = None) -> Panel:
         lo=0.0,
         hi=top,
         style=colour,
+        fmt=fmt_int,
     )
     if colour == "red" and syncer_alive(snapshot):
         missing = fmt_int(minimum - live) if minimum is not None and live is not None else DASH
-        third = line((f"{fmt_int(q.get('open_rounds'))} rounds open, need {missing} more", "red"))
+        opened = fmt_int(q.get("open_rounds"))
+        third = Fit(line((f"{opened} rounds open, need {missing} more", "red")), line((f"need {missing} more", "red")))
     else:
         grace = f"{fmt_float(q.get('grace_used_s'), 2)}/{fmt_float(q.get('grace_window_s'), 2)}s"
-        third = line(("grace ", "dim"), grace, ("  open ", "dim"), fmt_int(q.get("open_rounds")))
+        still = (("  open ", "dim"), fmt_int(q.get("open_rounds")))
+        third = Fit(line(("grace ", "dim"), grace, *still), line(("grace ", "dim"), grace), line(grace))
     title = Text.assemble(("quorum ", "bold"), (f"● {label}", f"bold {colour}"))
     return titled(title, lines(first, rounds, third), border=colour)
+
+
+def _pct0(value: float) -> str:
+    return f"{100 * value:.0f}%"
 
 
 def goodput_panel(snapshot: dict, history: History) -> Panel:
     """Goodput of the whole run and of the last minute, with their history."""
     whole, window = snapshot.get("goodput"), snapshot.get("goodput_window")
-    first = line(
-        (fmt_pct(whole), f"bold {goodput_style(whole)}"),
-        (" run  ", "dim"),
-        (fmt_pct(window), goodput_style(window)),
-        (" last 60s", "dim"),
+    run_pct, window_pct = (fmt_pct(whole), f"bold {goodput_style(whole)}"), (fmt_pct(window), goodput_style(window))
+    first = Fit(
+        line(run_pct, (" run  ", "dim"), window_pct, (" last 60s", "dim")),
+        line(run_pct, (" run  ", "dim"), window_pct, (" 60s", "dim")),
+        line(run_pct, "  ", window_pct),
     )
     return titled(
         "goodput",
         lines(
             first,
-            Spark(Text("run ", "dim"), history.get("goodput"), lo=0.0, hi=1.0, style=goodput_style(whole)),
-            Spark(Text("60s ", "dim"), history.get("goodput_window"), lo=0.0, hi=1.0, style=goodput_style(window)),
+            Spark(Text("run ", "dim"), history.get("goodput"), lo=0.0, hi=1.0, style=goodput_style(whole), fmt=_pct0),
+            Spark(
+                Text("60s ", "dim"),
+                history.get("goodput_window"),
+                lo=0.0,
+                hi=1.0,
+                style=goodput_style(window),
+                fmt=_pct0,
+            ),
         ),
         border=goodput_style(whole) if num(whole) is not None else "blue",
     )
@@ -263,16 +316,22 @@ def loss_panel(snapshot: dict, history: History) -> Panel:
     return titled(
         "loss",
         lines(
-            Spark(Text.assemble(("train ", "dim"), (fmt_float(dig(snapshot, "loss", "train")), "bold"), " "), train),
+            Spark(
+                Text.assemble(("train ", "dim"), (fmt_float(dig(snapshot, "loss", "train")), "bold"), " "),
+                train,
+                fmt=fmt_float,
+            ),
             Spark(
                 Text.assemble(("eval  ", "dim"), (fmt_float(dig(snapshot, "loss", "eval")), "bold"), " "),
                 evals,
                 style="magenta",
+                fmt=fmt_float,
             ),
             Spark(
                 Text.assemble(("global ", "dim"), (fmt_float(dig(snapshot, "loss", "global")), "bold"), " "),
                 glob,
                 style="green",
+                fmt=fmt_float,
             ),
             line(("best ", "dim"), best(train), (" / ", "dim"), best(evals), (" / ", "dim"), best(glob)),
         ),
@@ -298,22 +357,32 @@ def throughput_panel(snapshot: dict, history: History) -> Panel:
     t = section(snapshot, "tokens")
     trained, merged = num(t.get("trained")), num(t.get("merged"))
     share = f" ({fmt_pct(merged / trained)})" if trained and merged is not None else ""
-    first = line(
-        (fmt_rate(t.get("per_s"), "tok"), "bold"),
-        ("  trained ", "dim"),
-        fmt_count(trained),
-        ("  merged ", "dim"),
-        fmt_count(merged),
-        share,
+    rate = (fmt_rate(t.get("per_s"), "tok"), "bold")
+    first = Fit(
+        line(rate, ("  trained ", "dim"), fmt_count(trained), ("  merged ", "dim"), fmt_count(merged), share),
+        line(rate, ("  trained ", "dim"), fmt_count(trained), ("  merged ", "dim"), fmt_count(merged)),
+        line(rate, ("  merged ", "dim"), fmt_count(merged)),
+        line(rate),
     )
-    per: list[Any] = []
-    for learner in dicts(snapshot.get("learners")):
-        per += [
-            (short_id(learner.get("id")) + " ", state_style(learner.get("state")) or "dim"),
-            fmt_count(learner.get("tokens_per_s")),
-            "  ",
-        ]
-    return titled("throughput", lines(first, Spark("", history.get("tokens_per_s"), lo=0.0), line(*per)))
+    spark = Spark("", history.get("tokens_per_s"), lo=0.0, fmt=fmt_count)
+    return titled("throughput", lines(first, spark, per_learner_rates(dicts(snapshot.get("learners")))))
+
+
+def per_learner_rates(learners: list[dict]) -> Fit:
+    """`#0 6.3k  #1 6.4k ...`, coloured by state; where not all fit, the first ones and `+N`."""
+    cells = [
+        Text.assemble(
+            (short_id(r.get("id")) + " ", state_style(r.get("state")) or "dim"), fmt_count(r.get("tokens_per_s"))
+        )
+        for r in learners
+    ]
+    choices = [
+        Text("  ").join(cells[:n]) + Text(f"  +{len(cells) - n}" if n < len(cells) else "", "dim")
+        for n in range(len(cells), -1, -1)
+    ]
+    for choice in choices:
+        choice.no_wrap, choice.overflow = True, "ellipsis"
+    return Fit(*choices)
 
 
 def bandwidth_panel(snapshot: dict, history: History) -> Panel:
@@ -322,21 +391,15 @@ def bandwidth_panel(snapshot: dict, history: History) -> Panel:
     ratio = num(b.get("compression_ratio"))
     ratio = ratio if ratio else None  # 0 means nothing pushed yet
     up_s, down_s = (b.get(k) if num(b.get(k)) is not None else history.latest(k) for k in ("up_per_s", "down_per_s"))
-    first = line(
-        ("↑ ", "dim"),
-        (fmt_rate(up_s), "bold"),
-        ("  ↓ ", "dim"),
-        (fmt_rate(down_s), "bold"),
-        ("  compression ", "dim"),
-        f"{ratio:.1f}x" if ratio is not None else DASH,
-    )
+    rates = ("↑ ", "dim"), (fmt_rate(up_s), "bold"), ("  ↓ ", "dim"), (fmt_rate(down_s), "bold")
+    first = Fit(line(*rates, ("  compression ", "dim"), f"{ratio:.1f}x" if ratio is not None else DASH), line(*rates))
     up, down, ddp = num(b.get("up")), num(b.get("down")), num(b.get("ddp_equivalent"))
     moved = (up or 0.0) + (down or 0.0) if up is not None or down is not None else None
     times = f" ({ddp / moved:,.0f}x)" if ddp is not None and moved else ""
-    third = line(
-        ("data-parallel ", "dim"), (fmt_bytes(ddp), "yellow"), (" vs ", "dim"), (fmt_bytes(moved), "green"), times
-    )
-    return titled("bandwidth", lines(first, Spark("", history.get("bytes_per_s"), lo=0.0, style="green"), third))
+    versus = (fmt_bytes(ddp), "yellow"), (" vs ", "dim"), (fmt_bytes(moved), "green")
+    third = Fit(line(("data-parallel ", "dim"), *versus, times), line(("DP ", "dim"), *versus, times), line(*versus))
+    spark = Spark("", history.get("bytes_per_s"), lo=0.0, style="green", fmt=fmt_bytes)
+    return titled("bandwidth", lines(first, spark, third))
 
 
 class EventTail:

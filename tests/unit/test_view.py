@@ -172,8 +172,14 @@ def test_header_warns_about_what_an_operator_must_not_miss() -> None:
     snap = load("healthy")
     snap["insecure"] = True
     snap["syncer"].update(rejected={"stale_epoch": 2, "bad_auth": 1}, dropped_sends=4, restarts=1)
-    text = live_text(snap, now=snap["now"] + 10.0)
-    assert "INSECURE: no CURVE" in text and "rejected 3" in text and "dropped sends 4" in text
+    before = copy.deepcopy(snap)
+    before["now"] -= 5.0
+    before["syncer"].update(rejected={}, dropped_sends=0)
+    history = History()
+    for each in (before, snap):
+        history.add(each)
+    text = live_text(snap, now=snap["now"] + 10.0, history=history)
+    assert "INSECURE: no CURVE" in text and "rejected 3 in 60s" in text and "dropped sends 4 in 60s" in text
     assert "snapshot 10s old" in text and "restarts 1" in text
     plain = plain_text(snap)
     assert "notes" in plain and "INSECURE" in plain
