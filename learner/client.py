@@ -12,7 +12,6 @@ Socket options follow the Paranoid Pirate pattern: LINGER 0, IMMEDIATE, capped r
 from __future__ import annotations
 
 import os
-import socket as pysocket
 import threading
 import time
 from collections.abc import Callable
@@ -50,7 +49,7 @@ class SyncerClient(threading.Thread):
             incarnation,
             cfg.run_id,
             os.getpid(),
-            pysocket.gethostname(),
+            cfg.spec.host,  # the inventory's name, as `dldctl status` shows it (not the machine's hostname)
             cfg.spec.device,
             cfg.batch_size,
             manifest,
