@@ -7,7 +7,9 @@ from __future__ import annotations
 import copy
 import io
 import json
+import os
 import re
+import termios
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from dldctl.observe.view_data import spark_scale, sparkline
 from dldctl.observe.view_frame import consistent, learner_order, sort_learners
 from dldctl.observe.view_keys import PAUSE_S, Command, ViewState, decode, press
 from dldctl.observe.view_panels import Spark
+from dldctl.observe.view_tty import KeyReader
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "data" / "snapshots"
 ORDER = ["learner-0", "learner-1", "learner-2"]
@@ -244,3 +247,28 @@ def test_dropped_sends_warn_while_they_rise_and_clear_a_minute_later() -> None:
     restarted["now"], restarted["syncer"]["dropped_sends"] = each["now"] + 1, 2
     history.add(restarted)
     assert history.recent_rise("dropped_sends") == 2
+
+
+# ---------------------------------------------------------------- the terminal, restored
+
+
+def test_the_key_reader_reads_keys_and_restores_the_terminal_on_an_exception() -> None:
+    master, slave = os.openpty()
+    try:
+        with os.fdopen(os.dup(slave), "r") as stream:
+            before = termios.tcgetattr(slave)
+            with pytest.raises(KeyboardInterrupt), KeyReader(stream) as keys:  # as SIGTERM or Ctrl-C does
+                assert not termios.tcgetattr(slave)[3] & termios.ICANON  # cbreak: keys one by one
+                os.write(master, b"\x1b[Bq")
+                assert decode(keys.read(2.0)) == ["down", "q"]
+                assert keys.read(0.0) == ""
+                raise KeyboardInterrupt
+            assert termios.tcgetattr(slave) == before
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_the_key_reader_without_a_terminal_reads_nothing() -> None:
+    with KeyReader(io.StringIO()) as keys:
+        assert keys.fd is None and keys.read(0.0) == ""
