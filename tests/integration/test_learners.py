@@ -46,8 +46,8 @@ def wait_finished(lr: LocalRun, n: int, timeout: float) -> None:
     raise AssertionError("learners did not finish: " + lr.log("learner-0")[-2000:])
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_loss_falls_and_replicas_are_bit_identical(tmp_path: Path, n: int) -> None:
+def test_loss_falls_and_replicas_are_bit_identical(tmp_path: Path) -> None:
+    n = 4  # (2 learners was a second run of the same checks: 4 covers it, with more rounds of mixed contributors)
     with run_of(tmp_path, [{} for _ in range(n)], H=8, eval_every=25) as lr:
         lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 8 * n and s["loss"]["eval"] is not None, 150, "merges")
         # versions move every few ms and heartbeats come every 0.5 s: each learner must be seen at
