@@ -27,7 +27,7 @@ if ! command -v cc >/dev/null && ! command -v gcc >/dev/null; then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
+.venv/bin/python -m pip install -q -c constraints.txt -e '.[dev,train,plot]'
 
 # the walls before any test: lint, formatting and types (ruff and mypy, configured in pyproject.toml)
 .venv/bin/ruff check --quiet .

@@ -13,6 +13,10 @@ Contract every factory keeps (the syncer and the merge depend on it):
   learner (`build_workload` seeds torch first; build on the CPU, then move to the device);
 - tokens are counted exactly (they weight the merge and feed goodput);
 - `eval_batches` are identical on every learner, whatever its index, seed, batch size or device.
+
+Importing this package needs no torch (only calling into it does): the operator's machine reads
+`workload.presets` to validate an inventory and may have no torch at all (`pip install dldctl`
+without the `train` extra). torch, `workload.data` and `workload.gpt` are imported where used.
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from workload import data as data_mod
-from workload import gpt as model_mod
+from workload.presets import PRESETS
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -74,6 +79,11 @@ def batch_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
 
 def gpt_workload(ctx: WorkloadContext) -> Workload:
     """The built-in: a GPT preset on the corpus named by settings["data"], one shard per learner."""
+    import torch
+
+    from workload import data as data_mod
+    from workload import gpt as model_mod
+
     s = ctx.settings
     seq_len = int(s.get("seq_len", 128))
     if not 0 <= ctx.learner_index < ctx.shards:
@@ -117,10 +127,10 @@ def gpt_workload(ctx: WorkloadContext) -> Workload:
 def resolve(model: str) -> Callable[[WorkloadContext], Workload]:
     """The factory for a model setting: a GPT preset, or "package.module:factory" imported."""
     if ":" not in model:
-        if model in model_mod.PRESETS:
+        if model in PRESETS:
             return gpt_workload
         raise ValueError(
-            f"model {model!r} is neither a built-in preset ({', '.join(model_mod.PRESETS)}) nor "
+            f"model {model!r} is neither a built-in preset ({', '.join(PRESETS)}) nor "
             "'package.module:factory'; set model to one of those"
         )
     module_name, _, attr = model.partition(":")
@@ -165,6 +175,8 @@ def _import(spec: str, module_name: str) -> Any:
 
 def build_workload(ctx: WorkloadContext) -> Workload:
     """resolve(settings["model"])(ctx), with torch seeded first so every learner starts equal."""
+    import torch
+
     spec = str(ctx.settings["model"])
     factory = resolve(spec)
     torch.manual_seed(int(ctx.settings.get("seed", 0)))
@@ -175,6 +187,8 @@ def build_workload(ctx: WorkloadContext) -> Workload:
 
 def _check(spec: str, w: Any) -> None:
     """Fail early, naming the factory, when it returned something the training loop cannot use."""
+    import torch
+
     if not isinstance(w, Workload):
         raise ValueError(f"model {spec!r}: the factory returned {type(w).__name__}, not workload.Workload")
     if not isinstance(w.model, torch.nn.Module):

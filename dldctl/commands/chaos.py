@@ -13,6 +13,7 @@ import time
 
 # stdlib since 3.11; mypy checks as 3.10 (pyproject's python_version), which has none
 import tomllib
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ err_console = output_console(stderr=True)  # what a human reads while stdout car
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 ForceOpt = typer.Option(False, "--force", help="Do it even if it leaves fewer live learners than the quorum.")
 JsonOpt = typer.Option(False, "--json", help="Print what was done as one JSON object (messages go to stderr).")
+EXAMPLE = resources.files("dldctl") / "examples" / "chaos-experiment.toml"  # package data: in the wheel
 LinesOpt = typer.Option(
     False, "--json", help="Print JSON lines: one per fault as it happens, then a summary (messages go to stderr)."
 )
@@ -266,16 +268,25 @@ def _experiment(path: Path) -> Experiment:
         raise ConfigError(str(path), None, str(exc)) from None
 
 
+@app.command("example")
+def example() -> None:
+    """Print an example experiment (kill, pause, partition; steady-state checks), to edit and run.
+
+    Example: dldctl chaos example > experiment.toml
+    """
+    sys.stdout.write(EXAMPLE.read_text())
+
+
 @app.command("run")
 def run_experiment(
-    experiment: Path = typer.Argument(..., help="Experiment TOML (see examples/chaos-experiment.toml)."),
+    experiment: Path = typer.Argument(..., help="Experiment TOML (`dldctl chaos example` prints a complete one)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, inject nothing."),
     run: str | None = RunOpt,
     json_out: bool = LinesOpt,
 ) -> None:
     """Run a declarative chaos experiment; ends with a verdict (exit 1 on fail) and a report.
 
-    Example: dldctl chaos run examples/chaos-experiment.toml
+    Example: dldctl chaos example > experiment.toml && dldctl chaos run experiment.toml
     """
     exp, out = _experiment(experiment), _out(json_out)
     out.print(f"experiment {exp.name}: {exp.duration:g} s, {len(exp.faults)} faults")

@@ -12,9 +12,10 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from dldctl import inventory, rundir
+from dldctl import extras, inventory, rundir
 from dldctl.commands.options import duration, output_console
 from dldctl.errors import DldError, OperationError, UsageError
 from dldctl.hosts import LocalHost
@@ -91,6 +92,7 @@ def up(
 
 def _start_or_converge(inv: Inventory, inventory_file: Path | None, out: Console, wait_s: float) -> rundir.RunDir:
     """A new run, or the live run of this name converged to the inventory (an orphan restarted)."""
+    extras.require_for_run(inv)  # no torch here for a local learner or syncer: one line, nothing touched
     for risk in inv.run.risks(len(plan.learner_plans(inv))):
         err_console.print(f"[yellow]warning:[/] {risk}")
     live = rundir.find_live(inv.run.name)
@@ -115,6 +117,7 @@ def _resume(name: str, inventory_file: Path | None, dry_run: bool, out: Console,
     if target.live():  # nothing to do: as a second `down` is
         out.print(f"run {target.name} is up already")
         return target
+    extras.require_for_run(converge.stored_inventory(target))
     run, _ = resume_mod.resume(target, out, wait_s)
     return run
 
@@ -265,7 +268,7 @@ def check(
     """
     inv = load_inventory(inventory_file)
     results = check_mod.check(inv)
-    native = kernel.build()
+    native = kernel.for_syncer(inv)
     if json_out:
         print(strictjson.dumps(check_record(inv, results, native)))
     else:
@@ -273,6 +276,8 @@ def check(
     bad = [r.name for r in results if not r.ok]
     if bad:
         raise DldError(f"{len(bad)} of {len(results)} hosts failed the check: {', '.join(bad)}")
+    if not native.runnable:
+        raise DldError(native.line())
 
 
 CHECK_COLUMNS = ["ssh", "python", "torch", "device", "port"]
@@ -283,7 +288,7 @@ def check_record(inv: Inventory, results: list[check_mod.HostCheck], native: ker
     return {
         "schema": "dldctl.check/1",
         "inventory": str(inv.path),
-        "ok": all(r.ok for r in results),
+        "ok": all(r.ok for r in results) and native.runnable,
         "hosts": [
             {
                 "name": r.name,
@@ -306,9 +311,12 @@ def _print_check(inv: Inventory, results: list[check_mod.HostCheck], native: ker
         for col in CHECK_COLUMNS:
             if col in res.items:
                 passed, detail = res.items[col]
-                cells.append(f"[{'green' if passed else 'red'}]{'ok' if passed else 'FAIL'}[/] {detail}")
+                cells.append(f"[{'green' if passed else 'red'}]{'ok' if passed else 'FAIL'}[/] {escape(detail)}")
             else:
                 cells.append("[dim]-[/]")
         table.add_row(f"[{'green' if res.ok else 'red'}]{res.name}[/]", *cells)
     console.print(table)
-    console.print(f"[{'green' if native.ok else 'yellow'}]syncer (this machine):[/] {native.line()}", highlight=False)
+    where = escape(native.elsewhere or "this machine")
+    console.print(
+        f"[{'green' if native.ok else 'yellow'}]syncer ({where}):[/] {escape(native.line())}", highlight=False
+    )

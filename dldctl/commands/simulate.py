@@ -16,6 +16,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from dldctl import extras
 from dldctl.commands import simulate_calibrate
 from dldctl.commands import simulate_common as sc
 from dldctl.errors import OperationError, UsageError
@@ -175,6 +176,7 @@ def _check_plot(plot: Path | None, sweeping: bool) -> None:
     parent = plot.expanduser().resolve().parent
     if not parent.is_dir():
         raise UsageError(f"--plot: directory {parent} does not exist (create it or pick another path)")
+    extras.require("matplotlib", "--plot draws with")
 
 
 @app.command()

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from dldctl import rundir
+from dldctl import extras, rundir
 from dldctl.chaos.inject import Chaos
 from dldctl.chaos.runner import sigterm_interrupts
 from dldctl.commands.options import duration, output_console
@@ -144,6 +144,7 @@ def report(
 
     Example: dldctl report --out /tmp/report
     """
+    extras.require("matplotlib", "dldctl report draws its plots with")
     from dldctl.commands.report import report_command  # matplotlib takes a second to import
 
     report_command(rundir.resolve(run, live_only=False).path, out, json_out=json_out)

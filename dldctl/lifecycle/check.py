@@ -14,6 +14,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from dldctl import extras
 from dldctl.errors import DldError
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.lifecycle.provision import open_host
@@ -88,6 +89,14 @@ def _device_ok(spec: HostSpec, facts: dict) -> tuple[bool, str]:
     return index < gpus, f"{gpus} GPU(s) visible" + ("" if index < gpus else f", {spec.device} is not one of them")
 
 
+def _no_torch(spec: HostSpec, facts: dict) -> str:
+    """The torch cell of a host whose Python has none: why, and what to do."""
+    error = facts.get("torch_error", "missing")
+    if spec.setup == "venv":
+        return f"{error} (setup = venv installs it)"
+    return f"{error} ({extras.fix('torch')})" if spec.local else error
+
+
 def check_host(inv: Inventory, spec: HostSpec, advertise: str | None, port: int) -> HostCheck:
     """Every check for one host; never raises for a host problem (it is reported instead)."""
     import json
@@ -111,13 +120,7 @@ def check_host(inv: Inventory, spec: HostSpec, advertise: str | None, port: int)
             return result
         facts = json.loads(out.stdout.strip().splitlines()[-1])
         result.add("python", True, f"{facts['python']} ({facts['executable']})")
-        torch_ok = "torch" in facts or spec.setup == "venv"
-        result.add(
-            "torch",
-            torch_ok,
-            facts.get("torch")
-            or facts.get("torch_error", "missing") + (" (setup = venv installs it)" if spec.setup == "venv" else ""),
-        )
+        result.add("torch", "torch" in facts or spec.setup == "venv", facts.get("torch") or _no_torch(spec, facts))
         result.add(
             "device",
             *(_device_ok(spec, facts) if "torch" in facts else (spec.device == "cpu", "unknown without torch")),

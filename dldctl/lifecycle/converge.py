@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dldctl import inventory, rundir
+from dldctl import extras, inventory, rundir
 from dldctl.errors import DldError, RunError, UsageError
 from dldctl.hosts import LocalHost, ProcRef
 from dldctl.inventory import HostSpec, Inventory
@@ -73,6 +73,8 @@ def add(run: RunDir, host_name: str, count: int, console: Console, wait_s: float
         raise RunError(f"run {run.name} is not live", hint="start it with `dldctl up`")
     inv = stored_inventory(run)
     spec = inv.host(host_name)
+    if spec.local:
+        extras.require("torch", f"learners on {spec.name} (this machine) need")
     config, new_ids = plan.add_learners(run, run.read_config(), spec, count)
     host = provision.open_host(spec, inv.ssh)
     try:

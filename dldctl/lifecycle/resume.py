@@ -51,7 +51,7 @@ def resume(run: RunDir, console: Console, timeout: float) -> tuple[RunDir, list[
     with up_mod.Board(console, names) as board:
         config, runtimes, errors = up_mod.prepare_fleet(inv, run, board, lambda a: _new_ports(run, inv, config, a))
         new_state = resumed_state(state, runtimes, errors)
-        missing, native = up_mod.start_fleet(run, board, new_state, timeout)
+        missing, native = up_mod.start_fleet(inv, run, board, new_state, timeout)
     run.event("resume", "run", f"resumed by `dldctl up --resume` ({len(new_state.learners(live=True))} learners)")
     up_mod.report_start(console, timeout, missing, native, errors)
     return run, missing

@@ -24,6 +24,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from dldctl import inventory, rundir
@@ -249,11 +250,13 @@ def prepare_fleet(
     return config, runtimes, errors
 
 
-def start_fleet(run: RunDir, board: Board, state: RunState, timeout: float) -> tuple[list[str], kernel.KernelStatus]:
-    """Build the native kernel, write the state, start the supervisor, wait for the processes;
-    (the names still not running, the kernel)."""
+def start_fleet(
+    inv: Inventory, run: RunDir, board: Board, state: RunState, timeout: float
+) -> tuple[list[str], kernel.KernelStatus]:
+    """Build the native kernel (a syncer here), write the state, start the supervisor, wait for the
+    processes; (the names still not running, the kernel)."""
     board("syncer", "building the native merge kernel")
-    native = kernel.build()
+    native = kernel.for_syncer(inv)
     board("syncer", "kernel ready" if native.ok else "no native kernel: torch merge")
     with run.locked():
         run.write_state(state)
@@ -271,7 +274,7 @@ def report_start(
             f"(the supervisor keeps trying; `dldctl logs <target>` shows why)"
         )
     if not native.ok:
-        console.print(f"[yellow]{native.line()}[/]", highlight=False)
+        console.print(f"[yellow]{escape(native.line())}[/]", highlight=False)
     for name, exc in errors.items():
         console.print(f"[red]left out host {name}:[/] {exc.line()}", highlight=False)
 
@@ -289,6 +292,6 @@ def up(inv: Inventory, source: str | None, console: Console, timeout: float = 18
     with Board(console, fleet_names(inv)) as board:
         config, runtimes, errors = prepare_fleet(inv, run, board, lambda advertise: plan.write(inv, run, advertise))
         state = initial_state(inv, run, config, runtimes, errors)
-        missing, native = start_fleet(run, board, state, timeout)
+        missing, native = start_fleet(inv, run, board, state, timeout)
     report_start(console, timeout, missing, native, errors)
     return run

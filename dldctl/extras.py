@@ -1,0 +1,64 @@
+"""The optional dependencies (pip extras) and what on this machine needs them, checked early.
+
+    pip install dldctl              the operator: every command that drives remote hosts, no torch
+    pip install 'dldctl[train]'     + torch: learners or the syncer on this machine (the built-in default)
+    pip install 'dldctl[plot]'      + matplotlib: `dldctl report`, `dldctl simulate goodput --plot`
+
+torch is a range in the `train` extra (`torch>=2.1,<3`), so a CUDA torch installed first is kept.
+A command that needs an extra this Python lacks fails before it touches anything, with one line
+naming what is missing and the fix; nothing here imports torch or matplotlib (a find_spec only).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from dldctl.errors import UsageError
+from dldctl.inventory import Inventory
+
+EXTRAS = {"torch": "train", "matplotlib": "plot"}  # module -> the extra that installs it
+
+
+def installed(module: str) -> bool:
+    """Whether this Python can import `module` (looked up, not imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken install, or a blocker on sys.meta_path
+        return False
+
+
+def fix(module: str) -> str:
+    """The command that installs `module` as dldctl's extra."""
+    return f"pip install 'dldctl[{EXTRAS[module]}]'"
+
+
+def require(module: str, needed_by: str) -> None:
+    """UsageError (exit 2) naming what needs `module` and the fix, unless this Python has it."""
+    if installed(module):
+        return
+    hint = fix(module) + (", which keeps a CUDA torch installed first" if module == "torch" else "")
+    raise UsageError(f"{needed_by} {module}, and this Python ({sys.executable}) has none", hint=hint)
+
+
+def syncer_here(inv: Inventory) -> bool:
+    """Whether the run's syncer runs on this machine ("local", or a host whose address is local)."""
+    return inv.syncer.host == "local" or inv.host(inv.syncer.host).local
+
+
+def torch_users(inv: Inventory) -> list[str]:
+    """What of `inv` runs in this machine's Python and imports torch there."""
+    users = ["the syncer"] if syncer_here(inv) else []
+    local = [h.name for h in inv.hosts if h.local and h.learners > 0]
+    if local:
+        users.append(f"the learners on {', '.join(local)}")
+    if inv.run.init_from:
+        users.append("the check of [run] init_from")
+    return users
+
+
+def require_for_run(inv: Inventory) -> None:
+    """Before `up` touches a host: torch here if anything of the run needs it here."""
+    users = torch_users(inv)
+    if users:
+        require("torch", f"this machine runs {' and '.join(users)}, which need")

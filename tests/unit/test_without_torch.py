@@ -1,0 +1,127 @@
+"""The operator's commands on a Python without torch and matplotlib (`pip install dldctl`, no extras).
+
+Each command runs as the real console script in a subprocess whose `sitecustomize` puts a finder
+first on `sys.meta_path` that refuses `torch` and `matplotlib` (as a Python without them does:
+ModuleNotFoundError). What needs neither runs; what needs one fails before it touches anything,
+with one line naming the extra that installs it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dldctl import extras, inventory
+
+DLDCTL = str(Path(sys.executable).parent / "dldctl")
+BLOCKER = """
+import importlib.abc, sys
+
+class _NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("torch", "matplotlib"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoTorch())
+"""
+REMOTE_ONLY = """
+[run]
+name = "remote-only"
+model = "gpt-tiny"
+
+[syncer]
+host = "h0"
+
+[[hosts]]
+name = "h0"
+address = "127.0.0.1"
+port = 1
+learners = 2
+"""
+
+
+@pytest.fixture
+def no_torch(tmp_path: Path) -> dict[str, str]:
+    """The environment of a Python that has neither torch nor matplotlib, in a fresh DLDCTL_HOME."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCKER)
+    return dict(os.environ, PYTHONPATH=str(site), DLDCTL_HOME=str(tmp_path / "home"), COLUMNS="200")
+
+
+def dl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([DLDCTL, *args], env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_blocker_blocks(no_torch: dict[str, str]) -> None:
+    proc = subprocess.run([sys.executable, "-c", "import torch"], env=no_torch, capture_output=True, text=True)
+    assert proc.returncode == 1 and "No module named 'torch'" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["up", "--dry-run"],
+        ["runs"],
+        ["chaos", "example"],
+        ["simulate", "bandwidth", "--params", "12B", "--step-time", "1s"],
+    ],
+)
+def test_what_needs_no_torch_runs_without_it(no_torch: dict[str, str], args: list[str]) -> None:
+    proc = dl(no_torch, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_status_and_down_without_a_run_say_so_not_a_traceback(no_torch: dict[str, str]) -> None:
+    for args in (["status", "--once"], ["down"]):
+        proc = dl(no_torch, *args)
+        assert proc.returncode != 0 and proc.stderr.startswith("error: "), (args, proc.stderr)
+        assert "Traceback" not in proc.stderr and "torch" not in proc.stderr, (args, proc.stderr)
+
+
+def test_up_of_the_local_default_refuses_before_touching_anything(no_torch: dict[str, str]) -> None:
+    proc = dl(no_torch, "up", "-d")
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in line
+    assert "the syncer and the learners on local-fast" in line and "pip install 'dldctl[train]'" in line
+    assert not (Path(no_torch["DLDCTL_HOME"]) / "runs").exists() or not any(
+        (Path(no_torch["DLDCTL_HOME"]) / "runs").iterdir()
+    )
+
+
+def test_up_with_a_remote_syncer_and_remote_learners_needs_no_torch_here(
+    no_torch: dict[str, str], tmp_path: Path
+) -> None:
+    inv = tmp_path / "inventory.toml"
+    inv.write_text(REMOTE_ONLY)
+    assert dl(no_torch, "up", str(inv), "--dry-run").returncode == 0
+    proc = dl(no_torch, "up", str(inv), "-d")  # gets as far as the host (nothing listens on port 1)
+    assert proc.returncode == 1 and "connection refused by 127.0.0.1:1" in proc.stderr, proc.stderr
+    assert "torch" not in proc.stderr
+
+
+def test_plots_without_matplotlib_name_the_plot_extra(no_torch: dict[str, str], tmp_path: Path) -> None:
+    proc = dl(no_torch, "report")
+    assert proc.returncode == 2 and "pip install 'dldctl[plot]'" in proc.stderr, proc.stderr
+    proc = dl(no_torch, "simulate", "goodput", "--sweep", "chips=1000,2000", "--plot", str(tmp_path / "s.png"))
+    assert proc.returncode == 2 and "pip install 'dldctl[plot]'" in proc.stderr, proc.stderr
+
+
+def test_what_needs_torch_here(tmp_path: Path) -> None:
+    inv = tmp_path / "inventory.toml"
+    inv.write_text(REMOTE_ONLY)
+    assert extras.torch_users(inventory.load(inv)) == []
+    assert extras.torch_users(inventory.default_inventory()) == [
+        "the syncer",
+        "the learners on local-fast, local-mid, local-slow",
+    ]
+    inv.write_text(REMOTE_ONLY.replace('host = "h0"', 'host = "local"'))
+    assert extras.torch_users(inventory.load(inv)) == ["the syncer"]
