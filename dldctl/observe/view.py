@@ -156,6 +156,10 @@ def learners_table(
         cells = _learner_cells(learner, snapshot, now, history)
         loud = learner.get("straggler") is True or learner.get("state") == "partitioned"
         style = "reverse" if selected is not None and text_of(learner.get("id")) == selected else None
+        if style:  # seen without colours too
+            cells["learner"] = Text("▸", "bold") + cells["learner"]
+        elif selected is not None:
+            cells["learner"] = Text(" ") + cells["learner"]
         table.add_row(*(cells[name] for name, _ in columns), style=style or ("bold" if loud else None))
     if len(shown) < len(learners):
         table.add_row(Text(f"… +{len(learners) - len(shown)} more", "dim"))

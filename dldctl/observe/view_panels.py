@@ -89,7 +89,7 @@ class Spark:
     def scale_text(self, width: int) -> str:
         """ " min–max" of the last `width` values ("" without a formatter or a number)."""
         shown = [v for v in map(num, list(self.values)[-width:]) if v is not None] if width > 0 else []
-        if self.fmt is None or not shown:
+        if self.fmt is None or len(shown) < 2:  # one point has no range to speak of
             return ""
         low = self.lo if self.lo is not None else min(shown)
         high = self.hi if self.hi is not None else max(shown)
