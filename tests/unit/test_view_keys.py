@@ -20,7 +20,7 @@ from dldctl.observe.view_data import spark_scale, sparkline
 from dldctl.observe.view_frame import consistent, learner_order, sort_learners
 from dldctl.observe.view_keys import PAUSE_S, Command, ViewState, decode, press
 from dldctl.observe.view_panels import Spark
-from dldctl.observe.view_tty import KeyReader
+from dldctl.observe.view_tty import KeyReader, Sources, drive
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "data" / "snapshots"
 ORDER = ["learner-0", "learner-1", "learner-2"]
@@ -272,3 +272,54 @@ def test_the_key_reader_reads_keys_and_restores_the_terminal_on_an_exception() -
 def test_the_key_reader_without_a_terminal_reads_nothing() -> None:
     with KeyReader(io.StringIO()) as keys:
         assert keys.fd is None and keys.read(0.0) == ""
+
+
+# ---------------------------------------------------------------- the loop, with scripted keys
+
+
+class ScriptedKeys(KeyReader):
+    """Keys from a script, one chunk per read, instead of a terminal."""
+
+    def __init__(self, chunks: list[str]) -> None:
+        super().__init__(io.StringIO())
+        self.chunks = chunks
+
+    def read(self, timeout: float) -> str:
+        return self.chunks.pop(0) if self.chunks else "q"
+
+
+def test_the_loop_runs_what_the_keys_say_and_stops_on_q() -> None:
+    snap, asked, done = load("recorded_healthy"), [], []
+
+    def act(command: Command) -> str:
+        done.append(command)
+        return "killed it"
+
+    sources = Sources(collect=lambda: snap, log=lambda lid: asked.append(lid) or [f"{lid}: a line"], act=act)
+    console = Console(file=io.StringIO(), width=80, height=24, force_terminal=True)
+    keys = ScriptedKeys(["\x1b[B\x1b[B", "\r", "k", "y", "s"])
+    state = drive(sources, 0.01, console, keys)
+    assert state.quit and state.selected == "learner-1" and state.panel == "detail" and state.sort == "state"
+    assert done == [Command("kill", "learner-1")] and asked and set(asked) == {"learner-1"}
+    assert "killed it" in console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_a_refused_kill_is_said_in_the_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dldctl.commands import status
+    from dldctl.errors import ChaosError
+
+    class Refusing:
+        def __init__(self, run: object) -> None:
+            self.closed = False
+
+        def guard(self, action: str, target: str, force: bool, confirm: object) -> None:
+            assert not force and confirm is None  # the view asked already: the guard must not ask again
+            raise ChaosError(f"refused: {action} {target} would leave 0 live learners", hint="pass --force")
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(status, "Chaos", Refusing)
+    said = status._act(object(), Command("kill", "learner-0"))  # type: ignore[arg-type]
+    assert said.startswith("refused: kill learner-0 would leave 0 live learners")
+    assert "dldctl chaos kill learner-0 --force" in said
