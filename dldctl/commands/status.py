@@ -57,6 +57,8 @@ class _LogTails:
             return host.tail(path, count).splitlines()
         except DldError as exc:
             return [f"(no log: {exc.message})"]
+        except (OSError, ValueError) as exc:  # the run's files, or a host's connection
+            return [f"(no log: {exc})"]
 
     def close(self) -> None:
         for host, _ in self.where.values():
