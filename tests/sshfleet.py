@@ -83,7 +83,7 @@ class SSHFleet:
         self,
         workdir: Path,
         addresses: tuple[str, ...] = ("127.0.0.2", "127.0.0.3", "127.0.0.4"),
-        sshd_options: dict[str, str] | None = None,
+        sshd_options: dict[str, str | None] | None = None,
     ) -> None:
         for address in addresses:
             if not address.startswith("127."):
@@ -93,6 +93,7 @@ class SSHFleet:
         self.sshd_options = dict(sshd_options or {})
         self.hosts: list[FleetHost] = []
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._started = 0
         self.identity_file = self.workdir / "id_ed25519"
         self.known_hosts = self.workdir / "known_hosts"
 
@@ -130,10 +131,12 @@ class SSHFleet:
         *,
         host_key: Path | None = None,
         port: int | None = None,
-        options: dict[str, str] | None = None,
+        options: dict[str, str | None] | None = None,
     ) -> FleetHost:
-        """Start one more sshd (stopped by `stop()` too); `host_key` reuses an existing key."""
-        hdir = self.workdir / f"{address}-{len(self._procs)}"
+        """Start one more sshd (stopped by `stop()` too); `host_key` reuses an existing key;
+        `options` override sshd_config settings (None leaves one out, e.g. {"Subsystem": None})."""
+        self._started += 1  # not len(self._procs): stop_host shrinks that, and the name is reused
+        hdir = self.workdir / f"{address}-{self._started}"
         hdir.mkdir()
         if host_key is None:
             host_key = keygen(hdir / "ssh_host_ed25519_key", f"host {address}")
@@ -149,8 +152,10 @@ class SSHFleet:
         self._wait_ready(proc, address, port, log)
         return FleetHost(address, port, "root", self.identity_file, self.known_hosts, host_key, log, proc.pid)
 
-    def _write_config(self, hdir: Path, address: str, port: int, host_key: Path, options: dict[str, str]) -> Path:
-        settings = {
+    def _write_config(
+        self, hdir: Path, address: str, port: int, host_key: Path, options: dict[str, str | None]
+    ) -> Path:
+        settings: dict[str, str | None] = {
             "ListenAddress": f"{address}:{port}",
             "HostKey": str(host_key),
             "PidFile": str(hdir / "sshd.pid"),
@@ -169,7 +174,7 @@ class SSHFleet:
             **options,
         }
         path = hdir / "sshd_config"
-        path.write_text("".join(f"{k} {v}\n" for k, v in settings.items()))
+        path.write_text("".join(f"{k} {v}\n" for k, v in settings.items() if v is not None))
         return path
 
     @staticmethod
