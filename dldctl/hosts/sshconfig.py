@@ -1,9 +1,8 @@
-"""Who and how to connect: `~/.ssh/config` resolution, identity files, host-key policies, and
-what a failed connect means (which error to report, whether to retry).
+"""Who and how to connect: `~/.ssh/config` resolution, identity files and host-key policies.
 
 Kept apart from the connection code (`ssh.py`, `sshconnect.py`) so that these decisions (which
 user, port, key, known_hosts file; whether an unknown or changed host key is accepted) are easy
-to read and test.
+to read and test; what a failed connect means is `ssherrors.py`'s.
 
 Host-key policy, as OpenSSH's StrictHostKeyChecking:
     strict       a key not in known_hosts is refused; the message says how to add it
@@ -19,21 +18,16 @@ import base64
 import getpass
 import hashlib
 import os
-import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
-from paramiko.ssh_exception import NoValidConnectionsError
 
 from dldctl.errors import (
     ConfigError,
-    DldError,
     HostKeyError,
     SSHAuthError,
-    SSHError,
-    UnreachableError,
     UsageError,
 )
 
@@ -227,43 +221,3 @@ def changed_key_error(host: str, target: SSHTarget, exc: paramiko.BadHostKeyExce
         hint=f"if the host was reinstalled, remove the old key with "
         f"`ssh-keygen -R '{name}' -f {target.known_hosts}` and connect again",
     )
-
-
-def classify_connect_error(
-    host: str, t: SSHTarget, exc: Exception, connect_timeout: float, attempts: int
-) -> tuple[bool, DldError]:
-    """Map a connect failure to (worth retrying?, the error to report)."""
-    where = f"{t.address}:{t.port}"
-    text = str(exc)
-    if isinstance(exc, DldError):
-        return False, exc  # our host key policy
-    if isinstance(exc, paramiko.BadHostKeyException):
-        return False, changed_key_error(host, t, exc)
-    if isinstance(exc, paramiko.AuthenticationException) or "No authentication methods available" in text:
-        tried = ", ".join(t.identity_files) or "~/.ssh/id_*"
-        return False, SSHAuthError(
-            host,
-            f"{where} refused our key for user {t.user} (tried {tried} and the SSH agent)",
-            hint="add the public key to ~/.ssh/authorized_keys on the host, or fix [ssh] user / identity_file",
-        )
-    if isinstance(exc, (NoValidConnectionsError, ConnectionRefusedError)):
-        return False, UnreachableError(
-            host, f"connection refused by {where}", hint="is sshd running there, and is the port right?"
-        )
-    if isinstance(exc, socket.gaierror):
-        return False, UnreachableError(host, f"cannot resolve {t.address}")
-    if isinstance(exc, (socket.timeout, TimeoutError)) or "timed out" in text.lower():
-        return False, UnreachableError(
-            host, f"no answer from {where} within {connect_timeout:g}s", hint="is the host up and the address right?"
-        )
-    if "Error reading SSH protocol banner" in text or isinstance(
-        exc, (ConnectionResetError, EOFError, BrokenPipeError)
-    ):
-        return True, UnreachableError(
-            host,
-            f"{where} dropped the connection before the SSH handshake ({attempts} attempts)",
-            hint="sshd may be overloaded (MaxStartups)",
-        )
-    if isinstance(exc, OSError):
-        return False, UnreachableError(host, f"cannot connect to {where}: {exc}")
-    return False, SSHError(host, f"SSH handshake with {where} failed: {exc}")

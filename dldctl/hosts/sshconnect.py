@@ -3,9 +3,16 @@
 `SSHHost` (ssh.py) keeps one connection per host and calls `connect` whenever it has none or
 the one it had dropped. This module is that one step, as functions of the resolved `SSHTarget`
 (sshconfig.py), the host-key policy and the host's timeouts; its only state is the process-wide
-limit of 6 handshakes at a time (sshd's MaxStartups, see ssh.py's docstring). Dropped banners
-and connection resets are retried with capped, jittered exponential backoff; every other
-failure is reported at once, as the error `classify_connect_error` chose.
+limit of 6 handshakes at a time (sshd's MaxStartups, see ssh.py's docstring).
+
+`connect_timeout` bounds the whole connect: TCP, banner, key exchange and authentication of
+every attempt, plus the pauses between attempts (time spent waiting for one of the 6 handshake
+slots does not count). paramiko's own timeouts are per step and add up (and its key-exchange
+wait returns silently, leaving "No existing session" to the next step), so each attempt runs
+under our own deadline: a timer that shuts the socket down when the time is up. A connection
+closed or reset before the banner is retried, up to 6 attempts, with capped, jittered
+exponential backoff, while the budget lasts; every other failure is reported at once. What the
+attempt saw goes to `classify_connect_error` (ssherrors.py), which words the error.
 """
 
 from __future__ import annotations
@@ -13,14 +20,17 @@ from __future__ import annotations
 import logging
 import os
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import paramiko
 
-from dldctl.errors import DldError, SSHAuthError, SSHError
-from dldctl.hosts.sshconfig import SSHTarget, classify_connect_error, load_identity, make_policy
+from dldctl.errors import SSHAuthError, SSHError
+from dldctl.hosts.sshconfig import SSHTarget, load_identity, make_policy
+from dldctl.hosts.ssherrors import ConnectEvidence, classify_connect_error
 
 # paramiko logs each failed handshake (with a traceback) at ERROR; with no handler configured,
 # Python's last-resort handler would print those on the operator's terminal during retries.
@@ -29,15 +39,16 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 MAX_CONCURRENT_CONNECTS = 6
 CONNECT_ATTEMPTS = 6
 BACKOFF_BASE_S, BACKOFF_CAP_S = 0.2, 3.0
+PARAMIKO_GRACE_S = 2.0  # paramiko's own timeouts sit this far behind our deadline, as a backstop
 _CONNECT_SLOTS = threading.BoundedSemaphore(MAX_CONCURRENT_CONNECTS)
 
 
-class _Transient(Exception):
-    """A connect failure worth retrying (dropped banner, reset); carries the final error."""
+class _Failed(Exception):
+    """One attempt failed: paramiko's (or the socket's) exception and what the attempt saw."""
 
-    def __init__(self, error: DldError) -> None:
-        super().__init__(error.line())
-        self.error = error
+    def __init__(self, exc: BaseException, evidence: ConnectEvidence) -> None:
+        super().__init__(str(exc))
+        self.exc, self.evidence = exc, evidence
 
 
 def _backoff(attempt: int) -> float:
@@ -54,21 +65,31 @@ def connect(
     keepalive_s: int,
     jump_channel: Callable[[], paramiko.Channel | None],
 ) -> paramiko.SSHClient:
-    """Handshake under the process-wide connect limit, retrying transient failures.
+    """Handshake under the process-wide connect limit, retrying transient failures, all of it
+    within `timeout` (see the module docstring).
 
     `jump_channel` gives the socket for each attempt (a channel through the jump host, or None
     for a direct TCP connection); `name` is the host's name in every error."""
     keys = _identities(name, target)
-    for attempt in range(CONNECT_ATTEMPTS):
+    spent, attempts = 0.0, 0
+    while True:
         sock = jump_channel()  # before taking a slot: the jump's connect takes one
         with _CONNECT_SLOTS:
+            attempts += 1
+            started = time.monotonic()
             try:
-                return _handshake(name, target, policy, sock, keys, timeout=timeout, keepalive_s=keepalive_s)
-            except _Transient as exc:
-                last = exc
-        if attempt + 1 < CONNECT_ATTEMPTS:
-            time.sleep(_backoff(attempt))
-    raise last.error from last.__cause__
+                return _handshake(name, target, policy, sock, keys, timeout=timeout - spent, keepalive_s=keepalive_s)
+            except _Failed as failed:
+                retry, error = classify_connect_error(name, target, failed.exc, failed.evidence, timeout, attempts)
+                cause = failed.exc
+            finally:
+                spent += time.monotonic() - started
+        pause = _backoff(attempts - 1)
+        # retry only with a useful share of the budget left after the pause
+        if not retry or attempts >= CONNECT_ATTEMPTS or timeout - spent - pause < min(1.0, timeout / 2):
+            raise error from cause
+        time.sleep(pause)
+        spent += pause
 
 
 def _identities(name: str, target: SSHTarget) -> list[tuple[str, paramiko.PKey]]:
@@ -85,6 +106,70 @@ def _identities(name: str, target: SSHTarget) -> list[tuple[str, paramiko.PKey]]
     return keys
 
 
+class _Tap:
+    """The socket (or jump channel) paramiko talks through, recording what we need to know
+    when a handshake fails: the first bytes the host sent, and whether it closed or reset."""
+
+    HEAD = 1024
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.head, self.closed, self.reset = inner, b"", False, False
+
+    def recv(self, n: int) -> bytes:
+        try:
+            data = self.inner.recv(n)
+        except ConnectionResetError:
+            self.reset = True
+            raise
+        if not data:
+            self.closed = True
+        elif len(self.head) < self.HEAD:
+            self.head += data[: self.HEAD - len(self.head)]
+        return data
+
+    def abort(self) -> None:
+        """Wake whatever reads or writes it, from another thread (the deadline's)."""
+        try:
+            if isinstance(self.inner, socket.socket):
+                self.inner.shutdown(socket.SHUT_RDWR)
+            else:
+                self.inner.close()
+        except OSError:
+            pass
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+
+class Deadline:
+    """A timer that calls `expire` once `seconds` have passed, unless disarmed first."""
+
+    def __init__(self, seconds: float, expire: Callable[[], None]) -> None:
+        self._state, self._lock, self._expire = "armed", threading.Lock(), expire
+        self._timer = threading.Timer(max(0.0, seconds), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    @property
+    def fired(self) -> bool:
+        return self._state == "fired"
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._state != "armed":
+                return
+            self._state = "fired"
+        self._expire()
+
+    def disarm(self) -> bool:
+        """Stop the timer; False if it had already fired."""
+        self._timer.cancel()
+        with self._lock:
+            if self._state == "armed":
+                self._state = "disarmed"
+        return not self.fired
+
+
 def _handshake(
     name: str,
     t: SSHTarget,
@@ -95,7 +180,9 @@ def _handshake(
     timeout: float,
     keepalive_s: int,
 ) -> paramiko.SSHClient:
-    """One connect attempt: TCP, banner, key exchange, host key check, authentication."""
+    """One connect attempt, all of it within `timeout`: TCP, banner, key exchange, host key
+    check, authentication. Raises _Failed with what it saw."""
+    deadline = time.monotonic() + timeout
     client = paramiko.SSHClient()
     if t.known_hosts.exists():
         try:
@@ -103,6 +190,9 @@ def _handshake(
         except OSError as exc:
             raise SSHError(name, f"cannot read {t.known_hosts}: {exc}") from exc
     client.set_missing_host_key_policy(make_policy(name, policy, t))
+    tap = _Tap(sock if sock is not None else _tcp(t, timeout))
+    timer = Deadline(deadline - time.monotonic(), tap.abort)
+    backstop = timeout + PARAMIKO_GRACE_S
     try:
         client.connect(
             t.address,
@@ -112,17 +202,41 @@ def _handshake(
             key_filename=[path for path, _ in keys[1:]] or None,
             allow_agent=True,
             look_for_keys=not t.identity_files,
-            sock=sock,
-            timeout=timeout,
-            banner_timeout=timeout,
-            auth_timeout=timeout,
+            sock=tap,
+            timeout=backstop,
+            banner_timeout=backstop,
+            auth_timeout=backstop,
             channel_timeout=timeout,
         )
+        if not timer.disarm():
+            raise TimeoutError("connect_timeout")  # it fired just as the handshake finished
     except Exception as exc:
+        timer.disarm()
+        evidence = _evidence(client, tap, timed_out=timer.fired or time.monotonic() >= deadline)
         client.close()
-        retry, error = classify_connect_error(name, t, exc, timeout, CONNECT_ATTEMPTS)
-        if retry:
-            raise _Transient(error) from exc
-        raise error from exc
+        tap.abort()
+        tap.close()
+        raise _Failed(exc, evidence) from exc
     client.get_transport().set_keepalive(keepalive_s)
     return client
+
+
+def _tcp(t: SSHTarget, timeout: float) -> socket.socket:
+    """Our own TCP connect, so that its failures are told apart from the SSH steps'."""
+    try:
+        return socket.create_connection((t.address, t.port), timeout=timeout)
+    except OSError as exc:
+        timed_out = isinstance(exc, TimeoutError)
+        raise _Failed(exc, ConnectEvidence(phase="tcp", timed_out=timed_out)) from exc
+
+
+def _evidence(client: paramiko.SSHClient, tap: _Tap, *, timed_out: bool) -> ConnectEvidence:
+    """How far the failed attempt got, and what the host had sent."""
+    transport = client.get_transport()
+    if transport is None or not transport.remote_version:
+        phase = "banner"
+    elif not transport.initial_kex_done:
+        phase = "kex"
+    else:
+        phase = "auth"
+    return ConnectEvidence(phase=phase, timed_out=timed_out, received=tap.head, closed=tap.closed, reset=tap.reset)

@@ -284,8 +284,8 @@ def test_many_commands_on_one_connection(ssh_fleet: SSHFleet) -> None:
 
 
 class FlakyRelay:
-    """Drops the first `drop` connections before the banner (as sshd past MaxStartups does),
-    then relays to `target`."""
+    """Drops the first `drop` connections before the banner, without a word (as older sshd
+    versions past MaxStartups do), then relays to `target`."""
 
     def __init__(self, address: str, target: tuple[str, int], drop: int) -> None:
         self.server = socket.create_server((address, 0))
@@ -356,8 +356,9 @@ def test_proxy_jump(ssh_fleet: SSHFleet) -> None:
     with connect(target, "behind-jump", proxy_jump=f"root@{jump.address}:{jump.port}") as s:
         assert s.run("echo hello-from-behind").stdout == "hello-from-behind\n"
         transport = s._client.get_transport()
-        assert isinstance(transport.sock, paramiko.Channel)
-        assert transport.sock.get_transport().getpeername()[:2] == (jump.address, jump.port)
+        sock = getattr(transport.sock, "inner", transport.sock)  # under sshconnect's recording tap
+        assert isinstance(sock, paramiko.Channel)
+        assert sock.get_transport().getpeername()[:2] == (jump.address, jump.port)
 
 
 def test_reconnects_after_the_connection_drops(ssh_fleet: SSHFleet) -> None:
