@@ -8,7 +8,10 @@ What "done right" means here, each from a known failure (see ARCHITECTURE.md, Kn
   MaxStartups (10:30:100) drops unauthenticated connections beyond 10 ("Error reading SSH
   protocol banner"), and on a loaded host sshd still counts a connection for a moment after
   our side finished its handshake (8 at a time went past 10 once in a full test run); those
-  drops and connection resets are retried with capped, jittered exponential backoff;
+  drops and connection resets are retried with capped, jittered exponential backoff, all of
+  it within connect_timeout, and a failed connect says how far it got (ssherrors.py);
+- a refused sftp subsystem, or an SFTP program that does not start, is told apart from a lost
+  connection (paramiko says "Channel closed." or "EOF during negotiation" for all of them);
 - stdout and stderr drained together before the exit status is read (paramiko#448: reading
   the status first hangs once output passes the 2 MiB channel window);
 - our own deadline on every command and SFTP request, plus transport keepalives: a dead host
