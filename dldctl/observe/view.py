@@ -234,35 +234,46 @@ def build_layout(
     body = height - 1 if ui is not None else height
     overlay = ui is not None and (ui.panel == "help" or (ui.panel == "detail" and ui.selected is not None))
     plan = _overlay_plan(body, learners) if overlay else plan_sections(body, learners)
-    narrow = width < 72
     sections = []
     for name in ("header", "row1", "row2", "learners", "events", "overlay"):
-        if name not in plan:
-            continue
-        region = Layout(name=name, size=plan[name])
-        if name == "header":
-            region.update(header_panel(snapshot, now, compact=width < 90, history=history))
-        elif name == "row1":
-            panels = [quorum_panel(snapshot), goodput_panel(snapshot, history)]
-            region.split_row(*(Layout(p) for p in panels + ([] if narrow else [loss_panel(snapshot, history)])))
-        elif name == "row2":
-            panels = [throughput_panel(snapshot, history)] + ([] if narrow else [bandwidth_panel(snapshot, history)])
-            region.split_row(*(Layout(p) for p in panels))
-        elif name == "learners":
-            compact = 2 if narrow else 1 if width < 90 else 0
-            region.update(learners_panel(snapshot, history, now, plan[name], compact, ui))
-        elif name == "events":
-            region.update(events_panel(snapshot, now))
-        else:
-            assert ui is not None
-            chosen = ui.selected or ""
-            region.update(help_panel() if ui.panel == "help" else detail_panel(snapshot, chosen, log or [], now))
-        sections.append(region)
+        if name in plan:
+            region = Layout(name=name, size=plan[name])
+            _fill(region, snapshot, history, now, width, ui, log)
+            sections.append(region)
     if ui is not None:
         sections.append(Layout(footer(ui), name="footer", size=1))
     root = Layout(name="screen")
     root.split_column(*sections) if sections else root.update(Text(""))
     return root
+
+
+def _fill(
+    region: Layout,
+    snapshot: dict,
+    history: History,
+    now: float,
+    width: int,
+    ui: ViewState | None,
+    log: list[str] | None,
+) -> None:
+    """Put the panels of one section of the plan (named as the region is) into it."""
+    name, narrow = region.name, width < 72
+    if name == "header":
+        region.update(header_panel(snapshot, now, compact=width < 90, history=history))
+    elif name == "row1":
+        panels = [quorum_panel(snapshot), goodput_panel(snapshot, history)]
+        region.split_row(*(Layout(p) for p in panels + ([] if narrow else [loss_panel(snapshot, history)])))
+    elif name == "row2":
+        panels = [throughput_panel(snapshot, history)] + ([] if narrow else [bandwidth_panel(snapshot, history)])
+        region.split_row(*(Layout(p) for p in panels))
+    elif name == "learners":
+        compact = 2 if narrow else 1 if width < 90 else 0
+        region.update(learners_panel(snapshot, history, now, region.size, compact, ui))
+    elif name == "events":
+        region.update(events_panel(snapshot, now))
+    elif ui is not None:
+        chosen = ui.selected or ""
+        region.update(help_panel() if ui.panel == "help" else detail_panel(snapshot, chosen, log or [], now))
 
 
 def _overlay_plan(height: int, learner_count: int) -> dict[str, int]:
