@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from dldctl.observe.view import History, render_live
+from dldctl.observe.view import History, render_live, render_plain
 from dldctl.observe.view_data import spark_scale, sparkline
 from dldctl.observe.view_frame import consistent, learner_order, sort_learners
 from dldctl.observe.view_keys import PAUSE_S, Command, ViewState, decode, press
@@ -125,6 +125,10 @@ def test_a_dead_learner_shows_no_rate_and_the_quorum_agrees() -> None:
     row = next(line for line in text.splitlines() if "learner-1" in line and "dead" in line)
     assert re.search(r"dead\s+\d+\s+-\s", row), row  # no tok/s beside `dead`
     assert consistent(frame) == frame  # idempotent
+    console = Console(record=True, width=120, file=io.StringIO())
+    console.print(render_plain(snap, snap["now"]))  # `--once` shows the same consistent frame
+    plain = console.export_text()
+    assert "live 3/4" in plain and re.search(r"learner-1 .* dead\s+\d+\s+-\s", plain), plain
 
 
 def test_a_frame_below_quorum_after_the_kill_says_so() -> None:
