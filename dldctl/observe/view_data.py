@@ -331,7 +331,9 @@ class History:
     Holds the last `maxlen` values of each name in SERIES and of each learner's tokens/s. Adding
     the same snapshot twice (same `now`) is a no-op, so a loop may poll faster than snapshots
     change; a learner that leaves the snapshot's list loses its series. Bytes/s missing from a
-    snapshot are derived from the byte counters of successive snapshots.
+    snapshot are derived from the byte counters of successive snapshots. It also keeps each
+    snapshot's time and the syncer's lifetime counters (`dropped_sends`, `rejected`), so
+    `recent_rise` tells whether they still grow (the header warns only while they do).
     """
 
     def __init__(self, maxlen: int = 120) -> None:

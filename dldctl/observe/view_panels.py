@@ -377,7 +377,7 @@ def per_learner_rates(learners: list[dict]) -> Fit:
         for r in learners
     ]
     choices = [
-        Text("  ").join(cells[:n]) + Text(f"  +{len(cells) - n}" if n < len(cells) else "", "dim")
+        Text("  ").join(cells[:n]) + Text(("  " if n else "") + f"+{len(cells) - n}" if n < len(cells) else "", "dim")
         for n in range(len(cells), -1, -1)
     ]
     for choice in choices:
