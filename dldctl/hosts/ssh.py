@@ -11,7 +11,7 @@ What "done right" means here, each from a known failure (see ARCHITECTURE.md, Kn
   drops and connection resets are retried with capped, jittered exponential backoff, all of
   it within connect_timeout, and a failed connect says how far it got (ssherrors.py);
 - a refused sftp subsystem, or an SFTP program that does not start, is told apart from a lost
-  connection (paramiko says "Channel closed." or "EOF during negotiation" for all of them);
+  connection (paramiko says "Channel closed." or "EOF during negotiation"; sshconnect.py);
 - stdout and stderr drained together before the exit status is read (paramiko#448: reading
   the status first hangs once output passes the 2 MiB channel window);
 - our own deadline on every command and SFTP request, plus transport keepalives: a dead host
@@ -52,8 +52,7 @@ from dldctl.hosts.base import (
     parse_stat,
 )
 from dldctl.hosts.sshconfig import DEFAULT_CONFIG, POLICIES, SSHTarget, parse_jump, resolve_target
-from dldctl.hosts.sshconnect import Deadline, connect
-from dldctl.hosts.ssherrors import sftp_refused_error, sftp_start_error
+from dldctl.hosts.sshconnect import connect, open_sftp
 from syncer.common.atomic import atomic_file
 
 COMMAND_SLOTS_PER_HOST = 7  # + 1 SFTP channel = 8 <= sshd's MaxSessions 10
@@ -248,33 +247,9 @@ class SSHHost(Host):
                 raise HostError(self.name, f"cannot {what}: {exc.strerror or exc}") from exc
 
     def _open_sftp(self, transport: paramiko.Transport) -> paramiko.SFTPClient:
-        """A session channel, then the sftp subsystem on it: a refusal on a live connection
-        means the host's sshd has none (paramiko would only say "Channel closed.")."""
-        chan = transport.open_session(timeout=self.connect_timeout)
-        chan.settimeout(self.op_timeout)  # per request: a dead host errors out
-        timer = Deadline(self.op_timeout, chan.close)  # paramiko waits for the reply without one
-        try:
-            chan.invoke_subsystem("sftp")
-        except paramiko.SSHException as exc:
-            chan.close()
-            if timer.fired:
-                raise TimeoutError(f"no reply to the sftp subsystem request within {self.op_timeout:g}s") from exc
-            if transport.is_active():
-                raise sftp_refused_error(self.name, self.target) from exc
-            raise
-        finally:
-            timer.disarm()
-        try:
-            return paramiko.SFTPClient(chan)
-        except (paramiko.SFTPError, paramiko.SSHException, EOFError, OSError) as exc:
-            # its exit status follows the channel's EOF once sshd has reaped it: worth a moment
-            ended = not isinstance(exc, TimeoutError) and chan.status_event.wait(2.0)
-            status = chan.recv_exit_status() if ended else None
-            stderr = chan.recv_stderr(4096).decode("utf-8", "replace") if chan.recv_stderr_ready() else ""
-            chan.close()
-            if not transport.is_active():
-                raise
-            raise sftp_start_error(self.name, self.target, exc, status, stderr, self.op_timeout) from exc
+        return open_sftp(
+            self.name, self.target, transport, open_timeout=self.connect_timeout, op_timeout=self.op_timeout
+        )
 
     def _path(self, remote: str) -> str:
         return expand_home(remote, self.home)

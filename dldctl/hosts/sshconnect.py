@@ -1,9 +1,11 @@
-"""Opening one SSH connection: load the identity keys, shake hands, retry what is transient.
+"""Opening one SSH connection: load the identity keys, shake hands, retry what is transient;
+and opening the SFTP channel on it.
 
 `SSHHost` (ssh.py) keeps one connection per host and calls `connect` whenever it has none or
-the one it had dropped. This module is that one step, as functions of the resolved `SSHTarget`
-(sshconfig.py), the host-key policy and the host's timeouts; its only state is the process-wide
-limit of 6 handshakes at a time (sshd's MaxStartups, see ssh.py's docstring).
+the one it had dropped, and `open_sftp` when it needs its SFTP channel. This module is those
+steps, as functions of the resolved `SSHTarget` (sshconfig.py), the host-key policy and the
+host's timeouts; its only state is the process-wide limit of 6 handshakes at a time (sshd's
+MaxStartups, see ssh.py's docstring).
 
 `connect_timeout` bounds the whole connect: TCP, banner, key exchange and authentication of
 every attempt, plus the pauses between attempts (time spent waiting for one of the 6 handshake
@@ -30,7 +32,7 @@ import paramiko
 
 from dldctl.errors import SSHAuthError, SSHError
 from dldctl.hosts.sshconfig import SSHTarget, load_identity, make_policy
-from dldctl.hosts.ssherrors import ConnectEvidence, classify_connect_error
+from dldctl.hosts.ssherrors import ConnectEvidence, classify_connect_error, sftp_refused_error, sftp_start_error
 
 # paramiko logs each failed handshake (with a traceback) at ERROR; with no handler configured,
 # Python's last-resort handler would print those on the operator's terminal during retries.
@@ -240,3 +242,37 @@ def _evidence(client: paramiko.SSHClient, tap: _Tap, *, timed_out: bool) -> Conn
     else:
         phase = "auth"
     return ConnectEvidence(phase=phase, timed_out=timed_out, received=tap.head, closed=tap.closed, reset=tap.reset)
+
+
+def open_sftp(
+    name: str, t: SSHTarget, transport: paramiko.Transport, *, open_timeout: float, op_timeout: float
+) -> paramiko.SFTPClient:
+    """A session channel, then the sftp subsystem on it, then the SFTP version exchange, each
+    failure told apart from a lost connection (paramiko says "Channel closed." or "EOF during
+    negotiation" for all of them): a refusal on a live connection means sshd has no subsystem."""
+    chan = transport.open_session(timeout=open_timeout)
+    chan.settimeout(op_timeout)  # per request: a dead host errors out
+    timer = Deadline(op_timeout, chan.close)  # paramiko waits for the subsystem reply without one
+    try:
+        chan.invoke_subsystem("sftp")
+    except paramiko.SSHException as exc:
+        chan.close()
+        if timer.fired:
+            raise TimeoutError(f"no reply to the sftp subsystem request within {op_timeout:g}s") from exc
+        if transport.is_active():
+            raise sftp_refused_error(name, t) from exc
+        raise
+    finally:
+        timer.disarm()
+    try:
+        return paramiko.SFTPClient(chan)
+    except (paramiko.SFTPError, paramiko.SSHException, EOFError, OSError) as exc:
+        # its exit status follows the channel's EOF once sshd has reaped it: worth a moment
+        eof = isinstance(exc, EOFError) or "EOF" in str(exc)
+        ended = chan.status_event.wait(2.0) if eof else chan.exit_status_ready()
+        status = chan.recv_exit_status() if ended else None
+        stderr = chan.recv_stderr(4096).decode("utf-8", "replace") if chan.recv_stderr_ready() else ""
+        chan.close()
+        if not transport.is_active():
+            raise
+        raise sftp_start_error(name, t, exc, status, stderr, op_timeout) from exc

@@ -119,7 +119,7 @@ def test_no_sftp_subsystem_says_so_and_how_to_fix_it(extra_sshd: FleetHost, tmp_
     ("extra_sshd", "says"),
     [
         ({"Subsystem": "sftp /nonexistent/sftp-server"}, "it exited with status 127: program not found"),
-        ({"Subsystem": "sftp /bin/echo welcome"}, "the channel carried something other than SFTP"),
+        ({"Subsystem": "sftp /bin/echo welcome; sleep 1"}, "the channel carried something other than SFTP"),
         ({"Subsystem": "sftp /bin/sleep 30"}, "no SFTP version reply within 1s"),
     ],
     ids=["missing", "prints-text", "silent"],
