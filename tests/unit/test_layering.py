@@ -183,6 +183,9 @@ PURE_CORE = (
     "dldctl/chaos/plan.py",
     "dldctl/chaos/verdict.py",
     "dldctl/chaos/records.py",
+    "dldctl/observe/view_keys.py",
+    "dldctl/observe/view_frame.py",
+    "dldctl/observe/view_overlay.py",
     *(f"dldctl/sim/{p.name}" for p in sorted((ROOT / "dldctl" / "sim").glob("*.py"))),
 )
 IO_MODULES = {
