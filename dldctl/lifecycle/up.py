@@ -27,7 +27,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from dldctl import inventory, rundir
+from dldctl import extras, inventory, rundir
 from dldctl.errors import DldError, OperationError
 from dldctl.hosts import Host, LocalHost
 from dldctl.inventory import HostSpec, Inventory
@@ -255,9 +255,11 @@ def start_fleet(
 ) -> tuple[list[str], kernel.KernelStatus]:
     """Build the native kernel (a syncer here), write the state, start the supervisor, wait for the
     processes; (the names still not running, the kernel)."""
-    board("syncer", "building the native merge kernel")
+    if extras.syncer_here(inv):  # a syncer on another host builds its own when it starts
+        board("syncer", "building the native merge kernel")
     native = kernel.for_syncer(inv)
-    board("syncer", "kernel ready" if native.ok else "no native kernel: torch merge")
+    if not native.elsewhere:
+        board("syncer", "kernel ready" if native.ok else "no native kernel: torch merge")
     with run.locked():
         run.write_state(state)
     start_supervisor(run)
