@@ -12,7 +12,6 @@ real socket server on loopback for the cases that are not sshd at all.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -238,16 +237,16 @@ def test_check_and_up_show_the_same_lines(extra_sshd: FleetHost, tmp_path: Path)
             )
         )
         t0 = time.monotonic()
-        direct = {r.name: r.items["ssh"] for r in check_mod.check(inventory.load(inv))}  # in process: timed
+        results = check_mod.check(inventory.load(inv))  # what `check` prints and `check --json` records
         took = time.monotonic() - t0
         with DldctlHome(tmp_path / "home") as dl:
-            checked = dl("check", str(inv), "--json", check=False)
             up = dl("up", str(inv), "-d", check=False, timeout=60)
             assert dl.leftovers() == []
     assert took < BOUND, took  # both hosts at once, each within connect_timeout
-    details = {x["name"]: x["checks"]["ssh"]["detail"] for x in json.loads(checked.stdout)["hosts"]}
-    assert checked.returncode == 1 and details == {name: detail for name, (_, detail) in direct.items()}
+    details = {r.name: r.items["ssh"][1] for r in results}
+    assert not any(r.ok for r in results) and all(list(r.items) == ["ssh"] for r in results)
     assert details["nosftp"].startswith(f"host nosftp: the sshd on {h.address}:{h.port} has no SFTP subsystem")
     assert details["hung"].startswith(f"host hung: no SSH handshake from {srv.address}:{srv.port} within 1.5 s")
     shown = " ".join((up.stdout + up.stderr).split())
     assert up.returncode == 1 and all(f"{name}: failed: {line}" in shown for name, line in details.items()), shown
+    assert "fewer than quorum 1" in shown and all(shown.count(line) == 2 for line in details.values())  # and again
