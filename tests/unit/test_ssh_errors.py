@@ -8,6 +8,7 @@ as the cause only when sshd said so.
 from __future__ import annotations
 
 import socket
+import threading
 from pathlib import Path
 
 import paramiko
@@ -15,6 +16,7 @@ import pytest
 
 from dldctl.errors import HostKeyError, SSHAuthError, SSHError, UnreachableError
 from dldctl.hosts.sshconfig import SSHTarget
+from dldctl.hosts.sshconnect import Deadline
 from dldctl.hosts.ssherrors import (
     ConnectEvidence,
     classify_connect_error,
@@ -128,3 +130,12 @@ def test_sftp_server_did_not_start(exc: BaseException, status: int | None, stder
     line = sftp_start_error("gpu-a", T, exc, status, stderr, 2.0).line()
     assert line.startswith("host gpu-a: the SFTP server on 10.0.0.9:2222 did not start: ") and says in line, line
     assert "`Subsystem sftp` line" in line
+
+
+def test_the_connect_deadline_fires_once_or_not_at_all() -> None:
+    fired = threading.Event()
+    timer = Deadline(0.05, fired.set)
+    assert fired.wait(2) and timer.fired and timer.disarm() is False
+    calls: list[int] = []
+    timer = Deadline(5, lambda: calls.append(1))
+    assert timer.disarm() is True and not timer.fired and calls == []
