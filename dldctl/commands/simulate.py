@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from dldctl import extras
@@ -220,7 +221,7 @@ def goodput(
     seed: int = typer.Option(0, "--seed", help="First seed."),
     sweep_spec: str | None = typer.Option(None, "--sweep", help="Sweep chip counts: chips=150000,300000,..."),
     plot: Path | None = typer.Option(None, "--plot", help="With --sweep: write a PNG of goodput and uptime."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (schema in docs/simulate.md)."),
+    as_json: bool = typer.Option(False, "--json", help=f"Print JSON (schema in {sc.SIM_DOC})."),
 ) -> None:
     """Goodput and uptime of data-parallel, elastic data-parallel and Decoupled DiLoCo at scale.
 
@@ -320,7 +321,7 @@ def _goodput_sweep(
 
 def _print_assumptions(out: Any, fleets: list[gp.FleetParams]) -> None:
     """The model and constants under the table, dimmed (docs/simulate.md states each rule)."""
-    out.print("[dim]model (docs/simulate.md):[/]")
+    out.print(f"[dim]model ({escape(sc.SIM_DOC)}):[/]")
     for line in sc.assumptions(fleets):
         out.print(f"[dim]  - {line}[/]", soft_wrap=True)
 
@@ -383,7 +384,7 @@ def bandwidth(
         2 / 3, "--dp-overlap", help="Share of a step the all-reduce hides behind (the backward pass)."
     ),
     link_gbps: float | None = typer.Option(None, "--link-gbps", help="Also: utilization each reaches on this link."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (schema in docs/simulate.md)."),
+    as_json: bool = typer.Option(False, "--json", help=f"Print JSON (schema in {sc.SIM_DOC})."),
 ) -> None:
     """Link bandwidth data-parallel needs versus Decoupled DiLoCo, and utilization on a given link.
 

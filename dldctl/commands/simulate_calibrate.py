@@ -71,7 +71,7 @@ def calibrate(
     rate_period: str = typer.Option("1h", "--rate-period", help="How long one failure rate holds."),
     hours: float = typer.Option(168.0, "--hours", help="Simulated wall time per run, hours."),
     seeds: int = typer.Option(6, "--seeds", help="Monte Carlo runs per evaluation."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (schema in docs/simulate.md)."),
+    as_json: bool = typer.Option(False, "--json", help=f"Print JSON (schema in {sc.SIM_DOC})."),
 ) -> None:
     """Fit one time constant per strategy family on one column of a goodput table, predict the rest.
 

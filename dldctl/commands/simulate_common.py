@@ -14,12 +14,14 @@ import typer
 from rich.console import Console
 
 from dldctl.commands.options import output_console
+from dldctl.docpath import doc
 from dldctl.errors import UsageError
 from dldctl.sim import goodput as gp
 from dldctl.sim.errors import ParamError
 from dldctl.units import format_count, format_duration, parse_duration
 from syncer.common import strictjson
 
+SIM_DOC = doc("simulate.md")  # the model, its defaults and the JSON schemas (docs/simulate.md)
 LABELS = {gp.DATA_PARALLEL: "data-parallel", gp.ELASTIC: "elastic data-parallel", gp.DILOCO: "Decoupled DiLoCo"}
 
 # Core field -> the flag that sets it, so a ParamError from the core names what to change.

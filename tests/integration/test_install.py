@@ -22,8 +22,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("pyproject.toml", "README.md", "dldctl", "learner", "syncer", "workload")
-CITED = ("dldctl/examples/chaos-experiment.toml", "syncer/native/fused.c")  # `chaos example`; the syncer's kernel
+SOURCES = ("pyproject.toml", "README.md", "inventory.example.toml", "docs", "dldctl", "learner", "syncer", "workload")
+DOCS = "dldctl-0.1.0.data/data/share/doc/dldctl"  # the data files: <prefix>/share/doc/dldctl once installed
+CITED = (  # `chaos example`; the syncer's kernel; the pages the help and the README send users to
+    "dldctl/examples/chaos-experiment.toml",
+    "syncer/native/fused.c",
+    f"{DOCS}/simulate.md",
+    f"{DOCS}/operations.md",
+    f"{DOCS}/inventory.example.toml",
+)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
@@ -126,3 +133,5 @@ def test_a_fresh_venv_without_extras_runs_the_operator_and_has_no_torch(wheel: P
     assert example.returncode == 0 and "[experiment]" in example.stdout, example.stderr
     up = dl("up", "-d")
     assert up.returncode == 2 and "pip install 'dldctl[train]'" in up.stderr, up.stderr
+    cited = venv / "share" / "doc" / "dldctl" / "simulate.md"  # the help names the installed page
+    assert cited.is_file() and str(cited) in dl("simulate", "bandwidth", "--help").stdout.replace("\n", "")
