@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import signal
 import subprocess
 import time
@@ -20,6 +21,7 @@ import pytest
 from dldctl.testing import DLDCTL, DldctlHome
 from syncer import checkpoint
 from tests.e2e.fleetutil import kinds, learner, run_table, steps_logged_between
+from tests.e2e.ptyscreen import read_until
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -71,6 +73,7 @@ def test_status_json_matches_the_schema(fleet: tuple[DldctlHome, Path]) -> None:
     )
     assert {"train", "eval"} <= set(snap["loss"])
     row_keys = {"id", "host", "state", "pid", "step", "tokens", "tokens_per_s", "restarts", "weight", "heartbeat_age_s"}
+    row_keys |= {"replica", "merged_tokens", "joins"}  # the syncer's own view of each learner (docs/status.md)
     assert [r["id"] for r in snap["learners"]] == [f"learner-{i}" for i in range(4)]
     for row in snap["learners"]:
         assert row_keys <= set(row) and isinstance(row["pid"], int)
@@ -388,6 +391,52 @@ def test_up_again_converges_instead_of_starting_a_second_run(fleet: tuple[Dldctl
     out = dl("up", str(inv), "-d")
     assert "already matches the inventory" in out.stdout
     assert len(list((dl.home / "runs").iterdir())) == 1
+
+
+def test_keys_drive_the_live_view_in_a_terminal(fleet: tuple[DldctlHome, Path]) -> None:
+    """The real `dldctl status` in an 80x24 pseudo-terminal: `?` shows the keys, down and Enter
+    open learner-0's detail with its log lines, `k` asks and `y` kills it (the supervisor restarts
+    it), `q` leaves the view with exit code 0 and the run still up."""
+    dl, _ = fleet
+    before = learner(dl.status(), "learner-0")["restarts"]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: `dldctl status` in a real 80x24 terminal
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.execve(
+            DLDCTL,
+            [DLDCTL, "status", "--interval", "500ms"],
+            dict(dl.env, TERM="xterm-256color", LINES="24", COLUMNS="80"),
+        )
+    try:
+        steps = [
+            (b"", rb"goodput", "the view"),
+            (b"?", rb"show or hide this help", "the help after ?"),
+            (b"?", "─ events ─".encode(), "the events back once ? closed the help"),
+            (b"\x1b[B\r", rb"recent log lines", "the detail after down and Enter"),
+            (b"", rb"learner-0: step \d+", "learner-0's log lines in its detail"),
+            (b"k", rb"kill learner-0 \(SIGKILL", "the question after k"),
+            (b"y", rb"kill learner-0: kill -KILL pid \d+ on a", "the kill done after y"),
+        ]
+        for keys, pattern, what in steps:
+            os.write(fd, keys)
+            shown, screen = read_until(fd, pattern, 60)
+            assert shown, (what, screen[-4000:].decode(errors="replace"))
+        dl.wait(lambda s: learner(s, "learner-0")["restarts"] > before, 60, "learner-0 restarted by the supervisor")
+        os.write(fd, b"q")
+        shown, screen = read_until(fd, rb"keeps running", 30)
+        assert shown, screen[-3000:].decode(errors="replace")
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status) == 0
+        snap = dl.status()
+        assert snap["syncer"]["alive"], "q must leave the view, not the run"
+        joins = [e["detail"] for e in snap["events"] if e["kind"] in ("join", "rejoin")]
+        assert joins and all(" on a " in d or " on b " in d for d in joins), joins  # one name per host everywhere
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
 
 
 def test_report_writes_plots_and_a_summary(fleet: tuple[DldctlHome, Path], tmp_path: Path) -> None:
