@@ -97,7 +97,11 @@ def wheelhouse(wheel: Path) -> Path:
         pip("download", "-q", "-d", str(tmp), "-c", str(ROOT / "constraints.txt"), str(wheel))
         for own in tmp.glob("dldctl-*"):
             own.unlink()
-        tmp.rename(house)  # another run may have won: then its copy is used
+        try:
+            tmp.rename(house)
+        except OSError:  # another run filled it first: use that one
+            shutil.rmtree(tmp)
+            assert house.is_dir()
     return house
 
 
