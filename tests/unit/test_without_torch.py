@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dldctl import extras, inventory
+from dldctl import docpath, extras, inventory
+from dldctl.lifecycle import kernel
 
 DLDCTL = str(Path(sys.executable).parent / "dldctl")
 BLOCKER = """
@@ -119,3 +120,26 @@ def test_what_needs_torch_here(tmp_path: Path) -> None:
     ]
     inv.write_text(REMOTE_ONLY.replace('host = "h0"', 'host = "local"'))
     assert extras.torch_users(inventory.load(inv)) == ["the syncer"]
+
+
+def test_a_remote_syncer_builds_its_kernel_on_its_host_and_a_local_one_needs_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inv = tmp_path / "inventory.toml"
+    inv.write_text(REMOTE_ONLY)
+    remote = kernel.for_syncer(inventory.load(inv))  # builds nothing here
+    assert remote.ok and remote.elsewhere == "h0" and "built on h0" in remote.line()
+    monkeypatch.setattr(extras, "installed", lambda module: False)
+    local = kernel.for_syncer(inventory.default_inventory())
+    assert not local.runnable and "pip install 'dldctl[train]'" in local.line()
+
+
+def test_the_help_names_the_installed_page_outside_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert docpath.doc("simulate.md") == "docs/simulate.md"  # this checkout
+    installed = tmp_path / "share" / "doc" / "dldctl"
+    installed.mkdir(parents=True)
+    (installed / "simulate.md").write_text("# simulate\n")
+    monkeypatch.setattr(docpath, "CHECKOUT", tmp_path / "site-packages")
+    monkeypatch.setattr(docpath, "installed_dirs", lambda: [tmp_path / "nowhere", installed])
+    assert docpath.doc("simulate.md") == str(installed / "simulate.md")
+    assert docpath.doc("missing.md") == "docs/missing.md"
