@@ -139,3 +139,12 @@ def test_a_fresh_venv_without_extras_runs_the_operator_and_has_no_torch(wheel: P
     assert up.returncode == 2 and "pip install 'dldctl[train]'" in up.stderr, up.stderr
     cited = venv / "share" / "doc" / "dldctl" / "simulate.md"  # the help names the installed page
     assert cited.is_file() and str(cited) in dl("simulate", "bandwidth", "--help").stdout.replace("\n", "")
+
+
+def test_the_train_extra_keeps_the_torch_already_installed(wheel: Path) -> None:
+    """The README's CUDA recipe: a torch installed first (here this venv's 2.13.0+cpu, as a user's
+    2.x+cu124 would be) satisfies `dldctl[train]`, so pip would install dldctl alone over it."""
+    dry = pip("install", "--dry-run", "--no-index", f"{wheel}[train,plot]")
+    would = [line for line in dry.stdout.splitlines() if line.startswith("Would install")]
+    assert would and "torch" not in would[0] and "dldctl-0.1.0" in would[0], dry.stdout[-2000:]
+    assert "Requirement already satisfied: torch<3,>=2.1" in dry.stdout
