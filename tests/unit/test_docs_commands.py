@@ -103,7 +103,8 @@ def _options(command: Any) -> set[str]:
 def check(doc: Documented) -> None:
     words = shlex.split(doc.line)[1:]
     if doc.inline or doc.is_mistake or SYNOPSIS.search(doc.line):  # the command and its options exist
-        command, rest = _resolve([w for w in words if not SYNOPSIS.search(w)][:3])
+        alternatives = [w.split("|")[0] if re.fullmatch(r"[a-z-]+(\|[a-z-]+)+", w) else w for w in words]
+        command, rest = _resolve([w for w in alternatives if not SYNOPSIS.search(w)][:3])
         named = {w.split("=")[0].strip("[]|.") for w in re.findall(r"(?<![\w-])--?[a-zA-Z][\w-]*", doc.line)}
         unknown = named - _options(command)
         assert not unknown, f"{doc.where}: `{doc.line}`: {command.name} has no {sorted(unknown)}"
