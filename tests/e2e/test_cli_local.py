@@ -411,7 +411,7 @@ def test_keys_drive_the_live_view_in_a_terminal(fleet: tuple[DldctlHome, Path]) 
         steps = [
             (b"", rb"goodput", "the view"),
             (b"?", rb"show or hide this help", "the help after ?"),
-            (b"?", "─ events ─".encode(), "the events back once ? closed the help"),
+            (b"?", rb"learner-3\s+b\s+\w+", "the learners back once ? closed the help"),
             (b"\x1b[B\r", rb"recent log lines", "the detail after down and Enter"),
             (b"", rb"learner-0: step \d+", "learner-0's log lines in its detail"),
             (b"k", rb"kill learner-0 \(SIGKILL", "the question after k"),
@@ -447,6 +447,27 @@ def test_report_writes_plots_and_a_summary(fleet: tuple[DldctlHome, Path], tmp_p
     assert sorted(Path(f).name for f in out["files"]) == sorted(names)
     for name in names:
         assert (tmp_path / "rep" / name).stat().st_size > 0
+
+
+def test_down_on_a_terminal_asks_before_stopping_the_run_it_picked(fleet: tuple[DldctlHome, Path]) -> None:
+    dl, _ = fleet
+    pid, fd = pty.fork()
+    if pid == 0:  # `dldctl down` without --run, in a real terminal: it must ask, and "n" keeps the run
+        os.execve(DLDCTL, [DLDCTL, "down"], dict(dl.env, TERM="dumb"))
+    try:
+        asked, screen = read_until(fd, rb"stop run e2e-\S+ \(up, 4 learners on a, b, local.*\? \[y/N\]", 60)
+        assert asked, screen[-2000:].decode(errors="replace")
+        os.write(fd, b"n\r")
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status) == 1
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    assert dl.status()["syncer"]["alive"] and dl.run_dir is not None and (dl.run_dir / "state.json").exists()
+    assert "down" not in kinds(dl.status())
 
 
 def test_down_stops_everything_with_a_summary(fleet: tuple[DldctlHome, Path]) -> None:
