@@ -32,6 +32,14 @@ def alive(lr: LocalRun) -> dict[str, int | None]:
     return {name: proc.poll() for name, proc in lr.procs.items()}
 
 
+def keep_full(fs: Path) -> Path:
+    """Take every free byte (again), and the slack of the learners' log pages (they log little)."""
+    filler = tinyfs.fill(fs)
+    for i in range(2):
+        tinyfs.top_up(fs / f"learner-{i}.log")
+    return filler
+
+
 def test_syncer_and_learners_survive_a_full_disk_and_write_again(fs: Path) -> None:
     config = write_config(fs, [{}, {}], run={"eval_every": 10, "checkpoint_every": 5})
     with LocalRun(fs, config) as lr:
@@ -39,13 +47,12 @@ def test_syncer_and_learners_survive_a_full_disk_and_write_again(fs: Path) -> No
         for i in range(2):
             lr.start_learner(i)
         lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 4, 120, "first merges")
-        filler = tinyfs.fill(fs)
-        for i in range(2):  # the learners log little: use up the slack of their logs' last pages now
-            tinyfs.top_up(fs / f"learner-{i}.log")
+        filler = keep_full(fs)
         full_at = time.time()
         steps = lr.status()["syncer"]["outer_steps"]
+        # kept full all along: a failed checkpoint's temp file, deleted, frees space again
         lr.wait_for(
-            lambda s: s["syncer"]["outer_steps"] >= steps + 12 and time.time() - full_at > 6,
+            lambda s: bool(keep_full(fs)) and s["syncer"]["outer_steps"] >= steps + 12 and time.time() - full_at > 6,
             90,
             "merging on a full disk",
         )
