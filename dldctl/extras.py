@@ -3,6 +3,7 @@
     pip install dldctl              the operator: every command that drives remote hosts, no torch
     pip install 'dldctl[train]'     + torch: learners or the syncer on this machine (the built-in default)
     pip install 'dldctl[plot]'      + matplotlib: `dldctl report`, `dldctl simulate goodput --plot`
+    pip install 'dldctl[tensorboard]' / '[prometheus]' / '[wandb]'   the [metrics] exporters
 
 torch is a range in the `train` extra (`torch>=2.1,<3`), so a CUDA torch installed first is kept.
 A command that needs an extra this Python lacks fails before it touches anything, with one line
@@ -17,7 +18,14 @@ import sys
 from dldctl.errors import UsageError
 from dldctl.inventory import Inventory
 
-EXTRAS = {"torch": "train", "matplotlib": "plot"}  # module -> the extra that installs it
+# module -> the extra that installs it
+EXTRAS = {
+    "torch": "train",
+    "matplotlib": "plot",
+    "tensorboard": "tensorboard",
+    "prometheus_client": "prometheus",
+    "wandb": "wandb",
+}
 
 
 def installed(module: str) -> bool:
@@ -62,3 +70,16 @@ def require_for_run(inv: Inventory) -> None:
     users = torch_users(inv)
     if users:
         require("torch", f"this machine runs {' and '.join(users)}, which need")
+    for module, key in exporter_modules(inv):
+        require(module, f"[metrics] {key} in {inv.path} needs")
+
+
+def exporter_modules(inv: Inventory) -> list[tuple[str, str]]:
+    """(module, [metrics] key) of each exporter the run turns on (the supervisor, here, runs them)."""
+    m = inv.metrics
+    wanted = [
+        ("tensorboard", "tensorboard", m.tensorboard),
+        ("prometheus_client", "prometheus_port", m.prometheus_port > 0),
+    ]
+    wanted.append(("wandb", "wandb", m.wandb))
+    return [(module, key) for module, key, on in wanted if on]

@@ -4,6 +4,7 @@
     [ssh]      SSHSpec: how to reach remote hosts
     [syncer]   SyncerSpec: where the syncer runs and listens
     [[hosts]]  HostSpec: one entry per machine (address "local" = this machine, no SSH)
+    [metrics]  MetricsSpec (dldctl/metricspec.py): TensorBoard, Prometheus, W&B exporters
 
 Unknown keys and wrong types are rejected with the file, the key, a "did you mean" and the fix;
 cross-field rules are checked before anything starts. A relative path (`[run] init_from`) is
@@ -22,10 +23,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dldctl import metricspec
 from dldctl.errors import ConfigError
+from dldctl.metricspec import MetricsSpec
 from syncer.common.settings import RunSettings, SettingsError, from_mapping, suggest
 
-TABLES = ("run", "ssh", "syncer", "hosts")
+TABLES = ("run", "ssh", "syncer", "hosts", "metrics")
 # The outer optimizer a run gets when its [run] table sets neither outer_lr nor outer_momentum:
 # plain averaging below H = 64, DiLoCo's Nesterov from there. Measured on gpt-tiny, 4 learners at
 # dldctl's defaults: at H = 32 plain averaging 1.599-1.615 against Nesterov's 1.651 (8,000 steps),
@@ -114,6 +117,7 @@ class Inventory:
     syncer: SyncerSpec
     hosts: tuple[HostSpec, ...]
     path: str = "<built-in default>"
+    metrics: MetricsSpec = field(default_factory=MetricsSpec)
 
     @property
     def total_learners(self) -> int:
@@ -198,9 +202,10 @@ def parse(data: dict[str, Any], path: str) -> Inventory:
         if not isinstance(raw_hosts, list):
             raise SettingsError("hosts", "must be an array of tables", "write each host as [[hosts]]")
         hosts = tuple(_host(entry, i) for i, entry in enumerate(raw_hosts))
+        metrics = from_mapping(MetricsSpec, data.get("metrics", {}), "metrics")
     except SettingsError as exc:
         raise ConfigError(path, exc.key, exc.problem, exc.fix) from None
-    return Inventory(run=run, ssh=ssh, syncer=syncer, hosts=hosts, path=path)
+    return Inventory(run=run, ssh=ssh, syncer=syncer, hosts=hosts, path=path, metrics=metrics)
 
 
 def _host(entry: Any, index: int) -> HostSpec:
@@ -233,6 +238,7 @@ def validate(inv: Inventory) -> None:
             path, "hosts", "no hosts", 'add at least one [[hosts]] entry (address = "local" for this machine)'
         )
     _validate_hosts(inv)
+    metricspec.validate(inv.metrics, path)
     total = inv.total_learners
     if total < 1:
         raise ConfigError(path, "hosts.learners", "the fleet has no learners", "set learners >= 1 on some host")
@@ -359,6 +365,7 @@ def to_dict(inv: Inventory) -> dict[str, Any]:
         "ssh": asdict(inv.ssh),
         "syncer": asdict(inv.syncer),
         "hosts": [asdict(h) for h in inv.hosts],
+        "metrics": asdict(inv.metrics),
     }
 
 

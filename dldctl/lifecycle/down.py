@@ -10,6 +10,7 @@ started), so `down` works even when state.json is corrupt. Afterwards nothing of
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from dataclasses import replace
@@ -189,6 +190,7 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
         snap, exported = _final_syncer(run, config)
         killed += fleet.stop(lambda r: r["target"] == "syncer", SYNCER_GRACE_S)
         exported = _bring_home(run, fleet, exported)
+        _drain_exports(run)
         left = fleet.alive()
         if left:
             names = ", ".join(f"{r['target']} (pid {r['pid']} on {r['host']})" for r in left)
@@ -217,6 +219,19 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
     except RunError:
         pass
     return out
+
+
+def _drain_exports(run: RunDir) -> None:
+    """The run's last records to its TensorBoard/W&B exporters (the supervisor stopped first)."""
+    from dldctl.observe import exports
+
+    try:
+        inv = parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
+        if inv.metrics.tensorboard or inv.metrics.wandb:
+            created = run.read_state().created or time.time()
+            exports.drain(inv, run.path, created, lambda kind, detail: run.event(kind, "supervisor", detail))
+    except Exception as exc:  # an exporter never stands in the way of stopping a run
+        run.event("metrics_export_failed", "supervisor", f"final records: {type(exc).__name__}: {exc}")
 
 
 def _stopped(proc: Proc) -> Proc:

@@ -30,10 +30,11 @@ from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.inventory import Inventory, parse
 from dldctl.lifecycle import launch
 from dldctl.lifecycle.provision import HostRuntime, open_host
-from dldctl.observe import mirror
+from dldctl.observe import exports, mirror
 from dldctl.rundir import RunDir
 from dldctl.runstate import Fault, PidRecord, ProcStatus, RunState
 from dldctl.supervise import reconcile, spares, watchdog
+from dldctl.supervise.feeds import Feeds
 from syncer.common.resolved import LearnerEntry, ResolvedConfig
 
 POLL_S = 0.5
@@ -143,6 +144,7 @@ class Supervisor:
     def loop(self) -> None:
         self.run.event("supervisor_start", "supervisor", f"pid {os.getpid()}")
         self.resume()
+        feeds = self.feeds()
         while not self.stop.is_set():
             watchdog.beat(self.run)
             state = self.run.read_state()
@@ -161,10 +163,22 @@ class Supervisor:
                 self.act(action)
             self.keep_spares(seen)
             self.mirror_syncer()
+            feeds.poll(time.time())
             self.stop.wait(POLL_S)
+        feeds.close()
         self.run.event("supervisor_stop", "supervisor", f"pid {os.getpid()}")
         for host in self.hosts.values():
             host.close()
+
+    def feeds(self) -> Feeds:
+        """The run's exporters and alerts, fed from its records (dldctl/supervise/feeds.py)."""
+        created = self.run.read_state().created or time.time()
+
+        def report(kind: str, detail: str) -> None:
+            self.run.event(kind, "supervisor", detail)
+
+        sinks = exports.build_sinks(self.inv, self.run.path, created, report)
+        return Feeds(self.run.path, sinks, report=lambda line: report("metrics_export_failed", line))
 
     def resume(self) -> None:
         """Processes a dead predecessor left `starting`: adopted if procs.jsonl has them, else started again."""

@@ -1,0 +1,118 @@
+"""The run's exporters, as the supervisor's sinks (dldctl/supervise/feeds.py feeds them).
+
+    [metrics] tensorboard = true     TensorBoardSink  scalars in <run>/tensorboard/ (tensorboard's own writer)
+    [metrics] prometheus_port = N    PrometheusSink   /metrics over HTTP (prometheus_client)
+    [metrics] wandb = true           WandbSink        a W&B run (offline by default) in <run>/wandb/
+
+Each turns metrics records into `Point`s (dldctl/observe/metricpoints.py) and writes them with the
+library. `build_sinks` makes the ones the inventory turns on; an exporter that cannot start (a port
+in use, a library missing) is left out with one event that says why, and the run goes on. The
+libraries are imported only here, only when turned on, so the base install needs none of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dldctl.inventory import Inventory
+from dldctl.observe.metricpoints import Point, Points
+from dldctl.supervise.feeds import Sink
+
+Report = Callable[[str, str], None]  # (event kind, detail): RunDir.event with the target "supervisor"
+
+
+class PointSink:
+    """A sink that writes one Point per metrics sample; subclasses say how (`write`)."""
+
+    def __init__(self, t0: float) -> None:
+        self.points = Points(t0)
+
+    def on_events(self, records: list[dict[str, Any]]) -> None:
+        pass
+
+    def on_metrics(self, records: list[dict[str, Any]]) -> None:
+        for point in self.points.feed(records):
+            self.write(point)
+
+    def write(self, point: Point) -> None:
+        raise NotImplementedError
+
+    def tick(self, now: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardSink(PointSink):
+    """Scalars for TensorBoard, step = seconds since the run was created."""
+
+    def __init__(self, logdir: Path, t0: float) -> None:
+        super().__init__(t0)
+        from tensorboard.summary import Writer  # type: ignore[import-untyped]
+
+        logdir.mkdir(parents=True, exist_ok=True)
+        self.writer = Writer(str(logdir))
+        self.where = f"scalars in {logdir} (tensorboard --logdir {logdir})"
+        self._flushed = time.monotonic()
+
+    def write(self, point: Point) -> None:
+        for name, value in point.values.items():
+            self.writer.add_scalar(name, value, point.step, wall_time=point.t)
+
+    def tick(self, now: float) -> None:
+        if time.monotonic() - self._flushed >= 5.0:  # TensorBoard reads what is flushed
+            self._flushed = time.monotonic()
+            self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def build_sinks(inv: Inventory, run_path: Path, t0: float, report: Report) -> list[Sink]:
+    """The exporters `inv`'s [metrics] turns on, for the run in `run_path` (created at `t0`)."""
+    from dldctl.observe import export_prom, export_wandb
+
+    m = inv.metrics
+    makers: list[tuple[bool, str, Callable[[], Sink]]] = [
+        (m.tensorboard, "tensorboard", lambda: TensorBoardSink(run_path / "tensorboard", t0)),
+        (m.prometheus_port > 0, "prometheus", lambda: export_prom.PrometheusSink(m, run_path.name, t0)),
+        (m.wandb, "wandb", lambda: export_wandb.WandbSink(m, run_path, t0)),
+    ]
+    sinks: list[Sink] = []
+    for on, name, make in makers:
+        if not on:
+            continue
+        try:
+            sink = make()
+        except Exception as exc:  # a port in use, a missing library: the run goes on without it
+            report("metrics_export_failed", f"{name}: {type(exc).__name__}: {exc}")
+            continue
+        sinks.append(sink)
+        report("metrics_export", f"{name}: {getattr(sink, 'where', '')}")
+    return sinks
+
+
+def drain(inv: Inventory, run_path: Path, t0: float, report: Report) -> int:
+    """At `down`, after the supervisor and syncer have stopped: hand the records they wrote last
+    (the learners' final fragments, the syncer's final sample) to the file exporters
+    (TensorBoard, W&B), so an export ends where the run did. Returns the records handed over."""
+    from dldctl.supervise.feeds import Feeds
+
+    files_only = replace(inv, metrics=replace(inv.metrics, prometheus_port=0))
+    sinks = build_sinks(files_only, run_path, t0, lambda *_: None)
+    if not sinks:
+        return 0
+    feeds = Feeds(run_path, sinks, report=lambda line: report("metrics_export_failed", line))
+    total = 0
+    while True:
+        before = dict(feeds.positions)
+        total += feeds.poll(time.time())
+        if feeds.positions == before:  # at the end of both files (a rotation moves without records)
+            break
+    feeds.close()
+    return total
