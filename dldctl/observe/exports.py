@@ -22,7 +22,7 @@ from dldctl.inventory import Inventory
 from dldctl.observe.metricpoints import Point, Points
 from dldctl.supervise.feeds import Sink
 
-Report = Callable[[str, str], None]  # (event kind, detail): RunDir.event with the target "supervisor"
+Report = Callable[[str, str], object]  # (event kind, detail): RunDir.event with the target "supervisor"
 
 
 class PointSink:

@@ -90,7 +90,7 @@ def _inode(path: Path) -> int | None:
 class Feeds:
     """The run's records, read once each, handed to `sinks`."""
 
-    def __init__(self, run_path: Path, sinks: list[Sink], report: Callable[[str], None] = lambda _: None) -> None:
+    def __init__(self, run_path: Path, sinks: list[Sink], report: Callable[[str], object] = lambda _: None) -> None:
         self.path = Path(run_path)
         self.sinks = sinks
         self.report = report  # told (one line) when a sink raises
