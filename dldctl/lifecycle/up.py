@@ -296,4 +296,16 @@ def up(inv: Inventory, source: str | None, console: Console, timeout: float = 18
         state = initial_state(inv, run, config, runtimes, errors)
         missing, native = start_fleet(inv, run, board, state, timeout)
     report_start(console, timeout, missing, native, errors)
+    report_metrics(console, inv, run)
     return run
+
+
+def report_metrics(console: Console, inv: Inventory, run: RunDir) -> None:
+    """Where the [metrics] exporters the supervisor starts will put the run (docs/metrics.md)."""
+    m = inv.metrics
+    if m.tensorboard:
+        console.print(f"metrics: tensorboard --logdir {run.path / 'tensorboard'}", highlight=False)
+    if m.prometheus_port:
+        console.print(f"metrics: Prometheus on http://{m.prometheus_bind}:{m.prometheus_port}/metrics", highlight=False)
+    if m.wandb:
+        console.print(f"metrics: W&B {m.wandb_mode} run {run.name} in {run.path / 'wandb'}", highlight=False)

@@ -66,7 +66,8 @@ def test_prometheus_tensorboard_and_wandb_see_the_run(tmp_path: Path) -> None:
         + f"\n[metrics]\ntensorboard = true\nprometheus_port = {port}\nwandb = true\n"
     )
     with DldctlHome(tmp_path / "home") as dl:
-        dl("up", str(inv), "-d", "--wait")
+        said = dl("up", str(inv), "-d", "--wait")
+        assert f"metrics: Prometheus on http://127.0.0.1:{port}/metrics" in said.stdout + said.stderr
         run = dl.latest_run()
         assert run is not None
         first = wait_until(
