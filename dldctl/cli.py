@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from dldctl.commands import chaos as cli_chaos
 from dldctl.commands import events as cli_events
+from dldctl.commands import export as cli_export
 from dldctl.commands import learner as cli_learner
 from dldctl.commands import run as cli_run
 from dldctl.commands import runs as cli_runs
@@ -58,6 +59,7 @@ app.command()(cli_status.status)
 app.command()(cli_runs.runs)
 app.command()(cli_run.logs)
 app.command()(cli_events.events)
+app.command()(cli_export.export)
 app.command()(cli_run.check)
 app.command()(cli_status.report)
 app.add_typer(cli_chaos.app, name="chaos")

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from syncer.common import faultpoints, strictjson
+from syncer.common import faultpoints, modelexport, strictjson
 from syncer.common.atomic import atomic_file
 from syncer.core import SyncerCore
 from syncer.globalmodel import GlobalModel
@@ -319,13 +319,18 @@ def continue_counters(core: SyncerCore, lost: LostHistory, now: float) -> list[s
     return missing
 
 
-def export_model(core: SyncerCore, path: Path) -> None:
-    """The global model as a plain `{parameter name: tensor}` state dict (atomic write)."""
+def export_model(core: SyncerCore, path: Path, run: str = "") -> tuple[Path, str | None]:
+    """The global model as `final_model.pt` (a plain `{parameter name: tensor}` state dict, what
+    `init_from` reads) and as `export/model.safetensors` + `export/config.json` beside it (what
+    others load, syncer/common/modelexport.py). Each write is atomic. Returns (the export
+    directory, None) or (it, why the safetensors export failed): final_model.pt is written anyway."""
     m = core.model
     assert m is not None
     tensors = {spec.name: torch.zeros(spec.shape, dtype=torch.float32) for spec in m.manifest}
     for p in range(m.plan.count):
         m.plan.scatter(p, m.theta[p], tensors)
+    loss = modelexport.final_loss(core.guard.last, core.outer_steps)
+    merged = int(core.fleet.merged_tokens)
     with atomic_file(path) as fh:
         torch.save(
             {
@@ -333,6 +338,26 @@ def export_model(core: SyncerCore, path: Path) -> None:
                 "outer_steps": core.outer_steps,
                 "versions": list(m.versions),
                 "run_id": core.run_id,
+                "tokens_merged": merged,
+                "held_out_loss": loss,
             },
             fh,
         )
+    config = modelexport.model_config(
+        run=run or core.run_id,
+        settings=core.s.to_dict(),
+        shapes={n: tuple(t.shape) for n, t in tensors.items()},
+        outer_step=core.outer_steps,
+        tokens_merged=merged,
+        held_out_loss=loss,
+        source="the syncer's global model at shutdown",
+        created=time.time(),
+    )
+    directory = path.parent / modelexport.EXPORT_DIR
+    try:
+        modelexport.write(directory, tensors, {**config, "run_id": core.run_id})
+    except ImportError as exc:
+        return directory, f"safetensors is not installed for the syncer ({exc}); `dldctl export` converts {path.name}"
+    except OSError as exc:
+        return directory, f"cannot write {directory}: {exc.strerror or exc}"
+    return directory, None

@@ -374,8 +374,20 @@ class SyncerServer:
         if self.core.model is None:
             return None
         target = self._export_path(name)
-        checkpoint.export_model(self.core, target)
-        self.event("export", "syncer", f"final model written to {target}")
+        try:
+            directory, problem = checkpoint.export_model(self.core, target, self.cfg.run_dir.name)
+        except OSError as exc:  # a full disk: the checkpoint just written still holds the model
+            self.event("export_failed", "syncer", f"cannot write {target}: {exc.strerror or exc}")
+            return None
+        if problem is None:
+            self.event(
+                "export",
+                "syncer",
+                f"final model written to {target} and {directory}/ (model.safetensors, config.json) "
+                f"at outer step {self.core.outer_steps}",
+            )
+        else:
+            self.event("export", "syncer", f"final model written to {target}; no safetensors export: {problem}")
         return target
 
     def status(self, now: float) -> dict[str, Any]:

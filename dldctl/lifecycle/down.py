@@ -21,11 +21,13 @@ from rich.console import Console
 from dldctl.errors import DldError, OperationError, RunError
 from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.inventory import parse
+from dldctl.lifecycle import export as export_mod
 from dldctl.lifecycle.provision import open_host
 from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.observe import mirror
 from dldctl.rundir import RunDir
 from dldctl.runstate import DOWN_REASON, Proc, ProcStatus
+from syncer.common.modelexport import CONFIG, EXPORT_DIR, WEIGHTS
 from syncer.common.resolved import ResolvedConfig
 
 LEARNER_GRACE_S = 20.0
@@ -213,6 +215,7 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
     if snap and before:
         snap["loss"] = before["loss"]  # learners report losses while they run
     out = summary(run, snap or before, exported, killed)
+    out.update(export_mod.summary_files(run.path / EXPORT_DIR) if exported else {})  # the safetensors export
     try:
         state = run.read_state()
         out["uptime_s"] = _run_age(state.created, state.stopped_at)
@@ -241,7 +244,17 @@ def _stopped(proc: Proc) -> Proc:
 
 
 def _bring_home(run: RunDir, fleet: RunProcesses, exported: str) -> str:
-    """A remote syncer's last records and its final model, copied to the run directory."""
+    """A remote syncer's last records and its final model (final_model.pt and the safetensors
+    export), copied to the run directory; the export's config.json completed (dldctl/lifecycle/export.py)."""
+    exported = _fetch_remote(run, fleet, exported)
+    if exported:
+        problem = export_mod.finish(run.path / EXPORT_DIR)
+        if problem:
+            run.event("export_failed", "run", f"the safetensors export: {problem}")
+    return exported
+
+
+def _fetch_remote(run: RunDir, fleet: RunProcesses, exported: str) -> str:
     try:
         state = run.read_state()
     except RunError:
@@ -256,7 +269,9 @@ def _bring_home(run: RunDir, fleet: RunProcesses, exported: str) -> str:
             edit.state = replace(edit.state, mirror=offsets)
         if exported:
             host.get_file(f"{where[1].run_dir}/final_model.pt", run.final_model)
-            return str(run.final_model)
+            exported = str(run.final_model)
+            for name in (WEIGHTS, CONFIG):  # absent when the syncer host has no safetensors (an event says so)
+                host.get_file(f"{where[1].run_dir}/{EXPORT_DIR}/{name}", run.path / EXPORT_DIR / name)
     except DldError as exc:
         run.event("fetch_failed", "syncer", f"final records/model from {where[0]}: {exc.line()}")
     return exported

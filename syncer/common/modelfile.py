@@ -4,13 +4,16 @@ learners read them (a leaf: torch is imported only by `read`).
 Two layouts are accepted:
 
     final_model.pt   what `dldctl down` exports (syncer/checkpoint.py `export_model`):
-                     {"state_dict": {parameter name: fp32 tensor}, "outer_steps", "versions", "run_id"};
+                     {"state_dict": {parameter name: fp32 tensor}, "outer_steps", "versions", "run_id",
+                     "tokens_merged", "held_out_loss" (the last two since the safetensors export)};
                      parameters only (no buffers), a tied weight once (GPT: no `lm_head.weight`)
     a state dict     {name: tensor}, e.g. `torch.save(model.state_dict(), path)`
 
 `unwrap` (pure) tells them apart and checks that what it holds is tensors; `read` is the one
 `torch.load` (`weights_only=True`: a file can hold tensors, never code). The run directory of
 every host holds its copy as `INIT_MODEL`, named in config.json relative to that file.
+`dldctl export` reads final_model.pt through `read` too, to write the safetensors export
+(syncer/common/modelexport.py) of a run whose syncer could not.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class ModelFile:
     exported: bool = False  # `dldctl down`'s layout: parameters only
     run_id: str | None = None
     outer_steps: int | None = None
+    tokens_merged: int | None = None
+    held_out_loss: float | None = None  # the syncer's evaluation of these weights, when it had one
 
     def origin(self) -> str:
         """'from run X at outer step S', or what the file is when no run wrote it."""
@@ -62,13 +67,19 @@ def unwrap(obj: Any, is_tensor: Callable[[Any], bool]) -> ModelFile:
             raise ModelFileError(f"{where} maps {name!r} to a {type(value).__name__}, not a tensor")
     if not exported:
         return ModelFile(dict(tensors))
-    run_id, steps = obj.get("run_id"), obj.get("outer_steps")
+    run_id, steps, merged, loss = (obj.get(k) for k in ("run_id", "outer_steps", "tokens_merged", "held_out_loss"))
     return ModelFile(
         dict(tensors),
         exported=True,
         run_id=run_id if isinstance(run_id, str) else None,
-        outer_steps=steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
+        outer_steps=_int(steps),
+        tokens_merged=_int(merged),
+        held_out_loss=float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None,
     )
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def read(path: Path | str) -> ModelFile:
