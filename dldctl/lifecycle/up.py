@@ -32,6 +32,7 @@ from dldctl.errors import DldError, OperationError
 from dldctl.hosts import Host, LocalHost
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.lifecycle import initmodel, kernel, plan, provision, wheel
+from dldctl.observe import exports
 from dldctl.rundir import RunDir
 from dldctl.runstate import HostRecord, ProcStatus, RunState
 from dldctl.supervise import reconcile, watchdog
@@ -289,6 +290,7 @@ def fleet_names(inv: Inventory) -> list[str]:
 def up(inv: Inventory, source: str | None, console: Console, timeout: float = 180.0) -> RunDir:
     """Bring a new run up; returns its directory (processes keep running after we return)."""
     initmodel.check(inv)  # [run] init_from: a bad model file fails here, before any host or run directory
+    exports.preflight(inv)  # [metrics] prometheus_port in use: likewise
     run = create_run(inv, source)
     console.print(f"run [bold]{run.name}[/] in {run.path}", highlight=False)
     with Board(console, fleet_names(inv)) as board:

@@ -12,12 +12,14 @@ libraries are imported only here, only when turned on, so the base install needs
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dldctl.errors import ConfigError
 from dldctl.inventory import Inventory
 from dldctl.observe.metricpoints import Point, Points
 from dldctl.supervise.feeds import Sink
@@ -116,3 +118,22 @@ def drain(inv: Inventory, run_path: Path, t0: float, report: Report) -> int:
             break
     feeds.close()
     return total
+
+
+def preflight(inv: Inventory) -> None:
+    """Before `up` creates a run: the Prometheus port can be bound (else a ConfigError naming it)."""
+    m = inv.metrics
+    if m.prometheus_port <= 0:
+        return
+    family = socket.AF_INET6 if ":" in m.prometheus_bind else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server will
+        try:
+            probe.bind((m.prometheus_bind, m.prometheus_port))
+        except OSError as exc:
+            raise ConfigError(
+                inv.path,
+                "metrics.prometheus_port",
+                f"cannot listen on {m.prometheus_bind}:{m.prometheus_port} ({exc.strerror})",
+                "stop what listens there (another run?), or pick another port",
+            ) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +155,19 @@ def test_a_missing_file_is_no_error_and_is_read_from_its_start_once_it_appears(t
     append(path, {"k": "a"})
     records, at = read_new(path, Position())
     assert records == [{"k": "a"}] and at.offset == path.stat().st_size
+
+
+def test_up_refuses_a_prometheus_port_in_use_before_it_creates_a_run(tmp_path: Path) -> None:
+    from dldctl.observe.exports import preflight
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = tmp_path / "inv.toml"
+        path.write_text(f'[[hosts]]\nname = "h"\naddress = "local"\n\n[metrics]\nprometheus_port = {port}\n')
+        inv = inventory.load(path)
+        with pytest.raises(ConfigError) as err:
+            preflight(inv)
+        assert err.value.key == "metrics.prometheus_port" and f"127.0.0.1:{port}" in err.value.line()
+    preflight(inv)  # free again: no error
