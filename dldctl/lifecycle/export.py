@@ -88,7 +88,7 @@ def export(run: RunDir, out: Path | None = None) -> dict[str, Any]:
     own = run.path / EXPORT_DIR
     live = run.live()
     if not live and files(own) is not None and _readable(own):
-        source = f"the export the syncer wrote at down ({own})"
+        source = f"{own} (from {modelexport.read_config(own / CONFIG).get('source')})"
         if dest != own.resolve():
             _copy(own, dest)
         problem = finish(dest)
