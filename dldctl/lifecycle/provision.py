@@ -22,6 +22,8 @@ from dldctl.rundir import RunDir
 from syncer.common.resolved import ResolvedConfig
 
 LIGHT_DEPS = {"zmq": "pyzmq>=25", "zstandard": "zstandard>=0.21", "numpy": "numpy>=1.24"}
+# best effort: without it the syncer writes final_model.pt alone, says so, and `dldctl export` converts it
+OPTIONAL_DEPS = {"safetensors": "safetensors>=0.4"}
 Progress = Callable[[str, str], None]
 
 
@@ -154,6 +156,13 @@ def _setup(host: Host, spec: HostSpec, base: str, remote_wheel: str, digest: str
             f"{shlex.quote(spec.python)} -m pip install -q --target {shlex.quote(site)} "
             + " ".join(shlex.quote(x) for x in light),
         )
+    optional = [OPTIONAL_DEPS[m] for m in missing if m in OPTIONAL_DEPS]
+    if optional:
+        try:
+            pip = f"{shlex.quote(spec.python)} -m pip install -q --retries 1 --timeout 15 --target {shlex.quote(site)}"
+            host.run(f"{pip} " + " ".join(optional), timeout=300)
+        except RemoteCommandError:
+            pass  # no index reachable: the run works without it (see OPTIONAL_DEPS)
     host.put_bytes(digest.encode(), marker, 0o644)
     return spec.python, site
 
@@ -166,7 +175,7 @@ def _setup_venv(host: Host, spec: HostSpec, base: str, remote_wheel: str, digest
         return py, ""
     if not host.exists(py):
         _step(host, spec, f"{shlex.quote(spec.python)} -m venv {shlex.quote(env)}")
-    deps = " ".join(shlex.quote(x) for x in (spec.torch, *LIGHT_DEPS.values()))
+    deps = " ".join(shlex.quote(x) for x in (spec.torch, *LIGHT_DEPS.values(), *OPTIONAL_DEPS.values()))
     _step(host, spec, f"{shlex.quote(py)} -m pip install -q {deps}", timeout=3600)
     _step(host, spec, f"{shlex.quote(py)} -m pip install -q --no-deps --force-reinstall {shlex.quote(remote_wheel)}")
     host.put_bytes(digest.encode(), marker, 0o644)
@@ -175,7 +184,7 @@ def _setup_venv(host: Host, spec: HostSpec, base: str, remote_wheel: str, digest
 
 def _missing_modules(host: Host, python: str, site: str) -> list[str]:
     probe = (
-        "import importlib.util as u; print(' '.join(m for m in ('torch','zmq','zstandard','numpy') "
+        "import importlib.util as u; print(' '.join(m for m in ('torch','zmq','zstandard','numpy','safetensors') "
         "if u.find_spec(m) is None))"
     )
     result = host.run(f"PYTHONPATH={shlex.quote(site)} {shlex.quote(python)} -c {shlex.quote(probe)}", timeout=120)
