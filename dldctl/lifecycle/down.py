@@ -169,6 +169,7 @@ def already_down(run: RunDir) -> dict[str, Any] | None:
         "already_down": True,
         "stopped_at": state.stopped_at,
         "final_model": str(model) if model else None,
+        **export_mod.summary_files(run.path / EXPORT_DIR),
         "uptime_s": _run_age(state.created, state.stopped_at),
     }
 

@@ -489,6 +489,9 @@ def test_down_stops_everything_with_a_summary(fleet: tuple[DldctlHome, Path]) ->
     assert f"is already down; final model: {out['final_model']}" in again.stdout
     again_json = json.loads(dl("down", "--json").stdout)
     assert again_json["already_down"] is True and again_json["final_model"] == out["final_model"]
+    assert out["model_safetensors"] and Path(out["model_safetensors"]).is_file(), "the model others can load"
+    for key in ("model_safetensors", "model_config"):
+        assert again_json[key] == out[key], key
     assert again_json["schema"] == "dldctl.down/1"
     assert (dl.run_dir / "events.jsonl").read_text() == events_before
 
