@@ -5,6 +5,7 @@
     [syncer]   SyncerSpec: where the syncer runs and listens
     [[hosts]]  HostSpec: one entry per machine (address "local" = this machine, no SSH)
     [metrics]  MetricsSpec (dldctl/metricspec.py): TensorBoard, Prometheus, W&B exporters
+    [alerts]   AlertsSpec (dldctl/observe/alerts.py): a command and/or webhook on chosen events
 
 Unknown keys and wrong types are rejected with the file, the key, a "did you mean" and the fix;
 cross-field rules are checked before anything starts. A relative path (`[run] init_from`) is
@@ -26,9 +27,11 @@ from typing import Any
 from dldctl import metricspec
 from dldctl.errors import ConfigError
 from dldctl.metricspec import MetricsSpec
+from dldctl.observe import alerts
+from dldctl.observe.alerts import AlertsSpec
 from syncer.common.settings import RunSettings, SettingsError, from_mapping, suggest
 
-TABLES = ("run", "ssh", "syncer", "hosts", "metrics")
+TABLES = ("run", "ssh", "syncer", "hosts", "metrics", "alerts")
 # The outer optimizer a run gets when its [run] table sets neither outer_lr nor outer_momentum:
 # plain averaging below H = 64, DiLoCo's Nesterov from there. Measured on gpt-tiny, 4 learners at
 # dldctl's defaults: at H = 32 plain averaging 1.599-1.615 against Nesterov's 1.651 (8,000 steps),
@@ -118,6 +121,7 @@ class Inventory:
     hosts: tuple[HostSpec, ...]
     path: str = "<built-in default>"
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
+    alerts: AlertsSpec = field(default_factory=AlertsSpec)
 
     @property
     def total_learners(self) -> int:
@@ -203,9 +207,10 @@ def parse(data: dict[str, Any], path: str) -> Inventory:
             raise SettingsError("hosts", "must be an array of tables", "write each host as [[hosts]]")
         hosts = tuple(_host(entry, i) for i, entry in enumerate(raw_hosts))
         metrics = from_mapping(MetricsSpec, data.get("metrics", {}), "metrics")
+        alert_spec = from_mapping(AlertsSpec, data.get("alerts", {}), "alerts")
     except SettingsError as exc:
         raise ConfigError(path, exc.key, exc.problem, exc.fix) from None
-    return Inventory(run=run, ssh=ssh, syncer=syncer, hosts=hosts, path=path, metrics=metrics)
+    return Inventory(run=run, ssh=ssh, syncer=syncer, hosts=hosts, path=path, metrics=metrics, alerts=alert_spec)
 
 
 def _host(entry: Any, index: int) -> HostSpec:
@@ -239,6 +244,7 @@ def validate(inv: Inventory) -> None:
         )
     _validate_hosts(inv)
     metricspec.validate(inv.metrics, path)
+    _validate_alerts(inv)
     total = inv.total_learners
     if total < 1:
         raise ConfigError(path, "hosts.learners", "the fleet has no learners", "set learners >= 1 on some host")
@@ -304,6 +310,15 @@ def _validate_hosts(inv: Inventory) -> None:
             raise ConfigError(inv.path, f"{key}.env", "keys and values must be strings")
 
 
+def _validate_alerts(inv: Inventory) -> None:
+    """[alerts]: its own rules (dldctl/observe/alerts.py), then its command exists on this machine
+    (the supervisor, which runs it, runs here)."""
+    from dldctl.observe import alertsend
+
+    alerts.validate(inv.alerts, inv.path)
+    alertsend.check_command(inv.alerts, inv.path)
+
+
 def _validate_model(inv: Inventory) -> None:
     """fragments <= parameter tensors, seq_len <= positions, for the built-in models."""
     from workload import presets as model_mod  # torch-free: the operator may have no torch
@@ -366,6 +381,7 @@ def to_dict(inv: Inventory) -> dict[str, Any]:
         "syncer": asdict(inv.syncer),
         "hosts": [asdict(h) for h in inv.hosts],
         "metrics": asdict(inv.metrics),
+        "alerts": asdict(inv.alerts),
     }
 
 

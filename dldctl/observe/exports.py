@@ -77,13 +77,14 @@ class TensorBoardSink(PointSink):
 
 def build_sinks(inv: Inventory, run_path: Path, t0: float, report: Report) -> list[Sink]:
     """The exporters `inv`'s [metrics] turns on, for the run in `run_path` (created at `t0`)."""
-    from dldctl.observe import export_prom, export_wandb
+    from dldctl.observe import alertsend, export_prom, export_wandb
 
     m = inv.metrics
     makers: list[tuple[bool, str, Callable[[], Sink]]] = [
         (m.tensorboard, "tensorboard", lambda: TensorBoardSink(run_path / "tensorboard", t0)),
         (m.prometheus_port > 0, "prometheus", lambda: export_prom.PrometheusSink(m, run_path.name, t0)),
         (m.wandb, "wandb", lambda: export_wandb.WandbSink(m, run_path, t0)),
+        (inv.alerts.active, "alerts", lambda: alertsend.AlertSink(inv.alerts, run_path)),  # docs/alerts.md
     ]
     sinks: list[Sink] = []
     for on, name, make in makers:
@@ -105,7 +106,8 @@ def drain(inv: Inventory, run_path: Path, t0: float, report: Report) -> int:
     (TensorBoard, W&B), so an export ends where the run did. Returns the records handed over."""
     from dldctl.supervise.feeds import Feeds
 
-    files_only = replace(inv, metrics=replace(inv.metrics, prometheus_port=0))
+    no_alerts = replace(inv.alerts, command="", webhook="")  # down's own departures alert no one
+    files_only = replace(inv, metrics=replace(inv.metrics, prometheus_port=0), alerts=no_alerts)
     sinks = build_sinks(files_only, run_path, t0, lambda *_: None)
     if not sinks:
         return 0
