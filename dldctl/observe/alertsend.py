@@ -15,6 +15,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -50,25 +51,43 @@ def check_command(spec: AlertsSpec, path: str) -> None:
 
 
 def run_command(argv: list[str], body: bytes, env: dict[str, str], timeout_s: float) -> str | None:
-    """Run the alert command; None if it exited 0, else why not (one line)."""
+    """Run the alert command; None if it exited 0, else why not (one line). One that runs past
+    `timeout_s` is killed with all it started (its own session, so a ^C at the operator's
+    terminal is not for it either)."""
     try:
-        done = subprocess.run(
+        proc = subprocess.Popen(
             argv,
-            input=body,
-            env={**os.environ, **env},
+            stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            timeout=timeout_s,
-            start_new_session=True,  # a ^C at the operator's terminal is not for it
+            env={**os.environ, **env},
+            start_new_session=True,
         )
-    except subprocess.TimeoutExpired:
-        return f"command {argv[0]} ran past timeout_s = {timeout_s:g} s (killed)"
     except OSError as exc:
         return f"command {argv[0]}: {exc.strerror or exc}"
-    if done.returncode != 0:
-        said = done.stderr.decode(errors="replace").strip().splitlines()
-        return f"command {argv[0]} exited {done.returncode}" + (f": {said[-1][:200]}" if said else "")
+    try:
+        _, err = proc.communicate(body, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return f"command {argv[0]} ran past timeout_s = {timeout_s:g} s (killed)"
+    except OSError as exc:  # it closed its stdin early (EPIPE) and went on
+        _kill_group(proc)
+        return f"command {argv[0]}: {exc.strerror or exc}"
+    if proc.returncode != 0:
+        said = err.decode(errors="replace").strip().splitlines()
+        return f"command {argv[0]} exited {proc.returncode}" + (f": {said[-1][:200]}" if said else "")
     return None
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # our own child's session: pid == its group id
+    except OSError:
+        pass
+    try:
+        proc.communicate(timeout=5.0)
+    except (subprocess.TimeoutExpired, OSError):
+        pass
 
 
 def post(url: str, body: bytes, timeout_s: float) -> str | None:
