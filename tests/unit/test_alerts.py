@@ -230,3 +230,9 @@ def test_the_payload_and_the_environment() -> None:
     assert env["DLDCTL_ALERT_KIND"] == "quorum_lost" and env["DLDCTL_ALERT_TARGET"] == "syncer"
     assert env["DLDCTL_ALERT_DETAIL"] == record["detail"] and env["DLDCTL_ALERT_RUN"] == "demo-1"
     assert env["DLDCTL_ALERT_SUPPRESSED"] == "3" and all(isinstance(v, str) for v in env.values())
+
+
+def test_the_docs_name_every_kind_and_key() -> None:
+    text = (ROOT / "docs" / "alerts.md").read_text()
+    assert not [k for k in alerts.KINDS if f"`{k}`" not in text]
+    assert not [f for f in AlertsSpec.__dataclass_fields__ if f"\n{f} = " not in text]
