@@ -32,7 +32,7 @@ from dldctl.observe.alerts import Alert, AlertsSpec
 
 QUEUE_MAX = 64
 ALERT_FAILED_EVERY_S = 60.0
-CLOSE_WAIT_S = 5.0  # at the supervisor's stop: how long the alerts still queued get to go out
+CLOSE_WAIT_S = 3.0  # at the supervisor's stop (down): how long the alerts still queued get to go out
 Event = Callable[[str, str, str], object]  # (kind, target, detail): RunDir.event
 
 
@@ -165,12 +165,13 @@ class Sender:
                 return out
 
     def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
-        """Let what is queued go out, for at most `wait_s` (then the daemon thread is left behind)."""
+        """Let what is queued go out, for at most `wait_s` in all (then the daemon thread is left behind)."""
+        deadline = time.monotonic() + wait_s
         try:
             self.jobs.put(None, timeout=wait_s)
         except queue.Full:
             return
-        self.thread.join(wait_s)
+        self.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class AlertSink:
