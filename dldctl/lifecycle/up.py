@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.live import Live
@@ -311,3 +312,9 @@ def report_metrics(console: Console, inv: Inventory, run: RunDir) -> None:
         console.print(f"metrics: Prometheus on http://{m.prometheus_bind}:{m.prometheus_port}/metrics", highlight=False)
     if m.wandb:
         console.print(f"metrics: W&B {m.wandb_mode} run {run.name} in {run.path / 'wandb'}", highlight=False)
+    a = inv.alerts
+    if a.active:
+        hook = urlsplit(a.webhook)
+        where = [f"`{a.command}`"] if a.command.strip() else []
+        where += [f"{hook.scheme}://{hook.netloc}/..."] if a.webhook.strip() else []  # a hook's path may be its secret
+        console.print(f"alerts: {', '.join(a.on)} to {' and '.join(where)} (docs/alerts.md)", highlight=False)

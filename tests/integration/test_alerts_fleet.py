@@ -35,7 +35,9 @@ def test_syncer_death_and_quorum_lost_reach_the_webhook_and_the_command(tmp_path
     )
     try:
         with DldctlHome(tmp_path / "home") as dl:
-            dl("up", str(inv), "-d", "--wait")
+            said = dl("up", str(inv), "-d", "--wait")
+            assert f"to `{cmd}` and http://127.0.0.1:" in said.stdout + said.stderr, "up says where alerts go"
+            assert "/hooks/dldctl" not in said.stdout + said.stderr, "a webhook's path may be its secret"
             began = time.monotonic()
             dl("chaos", "kill", "syncer", "--force")
             wait_until(lambda: "syncer_death" in hook.kinds(), 30, "the syncer_death webhook", every=0.2)
