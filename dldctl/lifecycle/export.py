@@ -36,17 +36,17 @@ SCHEMA = "dldctl.export/1"
 Loaded = tuple[dict[str, "torch.Tensor"], int, int | None, float | None]  # tensors, outer step, tokens, loss
 
 
-def complete(config: dict[str, Any]) -> dict[str, Any]:
-    """`config` with "gpt": the GPTConfig fields that build the model (None: not a built-in preset).
+def complete(described: dict[str, Any]) -> dict[str, Any]:
+    """`described` with "gpt": the GPTConfig fields that build the model (None: not a built-in preset).
     Pure; ValueError when the tensors do not have the preset's shape."""
-    shape, model = config.get("shape"), str(config.get("model", ""))
+    shape, model = described.get("shape"), str(described.get("model", ""))
     if model not in PRESETS or not isinstance(shape, dict):
-        return {**config, "gpt": None}
+        return {**described, "gpt": None}
     gpt = asdict(config_for(model, vocab_size=int(shape["vocab_size"]), block_size=int(shape["block_size"])))
     wrong = [k for k in ("n_layer", "n_embd", "bias") if gpt[k] != shape.get(k)]
     if wrong:
         raise ValueError(f"the tensors do not have preset {model!r}'s shape ({', '.join(wrong)} differ)")
-    return {**config, "gpt": gpt}
+    return {**described, "gpt": gpt}
 
 
 def files(directory: Path) -> dict[str, str] | None:

@@ -125,17 +125,17 @@ def checkpoint_body(data: bytes, name: str) -> bytes:
     return data[head:]
 
 
-def write(directory: Path, tensors: Mapping[str, Any], config: Mapping[str, Any]) -> tuple[Path, Path]:
+def write(directory: Path, tensors: Mapping[str, Any], described: Mapping[str, Any]) -> tuple[Path, Path]:
     """Write model.safetensors, then config.json, into `directory` (each atomic); OSError or
-    ImportError (no safetensors here) is the caller's to report. Returns (weights, config)."""
+    ImportError (no safetensors here) is the caller's to report. Returns (weights, config path)."""
     from safetensors.torch import save
 
-    meta = {"format": "pt", "run": str(config.get("run")), "outer_step": str(config.get("outer_step"))}
+    meta = {"format": "pt", "run": str(described.get("run")), "outer_step": str(described.get("outer_step"))}
     body = save({name: t.detach().cpu().contiguous() for name, t in tensors.items()}, metadata=meta)
     directory.mkdir(parents=True, exist_ok=True)
     weights, cfg = directory / WEIGHTS, directory / CONFIG
     atomic_write(weights, body)
-    write_config(cfg, config)
+    write_config(cfg, described)
     return weights, cfg
 
 
