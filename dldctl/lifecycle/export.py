@@ -186,15 +186,15 @@ def _from_checkpoint(path: Path) -> Loaded:
     from syncer.wire import fragments
 
     body = modelexport.checkpoint_body(path.read_bytes(), path.name)
-    state = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
-    manifest = fragments.manifest_from_json(state["manifest"])
-    plan = fragments.plan(manifest, int(state["fragments"]))
+    saved = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+    manifest = fragments.manifest_from_json(saved["manifest"])
+    plan = fragments.plan(manifest, int(saved["fragments"]))
     tensors = {spec.name: torch.zeros(spec.shape, dtype=torch.float32) for spec in manifest}
-    for p, theta in enumerate(state["theta"]):
+    for p, theta in enumerate(saved["theta"]):
         plan.scatter(p, theta, tensors)
-    fleet = state.get("fleet") or {}
+    fleet = saved.get("fleet") or {}
     merged = int(fleet["merged_tokens"]) if "merged_tokens" in fleet else None
-    return tensors, int(state["outer_steps"]), merged, None
+    return tensors, int(saved["outer_steps"]), merged, None
 
 
 def _reported_loss(run: RunDir, outer_step: int) -> float | None:
