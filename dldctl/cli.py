@@ -19,6 +19,7 @@ from dldctl.commands import chaos as cli_chaos
 from dldctl.commands import events as cli_events
 from dldctl.commands import export as cli_export
 from dldctl.commands import learner as cli_learner
+from dldctl.commands import logs as cli_logs
 from dldctl.commands import run as cli_run
 from dldctl.commands import runs as cli_runs
 from dldctl.commands import simulate as cli_simulate
@@ -57,7 +58,7 @@ app.command()(cli_run.up)
 app.command()(cli_run.down)
 app.command()(cli_status.status)
 app.command()(cli_runs.runs)
-app.command()(cli_run.logs)
+app.command()(cli_logs.logs)
 app.command()(cli_events.events)
 app.command()(cli_export.export)
 app.command()(cli_run.check)

@@ -1,11 +1,8 @@
-"""CLI: `up`, `down`, `logs`, `check` — bringing a run up and down and looking inside it."""
+"""CLI: `up`, `down`, `check` — bringing a run up and down (`logs` is dldctl/commands/logs.py)."""
 
 from __future__ import annotations
 
-import json
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,14 +15,12 @@ from rich.table import Table
 from dldctl import extras, inventory, rundir
 from dldctl.commands.options import duration, output_console
 from dldctl.errors import DldError, OperationError, UsageError
-from dldctl.hosts import LocalHost
 from dldctl.inventory import Inventory
 from dldctl.lifecycle import check as check_mod
 from dldctl.lifecycle import converge, kernel, plan
 from dldctl.lifecycle import down as down_mod
 from dldctl.lifecycle import resume as resume_mod
 from dldctl.lifecycle import up as up_mod
-from dldctl.lifecycle.provision import HostRuntime, open_host
 from dldctl.observe import snapshot
 from syncer.common import strictjson
 
@@ -214,45 +209,6 @@ def _describe(run: rundir.RunDir) -> str:
     r = row(run, time.time())
     age = "-" if r["age_s"] is None else f"{r['age_s'] / 60:.0f} min"
     return f"{r['state']}, {r['learners']} learners on {', '.join(r['hosts']) or 'no host'}, age {age}"
-
-
-def logs(
-    target: str = typer.Argument(..., help="learner-N, syncer or supervisor"),
-    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines."),
-    tail: int = typer.Option(50, "--tail", help="Lines from the end to start with."),
-    run: str | None = RunOpt,
-) -> None:
-    """Print (or follow) the log of a learner, the syncer or the supervisor.
-
-    Example: dldctl logs learner-2 -f
-    """
-    r = rundir.resolve(run, live_only=False)
-    host, path = _log_location(r, target)
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    try:
-        if not follow:
-            print(host.tail(path, tail))
-            return
-        for line in host.follow(path, from_end_lines=tail, stop=stop.is_set):
-            print(line, flush=True)
-    finally:
-        host.close()
-
-
-def _log_location(run: rundir.RunDir, target: str) -> tuple:
-    if target == "supervisor":
-        return LocalHost("local"), str(run.supervisor_log)
-    state = run.read_state()
-    proc = state.procs.get(target)
-    if proc is None:
-        known = ", ".join(sorted(state.procs)) + ", supervisor"
-        raise UsageError(f"no process named {target!r} in run {run.name}", hint=f"known: {known}")
-    runtime = HostRuntime.from_dict(dict(state.runtime_of(proc.host)))
-    inv = inventory.parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
-    spec = next((h for h in inv.hosts if h.name == proc.host), None)
-    host = LocalHost("local") if spec is None or spec.local else open_host(spec, inv.ssh)
-    return host, f"{runtime.run_dir}/logs/{target}.log"
 
 
 def check(

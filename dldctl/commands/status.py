@@ -13,8 +13,8 @@ from rich.console import Console
 from dldctl import extras, rundir
 from dldctl.chaos.inject import Chaos
 from dldctl.chaos.runner import sigterm_interrupts
+from dldctl.commands.logs import log_location as _log_location
 from dldctl.commands.options import duration, output_console
-from dldctl.commands.run import _log_location
 from dldctl.errors import DldError
 from dldctl.observe import snapshot
 from dldctl.observe.view import render_plain

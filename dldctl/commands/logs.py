@@ -1,0 +1,173 @@
+"""CLI: `dldctl logs` — the logs of one or several targets (learners, syncer, supervisor,
+watchdog), on this machine or over SSH, printed or followed.
+
+One target prints its log as it is (no prefix unless `--prefix`). Several (names or globs:
+`'learner-*'`) print each line after its target's padded name: without `-f` the last `--tail`
+lines of each, merged in time order (dldctl/observe/logmerge.py); with `-f` one thread per target
+follows its log and the lines come out interleaved as they arrive. Ctrl-C (or SIGTERM) ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from dldctl import inventory, rundir
+from dldctl.chaos.runner import sigterm_interrupts
+from dldctl.commands.options import duration
+from dldctl.errors import DldError, UsageError
+from dldctl.hosts import Host, LocalHost
+from dldctl.lifecycle.provision import HostRuntime, open_host
+from dldctl.observe import logmerge
+
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
+LOCAL_LOGS = {"supervisor": "supervisor.log", "watchdog": "watchdog.log"}  # in the run dir on this machine
+RETRY_S = 5.0  # a followed log whose host stopped answering is tried again this often
+ALL_LINES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one target's log is: the host that has it (shared by targets on that host) and the path."""
+
+    target: str
+    host: Host
+    path: str
+
+
+def logs(
+    targets: list[str] = typer.Argument(
+        ..., metavar="TARGET", help="learner-N, syncer, supervisor, watchdog, or a glob: 'learner-*'."
+    ),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines (of every target)."),
+    tail: int | None = typer.Option(None, "--tail", help="Lines from the end of each log to start with (default 50)."),
+    since: str | None = typer.Option(None, "--since", help="Only lines of the last 5m, 2h, 30s."),
+    prefix: bool = typer.Option(False, "--prefix", help="Prefix each line with its target, even for one target."),
+    run: str | None = RunOpt,
+) -> None:
+    """Print (or follow) the logs of learners, the syncer or the supervisor, one or many at once.
+
+    Example: dldctl logs 'learner-*' syncer -f --tail 5
+    """
+    start = time.time() - duration("--since", since) if since is not None else None
+    lines = tail if tail is not None else (ALL_LINES if start is not None and not follow else 50)
+    r = rundir.resolve(run, live_only=False)
+    sources = log_sources(r, targets)
+    show_prefix = prefix or len(sources) > 1 or any(any(c in t for c in "*?[") for t in targets)
+    width = logmerge.prefix_width(s.target for s in sources) if show_prefix else 0
+    try:
+        with sigterm_interrupts():  # a script stops `-f` with `kill`
+            if follow:
+                _follow(sources, lines, width, start)
+            else:
+                _print_tails(sources, lines, width, start)
+    except (KeyboardInterrupt, BrokenPipeError):  # stopped, or the reader left (`| head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    finally:
+        for host in {id(s.host): s.host for s in sources}.values():
+            host.close()
+
+
+def _emit(target: str, line: str, width: int) -> None:
+    print(logmerge.prefixed(target, line, width) if width else line, flush=True)
+
+
+def _print_tails(sources: list[Source], lines: int, width: int, start: float | None) -> None:
+    """The last `lines` of each log, merged in time order; a missing log is a note (an error for one)."""
+    now = time.time()
+    streams: dict[str, list[tuple[float | None, str]]] = {}
+    for s in sources:
+        try:
+            text = s.host.tail(s.path, lines)
+        except DldError as exc:
+            if len(sources) == 1:
+                raise
+            err_console.print(f"[yellow]{escape(s.target)}:[/] {escape(exc.line())}")
+            continue
+        rows = logmerge.stamped(text.splitlines(), now)
+        streams[s.target] = logmerge.since(rows, start) if start is not None else rows
+    for target, line in logmerge.merge(streams):
+        _emit(target, line, width)
+
+
+def _follow(sources: list[Source], lines: int, width: int, start: float | None) -> None:
+    """One thread per log; the main thread prints what they find until interrupted."""
+    stop = threading.Event()
+    found: queue.Queue[tuple[str, str]] = queue.Queue(maxsize=10000)
+    threads = [threading.Thread(target=_follow_one, args=(s, lines, stop, found), daemon=True) for s in sources]
+    for thread in threads:
+        thread.start()
+    try:
+        while True:
+            try:
+                target, line = found.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if start is not None and (t := logmerge.line_time(line, time.time())) is not None and t < start:
+                continue
+            _emit(target, line, width)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=1.0)
+
+
+def _follow_one(s: Source, lines: int, stop: threading.Event, found: queue.Queue[tuple[str, str]]) -> None:
+    """Follow one log into `found`; a host that stops answering is a note and a retry, not the end."""
+    first = True
+    while not stop.is_set():
+        try:
+            for line in s.host.follow(s.path, from_end_lines=lines if first else 0, stop=stop.is_set):
+                found.put((s.target, line))
+            return
+        except DldError as exc:
+            err_console.print(f"[yellow]{escape(s.target)}:[/] {escape(exc.line())}; trying again in {RETRY_S:g} s")
+        first = False
+        stop.wait(RETRY_S)
+
+
+def log_sources(run: rundir.RunDir, patterns: list[str]) -> list[Source]:
+    """The log of every target the patterns name; UsageError naming the known targets if one names none."""
+    state = run.read_state()
+    known = [*state.procs, *LOCAL_LOGS]
+    chosen, unmatched = logmerge.match_targets(patterns, known)
+    if unmatched:
+        names = ", ".join(logmerge.known_order(known))
+        raise UsageError(
+            f"no target named {' or '.join(repr(p) for p in unmatched)} in run {run.name}", hint=f"known: {names}"
+        )
+    hosts: dict[str, Host] = {}
+    out = []
+    for target in chosen:
+        host, path = log_location(run, target, hosts)
+        out.append(Source(target, host, path))
+    return out
+
+
+def log_location(run: rundir.RunDir, target: str, hosts: dict[str, Host] | None = None) -> tuple[Host, str]:
+    """The host that has `target`'s log and its path; one connection per host, kept in `hosts`
+    (none given: a new one, the caller closes it). UsageError for a name the run does not know."""
+    hosts = {} if hosts is None else hosts
+    if target in LOCAL_LOGS:
+        return hosts.setdefault("", LocalHost("local")), str(run.path / LOCAL_LOGS[target])
+    state = run.read_state()
+    proc = state.procs.get(target)
+    if proc is None:
+        known = ", ".join(logmerge.known_order([*state.procs, *LOCAL_LOGS]))
+        raise UsageError(f"no process named {target!r} in run {run.name}", hint=f"known: {known}")
+    runtime = HostRuntime.from_dict(dict(state.runtime_of(proc.host)))
+    if proc.host not in hosts:
+        inv = inventory.parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
+        spec = next((h for h in inv.hosts if h.name == proc.host), None)
+        hosts[proc.host] = LocalHost("local") if spec is None or spec.local else open_host(spec, inv.ssh)
+    return hosts[proc.host], f"{runtime.run_dir}/logs/{target}.log"
