@@ -133,8 +133,19 @@ def _died(
     kind = "syncer_death" if e.kind == "syncer" else "death"
     said = f"; its log ends: {obs.last_words}" if obs.last_words and not killed else ""
     restart_in = (e.next_start or now) - now
-    events.append((kind, name, f"process gone after {lived:.1f} s; restart in {restart_in:.1f} s{said}"))
+    events.append((kind, name, f"process gone after {lived:.1f} s{death_cause(e, killed, restart_in)}{said}"))
     return e
+
+
+def death_cause(e: Proc, killed: bool, restart_in: float) -> str:
+    """Why it died as far as the supervisor knows, and when it restarts (the backoff said)."""
+    why = " (killed by `dldctl chaos kill`)" if killed else ""
+    backoff = (
+        f"; died within {FAST_DEATH_S:.0f} s of its start {e.fast_deaths} time(s) in a row: backing off"
+        if e.fast_deaths
+        else ""
+    )
+    return f"{why}{backoff}; restart {e.restarts + 1} in {restart_in:.1f} s"
 
 
 def started(e: Proc, proc: PidRecord, now: float) -> tuple[Proc, str]:

@@ -33,7 +33,7 @@ from dldctl.lifecycle.provision import HostRuntime, open_host
 from dldctl.observe import exports, mirror
 from dldctl.rundir import RunDir
 from dldctl.runstate import Fault, PidRecord, ProcStatus, RunState
-from dldctl.supervise import reconcile, spares, watchdog
+from dldctl.supervise import decisionlog, reconcile, spares, watchdog
 from dldctl.supervise.feeds import Feeds
 from syncer.common.resolved import LearnerEntry, ResolvedConfig
 
@@ -267,7 +267,8 @@ class Supervisor:
         with self.run.update() as edit:
             now_running, kind = reconcile.started(edit.state.procs[name], record, time.time())
             edit.state = edit.state.with_proc(name, now_running)
-        self.run.event(kind, name, f"pid {ref.pid} on {entry.host}{how}")
+        again = f" (restart {now_running.restarts})" if kind == "restart" else ""
+        self.run.event(kind, name, f"pid {ref.pid} on {entry.host}{how}{again}")
 
     # -- warm spares (dldctl/supervise/spares.py) ---------------------------------------------------------
     def _from_spare(self, host_name: str, runtime: HostRuntime, learner: LearnerEntry, restarts: int) -> ProcRef | None:
@@ -363,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dldctl.supervise.supervisor")
     parser.add_argument("--run", required=True, type=Path)
     args = parser.parse_args(argv)
-    sup = Supervisor(RunDir(args.run))
+    sup = Supervisor(decisionlog.LoggingRunDir(args.run))  # its events are lines in supervisor.log too
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sup.stop.set())
     try:

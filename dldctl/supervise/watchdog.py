@@ -32,7 +32,7 @@ from dldctl.errors import DldError, RunError
 from dldctl.hosts import LocalHost, ProcRef
 from dldctl.rundir import RunDir, proc_alive
 from dldctl.runstate import Daemon, PidRecord
-from dldctl.supervise import reconcile
+from dldctl.supervise import decisionlog, reconcile
 
 CHECK_S = 1.0
 FAST_S = 30.0  # a restarted supervisor that dies sooner than this is a fast death: back off
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dldctl.supervise.watchdog")
     parser.add_argument("--run", required=True, type=Path)
     args = parser.parse_args(argv)
-    dog = Watchdog(RunDir(args.run))
+    dog = Watchdog(decisionlog.LoggingRunDir(args.run))  # its decisions are lines in supervisor.log too
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: dog.stop.set())
     dog.loop()
