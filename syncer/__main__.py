@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
 
 from syncer import checkpoint, config
 from syncer.common import jsonl
+from syncer.oplog import say, stamp
 from syncer.server import SyncerServer
 
 
@@ -28,24 +30,37 @@ def main(argv: list[str] | None = None, guard_stdio: bool = False) -> int:
     if guard_stdio:
         jsonl.guard_stdio(cfg.settings.max_log_bytes, source="syncer")
     server = SyncerServer(cfg)
+
+    def stop(signum: int, _frame: object) -> None:
+        server.stop_reason = f"signal {signal.Signals(signum).name}"
+        server.stopping.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: server.stopping.set())
+        signal.signal(sig, stop)
     try:
         server.open()
     except (OSError, checkpoint.CheckpointError) as exc:  # e.g. the run's history was lost: refused
         print(f"syncer: error: {exc}", file=sys.stderr)
         server.close()
         return 1
-    print(
-        f"syncer: serving run {cfg.run_id} on {cfg.bind} (control {cfg.control_bind}), epoch {server.core.epoch}",
-        flush=True,
-    )
+    say([start_line(cfg, server)])
     try:
         server.run()
     finally:
         server.close()
-    print("syncer: stopped", flush=True)
+    say([f"{stamp(server.wall())} syncer: stopped ({server.stop_reason})"])
     return 0
+
+
+def start_line(cfg: config.SyncerConfig, server: SyncerServer) -> str:
+    """What an operator needs of a start: where it listens, the fragments, the model, the fleet."""
+    s, core = cfg.settings, server.core
+    model = f"{core.model.numel} parameters" if core.model is not None else "parameters from the first learner"
+    return (
+        f"{stamp(server.wall())} syncer: serving run {cfg.run_id} on {cfg.bind} (control {cfg.control_bind}), "
+        f"epoch {core.epoch}, {s.fragments} fragments, {model}, {len(cfg.learners)} learners declared, "
+        f"quorum {s.quorum}, {'INSECURE (no CURVE)' if s.insecure else 'CURVE'}, pid {os.getpid()}"
+    )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from syncer.common.atomic import atomic_write
 from syncer.config import SyncerConfig
 from syncer.core import Outbox, SyncerCore
 from syncer.evaluator import GlobalEvaluator, Scoring
+from syncer.oplog import OpLog, fresh, resumed, say, stamp
 from syncer.status import sample_record, snapshot
 from syncer.wire.protocol import Message, ProtocolError, decode, encode
 
@@ -71,6 +72,8 @@ class SyncerServer:
         self._last_ckpt = wall()
         self._ckpt_retry_at = 0.0
         self._quiet: dict[str, float] = {}
+        self.oplog = OpLog()  # the operator's lines on stdout (the syncer's log), rate-limited where they can flood
+        self.stop_reason = "stopped"  # said at shutdown: the operator's `down`, or the signal __main__ names
         self._export_name: Any = None
         self.stopping = threading.Event()
         self._closed = False
@@ -147,11 +150,14 @@ class SyncerServer:
             self.event(
                 "syncer_resume", "syncer", f"from outer step {self.core.outer_steps}, versions {self.core.versions()}"
             )
+            path = checkpoint.list_checkpoints(self.cfg.checkpoint_dir)[len(problems)]
+            say([resumed(path, self.core.outer_steps, self.core.versions(), self.core.epoch, now)])
             return
         lost = checkpoint.lost_history(self.cfg.checkpoint_dir, problems)
         decision = checkpoint.start_decision(lost, self.cfg.settings.on_no_checkpoint)
-        if lost is None or decision == "fresh":
-            return  # a brand-new run: the first learner's weights initialize the global model
+        if lost is None or decision == "fresh":  # a new run: the first learner to join initializes the model
+            say([fresh(self.cfg.checkpoint_dir, now)])
+            return
         if decision == "refuse":
             self._refuse(lost)
         self._without_history(lost, now)
@@ -197,6 +203,7 @@ class SyncerServer:
             if control in ready:
                 self._drain(control, self._on_control)
             self._tick()
+        say([f"{stamp(self.wall())} shutdown: {self.stop_reason}; writing the final checkpoint"])
         if self._export_name is not None:
             out = Outbox()
             self.scoring.final(self.core, self.wall(), out)
@@ -239,6 +246,7 @@ class SyncerServer:
         due = (self.core.checkpoint_due() or idle_due) and now >= self._ckpt_retry_at
         scored = self.scoring.tick(self.core, now, out, checkpoint=due)  # a state whose score came back good
         self._flush(out)
+        say(self.oplog.due(now))
         if now - self._last_sample >= SAMPLE_EVERY_S:
             self._last_sample = now
             self.metrics.write(self._sample(now))
@@ -305,6 +313,7 @@ class SyncerServer:
                 self._send_to_rid(rid, frames)
         for record in out.events:
             jsonl.append(self.events_path, record)
+            say(self.oplog.event(record["kind"], record["target"], str(record["detail"]), float(record["t"])))
         for record in out.metrics:
             self.metrics.write(record)
 
@@ -353,6 +362,9 @@ class SyncerServer:
         if action == "shutdown":
             # stop taking messages now; export after the loop, so no round can close after it
             self._export_name = msg.get("export")
+            self.stop_reason = "the operator asked (`dldctl down`)" + (
+                f", final model export {self._export_name}" if self._export_name else ""
+            )
             self._closed = True  # the operator stopped the run: its time down is nobody's lost work
             self.stopping.set()
             target = self._export_path(self._export_name) if self.core.model is not None else None
@@ -403,14 +415,19 @@ class SyncerServer:
 
     # -- records -----------------------------------------------------------------------------
     def event(self, kind: str, target: str, detail: str) -> None:
-        jsonl.append(self.events_path, {"t": self.wall(), "kind": kind, "target": target, "detail": detail})
+        """An event in events.jsonl and, where an operator needs it, a line in the log."""
+        now = self.wall()
+        jsonl.append(self.events_path, {"t": now, "kind": kind, "target": target, "detail": detail})
+        say(self.oplog.event(kind, target, detail, now))
 
     def _quiet_event(self, key: str, kind: str, target: str, detail: str, every_s: float = 10.0) -> None:
-        """An event at most once per `every_s` per key (garbage must not flood the log)."""
+        """An event at most once per `every_s` per key (garbage must not flood the log); the log
+        counts every one (OpLog)."""
         now = self.wall()
+        say(self.oplog.event(kind, target, detail, now))
         if now - self._quiet.get(key, 0.0) >= every_s:
             self._quiet[key] = now
-            self.event(kind, target, detail[:300])
+            jsonl.append(self.events_path, {"t": now, "kind": kind, "target": target, "detail": detail[:300]})
 
     def _sample(self, now: float) -> dict[str, Any]:
         return sample_record(self.status(now), now, jsonl.dropped())
@@ -421,6 +438,7 @@ class SyncerServer:
         if self.core.model is None:
             return None
         now = self.wall()
+        began = time.monotonic()
         try:
             state = state if state is not None else checkpoint.state_dict(self.core, now)
             if final and self._closed:
@@ -434,11 +452,19 @@ class SyncerServer:
         self.core.checkpoint_outer_step = int(state["outer_steps"])
         self._last_ckpt = now
         detail = f"outer step {state['outer_steps']}{' (final)' if final else ''}: {path.name}"
+        self._say_checkpoint(path, int(state["outer_steps"]), time.monotonic() - began, now, final)
         if final:
             self.event("checkpoint", "syncer", detail)
         else:  # a small model checkpoints many times a second: keep the event log for what matters
             self._quiet_event("checkpoint", "checkpoint", "syncer", detail, every_s=CHECKPOINT_EVENT_EVERY_S)
         return path
+
+    def _say_checkpoint(self, path: Path, step: int, took_s: float, now: float, final: bool) -> None:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0
+        say(self.oplog.checkpoint(step, path.name, size, took_s, now, final))
 
     def close(self) -> None:
         if self.monitor is not None and self.learner_sock is not None:  # the monitor is the learner socket's
