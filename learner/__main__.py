@@ -13,7 +13,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from learner import config, spare
+from learner import config, logline, spare
 from learner.logline import log
 from learner.trainer import Trainer, install_signal_handlers
 from syncer.common import jsonl
@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"spare pid {os.getpid()} ready; waiting for {args.spare}")
         data = spare.wait_for_assignment(args.spare)
         spare.become(data)
-        log(f"{data['id']}: taking over from a warm spare (pid {os.getpid()})")
+        logline.configure(str(data["id"]))
+        log(f"taking over from a warm spare (pid {os.getpid()})")
         args.id, args.workdir = data["id"], Path(data["workdir"])
     elif not args.id:
         parser.error("--id is required (or --spare)")
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"learner: error: {exc}", file=sys.stderr)
         return 2
     jsonl.guard_stdio(cfg.settings.max_log_bytes, source=cfg.spec.id)
+    logline.configure(cfg.spec.id)  # each line: "HH:MM:SS [#incarnation] learner-N: ..."
     cfg.workdir.mkdir(parents=True, exist_ok=True)
     island = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             return island.follow(trainer)
         return trainer.run()
     except RuntimeError as exc:
-        log(f"learner: error: {exc}")
+        log(f"error: {exc}")
         return 1
     finally:
         if island is not None:

@@ -304,4 +304,4 @@ class SyncerClient(threading.Thread):
             if event.kind == "ready":
                 self.ready.set()
             elif event.kind not in QUIET_EVENTS:
-                log(f"{self.cfg.spec.id}: link {event.kind}: {event.detail}")
+                log(f"link {event.kind}: {event.detail}")

@@ -88,7 +88,7 @@ class Trainer:
         if self.cfg.init_model is not None:  # before anything is uploaded or trained (learner/initmodel.py)
             said = initmodel.load(self.wl.model, self.cfg.init_model, self.s.init_from)
             if rank == 0:
-                log(f"{self.cfg.spec.id}: {said}")
+                log(said)
         self.train_model = self.island.wrap(self.wl.model) if self.island else self.wl.model
         self.params = {n: p.data for n, p in self.wl.model.named_parameters()}
         self.manifest = [
@@ -150,13 +150,13 @@ class Trainer:
         client.start()
         world = f", island of world {self.island.world}" if self.island else ""
         log(
-            f"{self.cfg.spec.id}: {sum(t.numel() for t in self.params.values())} parameters on {self.device}, "
+            f"{sum(t.numel() for t in self.params.values())} parameters on {self.device}, "
             f"{self.plan.count} fragments{world}, joining {self.cfg.syncer_address}"
         )
         outer = self.join(client)
         if outer is None:
             return self._finish(client, None)
-        log(f"{self.cfg.spec.id}: joined at versions {client.versions()}")
+        log(f"joined at versions {client.versions()}")
         self.resume(client.resume_step)
         if self.island is not None:
             self.island.share_start(list(outer.mark), self.step)
@@ -198,7 +198,7 @@ class Trainer:
         others were near the floor, and its deltas cost the global model (ALGORITHM.md)."""
         self.step = self.resumed_at = max(0, step)
         if step:
-            log(f"{self.cfg.spec.id}: resuming at step {step} of the lr schedule")
+            log(f"resuming at step {step} of the lr schedule")
 
     def _lr(self) -> float:
         return learning_rate(self.step, self.s.lr, self.s.warmup, self.s.lr_schedule, self.s.steps, self.resumed_at)
@@ -242,7 +242,7 @@ class Trainer:
         replies, forced = client.take_updates()
         wanted = replies | forced
         if getattr(self, "_diverged", False):
-            log(f"{self.cfg.spec.id}: non-finite loss at step {self.step}; reloading the global model")
+            log(f"non-finite loss at step {self.step}; reloading the global model")
             wanted = set(range(self.plan.count))
             opt.state.clear()
             self.loss_ema, self._diverged = None, False
@@ -325,12 +325,12 @@ class Trainer:
             if self.island is not None:
                 same = self.island.identical(self.params)
                 log(
-                    f"{self.cfg.spec.id}: island of {self.island.world} ranks "
+                    f"island of {self.island.world} ranks "
                     + ("identical" if same else "DIVERGED: ranks hold different parameters")
                 )
             self.eval_loss = self.evaluate()
             log(
-                f"{self.cfg.spec.id}: step {self.step} loss {self.loss_ema:.4f} eval {self.eval_loss:.4f} "
+                f"step {self.step} loss {self.loss_ema:.4f} eval {self.eval_loss:.4f} "
                 f"{self.tokens_per_s:.0f} tok/s versions {client.versions()}"
             )
         self._publish(client)
@@ -420,15 +420,15 @@ class Trainer:
         if outer is not None and client.fatal is None and not self.stop.is_set():
             self._write_finished()  # budget spent: do not restart
         if client.fatal:
-            log(f"{self.cfg.spec.id}: the syncer refused this learner: {client.fatal}")
+            log(f"the syncer refused this learner: {client.fatal}")
             _write_marker(self.cfg.workdir / "refused", client.fatal + "\n")  # restarting cannot help
             return 2
         if outer is not None and not client.goodbye_confirmed:
             log(
-                f"{self.cfg.spec.id}: the syncer did not confirm the goodbye; it will see this learner "
+                "the syncer did not confirm the goodbye; it will see this learner "
                 "as unreachable, not as gone, and may have missed the last pushes"
             )
-        log(f"{self.cfg.spec.id}: stopped after {self.step} steps, {self.tokens} tokens")
+        log(f"stopped after {self.step} steps, {self.tokens} tokens")
         return 0
 
 

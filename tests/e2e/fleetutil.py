@@ -45,7 +45,7 @@ def steps_logged_between(dl: DldctlHome, lid: str, t0: float, t1: float) -> list
     day = time.strftime("%Y-%m-%d ", time.localtime(t0))
     out = []
     for line in dl("logs", lid, "--tail", "2000").stdout.splitlines():
-        m = re.match(r"(\d\d:\d\d:\d\d) " + re.escape(lid) + r": step (\d+) ", line)
+        m = re.match(r"(\d\d:\d\d:\d\d) (?:\[#\d+[^\]]*\] )?" + re.escape(lid) + r": step (\d+) ", line)
         if m and t0 <= time.mktime(time.strptime(day + m.group(1), "%Y-%m-%d %H:%M:%S")) <= t1 - 1:
             out.append(int(m.group(2)))
     return out
