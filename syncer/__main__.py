@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None, guard_stdio: bool = False) -> int:
     server = SyncerServer(cfg)
 
     def stop(signum: int, _frame: object) -> None:
-        server.stop_reason = f"signal {signal.Signals(signum).name}"
+        if not server.stopping.is_set():  # `down` asks first, then signals: the first reason stands
+            server.stop_reason = f"signal {signal.Signals(signum).name}"
         server.stopping.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):

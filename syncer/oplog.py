@@ -4,8 +4,9 @@ joins and deaths of learners, shutdown), never one line per packet.
 
 `OpLog` is pure: it is handed each event (kind, target, detail) with `now` and returns the lines
 to print; the server prints them with `say` (on a stdout that never raises, syncer/common/jsonl.py).
-- Rejections (`reject`, `send_dropped`, `drop`), per class (the kind and the reason before the
-  first colon): the first one at once, then every `every_s` a count of those since, if any.
+- Rejections (`reject`, `send_dropped`, `drop`) and backlog notes, per class (the kind and the
+  reason before the first colon; a backlog per learner): the first one at once, then every
+  `every_s` a count of those since, if any.
 - Checkpoints: at most one line per `every_s` (saying how many were written since the last line);
   the final checkpoint always.
 - Kinds with a line of their own elsewhere (the start and resume lines) are not repeated.
@@ -18,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REJECTIONS = ("reject", "send_dropped", "drop")
+NOISY = ("reject", "send_dropped", "drop", "backlog")  # can come many times a second: rate-limited
 OWN_LINE = ("checkpoint", "syncer_start", "syncer_resume")  # said by checkpoint_line / the start lines
 READS = {
     "quorum_lost": "quorum lost",
@@ -91,19 +92,26 @@ class OpLog:
         if kind in OWN_LINE:
             return []
         text = " ".join(detail.split())
-        if kind in REJECTIONS:
-            return self._rejection(kind, target, text, now)
+        if kind in NOISY:
+            return self._noisy(kind, target, text, now)
         what = READS.get(kind, kind.replace("_", " "))
         who = "" if target in ("syncer", "") else f" {target}"
         return [f"{stamp(now)} {what}{who}" + (f": {text}" if text else "")]
 
-    def _rejection(self, kind: str, target: str, text: str, now: float) -> list[str]:
-        key = f"{kind} {text.split(':', 1)[0]}" if kind == "reject" else kind
+    def _noisy(self, kind: str, target: str, text: str, now: float) -> list[str]:
+        words = kind.replace("_", " ")
+        key = (
+            f"{words} {text.split(':', 1)[0]}"
+            if kind == "reject"
+            else f"{words} {target}"
+            if kind == "backlog"
+            else words
+        )
         seen = self.classes.get(key)
         if seen is None:
             self.classes[key] = _Class(said_at=now, last=f"{target}: {text}")
             more = f" (more of this class: a count every {self.every_s:g} s)"
-            return [f"{stamp(now)} {kind.replace('_', ' ')} from {target}: {text[:300]}{more}"]
+            return [f"{stamp(now)} {words} {target}: {text[:300]}{more}"]
         seen.since += 1
         seen.total += 1
         seen.last = f"{target}: {text}"

@@ -69,13 +69,16 @@ def test_a_log_that_cannot_be_written_is_dropped_not_raised(tmp_path: Path) -> N
 def test_rejections_say_the_first_then_a_count_per_interval() -> None:
     log = oplog.OpLog(every_s=10.0)
     first = log.event("reject", "learner-1", "stale: fragment 2 at version 3", T0)
-    assert len(first) == 1 and "reject from learner-1: stale: fragment 2" in first[0]
+    assert len(first) == 1 and "reject learner-1: stale: fragment 2" in first[0]
     assert all(log.event("reject", "learner-1", "stale: fragment 2 again", T0 + i) == [] for i in range(1, 500))
     assert log.event("reject", "unknown", "schema: bad frame", T0 + 2) != []  # another class: its own first line
     assert log.due(T0 + 5) == []  # the interval is not over
     counts = log.due(T0 + 10)
     assert len(counts) == 1 and "reject stale: 499 more in the last 10 s (500 in all" in counts[0]
     assert log.due(T0 + 30) == []  # nothing new: nothing said
+    assert log.event("backlog", "learner-0", "fragment 1: 23 steps", T0) != []
+    assert log.event("backlog", "learner-0", "fragment 2: 26 steps", T0 + 1) == []
+    assert log.event("backlog", "learner-1", "fragment 1: 12 steps", T0 + 1) != []  # per learner
 
 
 def test_checkpoints_are_said_at_most_once_per_interval_and_the_final_always() -> None:
