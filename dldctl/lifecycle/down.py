@@ -174,9 +174,11 @@ def already_down(run: RunDir) -> dict[str, Any] | None:
     }
 
 
-def _run_age(created: float | None, stopped_at: float | None) -> float | None:
-    """How long the run ran, `up` to `down` (not the age of a syncer restarted meanwhile)."""
-    return stopped_at - created if created is not None and stopped_at is not None else None
+def _run_age(created: float | None, stopped_at: float | None, now: float | None = None) -> float | None:
+    """How long the run ran, `up` to `down` (not the age of a syncer restarted meanwhile): run
+    created -> stopped, or -> `now` when it has no stop time (yet); None without a creation time."""
+    end = stopped_at if stopped_at is not None else now
+    return end - created if created is not None and end is not None else None
 
 
 def down(run: RunDir, console: Console) -> dict[str, Any]:
@@ -299,6 +301,10 @@ def summary(run: RunDir, snap: dict[str, Any] | None, exported: str, killed: lis
             bytes_up=snap["bytes"]["up"],
             bytes_down=snap["bytes"]["down"],
             ddp_equivalent=snap["bytes"]["ddp_equivalent"],
-            uptime_s=snap.get("uptime_s"),
         )
+    try:  # the run's age (as `dldctl runs` has it), never the snapshot's: that is a restarted syncer's
+        state = run.read_state()
+        out["uptime_s"] = _run_age(state.created, state.stopped_at, time.time())
+    except RunError:
+        out["uptime_s"] = None
     return out
