@@ -1,5 +1,5 @@
 """`report` on a recorded run (a learner killed and restarted, a pause, a partition below quorum,
-a syncer restart) writes the five plots and a summary with the run's numbers."""
+a syncer restart) writes the six plots and a summary with the run's numbers."""
 
 from __future__ import annotations
 
@@ -62,6 +62,18 @@ def test_summary_has_the_runs_numbers(report: tuple[list[Path], str]) -> None:
         assert f"| {kind} | {events[kind]} |" in summary
     for name in PLOTS:
         assert f"]({name})" in summary
+
+
+def test_a_run_with_faults_plots_every_figure_and_says_what_is_missing(tmp_path: Path) -> None:
+    paths = build_report(RECORDED.parent / "run_faults", tmp_path)
+    for path in paths[:-1]:
+        assert path.read_bytes().startswith(PNG_MAGIC) and path.stat().st_size > 10_000, path
+    summary = paths[-1].read_text()
+    assert "| no data (gaps, syncer restarts) | 1 stretch(es), 6.7 s |" in summary
+    assert "| rollbacks | rollback to outer step 112, 247,168 merged tokens undone |" in summary
+    assert "| data-parallel equivalent | 25.8 GB (771x what this run moved) |" in summary
+    assert "(lowest 60 s window 96.4%)" in summary  # not the blind restarted syncer's 70.8%
+    assert "![headline](headline.png)" in summary
 
 
 def test_live_run_with_a_half_written_line(tmp_path: Path) -> None:
