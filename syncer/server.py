@@ -150,7 +150,8 @@ class SyncerServer:
             self.event(
                 "syncer_resume", "syncer", f"from outer step {self.core.outer_steps}, versions {self.core.versions()}"
             )
-            path = checkpoint.list_checkpoints(self.cfg.checkpoint_dir)[len(problems)]
+            ckpts = self.cfg.checkpoint_dir
+            path = (checkpoint.list_checkpoints(ckpts)[len(problems) :] or [ckpts])[0]  # never an IndexError
             say([resumed(path, self.core.outer_steps, self.core.versions(), self.core.epoch, now)])
             return
         lost = checkpoint.lost_history(self.cfg.checkpoint_dir, problems)
@@ -421,8 +422,7 @@ class SyncerServer:
         say(self.oplog.event(kind, target, detail, now))
 
     def _quiet_event(self, key: str, kind: str, target: str, detail: str, every_s: float = 10.0) -> None:
-        """An event at most once per `every_s` per key (garbage must not flood the log); the log
-        counts every one (OpLog)."""
+        """An event at most once per `every_s` per key (garbage must not flood the log); OpLog counts each."""
         now = self.wall()
         say(self.oplog.event(kind, target, detail, now))
         if now - self._quiet.get(key, 0.0) >= every_s:

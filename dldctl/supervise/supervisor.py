@@ -268,7 +268,7 @@ class Supervisor:
             now_running, kind = reconcile.started(edit.state.procs[name], record, time.time())
             edit.state = edit.state.with_proc(name, now_running)
         again = f" (restart {now_running.restarts})" if kind == "restart" else ""
-        self.run.event(kind, name, f"pid {ref.pid} on {entry.host}{how}{again}")
+        self.run.event(kind, name, f"pid {ref.pid} on {entry.host}{again}{how}")  # how last: "(warm spare)"
 
     # -- warm spares (dldctl/supervise/spares.py) ---------------------------------------------------------
     def _from_spare(self, host_name: str, runtime: HostRuntime, learner: LearnerEntry, restarts: int) -> ProcRef | None:

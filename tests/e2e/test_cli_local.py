@@ -115,7 +115,7 @@ def test_logs_show_a_learner_and_the_syncer(fleet: tuple[DldctlHome, Path]) -> N
     assert "learner-0" in dl("logs", "learner-0", "--tail", "20").stdout
     assert "serving run" in dl("logs", "syncer", "--tail", "50").stdout
     bad = dl("logs", "learner-9", check=False)
-    assert bad.returncode == 2 and "no process named 'learner-9'" in bad.stderr
+    assert bad.returncode == 2 and "no target named 'learner-9'" in bad.stderr and "known: syncer" in bad.stderr
 
 
 def spare_ready(dl: DldctlHome, host: str) -> bool:
@@ -181,7 +181,8 @@ def test_pause_slow_partition_take_effect_and_undo_themselves(fleet: tuple[Dldct
     assert len(during) >= 2 and during == sorted(during), during
     undone = [(e["kind"], e["target"]) for e in dl.events() if e["kind"] == "fault_undo"]
     assert {("fault_undo", "learner-2"), ("fault_undo", "learner-3"), ("fault_undo", "learner-0")} <= set(undone)
-    assert "learner_back" in kinds(dl.status(), "learner-0")
+    # from the run's events, not the status' last 40: a rejoin's backlog notes (one per fragment) can fill those
+    assert any(e["target"] == "learner-0" and e["t"] >= cut for e in dl.events("learner_back"))
 
 
 def test_guard_refuses_to_break_the_quorum_and_heal_is_idempotent(fleet: tuple[DldctlHome, Path]) -> None:
@@ -443,7 +444,7 @@ def test_report_writes_plots_and_a_summary(fleet: tuple[DldctlHome, Path], tmp_p
     dl, _ = fleet
     out = json.loads(dl("report", "--out", str(tmp_path / "rep"), "--json").stdout)
     assert (out["schema"], out["run"], out["out"]) == ("dldctl.report/1", dl.run_dir.name, str(tmp_path / "rep"))
-    names = ("loss.png", "goodput.png", "throughput.png", "bandwidth.png", "quorum.png", "summary.md")
+    names = ("loss.png", "goodput.png", "throughput.png", "bandwidth.png", "quorum.png", "headline.png", "summary.md")
     assert sorted(Path(f).name for f in out["files"]) == sorted(names)
     for name in names:
         assert (tmp_path / "rep" / name).stat().st_size > 0

@@ -130,6 +130,9 @@ def test_chaos_and_logs_over_ssh(ssh_run: tuple[DldctlHome, Path, Path]) -> None
     dl("chaos", "heal", "learner-0")
     dl.wait(lambda s: learner(s, "learner-0")["state"] == "running", 60, "pause undone over SSH")
     assert "learner-2" in dl("logs", "learner-2", "--tail", "30").stdout
+    # several targets at once, each line prefixed, over SSH (the learners' logs live on their hosts)
+    both = dl("logs", "learner-0", "learner-2", "--tail", "5").stdout.splitlines()
+    assert {ln.split(" | ", 1)[0].strip() for ln in both} == {"learner-0", "learner-2"}, both
 
 
 def test_learner_add_joins_on_a_remote_host(ssh_run: tuple[DldctlHome, Path, Path]) -> None:
@@ -224,3 +227,6 @@ def _remote_syncer_records_and_model_come_home(dl: DldctlHome, ssh_fleet: SSHFle
     summary = json.loads(dl("down", "--json", timeout=180).stdout)
     assert summary["final_model"] and Path(summary["final_model"]).is_file()
     assert str(dl.run_dir) in summary["final_model"]
+    # the safetensors export the remote syncer wrote is brought home beside it
+    assert summary["model_safetensors"] and Path(summary["model_safetensors"]).is_file(), summary
+    assert str(dl.run_dir) in summary["model_safetensors"] and Path(summary["model_config"]).is_file()
