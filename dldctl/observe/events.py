@@ -57,7 +57,7 @@ def past(path: Path) -> tuple[list[dict[str, Any]], tuple[int | None, int]]:
     records: list[dict[str, Any]] = []
     rotated = path.with_name(path.name + ".1")
     try:
-        records += _records(rotated.read_bytes().split(b"\n"))
+        records += parse_lines(rotated.read_bytes().split(b"\n"))
     except OSError:
         pass
     try:
@@ -66,7 +66,7 @@ def past(path: Path) -> tuple[list[dict[str, Any]], tuple[int | None, int]]:
     except OSError:
         return records, (None, 0)
     whole = data[: data.rfind(b"\n") + 1]
-    return records + list(_records(whole.split(b"\n"))), (inode, len(whole))
+    return records + list(parse_lines(whole.split(b"\n"))), (inode, len(whole))
 
 
 def follow(
@@ -82,10 +82,10 @@ def follow(
         if chunk:
             pending += chunk
             *complete, pending = pending.split(b"\n")
-            yield from _records(complete)
+            yield from parse_lines(complete)
             continue
         time.sleep(poll_s)
-        current = _inode(path)
+        current = inode_of(path)
         if current is not None and current != inode:  # rotated: the new file, from its start
             if fh is not None:
                 fh.close()
@@ -94,7 +94,8 @@ def follow(
         fh.close()
 
 
-def _records(raw_lines: list[bytes]) -> Iterator[dict[str, Any]]:
+def parse_lines(raw_lines: list[bytes]) -> Iterator[dict[str, Any]]:
+    """The JSON objects among `raw_lines` (a torn or foreign line is skipped)."""
     for raw in raw_lines:
         try:
             record = json.loads(raw)
@@ -104,7 +105,7 @@ def _records(raw_lines: list[bytes]) -> Iterator[dict[str, Any]]:
             yield record
 
 
-def _inode(path: Path) -> int | None:
+def inode_of(path: Path) -> int | None:
     try:
         return os.stat(path).st_ino
     except OSError:

@@ -12,12 +12,12 @@ reading never raises: an unreadable file is tried again next time.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from dldctl.observe.events import inode_of, parse_lines
 from syncer.common.atomic import atomic_write
 
 FILES = ("events.jsonl", "metrics.jsonl")
@@ -45,10 +45,10 @@ class Position:
 def read_new(path: Path, at: Position, limit: int = MAX_READ) -> tuple[list[dict[str, Any]], Position]:
     """Records appended to `path` since `at`, and where they end. If `path` is now another file
     (rotated), the rest of the old one is read from `path`.1 first, and the new file next time."""
-    current = _inode(path)
+    current = inode_of(path)
     if at.inode is not None and current != at.inode:
         rotated = path.with_name(path.name + ".1")
-        if _inode(rotated) == at.inode:
+        if inode_of(rotated) == at.inode:
             records, end = _read(rotated, at.offset, limit)
             if end > at.offset:
                 return records, Position(at.inode, end)
@@ -67,24 +67,7 @@ def _read(path: Path, offset: int, limit: int) -> tuple[list[dict[str, Any]], in
     except OSError:
         return [], offset
     whole = data[: data.rfind(b"\n") + 1]
-    return list(_records(whole)), offset + len(whole)
-
-
-def _records(data: bytes) -> Any:
-    for raw in data.split(b"\n"):
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            yield record
-
-
-def _inode(path: Path) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None
+    return list(parse_lines(whole.split(b"\n"))), offset + len(whole)
 
 
 class Feeds:
