@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +28,7 @@ from dldctl.supervise.feeds import Sink
 Report = Callable[[str, str], object]  # (event kind, detail): RunDir.event with the target "supervisor"
 
 
-class PointSink:
+class PointSink(ABC):
     """A sink that writes one Point per metrics sample; subclasses say how (`write`)."""
 
     def __init__(self, t0: float) -> None:
@@ -40,8 +41,9 @@ class PointSink:
         for point in self.points.feed(records):
             self.write(point)
 
+    @abstractmethod
     def write(self, point: Point) -> None:
-        raise NotImplementedError
+        """Write one point with the exporter's library."""
 
     def tick(self, now: float) -> None:
         pass
