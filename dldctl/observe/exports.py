@@ -34,7 +34,7 @@ class PointSink(ABC):
     def __init__(self, t0: float) -> None:
         self.points = Points(t0)
 
-    def on_events(self, records: list[dict[str, Any]]) -> None:
+    def on_events(self, records: list[dict[str, Any]]) -> None:  # noqa: B027 (points come from metrics only)
         pass
 
     def on_metrics(self, records: list[dict[str, Any]]) -> None:
@@ -45,10 +45,10 @@ class PointSink(ABC):
     def write(self, point: Point) -> None:
         """Write one point with the exporter's library."""
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float) -> None:  # noqa: B027 (an exporter with nothing to do on a tick)
         pass
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (an exporter with nothing to release)
         pass
 
 
