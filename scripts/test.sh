@@ -15,6 +15,18 @@ if [ ! -x /usr/sbin/sshd ] || ! command -v ssh-keygen >/dev/null; then
     || { apt-get update -qq >/dev/null && apt-get install -y -qq openssh-server openssh-client >/dev/null; }
 fi
 
+# the Slurm tests start their own munged, slurmctld and slurmd (tests/slurmcluster.py); they use
+# none of the services the packages may start where systemd runs
+if [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/munged ] || ! command -v sbatch >/dev/null; then
+  if [ "$(id -u)" -eq 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq slurmctld slurmd slurm-client munge >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null && apt-get install -y -qq slurmctld slurmd slurm-client munge >/dev/null; }
+  else
+    echo "scripts/test.sh: Slurm is missing; the Slurm tests will be skipped (apt-get install slurmctld slurmd slurm-client munge as root)" >&2
+  fi
+fi
+
 # the syncer's native merge kernel is compiled with the host's C compiler (its tests need one)
 if ! command -v cc >/dev/null && ! command -v gcc >/dev/null; then
   if [ "$(id -u)" -eq 0 ]; then
