@@ -4,6 +4,9 @@
     [ssh]      SSHSpec: how to reach remote hosts
     [syncer]   SyncerSpec: where the syncer runs and listens
     [[hosts]]  HostSpec: one entry per machine (address "local" = this machine, no SSH)
+    [[sites]]  a scheduler's cluster (Slurm) whose learners run as batch jobs, reached through its
+               login node; kept as a HostSpec with `scheduler` set (login -> address), so every
+               room that knows hosts knows sites
     [metrics]  MetricsSpec (dldctl/metricspec.py): TensorBoard, Prometheus, W&B exporters
     [alerts]   AlertsSpec (dldctl/observe/alerts.py): a command and/or webhook on chosen events
 
@@ -26,12 +29,16 @@ from typing import Any
 
 from dldctl import metricspec
 from dldctl.errors import ConfigError
+from dldctl.hosts import slurmjobs
 from dldctl.metricspec import MetricsSpec
 from dldctl.observe import alerts
 from dldctl.observe.alerts import AlertsSpec
 from syncer.common.settings import RunSettings, SettingsError, from_mapping, suggest
 
-TABLES = ("run", "ssh", "syncer", "hosts", "metrics", "alerts")
+TABLES = ("run", "ssh", "syncer", "hosts", "sites", "metrics", "alerts")
+SCHEDULERS = ("slurm",)
+# sbatch options dldctl sets itself for every learner job (a site's sbatch_args may not override them)
+OWN_SBATCH = ("--output", "--error", "--job-name", "--comment", "--parsable", "--requeue", "--no-requeue", "--chdir")
 # The outer optimizer a run gets when its [run] table sets neither outer_lr nor outer_momentum:
 # plain averaging below H = 64, DiLoCo's Nesterov from there. Measured on gpt-tiny, 4 learners at
 # dldctl's defaults: at H = 32 plain averaging 1.599-1.615 against Nesterov's 1.651 (8,000 steps),
@@ -105,10 +112,24 @@ class HostSpec:
     user: str = ""  # overrides [ssh] user
     port: int = 0  # overrides [ssh] port (0 = [ssh] port)
     env: dict = field(default_factory=dict)
+    # [[sites]] only: a scheduler's cluster; `address` is its login node
+    scheduler: str = ""  # "" = a machine; "slurm" = learners are Slurm batch jobs
+    partition: str = ""  # "" = the cluster's default partition
+    account: str = ""
+    nodes: int = 1  # per learner; > 1 (or nproc > 1) = a torchrun island inside the job
+    gpus_per_node: int = 0
+    time: str = ""  # the job's time limit in Slurm's syntax ("12:00:00"); "" = the partition's default
+    sbatch_args: tuple[str, ...] = ()  # further sbatch options, e.g. ["--qos=high", "--constraint=a100"]
 
     @property
     def local(self) -> bool:
+        """Whether dldctl reaches it without SSH (for a site: sbatch on this machine)."""
         return self.address == "local"
+
+    @property
+    def site(self) -> bool:
+        """A scheduler's cluster rather than a machine."""
+        return bool(self.scheduler)
 
 
 @dataclass(frozen=True)
@@ -205,7 +226,7 @@ def parse(data: dict[str, Any], path: str) -> Inventory:
         raw_hosts = data.get("hosts", [])
         if not isinstance(raw_hosts, list):
             raise SettingsError("hosts", "must be an array of tables", "write each host as [[hosts]]")
-        hosts = tuple(_host(entry, i) for i, entry in enumerate(raw_hosts))
+        hosts = tuple(_host(entry, i) for i, entry in enumerate(raw_hosts)) + _sites(data.get("sites", []))
         metrics = from_mapping(MetricsSpec, data.get("metrics", {}), "metrics")
         alert_spec = from_mapping(AlertsSpec, data.get("alerts", {}), "alerts")
     except SettingsError as exc:
@@ -229,6 +250,36 @@ def _host(entry: Any, index: int) -> HostSpec:
         return from_mapping(HostSpec, entry, "hosts")
     except SettingsError as exc:
         raise SettingsError(exc.key, f"host {label}: {exc.problem}", exc.fix) from None
+
+
+def _sites(raw: Any) -> tuple[HostSpec, ...]:
+    """[[sites]]: each a HostSpec whose `address` is its `login` and whose `scheduler` is set."""
+    if not isinstance(raw, list):
+        raise SettingsError("sites", "must be an array of tables", "write each site as [[sites]]")
+    out = []
+    for i, entry in enumerate(raw):
+        label = entry.get("name", f"#{i + 1}") if isinstance(entry, dict) else f"#{i + 1}"
+        if not isinstance(entry, dict):
+            raise SettingsError("sites", f"site {label} must be a table", "write each site as [[sites]]")
+        if "address" in entry:
+            raise SettingsError(
+                "sites.address", f"site {label}: a site has a login, not an address", "write login = ..."
+            )
+        for required, example in (
+            ("name", '"cluster-a"'),
+            ("scheduler", '"slurm"'),
+            ("login", '"user@login.example.org"'),
+        ):
+            if required not in entry:
+                raise SettingsError(
+                    f"sites.{required}", f"site {label} has no {required}", f"add {required} = {example}"
+                )
+        mapping = {("address" if k == "login" else k): v for k, v in entry.items()}
+        try:
+            out.append(from_mapping(HostSpec, mapping, "sites"))
+        except SettingsError as exc:
+            raise SettingsError(exc.key, f"site {label}: {exc.problem}", exc.fix) from None
+    return tuple(out)
 
 
 def validate(inv: Inventory) -> None:
@@ -257,8 +308,10 @@ def validate(inv: Inventory) -> None:
         )
     _validate_model(inv)
     _validate_ssh(inv)
-    if inv.syncer.host != "local":
-        inv.host(inv.syncer.host)
+    if inv.syncer.host != "local" and inv.host(inv.syncer.host).site:
+        raise ConfigError(
+            path, "syncer.host", f"{inv.syncer.host!r} is a scheduler site", "run the syncer on a [[hosts]] machine"
+        )
     if inv.ssh.proxy_jump and inv.syncer.host == "local" and not inv.syncer.advertise:
         raise ConfigError(
             path,
@@ -308,6 +361,38 @@ def _validate_hosts(inv: Inventory) -> None:
             raise ConfigError(inv.path, f"{key}.setup", f"{h.setup!r} is not a setup mode", 'use "auto" or "venv"')
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in h.env.items()):
             raise ConfigError(inv.path, f"{key}.env", "keys and values must be strings")
+        _validate_site(inv.path, h)
+
+
+def _validate_site(path: str, h: HostSpec) -> None:
+    """A [[sites]] entry's scheduler keys (and none of them on a [[hosts]] machine)."""
+    key = f"sites.{h.name}"
+    if not h.site:
+        for attr in ("partition", "account", "time", "sbatch_args", "gpus_per_node"):
+            if getattr(h, attr):
+                raise ConfigError(
+                    path, f"hosts.{h.name}.{attr}", "is a scheduler key", "put the cluster under [[sites]]"
+                )
+        return
+    if h.scheduler not in SCHEDULERS:
+        raise ConfigError(path, f"{key}.scheduler", f"{h.scheduler!r} is not a scheduler dldctl drives", 'use "slurm"')
+    for attr, low in (("nodes", 1), ("gpus_per_node", 0)):
+        if getattr(h, attr) < low:
+            raise ConfigError(path, f"{key}.{attr}", f"must be >= {low}, got {getattr(h, attr)}")
+    try:
+        slurmjobs.parse_time(h.time)
+    except ValueError:
+        raise ConfigError(
+            path, f"{key}.time", f"{h.time!r} is not a Slurm time limit", 'write e.g. "12:00:00" or "2-00:00:00"'
+        ) from None
+    for arg in h.sbatch_args:
+        if not arg.startswith("-") or arg.split("=", 1)[0] in OWN_SBATCH:
+            raise ConfigError(
+                path,
+                f"{key}.sbatch_args",
+                f"{arg!r} is not an option dldctl can pass",
+                f'dldctl sets {", ".join(OWN_SBATCH)} itself; write others as "--qos=high"',
+            )
 
 
 def _validate_alerts(inv: Inventory) -> None:

@@ -3,7 +3,9 @@
     RunState    the whole file: the run's status, its processes, hosts, faults, daemons, spares
     Proc        one process the supervisor keeps (the syncer, every learner)
     ProcStatus  where a process is in its life (the JSON value is the status string itself)
-    PidRecord   a started process: pid and start time (so a reused pid is not mistaken for it)
+    PidRecord   a started process: pid and start time (so a reused pid is not mistaken for it);
+                on a scheduler site, a job id with start_ticks JOB_TICKS
+    JobInfo     a scheduler's job as it last said (state, why it waits, its nodes)
     Daemon      the supervisor or the watchdog: a PidRecord with its start time and restarts
     HostRecord  a host of the run: how to run things there (HostRuntime as a dict)
     Fault       an injected fault the supervisor undoes at `until`
@@ -40,6 +42,48 @@ class ProcStatus(enum.StrEnum):
     UNREACHABLE = "unreachable"
     FINISHED = "finished"
     STOPPED = "stopped"
+
+
+# Where a PidRecord's start_ticks is this, its pid is a scheduler's job id (no process ever starts
+# at -1 clock ticks after boot, so a pid-based liveness check of such a record never matches).
+JOB_TICKS = -1
+# Slurm job states in which the learner runs or may still (squeue's %T); any other state, or a job
+# the scheduler no longer lists, means the job has ended.
+ACTIVE_JOB_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "REQUEUED", "SIGNALING"})
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One scheduler job as it was last listed (squeue)."""
+
+    job_id: int
+    state: str  # PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, PREEMPTED, NODE_FAIL, ...
+    reason: str = ""  # why it waits (Resources, Priority, ...) or ended; "" for none
+    nodes: str = ""
+    name: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_JOB_STATES
+
+    def describe(self) -> str:
+        """`PENDING (Resources)`, `RUNNING on node7`, `FAILED (NonZeroExitCode)`."""
+        if self.state == "RUNNING" and self.nodes:
+            return f"RUNNING on {self.nodes}"
+        return f"{self.state} ({self.reason})" if self.reason else self.state
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> JobInfo:
+        d = _obj(data, where, {"id", "state", "reason", "nodes"})
+        return cls(
+            _get(d, "id", int, where),
+            _get(d, "state", str, where),
+            _get(d, "reason", str, where, ""),
+            _get(d, "nodes", str, where, ""),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.job_id, "state": self.state, "reason": self.reason, "nodes": self.nodes}
 
 
 class Malformed(ValueError):
@@ -97,6 +141,7 @@ PROC_KEYS = {
     "hold_until",
     "chaos_kill",
     "reason",
+    "job",
 }
 
 
@@ -115,6 +160,7 @@ class Proc:
     hold_until: float | None = None
     chaos_kill: bool = False
     reason: str | None = None
+    job: JobInfo | None = None  # on a scheduler site: its (last) job as the scheduler said
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> Proc:
@@ -124,7 +170,7 @@ class Proc:
             typed = ProcStatus(status)
         except ValueError:
             raise Malformed(f"{where}.status: unknown process status {status!r}") from None
-        pid = d.get("proc")
+        pid, job = d.get("proc"), d.get("job")
         return cls(
             kind=_get(d, "kind", str, where),
             host=_get(d, "host", str, where),
@@ -137,12 +183,14 @@ class Proc:
             hold_until=_opt(d, "hold_until", float, where),
             chaos_kill=_get(d, "chaos_kill", bool, where, False),
             reason=_opt(d, "reason", str, where),
+            job=None if job is None else JobInfo.from_json(job, f"{where}.job"),
         )
 
     def to_json(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in sorted(PROC_KEYS)}
         out["status"] = self.status.value
         out["proc"] = self.proc.to_json() if self.proc else None
+        out["job"] = self.job.to_json() if self.job else None
         return out
 
     @property

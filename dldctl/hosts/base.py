@@ -24,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 
 from dldctl.errors import HostError, UsageError
+from dldctl.hosts.slurmjobs import JobInfo
 
 
 @dataclass(frozen=True)
@@ -145,9 +146,11 @@ def _decode(lines: list[bytes]) -> Iterator[str]:
 
 
 class Host(ABC):
-    """One machine we can run commands on and start detached processes on."""
+    """One machine we can run commands on and start detached processes on (or, where `scheduler`
+    is set, a cluster whose scheduler runs them as jobs: dldctl/hosts/slurm.py)."""
 
     name: str
+    scheduler = ""  # "" for a machine; "slurm" for a site whose processes are batch jobs
 
     @abstractmethod
     def run(
@@ -208,6 +211,14 @@ class Host(ABC):
     @abstractmethod
     def proc_state(self, ref: ProcRef) -> str | None:
         """'R', 'S', 'T' (stopped), 'Z', ... or None if the process is gone (or pid reused)."""
+
+    def describe(self, refs: list[ProcRef]) -> dict[int, JobInfo]:
+        """What a scheduler says of each job (pending, running, why it waits); a machine has none."""
+        return {}
+
+    def cancel(self, ref: ProcRef) -> bool:
+        """Cancel a scheduler's job as a preemption would; a machine has no jobs to cancel."""
+        raise UsageError(f"host {self.name} runs processes, not scheduler jobs: there is no job to cancel")
 
     @abstractmethod
     def close(self) -> None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from dldctl.errors import RemoteCommandError, SetupError
 from dldctl.hosts import Host, LocalHost, SSHHost
+from dldctl.hosts.slurm import SlurmHost
+from dldctl.hosts.slurmjobs import SiteJob
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.lifecycle import initmodel
 from dldctl.rundir import RunDir
@@ -46,7 +48,11 @@ class HostRuntime:
 
 
 def open_host(spec: HostSpec, inv_ssh: Any, known_hosts: str | None = None) -> Host:
-    """A LocalHost for address "local", else an SSHHost with the inventory's SSH settings."""
+    """A LocalHost for address "local", else an SSHHost with the inventory's SSH settings; a
+    scheduler site is a SlurmHost around the one that reaches its login node."""
+    if spec.site:
+        machine = replace(spec, scheduler="")
+        return SlurmHost(spec.name, open_host(machine, inv_ssh, known_hosts), site_job(spec), spec.env)
     if spec.local:
         return LocalHost(spec.name)
     return SSHHost(
@@ -60,6 +66,25 @@ def open_host(spec: HostSpec, inv_ssh: Any, known_hosts: str | None = None) -> H
         proxy_jump=inv_ssh.proxy_jump or None,
         connect_timeout=inv_ssh.connect_timeout,
         use_ssh_config=inv_ssh.use_ssh_config,
+    )
+
+
+def host_for(inv: Inventory, name: str) -> Host:
+    """The host named `name` in the inventory (a name it does not know: this machine)."""
+    spec = next((h for h in inv.hosts if h.name == name), None)
+    return LocalHost(name) if spec is None else open_host(spec, inv.ssh)
+
+
+def site_job(spec: HostSpec) -> SiteJob:
+    """What each learner job of a site asks its scheduler for."""
+    return SiteJob(
+        partition=spec.partition,
+        account=spec.account,
+        nodes=spec.nodes,
+        gpus_per_node=spec.gpus_per_node,
+        cpus_per_task=spec.threads * spec.nproc,
+        time=spec.time,
+        extra=tuple(spec.sbatch_args),
     )
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dldctl.runstate import Daemon, Fault, PidRecord, Proc, ProcStatus, RunState
+from dldctl.runstate import Daemon, Fault, JobInfo, PidRecord, Proc, ProcStatus, RunState
 from dldctl.runstate import new_proc as new_proc
 
 FAST_DEATH_S = 30.0
@@ -35,6 +35,8 @@ class Observation:
     alive: bool | None
     finished: str | None = None  # "finished" (budget spent) or "refused: why": do not restart
     last_words: str = ""  # a dead process's last log line (its error, when it crashed)
+    job: JobInfo | None = None  # on a scheduler site: what the scheduler says of its job now
+    job_id: int | None = None  # ... and which job was looked up (None: not a scheduler's job)
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ def _one(
     events: list[tuple[str, str, str]],
 ) -> Proc:
     status = e.status
+    if obs is not None and obs.job_id is not None and e.proc is not None and e.proc.pid == obs.job_id:
+        e = replace(e, job=obs.job or _gone(obs.job_id, e.job))
     if status in (ProcStatus.STOPPED, ProcStatus.FINISHED, ProcStatus.STARTING):
         return e
     if status is ProcStatus.PENDING:
@@ -133,8 +137,15 @@ def _died(
     kind = "syncer_death" if e.kind == "syncer" else "death"
     said = f"; its log ends: {obs.last_words}" if obs.last_words and not killed else ""
     restart_in = (e.next_start or now) - now
-    events.append((kind, name, f"process gone after {lived:.1f} s{death_cause(e, killed, restart_in)}{said}"))
+    gone = f"job {e.job.job_id} ended {e.job.describe()}" if e.job is not None else "process gone"
+    events.append((kind, name, f"{gone} after {lived:.1f} s{death_cause(e, killed, restart_in)}{said}"))
     return e
+
+
+def _gone(job_id: int, last: JobInfo | None) -> JobInfo:
+    """A job the scheduler no longer lists: it ended long enough ago to be forgotten."""
+    reason = f"last seen {last.state}" if last is not None and last.job_id == job_id else "no longer listed"
+    return JobInfo(job_id, "ENDED", reason)
 
 
 def death_cause(e: Proc, killed: bool, restart_in: float) -> str:
@@ -148,10 +159,11 @@ def death_cause(e: Proc, killed: bool, restart_in: float) -> str:
     return f"{why}{backoff}; restart {e.restarts + 1} in {restart_in:.1f} s"
 
 
-def started(e: Proc, proc: PidRecord, now: float) -> tuple[Proc, str]:
-    """Record a successful start; returns the new record and the event kind ('start' or 'restart')."""
+def started(e: Proc, proc: PidRecord, now: float, job: JobInfo | None = None) -> tuple[Proc, str]:
+    """Record a successful start (a submitted `job` on a scheduler site); returns the new record
+    and the event kind ('start' or 'restart')."""
     first = e.started_at is None
-    e = replace(e, status=ProcStatus.RUNNING, proc=proc, started_at=now, next_start=None, hold_until=None)
+    e = replace(e, status=ProcStatus.RUNNING, proc=proc, started_at=now, next_start=None, hold_until=None, job=job)
     if not first:
         e = replace(e, restarts=e.restarts + 1)
     return e, "start" if first else "restart"

@@ -26,13 +26,13 @@ from pathlib import Path
 
 from dldctl.chaos import faults
 from dldctl.errors import DldError, HostError
-from dldctl.hosts import Host, LocalHost, ProcRef
+from dldctl.hosts import Host, ProcRef
 from dldctl.inventory import Inventory, parse
 from dldctl.lifecycle import launch
-from dldctl.lifecycle.provision import HostRuntime, open_host
+from dldctl.lifecycle.provision import HostRuntime, host_for
 from dldctl.observe import exports, mirror
 from dldctl.rundir import RunDir
-from dldctl.runstate import Fault, PidRecord, ProcStatus, RunState
+from dldctl.runstate import Fault, JobInfo, PidRecord, ProcStatus, RunState
 from dldctl.supervise import decisionlog, reconcile, spares, watchdog
 from dldctl.supervise.feeds import Feeds
 from syncer.common.resolved import LearnerEntry, ResolvedConfig
@@ -66,11 +66,9 @@ class Supervisor:
 
     def host(self, name: str) -> Host:
         if name not in self.hosts:
-            spec = next((h for h in self.inv.hosts if h.name == name), None)
-            if spec is None:  # a host added to the live run (learner add --inventory, up) since we started
+            if all(h.name != name for h in self.inv.hosts):  # added to the live run (learner add, up) since we started
                 self.inv = self._read_inventory()
-                spec = next((h for h in self.inv.hosts if h.name == name), None)
-            self.hosts[name] = LocalHost(name) if spec is None or spec.local else open_host(spec, self.inv.ssh)
+            self.hosts[name] = host_for(self.inv, name)
         return self.hosts[name]
 
     def runtime(self, state: RunState, host: str) -> HostRuntime:
@@ -97,7 +95,7 @@ class Supervisor:
                 seen.update({n: reconcile.Observation(None) for n, _ in items})
                 continue
             try:
-                alive = self.host(host_name).alive([r for _, r in items])
+                alive, jobs = self._look(self.host(host_name), [r for _, r in items])
             except DldError:
                 self._host_retry[host_name] = time.monotonic() + HOST_RETRY_S
                 seen.update({n: reconcile.Observation(None) for n, _ in items})
@@ -106,8 +104,17 @@ class Supervisor:
                 dead = not alive[ref.pid] and name in state.procs
                 finished = self._finished(state, name) if dead else None
                 last = self._last_words(state, name) if dead and not finished else ""
-                seen[name] = reconcile.Observation(alive[ref.pid], finished, last)
+                job = jobs.get(ref.pid)
+                seen[name] = reconcile.Observation(alive[ref.pid], finished, last, job, ref.pid if jobs else None)
         return seen
+
+    @staticmethod
+    def _look(host: Host, refs: list[ProcRef]) -> tuple[dict[int, bool], dict[int, JobInfo]]:
+        """pid -> alive, and on a scheduler site job id -> what the scheduler says (one squeue)."""
+        if not host.scheduler:
+            return host.alive(refs), {}
+        jobs = host.describe(refs)
+        return {r.pid: r.pid in jobs and jobs[r.pid].active for r in refs}, jobs
 
     def _last_words(self, state: RunState, name: str) -> str:
         """The last line of a dead process's log (a crash's error), at most 300 characters."""
@@ -264,11 +271,13 @@ class Supervisor:
             return
         record = PidRecord(ref.pid, ref.start_ticks)
         self.run.record_proc(name, entry.host, record.to_json())
+        job = JobInfo(ref.pid, "PENDING") if host.scheduler else None  # submitted: queued until squeue says more
         with self.run.update() as edit:
-            now_running, kind = reconcile.started(edit.state.procs[name], record, time.time())
+            now_running, kind = reconcile.started(edit.state.procs[name], record, time.time(), job)
             edit.state = edit.state.with_proc(name, now_running)
         again = f" (restart {now_running.restarts})" if kind == "restart" else ""
-        self.run.event(kind, name, f"pid {ref.pid} on {entry.host}{again}{how}")  # how last: "(warm spare)"
+        what = f"{host.scheduler} job {ref.pid}" if host.scheduler else f"pid {ref.pid}"
+        self.run.event(kind, name, f"{what} on {entry.host}{again}{how}")  # how last: "(warm spare)"
 
     # -- warm spares (dldctl/supervise/spares.py) ---------------------------------------------------------
     def _from_spare(self, host_name: str, runtime: HostRuntime, learner: LearnerEntry, restarts: int) -> ProcRef | None:
@@ -300,6 +309,7 @@ class Supervisor:
                 self._drop_spare(host_name, retry_s=10.0)  # it died: try again later
                 have.pop(host_name)
         wanted = spares.hosts_wanting_spares(state, config.learners) if config.run.warm_spares else set()
+        wanted -= {h.name for h in self.inv.hosts if h.site}  # a site's replacement is a new job, not a spare
         for host_name in set(have) - wanted:
             self._signal_quietly(self.host(host_name), proc_ref(have[host_name]))
             self._drop_spare(host_name, retry_s=0.0)
