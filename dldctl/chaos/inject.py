@@ -20,9 +20,9 @@ from dldctl.chaos import faults
 from dldctl.chaos.plan import ACTIONS
 from dldctl.chaos.records import Injection
 from dldctl.errors import ChaosError, DldError, UsageError
-from dldctl.hosts import Host, LocalHost, ProcRef
+from dldctl.hosts import Host, ProcRef
 from dldctl.inventory import parse
-from dldctl.lifecycle.provision import HostRuntime, open_host
+from dldctl.lifecycle.provision import HostRuntime, host_for
 from dldctl.observe.snapshot import collect
 from dldctl.rundir import RunDir
 from dldctl.runstate import Fault, Proc, ProcStatus
@@ -50,8 +50,7 @@ class Chaos:
 
     def _host(self, name: str) -> Host:
         if name not in self._hosts:
-            spec = next((h for h in self.inv.hosts if h.name == name), None)
-            self._hosts[name] = LocalHost(name) if spec is None or spec.local else open_host(spec, self.inv.ssh)
+            self._hosts[name] = host_for(self.inv, name)
         return self._hosts[name]
 
     def _target(self, target: str, action: str) -> tuple[Proc, Host, HostRuntime]:
@@ -102,10 +101,37 @@ class Chaos:
         self.held.add(target)
         signum = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM}[sig.upper()]
         if not host.signal(ProcRef(ref.pid, ref.start_ticks), signum, group=True):
-            raise ChaosError(f"{target} (pid {ref.pid}) was already gone")
-        detail = f"kill -{sig.upper()} pid {ref.pid} on {entry.host}; back in >= {hold:g} s"
+            raise ChaosError(f"{target} ({'job' if host.scheduler else 'pid'} {ref.pid}) was already gone")
+        what = f"the learner in {host.scheduler} job {ref.pid}" if host.scheduler else f"pid {ref.pid}"
+        detail = f"kill -{sig.upper()} {what} on {entry.host}; back in >= {hold:g} s"
         self.run.event("fault_inject", target, detail)
         return Injection("kill", target, entry.host, ref.pid, now, hold, now + hold, detail, signal=sig.upper())
+
+    def preempt(self, target: str, down_for: float | None = None) -> Injection:
+        """Cancel a learner's scheduler job as a preemption would; the supervisor submits a new one."""
+        entry, host, _ = self._target(target, "preempt")
+        ref = entry.proc
+        if not host.scheduler:
+            raise UsageError(
+                f"{target} runs on host {entry.host}, not as a scheduler's job: there is nothing to preempt",
+                hint=f"`dldctl chaos kill {target}` ends its process",
+            )
+        if entry.status is not ProcStatus.RUNNING or not ref:
+            raise ChaosError(f"{target} has no job queued or running (status {entry.status}); nothing to preempt")
+        hold = down_for if down_for is not None else self.settings.restart_delay_s
+        now = time.time()
+        with self.run.update() as edit:
+            edit.state = edit.state.with_proc(
+                target, replace(edit.state.procs[target], hold_until=now + hold, chaos_kill=True)
+            )
+        self.held.add(target)
+        if not host.cancel(ProcRef(ref.pid, ref.start_ticks)):
+            raise ChaosError(f"{target}'s job {ref.pid} had already ended")
+        detail = (
+            f"cancelled {host.scheduler} job {ref.pid} on {entry.host} as a preemption; resubmitted in >= {hold:g} s"
+        )
+        self.run.event("fault_inject", target, detail)
+        return Injection("preempt", target, entry.host, ref.pid, now, hold, now + hold, detail)
 
     def fault(self, action: str, target: str, duration: float, factor: float = 3.0) -> Injection:
         """pause / slow / partition for `duration` seconds (undone by the supervisor at expiry)."""

@@ -96,6 +96,33 @@ def kill(
         console.print(f"[red]killed {target}[/]: {done.detail}")
 
 
+@app.command()
+def preempt(
+    target: str = typer.Argument(..., help="learner-N (a learner that runs as a scheduler's job)"),
+    down_for: str | None = typer.Option(
+        None, "--down-for", help="How long until the supervisor submits its replacement (default: its restart delay)."
+    ),
+    force: bool = ForceOpt,
+    run: str | None = RunOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Cancel a learner's Slurm job as a preemption would; the supervisor submits a new one.
+
+    Example: dldctl chaos preempt learner-3
+    """
+    hold = None if down_for is None else _seconds("--down-for", down_for)
+    chaos = _chaos(run)
+    try:
+        chaos.guard("preempt", target, force, _confirmer())
+        done = chaos.preempt(target, hold)
+    finally:
+        chaos.close()
+    if json_out:
+        _emit(records.injected(chaos.run.name, done))
+    else:
+        console.print(f"[red]preempted {target}[/]: {done.detail}")
+
+
 def _seconds(flag: str, text: str, positive: bool = False) -> float:
     """A duration flag ("30", "30s", "5m", "800ms") in seconds, or a one-line usage error naming it."""
     try:

@@ -14,6 +14,7 @@ import typer
 
 from dldctl import inventory, rundir
 from dldctl.commands.options import output_console
+from dldctl.errors import UsageError
 from dldctl.lifecycle import converge
 from dldctl.rundir import RunDir
 from dldctl.runstate import RunState
@@ -66,7 +67,8 @@ def removed(run: str, done: converge.Removed, now: float) -> dict[str, Any]:
 
 @app.command("add")
 def add(
-    host: str = typer.Option(..., "--host", help="Name of the host to run the new learners on."),
+    host: str | None = typer.Option(None, "--host", help="Name of the host to run the new learners on."),
+    site: str | None = typer.Option(None, "--site", help="Name of the scheduler site to submit the new learners to."),
     count: int = typer.Option(1, "--count", help="How many learners to add."),
     inventory_file: Path | None = typer.Option(
         None, "--inventory", help="An inventory that declares --host, for a host the run does not have yet."
@@ -77,13 +79,20 @@ def add(
     """Add learners mid-run; they join by fetching the current global state.
 
     Example: dldctl learner add --host gpu-c --count 2 --inventory inventory.toml
+    Example: dldctl learner add --site cluster-a --count 2   (two more Slurm jobs)
     """
+    if (host is None) == (site is None):
+        raise UsageError("name where the learners go: --host HOST or --site SITE (one of them)")
+    name = str(host or site)
     live: RunDir = rundir.resolve(run)
     if inventory_file is not None:
-        converge.adopt_host(live, inventory.load(inventory_file).host(host))
-    ids = converge.add(live, host, count, err_console if json_out else console, wait_s=JOIN_TIMEOUT_S)
+        converge.adopt_host(live, inventory.load(inventory_file).host(name))
+    spec = converge.stored_inventory(live).host(name)
+    if site is not None and not spec.site:
+        raise UsageError(f"{name} is a host, not a scheduler site", hint=f"use --host {name}")
+    ids = converge.add(live, name, count, err_console if json_out else console, wait_s=JOIN_TIMEOUT_S)
     if json_out:
-        print(strictjson.dumps(added(live.name, host, ids, live.read_state(), time.time())), flush=True)
+        print(strictjson.dumps(added(live.name, name, ids, live.read_state(), time.time())), flush=True)
 
 
 @app.command("remove")

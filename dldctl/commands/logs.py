@@ -25,9 +25,10 @@ from dldctl import inventory, rundir
 from dldctl.chaos.runner import sigterm_interrupts
 from dldctl.commands.options import duration
 from dldctl.errors import DldError, UsageError
-from dldctl.hosts import Host, LocalHost
-from dldctl.lifecycle.provision import HostRuntime, open_host
+from dldctl.hosts import Host, LocalHost, ProcRef
+from dldctl.lifecycle.provision import HostRuntime, host_for
 from dldctl.observe import logmerge
+from dldctl.runstate import JOB_TICKS
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
@@ -43,6 +44,20 @@ class Source:
     target: str
     host: Host
     path: str
+    job: int | None = None  # a scheduler's job: its log is the job's output file
+
+
+def job_note(s: Source) -> str | None:
+    """`learner-3 is slurm job 12: PENDING (Resources)`, as the scheduler says it now (its log
+    stays empty until the job runs, and a job that never started says why only here)."""
+    if s.job is None:
+        return None
+    try:
+        info = s.host.describe([ProcRef(s.job, JOB_TICKS)]).get(s.job)
+    except DldError as exc:
+        return f"{s.target} is {s.host.scheduler} job {s.job}: {exc.line()}"
+    says = info.describe() if info is not None else "ended (no longer listed)"
+    return f"{s.target} is {s.host.scheduler} job {s.job}: {says}"
 
 
 def logs(
@@ -65,6 +80,8 @@ def logs(
     sources = log_sources(r, targets)
     show_prefix = prefix or len(sources) > 1 or any(any(c in t for c in "*?[") for t in targets)
     width = logmerge.prefix_width(s.target for s in sources) if show_prefix else 0
+    for note in filter(None, map(job_note, sources)):
+        err_console.print(escape(note))
     try:
         with sigterm_interrupts():  # a script stops `-f` with `kill`
             if follow:
@@ -90,8 +107,8 @@ def _print_tails(sources: list[Source], lines: int, width: int, start: float | N
         try:
             text = s.host.tail(s.path, lines)
         except DldError as exc:
-            if len(sources) == 1:
-                raise
+            if len(sources) == 1 and (s.job is None or s.host.exists(s.path)):
+                raise  # (a job's log appears once the job runs: the note above said where it is)
             err_console.print(f"[yellow]{escape(s.target)}:[/] {escape(exc.line())}")
             continue
         rows = logmerge.stamped(text.splitlines(), now)
@@ -150,7 +167,9 @@ def log_sources(run: rundir.RunDir, patterns: list[str]) -> list[Source]:
     out = []
     for target in chosen:
         host, path = log_location(run, target, hosts)
-        out.append(Source(target, host, path))
+        proc = state.procs.get(target)
+        job = proc.job.job_id if proc is not None and proc.job is not None and host.scheduler else None
+        out.append(Source(target, host, path, job))
     return out
 
 
@@ -168,6 +187,5 @@ def log_location(run: rundir.RunDir, target: str, hosts: dict[str, Host] | None 
     runtime = HostRuntime.from_dict(dict(state.runtime_of(proc.host)))
     if proc.host not in hosts:
         inv = inventory.parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
-        spec = next((h for h in inv.hosts if h.name == proc.host), None)
-        hosts[proc.host] = LocalHost("local") if spec is None or spec.local else open_host(spec, inv.ssh)
+        hosts[proc.host] = host_for(inv, proc.host)
     return hosts[proc.host], f"{runtime.run_dir}/logs/{target}.log"

@@ -260,11 +260,12 @@ def check_record(inv: Inventory, results: list[check_mod.HostCheck], native: ker
 def _print_check(inv: Inventory, results: list[check_mod.HostCheck], native: kernel.KernelStatus) -> None:
     table = Table(title=f"dldctl check {inv.path}")
     table.add_column("host")
-    for col in CHECK_COLUMNS:
+    columns = CHECK_COLUMNS + (["slurm"] if any("slurm" in r.items for r in results) else [])  # a site's scheduler
+    for col in columns:
         table.add_column(col, overflow="fold")
     for res in results:
         cells = []
-        for col in CHECK_COLUMNS:
+        for col in columns:
             if col in res.items:
                 passed, detail = res.items[col]
                 cells.append(f"[{'green' if passed else 'red'}]{'ok' if passed else 'FAIL'}[/] {escape(detail)}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from dldctl import extras
 from dldctl.errors import DldError
+from dldctl.hosts.slurm import SlurmHost
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.lifecycle.provision import open_host
 
@@ -97,6 +98,13 @@ def _no_torch(spec: HostSpec, facts: dict) -> str:
     return f"{error} ({extras.fix('torch')})" if spec.local else error
 
 
+def _site_ok(spec: HostSpec) -> str:
+    """What a site's passing check covered."""
+    part = f"partition {spec.partition}" if spec.partition else "the default partition"
+    asks = "".join(f", {key} {getattr(spec, key)}" for key in ("account", "time") if getattr(spec, key))
+    return f"sbatch, squeue, scancel, scontrol; {part} takes the jobs{asks}"
+
+
 def check_host(inv: Inventory, spec: HostSpec, advertise: str | None, port: int) -> HostCheck:
     """Every check for one host; never raises for a host problem (it is reported instead)."""
     import json
@@ -106,6 +114,9 @@ def check_host(inv: Inventory, spec: HostSpec, advertise: str | None, port: int)
     try:
         host.home()
         result.add("ssh", True, "local" if spec.local else f"{spec.address} ok")
+        if isinstance(host, SlurmHost):  # a site: its scheduler would take the jobs as asked
+            found = host.problems()
+            result.add(host.scheduler, not found, "; ".join(found) or _site_ok(spec))
         python = sys.executable if spec.local else spec.python
         if not advertise:
             local_end = getattr(host, "local_address", None)
@@ -121,10 +132,13 @@ def check_host(inv: Inventory, spec: HostSpec, advertise: str | None, port: int)
         facts = json.loads(out.stdout.strip().splitlines()[-1])
         result.add("python", True, f"{facts['python']} ({facts['executable']})")
         result.add("torch", "torch" in facts or spec.setup == "venv", facts.get("torch") or _no_torch(spec, facts))
-        result.add(
-            "device",
-            *(_device_ok(spec, facts) if "torch" in facts else (spec.device == "cpu", "unknown without torch")),
-        )
+        if spec.site:
+            result.add("device", True, f"{spec.device}: on the compute nodes (the login node is not one)")
+        else:
+            result.add(
+                "device",
+                *(_device_ok(spec, facts) if "torch" in facts else (spec.device == "cpu", "unknown without torch")),
+            )
         result.add(
             "port",
             bool(facts.get("port")),

@@ -19,9 +19,9 @@ from rich.console import Console
 
 from dldctl import extras, inventory, rundir
 from dldctl.errors import DldError, RunError, UsageError
-from dldctl.hosts import LocalHost, ProcRef
+from dldctl.hosts import ProcRef
 from dldctl.inventory import HostSpec, Inventory
-from dldctl.lifecycle import plan, provision, wheel
+from dldctl.lifecycle import plan, provision, sites, wheel
 from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.rundir import RunDir
 from dldctl.runstate import HostRecord, ProcStatus
@@ -75,6 +75,7 @@ def add(run: RunDir, host_name: str, count: int, console: Console, wait_s: float
     spec = inv.host(host_name)
     if spec.local:
         extras.require("torch", f"learners on {spec.name} (this machine) need")
+    sites.preflight(inv, [spec.name])  # a site whose scheduler would refuse the jobs: before any is queued
     config, new_ids = plan.add_learners(run, run.read_config(), spec, count)
     host = provision.open_host(spec, inv.ssh)
     try:
@@ -149,8 +150,7 @@ def remove(run: RunDir, lid: str, console: Console) -> Removed:
     signalled = False
     if ref:
         inv = stored_inventory(run)
-        spec = next((h for h in inv.hosts if h.name == host_name), None)
-        host = LocalHost("local") if spec is None or spec.local else provision.open_host(spec, inv.ssh)
+        host = provision.host_for(inv, host_name)
         try:
             signalled = host.signal(ProcRef(ref.pid, ref.start_ticks), signal.SIGTERM, group=True)
         finally:

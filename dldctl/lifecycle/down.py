@@ -19,10 +19,11 @@ from typing import Any
 from rich.console import Console
 
 from dldctl.errors import DldError, OperationError, RunError
-from dldctl.hosts import Host, LocalHost, ProcRef
+from dldctl.hosts import Host, ProcRef
+from dldctl.hosts.slurm import SlurmHost
 from dldctl.inventory import parse
 from dldctl.lifecycle import export as export_mod
-from dldctl.lifecycle.provision import open_host
+from dldctl.lifecycle.provision import host_for
 from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.observe import mirror
 from dldctl.rundir import RunDir
@@ -55,8 +56,7 @@ class RunProcesses:
 
     def host(self, name: str) -> Host:
         if name not in self.hosts:
-            spec = next((h for h in self.inv.hosts if h.name == name), None)
-            self.hosts[name] = LocalHost(name) if spec is None or spec.local else open_host(spec, self.inv.ssh)
+            self.hosts[name] = host_for(self.inv, name)
         return self.hosts[name]
 
     def idle_spare(self, record: dict[str, Any]) -> bool:
@@ -103,6 +103,28 @@ class RunProcesses:
             alive = self.alive(predicate)
         self.signal(alive, signal.SIGKILL)
         return alive
+
+    def sweep_jobs(self) -> list[dict[str, Any]]:
+        """Cancel, on every scheduler site, the run's learner jobs found by name: one submitted but
+        never recorded (its supervisor died right after sbatch) would otherwise stay queued."""
+        swept: list[dict[str, Any]] = []
+        state = self.run.read_state()
+        for spec in (h for h in self.inv.hosts if h.site):
+            targets = sorted(n for n, p in state.procs.items() if p.host == spec.name and p.learner)
+            record = state.hosts.get(spec.name)
+            run_dir = record.runtime.get("run_dir") if record is not None else None
+            host = self.host(spec.name)
+            if not isinstance(host, SlurmHost) or not run_dir or not targets:
+                continue
+            try:
+                ids = host.cancel_named(str(run_dir), targets)
+            except DldError as exc:
+                self.unreachable[spec.name] = exc.line()
+                continue
+            for job_id in ids:
+                self.run.event("job_cancelled", spec.name, f"{spec.scheduler} job {job_id} of this run, found by name")
+            swept += [{"target": f"job {i}", "host": spec.name, "pid": i} for i in ids]
+        return swept
 
     def close(self) -> None:
         for host in self.hosts.values():
@@ -192,6 +214,7 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
         before = _syncer_snapshot(run, config)
         console.print("stopping learners (they send their last fragments)...")
         killed += fleet.stop(lambda r: r["target"].startswith("learner-"), LEARNER_GRACE_S)
+        killed += fleet.sweep_jobs()  # nothing of the run left queued on a scheduler
         snap, exported = _final_syncer(run, config)
         killed += fleet.stop(lambda r: r["target"] == "syncer", SYNCER_GRACE_S)
         exported = _bring_home(run, fleet, exported)

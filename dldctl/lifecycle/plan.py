@@ -113,6 +113,13 @@ def add_learners(run: RunDir, config: ResolvedConfig, host: HostSpec, count: int
     return config, [e.id for e in entries]
 
 
+def _site_words(h: HostSpec) -> str:
+    """How a site's learner runs, for --dry-run: `a slurm job of 1 node(s) via login, partition gpu`."""
+    asks = [f"{key} {getattr(h, key)}" for key in ("partition", "account", "time") if getattr(h, key)]
+    via = "sbatch here" if h.local else h.address
+    return ", ".join([f"a {h.scheduler} job of {h.nodes} node(s) via {via}", *asks])
+
+
 def describe(inv: Inventory) -> list[str]:
     """Human-readable lines of what `up` would do (for --dry-run)."""
     lines = [
@@ -124,6 +131,8 @@ def describe(inv: Inventory) -> list[str]:
     for plan in learner_plans(inv):
         h = plan.host
         where = "this machine" if h.local else f"{h.address} over SSH"
+        if h.site:
+            where = _site_words(h)
         lines.append(
             f"{plan.id} on {h.name} ({where}): device {h.device}, nproc {h.nproc}, "
             f"batch {h.batch_size or inv.run.batch_size}, throttle {h.throttle:g}"

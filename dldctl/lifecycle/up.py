@@ -30,9 +30,9 @@ from rich.table import Table
 
 from dldctl import extras, inventory, rundir
 from dldctl.errors import DldError, OperationError
-from dldctl.hosts import Host, LocalHost
+from dldctl.hosts import Host
 from dldctl.inventory import HostSpec, Inventory
-from dldctl.lifecycle import initmodel, kernel, plan, provision, wheel
+from dldctl.lifecycle import initmodel, kernel, plan, provision, sites, wheel
 from dldctl.observe import exports
 from dldctl.rundir import RunDir
 from dldctl.runstate import HostRecord, ProcStatus, RunState
@@ -103,7 +103,7 @@ def _open_remote(inv: Inventory, board: Board) -> tuple[dict[str, Host], dict[st
         list(pool.map(connect, remote))
     for spec in inv.hosts:
         if spec.local:
-            hosts[spec.name] = LocalHost(spec.name)
+            hosts[spec.name] = provision.open_host(spec, inv.ssh)  # a site with login "local": its SlurmHost
     return hosts, errors
 
 
@@ -292,6 +292,7 @@ def up(inv: Inventory, source: str | None, console: Console, timeout: float = 18
     """Bring a new run up; returns its directory (processes keep running after we return)."""
     initmodel.check(inv)  # [run] init_from: a bad model file fails here, before any host or run directory
     exports.preflight(inv)  # [metrics] prometheus_port in use: likewise
+    sites.preflight(inv)  # a Slurm site's partition, account, time limit: before any job is queued
     run = create_run(inv, source)
     console.print(f"run [bold]{run.name}[/] in {run.path}", highlight=False)
     with Board(console, fleet_names(inv)) as board:

@@ -101,6 +101,8 @@ def learner_state(
     status = proc.status
     if pid_alive is False and status in (ProcStatus.RUNNING, ProcStatus.UNREACHABLE):
         return "dead"
+    if status is ProcStatus.RUNNING and proc.job is not None and proc.job.state in ("PENDING", "CONFIGURING"):
+        return "queued"  # a scheduler's job waiting for its nodes: it counts against goodput as a dead one
     if status is ProcStatus.DEAD:
         return "restarting" if proc.next_start else "dead"
     if status in (ProcStatus.STOPPED, ProcStatus.FINISHED):
@@ -186,7 +188,7 @@ def _local_pids_alive(run: RunDir, procs: Mapping[str, Proc]) -> dict[str, bool]
         remote = {
             h["name"]
             for h in json.loads((run.path / "inventory.json").read_text())["hosts"]
-            if h.get("address") != "local"
+            if h.get("address") != "local" or h.get("scheduler")  # a site's records are job ids, not pids
         }
     except (OSError, ValueError, KeyError, TypeError):
         return {}  # cannot tell which hosts are this machine: check none
@@ -217,12 +219,14 @@ def _learner_rows(
         srow = by_id.get(lid)
         mine = [f for f in faults if f.target == lid]
         state = learner_state(proc, srow, mine, alive.get(lid))
-        row = {
+        row: dict[str, Any] = {
             "id": lid,
             "host": proc.host,
             "device": devices.get(lid, "cpu"),
             "state": state,
-            "pid": None if state == "stopped" or alive.get(lid) is False or proc.proc is None else proc.proc.pid,
+            "pid": None
+            if state == "stopped" or alive.get(lid) is False or proc.proc is None or proc.job
+            else proc.proc.pid,
             "step": 0,
             "tokens": 0,
             "tokens_per_s": 0.0,
@@ -232,6 +236,8 @@ def _learner_rows(
             "blocked_frac": 0.0,
             "straggler": False,
         }
+        if proc.job is not None:  # a scheduler's job: its id, state and why it waits
+            row["job"] = dict(proc.job.to_json(), says=proc.job.describe())
         if srow:
             for key in (
                 "step",

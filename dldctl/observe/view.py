@@ -99,6 +99,7 @@ LEARNER_COLUMNS: tuple[tuple[str, dict, int], ...] = (
     ("weight", {"justify": "right", "no_wrap": True}, 1),
     ("rst", {"justify": "right", "no_wrap": True}, 2),
     ("hb", {"justify": "right", "no_wrap": True}, 2),
+    ("job", {"no_wrap": True, "overflow": "ellipsis", "max_width": 36}, 1),  # only where a learner is a job
 )
 
 
@@ -123,7 +124,16 @@ def _learner_cells(learner: dict, snapshot: dict, now: float, history: History |
         "weight": f"{100 * weight:.0f}%" if weight is not None else "-",
         "rst": Text(fmt_int(restarts), "yellow" if restarts else ""),
         "hb": Text(fmt_duration(age), age_style),
+        "job": _job_cell(learner.get("job")),
     }
+
+
+def _job_cell(job: Any) -> Text:
+    """A scheduler job's id and what the scheduler says (`12 PENDING (Resources)`)."""
+    if not isinstance(job, dict):
+        return Text("-", "dim")
+    says = text_of(job.get("says") or job.get("state"))
+    return Text(f"{text_of(job.get('id'))} {says}", "cyan" if says.startswith("PENDING") else "")
 
 
 def learners_table(
@@ -144,10 +154,11 @@ def learners_table(
     shown = learners
     if rows is not None and len(learners) > rows:
         shown = pick_learners(learners, max(0, rows - 1), keep=selected)
+    jobs = any(isinstance(learner.get("job"), dict) for learner in learners)
     columns = [
         (name, options)
         for name, options, level in LEARNER_COLUMNS
-        if compact <= level and not (name == "trend" and history is None)
+        if compact <= level and not (name == "trend" and history is None) and (name != "job" or jobs)
     ]
     table = Table(box=box.SIMPLE_HEAD if rule else None, show_edge=False, pad_edge=False, expand=expand, padding=(0, 1))
     for name, options in columns:

@@ -30,6 +30,7 @@ STATE_STYLES = {
     "partitioned": "bold magenta",
     "dead": "bold red",
     "restarting": "cyan",
+    "queued": "cyan",
     "stopped": "dim",
 }
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from dldctl.observe.view_data import dicts, num, section, syncer_alive, text_of
 
-NO_RATE = ("dead", "stopped", "restarting")
-NOT_LIVE = ("dead", "restarting", "stopped", "starting", "paused", "partitioned")  # as dldctl/chaos/inject.py
+NO_RATE = ("dead", "stopped", "restarting", "queued")
+NOT_LIVE = ("dead", "restarting", "stopped", "starting", "queued", "paused", "partitioned")  # as dldctl/chaos/inject.py
 
 
 def consistent(snapshot: Any) -> dict:
@@ -59,6 +59,7 @@ def consistent(snapshot: Any) -> dict:
 STATE_RANK = {
     "dead": 0,
     "restarting": 1,
+    "queued": 1,
     "partitioned": 2,
     "paused": 3,
     "slow": 4,
