@@ -212,8 +212,9 @@ class Host(ABC):
     def proc_state(self, ref: ProcRef) -> str | None:
         """'R', 'S', 'T' (stopped), 'Z', ... or None if the process is gone (or pid reused)."""
 
-    def describe(self, refs: list[ProcRef]) -> dict[int, JobInfo]:
-        """What a scheduler says of each job (pending, running, why it waits); a machine has none."""
+    def describe(self, refs: list[ProcRef], max_age: float = 0.0) -> dict[int, JobInfo]:
+        """What a scheduler says of each job (pending, running, why it waits), at most `max_age`
+        seconds old; a machine has none."""
         return {}
 
     def cancel(self, ref: ProcRef) -> bool:

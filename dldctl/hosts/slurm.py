@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import shlex
 import signal as _signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ class SlurmHost(Host):
         self.login = login
         self.job = job
         self.env = dict(env or {})  # the site's env: for the Slurm commands and the job (SLURM_CONF, ...)
+        self._seen: tuple[float, frozenset[int], dict[int, JobInfo]] = (0.0, frozenset(), {})  # last squeue
 
     # -- the login node does everything that is not a process ------------------------------------
     def run(
@@ -118,10 +120,21 @@ class SlurmHost(Host):
             raise HostError(self.name, f"sbatch refused the job of {target}: {why}")
         return ProcRef(job_id, JOB_TICKS)
 
-    def describe(self, refs: list[ProcRef]) -> dict[int, JobInfo]:
-        """job id -> what squeue says of it; a job squeue no longer lists is absent (it ended)."""
+    def describe(self, refs: list[ProcRef], max_age: float = 0.0) -> dict[int, JobInfo]:
+        """job id -> what squeue says of it; a job squeue no longer lists is absent (it ended).
+        With `max_age`, the last answer is reused while it is that young and asked of the same
+        jobs: the supervisor polls twice a second, and a cluster's controller is shared."""
         if not refs:
             return {}
+        wanted = frozenset(r.pid for r in refs)
+        at, asked, jobs = self._seen
+        if max_age > 0 and wanted <= asked and time.monotonic() - at < max_age:
+            return {i: j for i, j in jobs.items() if i in wanted}
+        fresh = self._squeue(refs)
+        self._seen = (time.monotonic(), wanted, fresh)
+        return fresh
+
+    def _squeue(self, refs: list[ProcRef]) -> dict[int, JobInfo]:
         ids = ",".join(str(r.pid) for r in refs)
         result = self.slurm(["squeue", "-h", "-t", "all", "-j", ids, "-o", SQUEUE_FORMAT])
         if result.status != 0:

@@ -40,6 +40,7 @@ from syncer.common.resolved import LearnerEntry, ResolvedConfig
 POLL_S = 0.5
 MIRROR_S = 2.0
 HOST_RETRY_S = 5.0
+SCHEDULER_POLL_S = 3.0  # a scheduler's controller is shared: squeue at most this often per site
 
 
 def proc_ref(data: PidRecord | None) -> ProcRef | None:
@@ -113,7 +114,7 @@ class Supervisor:
         """pid -> alive, and on a scheduler site job id -> what the scheduler says (one squeue)."""
         if not host.scheduler:
             return host.alive(refs), {}
-        jobs = host.describe(refs)
+        jobs = host.describe(refs, max_age=SCHEDULER_POLL_S)
         return {r.pid: r.pid in jobs and jobs[r.pid].active for r in refs}, jobs
 
     def _last_words(self, state: RunState, name: str) -> str:

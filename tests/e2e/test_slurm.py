@@ -82,6 +82,8 @@ def slurm_run(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -
 
 def test_check_sees_the_sites_scheduler(slurm_run: tuple[DldctlHome, Path]) -> None:
     dl, inv = slurm_run
+    plan = dl("up", str(inv), "--dry-run", timeout=60).stdout
+    assert "learner-0 on cluster (a slurm job of 1 node(s) via sbatch here, partition debug, time 30:00)" in plan
     report = json.loads(dl("check", str(inv), "--json", timeout=120).stdout)
     rows = {h["name"]: h["checks"] for h in report["hosts"]}
     assert rows["cluster"]["slurm"]["ok"] and "partition debug takes the jobs" in rows["cluster"]["slurm"]["detail"]
@@ -135,6 +137,10 @@ def test_a_learner_killed_inside_its_job_is_resubmitted(
 
 def test_a_preempted_job_is_replaced(slurm_run: tuple[DldctlHome, Path], cluster: SlurmCluster) -> None:
     dl, _ = slurm_run
+    dl("chaos", "pause", "learner-1", "--duration", "60", "--force", timeout=60)  # SIGSTOP inside the job
+    assert learner(dl.status(), "learner-1")["state"] == "paused"
+    dl("chaos", "heal", "learner-1", timeout=60)
+    dl.wait(lambda s: learner(s, "learner-1")["state"] == "running", 60, "the pause undone inside the job")
     before = job_of(dl.status(), "learner-1")["id"]
     dl("chaos", "preempt", "learner-1", "--force", timeout=60)
     dl.wait(
