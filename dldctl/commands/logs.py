@@ -29,6 +29,7 @@ from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.lifecycle.provision import HostRuntime, host_for
 from dldctl.observe import logmerge
 from dldctl.runstate import JOB_TICKS
+from syncer.common import jsonl
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
@@ -45,6 +46,7 @@ class Source:
     host: Host
     path: str
     job: int | None = None  # a scheduler's job: its log is the job's output file
+    unstarted: str | None = None  # why its last start failed (an sbatch refusal, say), if that is the newest news
 
 
 def job_note(s: Source) -> str | None:
@@ -107,6 +109,9 @@ def _print_tails(sources: list[Source], lines: int, width: int, start: float | N
         try:
             text = s.host.tail(s.path, lines)
         except DldError as exc:
+            if s.unstarted is not None:  # no log because it never started: say why instead
+                err_console.print(f"[yellow]{escape(s.target)} has not started:[/] {escape(s.unstarted)}")
+                continue
             if len(sources) == 1 and (s.job is None or s.host.exists(s.path)):
                 raise  # (a job's log appears once the job runs: the note above said where it is)
             err_console.print(f"[yellow]{escape(s.target)}:[/] {escape(exc.line())}")
@@ -165,12 +170,25 @@ def log_sources(run: rundir.RunDir, patterns: list[str]) -> list[Source]:
         )
     hosts: dict[str, Host] = {}
     out = []
+    failed = last_start_failures(run)
     for target in chosen:
         host, path = log_location(run, target, hosts)
         proc = state.procs.get(target)
         job = proc.job.job_id if proc is not None and proc.job is not None and host.scheduler else None
-        out.append(Source(target, host, path, job))
+        out.append(Source(target, host, path, job, failed.get(target)))
     return out
+
+
+def last_start_failures(run: rundir.RunDir) -> dict[str, str]:
+    """target -> why its last start failed, for targets whose newest start news is a failure."""
+    news: dict[str, str | None] = {}
+    for record in jsonl.tail(run.events, 2000):
+        kind, target = record.get("kind"), str(record.get("target", ""))
+        if kind in ("start", "restart"):
+            news[target] = None
+        elif kind == "start_failed":
+            news[target] = str(record.get("detail", ""))
+    return {target: why for target, why in news.items() if why is not None}
 
 
 def log_location(run: rundir.RunDir, target: str, hosts: dict[str, Host] | None = None) -> tuple[Host, str]:

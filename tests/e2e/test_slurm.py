@@ -248,3 +248,21 @@ def test_a_site_behind_a_login_node_over_ssh(cluster: SlurmCluster, ssh_fleet: S
 def snap_dir(tmp_path: Path) -> str:
     """The run directory on the login node (its name is the run id: what the jobs are named after)."""
     return str(next((tmp_path / "shared" / "runs").iterdir()))
+
+
+def test_a_job_slurm_refuses_says_why_in_events_and_logs(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """An sbatch option the cluster refuses at submission (no such node): the supervisor records
+    sbatch's own error, backs off, and `dldctl logs` says why there is no log."""
+    inv = tmp_path / "inventory.toml"
+    extra = site("cluster", cluster, 1, sbatch_args=["--nodelist=nosuchnode"])
+    inv.write_text(run_table("refused", quorum=1) + extra + site("ok", cluster, 1))
+    with DldctlHome(tmp_path / "home") as dl:
+        dl("up", str(inv), "-d", "--timeout", "3", timeout=120)
+        failed = dl.wait_for(
+            lambda: [e for e in dl.events("start_failed") if e["target"] == "learner-0"], 60, "a refused submission"
+        )
+        assert "sbatch refused the job of learner-0" in failed[0]["detail"] and "node" in failed[0]["detail"].lower()
+        out = dl("logs", "learner-0", check=False)
+        assert out.returncode == 0 and "learner-0 has not started: host cluster: sbatch refused the job" in out.stderr
+        dl.down()
+        assert active(cluster, dl.run_dir) == []
