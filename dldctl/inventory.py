@@ -38,7 +38,11 @@ from syncer.common.settings import RunSettings, SettingsError, from_mapping, sug
 TABLES = ("run", "ssh", "syncer", "hosts", "sites", "metrics", "alerts")
 SCHEDULERS = ("slurm",)
 # sbatch options dldctl sets itself for every learner job (a site's sbatch_args may not override them)
-OWN_SBATCH = ("--output", "--error", "--job-name", "--comment", "--parsable", "--requeue", "--no-requeue", "--chdir")
+OWN_SBATCH: tuple[str, ...] = ("--output", "--error", "--job-name", "--comment", "--parsable", "--requeue")
+OWN_SBATCH += ("--no-requeue", "--chdir", "-o", "-e", "-J", "-D", "--open-mode", "--export", "--wrap")
+# ... and the ones a site sets with its own keys (so `check` judges what sbatch will get)
+SITE_SBATCH = {"--partition": "partition", "-p": "partition", "--account": "account", "-A": "account"}
+SITE_SBATCH |= {"--time": "time", "-t": "time", "--nodes": "nodes", "-N": "nodes", "--gpus-per-node": "gpus_per_node"}
 # The outer optimizer a run gets when its [run] table sets neither outer_lr nor outer_momentum:
 # plain averaging below H = 64, DiLoCo's Nesterov from there. Measured on gpt-tiny, 4 learners at
 # dldctl's defaults: at H = 32 plain averaging 1.599-1.615 against Nesterov's 1.651 (8,000 steps),
@@ -386,7 +390,15 @@ def _validate_site(path: str, h: HostSpec) -> None:
             path, f"{key}.time", f"{h.time!r} is not a Slurm time limit", 'write e.g. "12:00:00" or "2-00:00:00"'
         ) from None
     for arg in h.sbatch_args:
-        if not arg.startswith("-") or arg.split("=", 1)[0] in OWN_SBATCH:
+        option = arg.split("=", 1)[0]
+        if option in SITE_SBATCH:
+            raise ConfigError(
+                path,
+                f"{key}.sbatch_args",
+                f"{arg!r} sets what a site key says",
+                f"write {SITE_SBATCH[option]} = ... instead",
+            )
+        if not arg.startswith("-") or option in OWN_SBATCH:
             raise ConfigError(
                 path,
                 f"{key}.sbatch_args",

@@ -28,7 +28,7 @@ from dldctl.rundir import RunDir
 from dldctl.runstate import Fault, Proc, ProcStatus
 
 Confirm = Callable[[str], bool]
-DOWN_STATES = ("dead", "restarting", "stopped", "starting", "paused", "partitioned")
+DOWN_STATES = ("dead", "restarting", "stopped", "starting", "queued", "paused", "partitioned")
 
 
 class Chaos:
@@ -157,7 +157,12 @@ class Chaos:
             raise ChaosError(f"could not {action} {target}: {exc.line()}") from exc
         if not ok:
             self._forget(record.id)
-            raise ChaosError(f"{target} (pid {ref.pid}) was already gone")
+            what = (
+                f"its {host.scheduler} job {ref.pid} is not running (queued or ended)"
+                if host.scheduler
+                else f"pid {ref.pid} was already gone"
+            )
+            raise ChaosError(f"{target}: {what}")
         detail = {
             "pause": f"SIGSTOP for {duration:g} s",
             "slow": f"x{factor:g} slower for {duration:g} s",

@@ -96,8 +96,11 @@ def sbatch_argv(job: SiteJob, name: str, comment: str, log: str, cwd: str) -> li
 def island_argv(argv: list[str], nodes: int) -> str:
     """The learner's command line as the script runs it under srun. A torchrun island on several
     nodes rendezvouses on the job's first node instead of `--standalone` (one node)."""
-    if nodes <= 1 or "--standalone" not in argv:
+    if nodes <= 1:
         return shlex.join(argv)
+    if "--standalone" not in argv:  # one rank per node: still an island, under torchrun
+        at = argv.index("-m")
+        argv = [*argv[:at], "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", *argv[at:]]
     i = argv.index("--standalone")
     before, after = shlex.join(argv[:i]), shlex.join(argv[i + 1 :])
     rdzv = f'--nnodes={nodes} --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$DLDCTL_HEAD:29511"'

@@ -108,7 +108,10 @@ class RunProcesses:
         """Cancel, on every scheduler site, the run's learner jobs found by name: one submitted but
         never recorded (its supervisor died right after sbatch) would otherwise stay queued."""
         swept: list[dict[str, Any]] = []
-        state = self.run.read_state()
+        try:
+            state = self.run.read_state()
+        except RunError:
+            return swept  # a corrupt state: the recorded jobs were stopped from procs.jsonl all the same
         for spec in (h for h in self.inv.hosts if h.site):
             targets = sorted(n for n, p in state.procs.items() if p.host == spec.name and p.learner)
             record = state.hosts.get(spec.name)

@@ -57,7 +57,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def syncer_section(inv: Inventory, advertise: str) -> SyncerSection:
     """Bind address, ports and the address learners dial."""
-    all_local = all(h.local for h in inv.hosts) and inv.syncer.host == "local"
+    # a site's jobs run on its compute nodes, even with login "local": they dial in from elsewhere
+    all_local = all(h.local and not h.site for h in inv.hosts) and inv.syncer.host == "local"
     bind = inv.syncer.bind or ("127.0.0.1" if all_local else "0.0.0.0")
     control = "127.0.0.1"
     if inv.syncer.host != "local":  # the syncer runs on an inventory host: dial that host

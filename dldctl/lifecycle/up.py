@@ -13,6 +13,7 @@ inventory (adds or removes learners) instead of starting a second run.
 from __future__ import annotations
 
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -30,7 +31,8 @@ from rich.table import Table
 
 from dldctl import extras, inventory, rundir
 from dldctl.errors import DldError, OperationError
-from dldctl.hosts import Host
+from dldctl.hosts import Host, LocalHost
+from dldctl.hosts.slurm import SlurmHost
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.lifecycle import initmodel, kernel, plan, provision, sites, wheel
 from dldctl.observe import exports
@@ -110,6 +112,8 @@ def _open_remote(inv: Inventory, board: Board) -> tuple[dict[str, Host], dict[st
 def advertise_address(hosts: dict[str, Host], console: Console | None = None) -> str:
     """The address remote learners dial back to this machine: our end of an SSH connection."""
     remote = False
+    if any(isinstance(host, SlurmHost) and isinstance(host.login, LocalHost) for host in hosts.values()):
+        return socket.getfqdn()  # sbatch from here: the compute nodes dial this machine by its name
     for host in hosts.values():
         local_end = getattr(host, "local_address", None)
         if callable(local_end):

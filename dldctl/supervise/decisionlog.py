@@ -4,7 +4,7 @@ Every decision of the supervisor (and of the watchdog that keeps it alive) is al
 in events.jsonl (`RunDir.event`); `LoggingRunDir` is a RunDir whose `event` also writes the
 decision as a line an operator reads in `dldctl logs supervisor`:
 
-    2026-12-02 12:01:02 learner-2 died: process gone after 41.0 s (killed by `dldctl chaos kill`); restart 1 in 5.0 s
+    2026-12-02 12:01:02 learner-2 died: process gone after 41.0 s (killed by `dldctl chaos`); restart 1 in 5.0 s
     2026-12-02 12:01:07 learner-2 restarted: pid 81234 on gpu-2 (restart 1)
     2026-12-02 12:03:10 learner-3 unreachable: host gpu-3 does not answer; will retry
 

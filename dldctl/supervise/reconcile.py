@@ -150,7 +150,7 @@ def _gone(job_id: int, last: JobInfo | None) -> JobInfo:
 
 def death_cause(e: Proc, killed: bool, restart_in: float) -> str:
     """Why it died as far as the supervisor knows, and when it restarts (the backoff said)."""
-    why = " (killed by `dldctl chaos kill`)" if killed else ""
+    why = " (killed by `dldctl chaos`)" if killed else ""
     backoff = (
         f"; died within {FAST_DEATH_S:.0f} s of its start {e.fast_deaths} time(s) in a row: backing off"
         if e.fast_deaths

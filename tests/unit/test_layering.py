@@ -179,6 +179,7 @@ PURE_CORE = (
     "workload/gpt.py",
     "dldctl/supervise/reconcile.py",
     "dldctl/runstate.py",
+    "dldctl/hosts/slurmjobs.py",
     "dldctl/units.py",
     "dldctl/chaos/plan.py",
     "dldctl/chaos/verdict.py",

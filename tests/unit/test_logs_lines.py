@@ -40,7 +40,7 @@ def test_the_death_decision_says_why_and_which_restart_and_when() -> None:
     chaos = RunState(status="up", procs={"learner-1": replace(proc, chaos_kill=True)})
     _, _, events = decide(chaos, {"learner-1": Observation(False)}, T0 + 100, 5.0, 60.0)
     assert events == [
-        ("death", "learner-1", "process gone after 100.0 s (killed by `dldctl chaos kill`); restart 3 in 5.0 s")
+        ("death", "learner-1", "process gone after 100.0 s (killed by `dldctl chaos`); restart 3 in 5.0 s")
     ]
     _, _, events = decide(state, {"learner-1": Observation(False, None, "OOM")}, T0 + 3, 5.0, 60.0)
     _, _, detail = events[0]

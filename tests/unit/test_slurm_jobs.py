@@ -72,6 +72,8 @@ def test_a_multi_node_island_rendezvouses_on_the_first_node() -> None:
     assert "--standalone" not in line and "--nnodes=2" in line and '"$DLDCTL_HEAD:29511"' in line
     assert "DLDCTL_HEAD=$(scontrol show hostnames" in slurmjobs.batch_script(argv, "", 2)
     assert slurmjobs.island_argv(argv, 1) == shlex.join(argv)
+    single = slurmjobs.island_argv(["py", "-m", "learner", "--id", "learner-0"], 3)  # nproc 1 on 3 nodes
+    assert single.startswith("py -m torch.distributed.run --nnodes=3") and "--nproc-per-node=1 -m learner" in single
 
 
 def test_job_names_and_targets() -> None:
@@ -148,6 +150,7 @@ def test_sites_are_hosts_with_a_scheduler(tmp_path: Path) -> None:
         ("nodes = 0", "sites.cluster-a.nodes", "must be >= 1"),
         ('sbatch_args = ["--output=/tmp/x"]', "sites.cluster-a.sbatch_args", "not an option dldctl can pass"),
         ('sbatch_args = ["qos"]', "sites.cluster-a.sbatch_args", "not an option"),
+        ('sbatch_args = ["--partition=cpu"]', "sites.cluster-a.sbatch_args", "write partition = ... instead"),
         ('addres = "x"', "sites.addres", "unknown key"),
     ],
 )
