@@ -216,7 +216,7 @@ class HostRecord:
 
 @dataclass(frozen=True)
 class Fault:
-    """An injected pause / slow / partition (or a kill's record) and when it ends."""
+    """An injected pause / slow / partition / link cap (or a kill's record) and when it ends."""
 
     id: str
     kind: str
@@ -225,10 +225,11 @@ class Fault:
     injected_at: float | None = None
     factor: float | None = None
     undone: bool = False
+    rate: str | None = None  # link: the cap, as tc writes it ("1mbit")
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> Fault:
-        d = _obj(data, where, {"id", "kind", "target", "until", "injected_at", "factor", "undone"})
+        d = _obj(data, where, {"id", "kind", "target", "until", "injected_at", "factor", "undone", "rate"})
         return cls(
             _get(d, "id", str, where),
             _get(d, "kind", str, where),
@@ -237,12 +238,13 @@ class Fault:
             _opt(d, "injected_at", float, where),
             _opt(d, "factor", float, where),
             _get(d, "undone", bool, where, False),
+            _opt(d, "rate", str, where),
         )
 
     def to_json(self) -> dict[str, Any]:
         """The record as `status --json` lists it (`undone` only when set: it always was absent)."""
         out: dict[str, Any] = {"id": self.id, "kind": self.kind, "target": self.target, "until": self.until}
-        for key in ("injected_at", "factor"):
+        for key in ("injected_at", "factor", "rate"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.undone:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from dldctl.chaos import faults
+from dldctl.chaos import faults, linkcap, links
 from dldctl.chaos.plan import ACTIONS
 from dldctl.chaos.records import Injection
 from dldctl.errors import ChaosError, DldError, UsageError
@@ -174,6 +174,65 @@ class Chaos:
             action, target, entry.host, ref.pid, now, duration, record.until, detail, None, slowed, record.id
         )
 
+    # -- link caps (dldctl/chaos/links.py) --------------------------------------------------------
+    def link_ends(self, target: str) -> links.Ends:
+        """The learner's link, refused where a cap would also cap other learners."""
+        state = self.run.read_state()
+        entry = state.procs.get(target)
+        if entry is None or not entry.learner:
+            known = ", ".join(sorted(n for n, p in state.procs.items() if p.learner))
+            raise UsageError(f"cannot cap the link of {target!r}", hint=f"learners: {known}")
+        addresses = {h.name: h.address for h in self.inv.hosts}
+        others = links.sharing(state, addresses, target)
+        if others:
+            raise ChaosError(
+                f"{target} reaches the syncer from the same machine as {', '.join(others)} "
+                f"(host {entry.host}): a cap on its link would cap theirs too",
+                hint="cap a learner that has a machine of its own",
+            )
+        return links.ends_of(state, self.run.read_config(), target, self._host)
+
+    def link_ends_any(self, target: str) -> links.Ends:
+        """The learner's link as it is (to undo a cap: no refusal)."""
+        return links.ends_of(self.run.read_state(), self.run.read_config(), target, self._host)
+
+    def link_plan(self, target: str, rate: str) -> list[str]:
+        """What `chaos link --dry-run` prints: the tc commands per host, or LinkCapError/ChaosError."""
+        bits = linkcap.parse_rate(rate)
+        return [
+            f"{host.name}: {command}"
+            for host, commands in links.plan(self.link_ends(target), bits)
+            for command in commands
+        ]
+
+    def link(self, target: str, rate: str, duration: float) -> Injection:
+        """Cap the learner's link to and from the syncer at `rate` for `duration` seconds."""
+        if duration <= 0:
+            raise UsageError("--duration must be > 0")
+        try:
+            bits = linkcap.parse_rate(rate)
+            ends = self.link_ends(target)
+            links.plan(ends, bits)  # refused here, before anything is registered or changed
+        except linkcap.LinkCapError as exc:
+            raise ChaosError(f"cannot cap the link of {target}: {exc}") from None
+        entry = self.run.read_state().procs[target]
+        now = time.time()
+        record = Fault(secrets.token_hex(4), "link", target, now + duration, now, rate=rate)
+        with self.run.update() as edit:  # registered first: the undo survives our death
+            edit.state = edit.state.with_fault(record)
+        self.started.add(record.id)
+        try:
+            where = links.cap(ends, bits)
+        except (DldError, linkcap.LinkCapError) as exc:
+            self._forget(record.id)
+            raise ChaosError(f"could not cap the link of {target}: {exc}") from exc
+        detail = f"link capped at {rate} for {duration:g} s ({where})"
+        self.run.event("fault_inject", target, detail)
+        pid = entry.proc.pid if entry.proc else 0
+        return Injection(
+            "link", target, entry.host, pid, now, duration, record.until, detail, fault_id=record.id, rate=rate
+        )
+
     def _forget(self, fault_id: str) -> None:
         with self.run.update() as edit:
             edit.state = edit.state.without_fault(fault_id)
@@ -186,9 +245,14 @@ class Chaos:
         for fault in state.faults:
             mine = not own or fault.id in self.started
             if mine and (target is None or fault.target == target):
-                entry, host, runtime = self._target(fault.target, fault.kind)
-                ref = entry.proc
-                faults.undo(fault.kind, host, runtime, fault.target, ProcRef(ref.pid, ref.start_ticks) if ref else None)
+                if fault.kind == "link":
+                    links.uncap(self.link_ends_any(fault.target))
+                else:
+                    entry, host, runtime = self._target(fault.target, fault.kind)
+                    ref = entry.proc
+                    faults.undo(
+                        fault.kind, host, runtime, fault.target, ProcRef(ref.pid, ref.start_ticks) if ref else None
+                    )
                 self._forget(fault.id)
                 self.run.event("fault_undo", fault.target, f"{fault.kind} healed")
                 done.append(f"{fault.kind} {fault.target}")

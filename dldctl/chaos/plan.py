@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dldctl.chaos import linkcap
 from dldctl.units import parse_duration
 
-ACTIONS = ("kill", "pause", "slow", "partition")
+ACTIONS = ("kill", "pause", "slow", "partition", "link")
 SIGNALS = ("KILL", "TERM")
 _CHECK = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(>=|<=|==|!=|>|<)\s*(-?[\d.]+(?:e-?\d+)?|true|false)\s*$")
 _RISING = re.compile(r"^\s*([A-Za-z_][\w.]*)\s+rising\s*$")
@@ -42,6 +43,7 @@ class Fault:
     duration: float = 0.0  # pause/slow/partition; kill: the time it stays down (down_for)
     factor: float = 3.0  # slow
     signal: str = "KILL"  # kill
+    rate: str = "1mbit"  # link: the cap (tc's units)
 
     def describe(self) -> str:
         extra = {
@@ -49,6 +51,7 @@ class Fault:
             "pause": f"for {self.duration:g} s",
             "slow": f"x{self.factor:g} for {self.duration:g} s",
             "partition": f"for {self.duration:g} s",
+            "link": f"{self.rate} for {self.duration:g} s",
         }[self.action]
         return f"t+{self.at:7.1f}s {self.action:<9} {self.target:<10} {extra}"
 
@@ -127,6 +130,7 @@ def monkey_schedule(
     fault_s: float = 10.0,
     slow_factor: float = 3.0,
     down_for_s: float = 0.0,
+    link_rate: str = "1mbit",
 ) -> list[Fault]:
     """Faults at exponential gaps (a Poisson process of mean gap `mtbf_s`) over `duration_s`."""
     if mtbf_s <= 0 or duration_s <= 0:
@@ -142,7 +146,7 @@ def monkey_schedule(
         action = rng.choice(list(actions))
         target = rng.choice(list(targets))
         duration = down_for_s if action == "kill" else fault_s
-        out.append(Fault(round(t, 3), action, target, duration, slow_factor))
+        out.append(Fault(round(t, 3), action, target, duration, slow_factor, rate=link_rate))
         t += rng.expovariate(1.0 / mtbf_s)
     return out
 
@@ -165,7 +169,7 @@ class Experiment:
 def _fault(entry: Any, i: int) -> Fault:
     if not isinstance(entry, dict):
         raise PlanError(f"[[fault]] #{i + 1} must be a table")
-    known = {"at", "action", "target", "duration", "factor", "signal", "down_for"}
+    known = {"at", "action", "target", "duration", "factor", "signal", "down_for", "rate"}
     extra = set(entry) - known
     if extra:
         raise PlanError(f"[[fault]] #{i + 1}: unknown key {sorted(extra)[0]!r} (known: {', '.join(sorted(known))})")
@@ -186,7 +190,13 @@ def _fault(entry: Any, i: int) -> Fault:
     factor = number(entry.get("factor", 3.0), f"{where} factor")
     if action == "slow" and factor <= 1.0:
         raise PlanError(f"{where} factor: a slow fault needs factor > 1 (how many times slower), got {factor:g}")
-    return Fault(seconds(entry["at"], f"{where} at"), action, str(entry["target"]), duration, factor, signal)
+    rate = str(entry.get("rate", "1mbit"))
+    if action == "link":
+        try:
+            linkcap.parse_rate(rate)
+        except linkcap.LinkCapError as exc:
+            raise PlanError(f"{where} rate: {exc}") from None
+    return Fault(seconds(entry["at"], f"{where} at"), action, str(entry["target"]), duration, factor, signal, rate)
 
 
 def seconds(value: Any, where: str) -> float:

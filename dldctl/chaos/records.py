@@ -35,7 +35,8 @@ class Injection:
     detail: str
     signal: str | None = None  # kill
     factor: float | None = None  # slow
-    fault_id: str | None = None  # pause, slow, partition: its id in state.json's `faults`
+    fault_id: str | None = None  # pause, slow, partition, link: its id in state.json's `faults`
+    rate: str | None = None  # link: the cap
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +56,7 @@ def planned(fault: Fault) -> dict[str, Any]:
         "duration_s": fault.duration,
         "signal": fault.signal if fault.action == "kill" else None,
         "factor": fault.factor if fault.action == "slow" else None,
+        "rate": fault.rate if fault.action == "link" else None,
     }
 
 

@@ -53,6 +53,8 @@ def inject(chaos: Chaos, fault: Fault, *, force: bool) -> Injection:
     chaos.guard(fault.action, fault.target, force, confirm=None)
     if fault.action == "kill":
         return chaos.kill(fault.target, fault.signal, fault.duration or None)
+    if fault.action == "link":
+        return chaos.link(fault.target, fault.rate, fault.duration)
     return chaos.fault(fault.action, fault.target, fault.duration, fault.factor)
 
 

@@ -19,13 +19,15 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from dldctl import rundir
 from dldctl.chaos import records, runner, verdict
 from dldctl.chaos.inject import Chaos, Confirm
+from dldctl.chaos.linkcap import LinkCapError
 from dldctl.chaos.plan import ACTIONS, Experiment, PlanError, monkey_schedule, parse_experiment, seconds
 from dldctl.commands.options import output_console
-from dldctl.errors import ConfigError, OperationError, UsageError
+from dldctl.errors import ChaosError, ConfigError, OperationError, UsageError
 from syncer.common import strictjson
 
 app = typer.Typer(
@@ -200,6 +202,54 @@ def partition(
 
 
 @app.command()
+def link(
+    target: str = typer.Argument(..., help="learner-N"),
+    rate: str = typer.Option(..., "--rate", help="The cap, in tc's units: 1mbit, 500kbit, 1gbit."),
+    duration: str = typer.Option(..., "--duration", help="How long, e.g. 60s or 5m."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Check both hosts and print the tc commands; change nothing."
+    ),
+    force: bool = ForceOpt,
+    run: str | None = RunOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Cap the bandwidth between a learner and the syncer (tc, both ways), then restore it.
+
+    Needs root and tc on the learner's host and on the syncer's. Only that learner's traffic to and
+    from the syncer is touched.
+
+    Example: dldctl chaos link learner-2 --rate 1mbit --duration 60s
+    """
+    span = _seconds("--duration", duration, positive=True)
+    chaos = _chaos(run)
+    try:
+        if dry_run:
+            _link_dry_run(chaos, [target], rate)
+            return
+        chaos.guard("link", target, force, _confirmer())
+        done = chaos.link(target, rate, span)
+    finally:
+        chaos.close()
+    if json_out:
+        _emit(records.injected(chaos.run.name, done))
+    else:
+        console.print(f"[red]link {target}[/]: {done.detail} (undone automatically; `dldctl chaos heal` ends it now)")
+
+
+def _link_dry_run(chaos: Chaos, targets: list[str], rate: str) -> None:
+    """Each target's tc commands, or the refusal naming the host and why (exit 1 if any)."""
+    refused = []
+    for target in targets:
+        try:
+            for line in chaos.link_plan(target, rate):
+                err_console.print(f"would run on {escape(line)}", highlight=False)
+        except (LinkCapError, ChaosError) as exc:
+            refused.append(f"{target}: {exc}")
+    if refused:
+        raise ChaosError(f"cannot cap the link of {'; '.join(refused)}")
+
+
+@app.command()
 def heal(
     target: str | None = typer.Argument(None, help="Only this learner (default: with --all, everything)."),
     all_: bool = typer.Option(False, "--all", help="Undo every active fault and kill hold."),
@@ -242,7 +292,8 @@ def monkey(
     seed: int = typer.Option(0, "--seed", help="Same seed, same schedule."),
     targets: str | None = typer.Option(None, "--targets", help="Comma-separated learners (default: all)."),
     actions: str = typer.Option("kill", "--actions", help=f"Comma-separated, from {','.join(ACTIONS)}."),
-    fault_duration: str = typer.Option("10s", "--fault-duration", help="How long a pause/slow/partition lasts."),
+    fault_duration: str = typer.Option("10s", "--fault-duration", help="How long a pause/slow/partition/link lasts."),
+    link_rate: str = typer.Option("1mbit", "--link-rate", help="The cap of a link fault, e.g. 1mbit."),
     down_for: str = typer.Option("0", "--down-for", help="How long a killed learner stays down (0: restart delay)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the schedule, inject nothing."),
     force: bool = ForceOpt,
@@ -267,6 +318,7 @@ def monkey(
                 actions=[a.strip() for a in actions.split(",")],
                 fault_s=fault_s,
                 down_for_s=down_s,
+                link_rate=link_rate,
             )
         except PlanError as exc:
             raise UsageError(str(exc)) from None
@@ -275,6 +327,8 @@ def monkey(
         if dry_run:
             for fault in schedule:
                 out.print(fault.describe())
+            if any(f.action == "link" for f in schedule):
+                _link_dry_run(chaos, sorted({f.target for f in schedule if f.action == "link"}), link_rate)
             outcome = runner.MonkeyOutcome()
         else:
             outcome = runner.monkey(chaos, schedule, out, force=force, emit=_emit if json_out else runner.drop)
@@ -326,6 +380,14 @@ def run_experiment(
     if dry_run:
         if json_out:
             _emit(records.experiment_summary(None, exp, None))
+        linked = [f for f in exp.faults if f.action == "link"]
+        if linked and (run is not None or any(r.live() for r in rundir.all_runs())):  # hosts to check
+            chaos = _chaos(run)
+            try:
+                for fault in linked:
+                    _link_dry_run(chaos, [fault.target], fault.rate)
+            finally:
+                chaos.close()
         return
     chaos = _chaos(run)
     try:

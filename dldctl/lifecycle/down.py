@@ -18,7 +18,8 @@ from typing import Any
 
 from rich.console import Console
 
-from dldctl.errors import DldError, OperationError, RunError
+from dldctl.chaos import links
+from dldctl.errors import ChaosError, DldError, OperationError, RunError
 from dldctl.hosts import Host, ProcRef
 from dldctl.hosts.slurm import SlurmHost
 from dldctl.inventory import parse
@@ -134,6 +135,23 @@ class RunProcesses:
             host.close()
 
 
+def _uncap_links(run: RunDir, fleet: RunProcesses, config: ResolvedConfig | None) -> None:
+    """Take off every link cap of `chaos link` still on a host (its tc rules outlive the run)."""
+    try:
+        state = run.read_state()
+    except RunError:
+        return
+    for fault in (f for f in state.faults if f.kind == "link" and not f.undone):
+        try:
+            if config is None or fault.target not in state.procs:
+                raise ChaosError("the run's configuration or learner is gone")
+            links.uncap(links.ends_of(state, config, fault.target, fleet.host))
+        except DldError as exc:
+            run.event("fault_undo_failed", fault.target, f"link at down: {exc.line()} (remove its tc class by hand)")
+            continue
+        run.event("fault_undo", fault.target, "link undone at down")
+
+
 def _mark_stopping(run: RunDir) -> None:
     try:
         with run.update() as edit:
@@ -214,6 +232,7 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
         killed = fleet.stop(lambda r: r["target"] in ("supervisor", "watchdog"), 10.0)
         killed += fleet.stop(fleet.idle_spare, 5.0)  # warm spares that never became a learner
         config = _read_config(run)
+        _uncap_links(run, fleet, config)  # before the learners' last pushes, and nothing left on a host
         before = _syncer_snapshot(run, config)
         console.print("stopping learners (they send their last fragments)...")
         killed += fleet.stop(lambda r: r["target"].startswith("learner-"), LEARNER_GRACE_S)

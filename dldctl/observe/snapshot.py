@@ -112,7 +112,7 @@ def learner_state(
     if status is ProcStatus.UNREACHABLE:
         return "dead"
     active = {f.kind for f in faults if not f.undone}
-    for kind, word in (("pause", "paused"), ("partition", "partitioned"), ("slow", "slow")):
+    for kind, word in (("pause", "paused"), ("partition", "partitioned"), ("slow", "slow"), ("link", "degraded")):
         if kind in active:
             return word
     recently = time.time() - float(proc.started_at or 0) < STARTING_S

@@ -31,6 +31,7 @@ STATE_STYLES = {
     "dead": "bold red",
     "restarting": "cyan",
     "queued": "cyan",
+    "degraded": "yellow",
     "stopped": "dim",
 }
 

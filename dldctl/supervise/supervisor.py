@@ -24,7 +24,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from dldctl.chaos import faults
+from dldctl.chaos import faults, links
 from dldctl.errors import DldError, HostError
 from dldctl.hosts import Host, ProcRef
 from dldctl.inventory import Inventory, parse
@@ -353,7 +353,14 @@ class Supervisor:
         state = self.run.read_state()
         entry = state.procs.get(fault.target)
         ok = False
-        if entry is not None:
+        if entry is not None and fault.kind == "link":
+            try:
+                links.uncap(links.ends_of(state, self.config(), fault.target, self.host))
+                ok = True
+            except (DldError, ValueError) as exc:
+                self.run.event("fault_undo_failed", fault.target, f"link: {exc}")
+                return
+        elif entry is not None:
             try:
                 ok = faults.undo(
                     fault.kind,

@@ -40,6 +40,7 @@ def test_a_kill_reports_where_it_hit_and_when_the_hold_ends() -> None:
         "signal": "KILL",
         "factor": None,
         "fault_id": None,
+        "rate": None,  # a link cap's
     }
     assert json.loads(json.dumps(doc)) == doc
 
@@ -73,6 +74,7 @@ def test_heal_and_the_monkey_summary() -> None:
         "duration_s": 0.0,
         "signal": "KILL",
         "factor": None,
+        "rate": None,
     }
     stopped = records.monkey_summary("r", schedule, options, 1, ["pause learner-1"])
     assert stopped["interrupted"] is True and stopped["healed"] == [{"kind": "pause", "target": "learner-1"}]

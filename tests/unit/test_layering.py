@@ -180,6 +180,7 @@ PURE_CORE = (
     "dldctl/supervise/reconcile.py",
     "dldctl/runstate.py",
     "dldctl/hosts/slurmjobs.py",
+    "dldctl/chaos/linkcap.py",
     "dldctl/units.py",
     "dldctl/chaos/plan.py",
     "dldctl/chaos/verdict.py",
