@@ -46,6 +46,8 @@ def test_syncer_death_and_quorum_lost_reach_the_webhook_and_the_command(tmp_path
             dl("chaos", "pause", "learner-0", "--duration", "8", "--force")
             wait_until(lambda: "below_quorum" in hook.kinds(), 30, "the below_quorum webhook", every=0.2)
             took = time.monotonic() - began
+            # the sink records its `alert` event once the send returned: the hook may hear it first
+            wait_until(lambda: len(dl.events("alert")) >= 3, 10, "the below_quorum alert event", every=0.2)
             shown = dl("events", "--kind", "alert", "--json").stdout
             dl.down()
             time.sleep(1.0)
