@@ -6,29 +6,23 @@ collide) and one veth pair: the operator end `{prefix}{i}o{token}` holds 198.18.
 route via 198.18.i.1. Addresses come from 198.18.0.0/15 only, one /24 per site; a /24 that a live
 run or the root namespace already uses is skipped, so numbering starts at 198.18.1.0/24 but may not.
 
-Reaching the syncer: the root namespace answers for all its local addresses on every interface,
-so site j reaches 198.18.1.1 through ITS OWN veth, shaped by ITS OWN limits. A syncer in the root
-namespace with `bind = "0.0.0.0"` is reachable by every site at one address, `Sites.advertise`.
-Nothing is forwarded (ip_forward is left alone): a site reaches the root namespace's own addresses
-and nothing beyond, which does include any root service bound to 0.0.0.0 (e.g. the machine's sshd).
+Reaching the syncer: the root namespace answers for its local addresses on every interface, so
+site j reaches 198.18.1.1 through ITS OWN veth, shaped by ITS OWN limits: a syncer in the root
+namespace bound to 0.0.0.0 is reachable by every site at one address, `Sites.advertise`. Nothing
+is forwarded (ip_forward is left alone; bench/race.py turns it on for its data-parallel ring).
 
-Shaping: each veth end's egress is an htb root (handle 1:) whose one class 1:1 has rate = ceil = R
-and burst B (the site end: site -> operator; the operator end: operator -> site), with a bfifo of
-~50 ms of traffic under it, so a slow link adds <= ~50 ms of queueing instead of seconds of
-bufferbloat. B = max(R/250 bytes, 32 KiB): 4 ms of traffic, never under a few of the veth's GSO
-segments. htb rather than tbf so that `dldctl chaos link` can add its own class beside 1:1 (it caps
-one learner's traffic on a link it finds already shaped with htb; dldctl/chaos/linkcap.py). Without `operator_rate`
-the operator's total egress is count x rate (each end is capped on its own device). With it, an
-ifb `{prefix}i{token}` caps the total: each operator end's egress is redirected (clsact, u32,
-mirred) through the ifb's tbf, then comes back through the end's own tbf, so both caps apply.
+Shaping: each veth end's egress (site end: site -> operator; operator end: operator -> site) is an
+htb root 1: whose class 1:1 has rate = ceil = R, burst max(R/250 bytes, 32 KiB) and a bfifo of
+~50 ms under it (no bufferbloat); htb, not tbf, so that `dldctl chaos link` can put its own class
+beside 1:1. Without `operator_rate` the operator's total egress is count x rate; with it, an ifb
+`{prefix}i{token}` caps the total (each operator end's egress is redirected through its tbf).
 
-Each site runs a real `/usr/sbin/sshd -D` on port 22 inside its namespace with a generated host
-key, accepting one generated user key for root (tests/sshfleet.py's recipe); `known_hosts` lists
-every site. Teardown (`close()`, the context exit, or SIGINT/SIGTERM in the main thread, after which
-the old handler gets the signal) stops each sshd by pid with its sessions, SIGKILLs what is still
-inside our namespaces (`ip netns pids`), deletes veths, ifb and namespaces. Each namespace is
-recorded first in /run/dldctl-sites/<namespace>.json with its owner's pid and start time; a later
-`Sites` with the same prefix removes what dead owners left and never touches a live owner's.
+Each site runs a real `/usr/sbin/sshd -D` on port 22 with a generated host key, accepting one
+generated root key (tests/sshfleet.py's recipe). Teardown (`close()`, the context exit, or
+SIGINT/SIGTERM) stops each sshd by pid, SIGKILLs what is left inside our namespaces (`ip netns
+pids`) and deletes veths, ifb and namespaces. Each namespace is recorded first in
+/run/dldctl-sites/<namespace>.json with its owner's pid and start time; a later `Sites` with the
+same prefix removes what dead owners left and never touches a live owner's.
 
     with Sites(workdir, count=2, rate="10mbit") as sites:
         toml = run_table + f'[syncer]\nbind = "0.0.0.0"\nadvertise = "{sites.advertise}"\n\n'
@@ -125,7 +119,7 @@ def htb(dev: str, rate: str, ns: str | None = None, *, first: bool = True) -> li
 
 
 def tbf(rate: str) -> list[str]:
-    """The `root tbf ...` arguments for `rate` (burst and queue limit: see the module docstring)."""
+    """The `root tbf ...` arguments for `rate` (the ifb's aggregate cap)."""
     bits = rate_bits(rate)
     return ["root", "tbf", "rate", f"{bits}bit", "burst", str(max(bits // 8 // 250, 32 * 1024)), "latency", LATENCY]
 
@@ -231,14 +225,11 @@ def purge(record: dict[str, Any]) -> None:
 
 def purge_stale(prefix: str) -> list[str]:
     """Remove the sites of earlier runs with this prefix whose owner died; their namespaces."""
-    removed = []
-    for path in sorted(STATE_DIR.glob(f"{prefix}s*.json")):
-        record = _read_state(path)
-        if record is None or _alive(record) or not str(record.get("namespace", "")).startswith(f"{prefix}s"):
-            continue  # a live owner's, or not one of ours: never touched
+    records = [r for p in sorted(STATE_DIR.glob(f"{prefix}s*.json")) if (r := _read_state(p)) is not None]
+    stale = [r for r in records if not _alive(r) and str(r.get("namespace", "")).startswith(f"{prefix}s")]
+    for record in stale:  # a live owner's, or not one of ours, is never touched
         purge(record)
-        removed.append(str(record["namespace"]))
-    return removed
+    return [str(r["namespace"]) for r in stale]
 
 
 def _add_namespace(ns: str) -> None:
@@ -465,12 +456,9 @@ def _known_host(h: SiteHost) -> str:
 
 def _stop_sshd(proc: subprocess.Popen[bytes]) -> None:
     """Stop one sshd we started (SIGTERM, then SIGKILL) and its sessions, if the pid still is sshd."""
-    try:
-        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
-    except OSError:
-        cmdline = b""
-    if proc.poll() is None and b"sshd" in cmdline:
-        stop_sshd_tree(proc)  # the sessions get SIGTERM; kill_namespace SIGKILLs what remains
+    with contextlib.suppress(OSError):  # gone: nothing to stop
+        if proc.poll() is None and b"sshd" in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+            stop_sshd_tree(proc)  # the sessions get SIGTERM; kill_namespace SIGKILLs what remains
 
 
 def _try(fn: Any, *args: Any) -> None:
@@ -494,8 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Sites(workdir, args.count, args.rate, args.operator_rate, args.prefix) as sites:
             for h in sites.hosts:
-                line = f"{h.name}  address {h.address}  operator {h.operator_address}  ssh port {h.port}"
-                print(f"{line}  rate {sites.rates[h.name]}  namespace {h.namespace}")
+                print(f"{h.name} {h.address} (operator {h.operator_address}) ssh :{h.port} {sites.rates[h.name]}")
             print(f'\n# prepend [run] and: [syncer] bind = "0.0.0.0", advertise = "{sites.advertise}"')
             print(sites.inventory_hosts(workdir / "hosts"))
             print("sites are up; Ctrl-C tears them down", flush=True)

@@ -27,6 +27,17 @@ if [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin
   fi
 fi
 
+# the sites tests make network namespaces, veths and tc qdiscs (bench/sites.py, chaos link)
+if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+  if [ "$(id -u)" -eq 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq iproute2 >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null && apt-get install -y -qq iproute2 >/dev/null; }
+  else
+    echo "scripts/test.sh: iproute2 (ip, tc) is missing; the sites tests will fail (apt-get install iproute2)" >&2
+  fi
+fi
+
 # the syncer's native merge kernel is compiled with the host's C compiler (its tests need one)
 if ! command -v cc >/dev/null && ! command -v gcc >/dev/null; then
   if [ "$(id -u)" -eq 0 ]; then
