@@ -13,6 +13,7 @@ import time
 
 # stdlib since 3.11; mypy checks as 3.10 (pyproject's python_version), which has none
 import tomllib
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from dldctl.chaos import records, runner, verdict
 from dldctl.chaos.inject import Chaos, Confirm
 from dldctl.chaos.linkcap import LinkCapError
 from dldctl.chaos.plan import ACTIONS, Experiment, PlanError, monkey_schedule, parse_experiment, seconds
+from dldctl.chaos.records import Injection
 from dldctl.commands.options import output_console
 from dldctl.errors import ChaosError, ConfigError, OperationError, UsageError
 from syncer.common import strictjson
@@ -86,16 +88,31 @@ def kill(
     if signal.upper() not in ("KILL", "TERM"):
         raise UsageError(f"--signal {signal!r}: use KILL or TERM")
     hold = None if down_for is None else _seconds("--down-for", down_for)
+    _inject(run, "kill", target, force, json_out, lambda chaos: chaos.kill(target, signal, hold), "killed")
+
+
+def _inject(
+    run: str | None,
+    action: str,
+    target: str,
+    force: bool,
+    json_out: bool,
+    do: Callable[[Chaos], Injection],
+    said: str,
+    undone: bool = False,
+) -> None:
+    """The quorum guard, then `do`, then what was done: its JSON or one line (`said TARGET: ...`)."""
     chaos = _chaos(run)
     try:
-        chaos.guard("kill", target, force, _confirmer())
-        done = chaos.kill(target, signal, hold)
+        chaos.guard(action, target, force, _confirmer())
+        done = do(chaos)
     finally:
         chaos.close()
     if json_out:
         _emit(records.injected(chaos.run.name, done))
     else:
-        console.print(f"[red]killed {target}[/]: {done.detail}")
+        later = " (undone automatically; `dldctl chaos heal` ends it now)" if undone else ""
+        console.print(f"[red]{said} {target}[/]: {done.detail}{later}")
 
 
 @app.command()
@@ -113,16 +130,7 @@ def preempt(
     Example: dldctl chaos preempt learner-3
     """
     hold = None if down_for is None else _seconds("--down-for", down_for)
-    chaos = _chaos(run)
-    try:
-        chaos.guard("preempt", target, force, _confirmer())
-        done = chaos.preempt(target, hold)
-    finally:
-        chaos.close()
-    if json_out:
-        _emit(records.injected(chaos.run.name, done))
-    else:
-        console.print(f"[red]preempted {target}[/]: {done.detail}")
+    _inject(run, "preempt", target, force, json_out, lambda chaos: chaos.preempt(target, hold), "preempted")
 
 
 def _seconds(flag: str, text: str, positive: bool = False) -> float:
@@ -142,18 +150,7 @@ def _timed(
     span = _seconds("--duration", duration, positive=True)
     if action == "slow" and factor <= 1.0:
         raise UsageError(f"--factor: must be > 1 (how many times slower), got {factor:g}")
-    chaos = _chaos(run)
-    try:
-        chaos.guard(action, target, force, _confirmer())
-        done = chaos.fault(action, target, span, factor)
-    finally:
-        chaos.close()
-    if json_out:
-        _emit(records.injected(chaos.run.name, done))
-    else:
-        console.print(
-            f"[red]{action} {target}[/]: {done.detail} (undone automatically; `dldctl chaos heal` ends it now)"
-        )
+    _inject(run, action, target, force, json_out, lambda chaos: chaos.fault(action, target, span, factor), action, True)
 
 
 @app.command()
@@ -221,19 +218,14 @@ def link(
     Example: dldctl chaos link learner-2 --rate 1mbit --duration 60s
     """
     span = _seconds("--duration", duration, positive=True)
-    chaos = _chaos(run)
-    try:
-        if dry_run:
+    if dry_run:
+        chaos = _chaos(run)
+        try:
             _link_dry_run(chaos, [target], rate)
-            return
-        chaos.guard("link", target, force, _confirmer())
-        done = chaos.link(target, rate, span)
-    finally:
-        chaos.close()
-    if json_out:
-        _emit(records.injected(chaos.run.name, done))
-    else:
-        console.print(f"[red]link {target}[/]: {done.detail} (undone automatically; `dldctl chaos heal` ends it now)")
+        finally:
+            chaos.close()
+        return
+    _inject(run, "link", target, force, json_out, lambda chaos: chaos.link(target, rate, span), "link", True)
 
 
 def _link_dry_run(chaos: Chaos, targets: list[str], rate: str) -> None:
