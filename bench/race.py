@@ -174,6 +174,35 @@ def fleet_settings(strategy: str) -> dict[str, Any]:
     return diloco_run(32, **common)
 
 
+def fleet_start(samples: list[dict[str, Any]]) -> float | None:
+    """When the fleet took its first step: the first sample in which a learner trained, less the
+    time its steps took at its rate (the learners report their step and tokens/s)."""
+    for sample in samples:
+        learners = [v for v in (sample.get("learners") or {}).values() if v.get("step") and v.get("tokens_per_s")]
+        if learners:
+            return float(sample["t"]) - max(v["tokens"] / v["tokens_per_s"] for v in learners)
+    return None
+
+
+def fleet_curve(evals: list[dict[str, Any]], start: float, wall_s: float) -> list[tuple[float, float]]:
+    """The global model's scores from the fleet's first step, within the window."""
+    return [(r["t"] - start, r["loss"]) for r in evals if start <= r["t"] <= start + wall_s]
+
+
+def rebuild_fleets(runs: dict[str, dict[str, Any]], workdir: Path, wall_s: float) -> None:
+    """The DiLoCo curves of an earlier race again, from its run directories (curves counted from
+    the fleet's first step, as `run_fleet` counts them now)."""
+    for key, res in runs.items():
+        rate, strategy = key.split("|")
+        if strategy == STRATEGIES[0]:
+            continue
+        (run_dir,) = (workdir / rate / strategy.split()[0].lower() / "home" / "runs").iterdir()
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+        start = fleet_start([r for r in records if r.get("kind") == "sample"])
+        if start is not None:
+            res["curve"] = fleet_curve([r for r in records if r.get("kind") == "global_eval"], start, wall_s)
+
+
 def run_fleet(sites: Sites, strategy: str, wall_s: float, work: Path) -> dict[str, Any]:
     """A DiLoCo fleet in the sites through the real `dldctl up` over SSH."""
     home = work / strategy.split()[0].lower()
@@ -184,13 +213,13 @@ def run_fleet(sites: Sites, strategy: str, wall_s: float, work: Path) -> dict[st
     inv.write_text(inventory_text(run) + syncer + sites.inventory_hosts(work / "remote"))
     with DldctlHome(home / "home") as dl:
         dl("up", str(inv), "-d", "--wait", "--timeout", "300", timeout=420)
-        start = time.time()
         meter = Meter(sites)
         meter.start()
-        time.sleep(wall_s)
+        start = _wait_for(lambda: fleet_start(dl.metrics("sample")), 60, "the fleet's first step")
+        time.sleep(max(0.0, start + wall_s - time.time()))
         links = meter.finish(wall_s, sites.rates["site1"])
         snap = dl.status()
-        curve = [(r["t"] - start, r["loss"]) for r in dl.metrics("global_eval") if r["t"] >= start]
+        curve = fleet_curve(dl.metrics("global_eval"), start, wall_s)
         dl.down()
     blocked = [r.get("blocked_frac") for r in snap.get("learners", []) if r.get("blocked_frac") is not None]
     return {"curve": curve, "blocked_share": sum(blocked) / len(blocked) if blocked else None, **links}
@@ -209,21 +238,26 @@ def final_loss(curve: list[tuple[float, float]]) -> float | None:
 
 
 def rows(runs: dict[str, dict[str, Any]], wall_s: float) -> list[dict[str, Any]]:
-    """One row per rate and strategy; the target is data-parallel's final loss at the fastest rate."""
-    target = final_loss(runs[f"{RATES[0]}|data-parallel"]["curve"]) if f"{RATES[0]}|data-parallel" in runs else None
+    """One row per rate and strategy. The target at a rate is data-parallel's final eval loss at
+    that rate (where its window ended); `DP 1gbit target` is its final loss on the fastest link."""
+    best_target = final_loss(runs.get(f"{RATES[0]}|data-parallel", {}).get("curve", []))
     out = []
     for key, res in runs.items():
         rate, strategy = key.split("|")
+        dp = runs.get(f"{rate}|data-parallel", {}).get("curve", [])
+        target = final_loss(dp)
         reach = time_to(res["curve"], target) if target is not None else None
-        dp = runs.get(f"{rate}|data-parallel", {})
-        dp_reach = time_to(dp.get("curve", []), target) if target is not None else None
+        dp_reach = time_to(dp, target) if target is not None else None
+        fast = time_to(res["curve"], best_target) if best_target is not None else None
         out.append(
             {
                 "rate": rate,
                 "strategy": strategy,
                 "eval loss at window end": final_loss(res["curve"]),
-                "time to target s": reach,
+                "DP's final loss here": target,
+                "time to it s": reach,
                 "x sooner than DP": _speedup(dp_reach, reach, wall_s),
+                "time to DP 1gbit target s": fast,
                 "GB moved": res["bytes_total"] / 1e9,
                 "peak util": res["peak_util"],
                 "mean util": res["mean_util"],
@@ -251,9 +285,8 @@ def verdict(table: list[dict[str, Any]]) -> dict[str, Any]:
         return float(str(value).lstrip(">= ")) if value else None
 
     dec_10, sync_10 = by.get(("10mbit", STRATEGIES[2]), {}), by.get(("10mbit", STRATEGIES[1]), {})
-    vs_sync = None
-    if dec_10.get("time to target s") and sync_10.get("time to target s"):
-        vs_sync = sync_10["time to target s"] / dec_10["time to target s"]
+    key = "time to DP 1gbit target s"  # a target both DiLoCos reach: time to it, synchronous over decoupled
+    vs_sync = sync_10[key] / dec_10[key] if dec_10.get(key) and sync_10.get(key) else None
     blocked = [r["blocked"] for r in table if r["strategy"] == STRATEGIES[2] and r["blocked"] is not None]
     return {
         "decoupled >= 10x sooner than DP at 100mbit": ratio("100mbit", STRATEGIES[2]),
@@ -295,7 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=None, help="seconds of training per run")
     parser.add_argument("--rates", default=",".join(RATES))
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--rescore", type=Path, default=None, help="recompute the table of an earlier result")
+    parser.add_argument("--workdir", type=Path, default=None, help="with --rescore: its runs, to rebuild curves")
     args = parser.parse_args(argv)
+    if args.rescore:
+        return rescore(args.rescore, args.workdir)
     wall = args.window or (40.0 if args.quick else 120.0)
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"dld-race-{os.getpid()}"
     runs: dict[str, dict[str, Any]] = {}
@@ -313,6 +350,23 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(result, indent=1))
     plot(runs, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+def rescore(path: Path, workdir: Path | None) -> int:
+    """The table, verdict and plot of a result file again, from its curves (no run); with
+    `workdir`, the DiLoCo curves rebuilt from its run directories first."""
+    result = json.loads(path.read_text())
+    runs = {k: {**v, "curve": [tuple(p) for p in v["curve"]]} for k, v in result["runs"].items()}
+    if workdir is not None:
+        rebuild_fleets(runs, workdir, float(result["window_s"]))
+        result["runs"] = runs
+    table = rows(runs, float(result["window_s"]))
+    result.update(rows=table, verdict=verdict(table))
+    print_table(table)
+    print(json.dumps(result["verdict"], indent=1))
+    path.write_text(json.dumps(result, indent=1))
+    plot(runs, path.with_suffix(".png"))
     return 0
 
 
