@@ -11,8 +11,10 @@ each) whose links are capped at 1 Gbit/s, 100 Mbit/s and 10 Mbit/s per site, eac
   quorum 1, overlap, grace, the syncer's round clock, rebase).
 
 The syncer runs in the operator's (root) namespace; each site reaches it over its own capped
-veth. Sites talk to each other (the data-parallel ring) through the operator's namespace, which
-forwards for the run's duration (ip_forward is restored after). Bandwidth is emulated, latency
+veth, and the syncer's own egress to all the sites shares one more cap at the same rate (an ifb:
+its link to the fleet is the busiest). Sites talk to each other (the data-parallel ring) through
+the operator's namespace, which forwards for that run (ip_forward is restored after); that run
+has no aggregate cap, which would turn its ring into one shared hub. Bandwidth is emulated, latency
 is not (this kernel has no netem): the links add at most ~50 ms of queueing.
 
 Each run gets the same wall-clock window, counted from its first training step (data-parallel:
@@ -337,11 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"dld-race-{os.getpid()}"
     runs: dict[str, dict[str, Any]] = {}
     for rate in args.rates.split(","):
-        with Sites(work / f"sites-{rate}", SITES, rate=rate, prefix="dlr") as sites, forwarding():
+        with Sites(work / f"dp-sites-{rate}", SITES, rate=rate, prefix="dlr") as sites, forwarding():
             runs[f"{rate}|{STRATEGIES[0]}"] = run_dp(sites, wall, work / rate)
+        # the syncer's own link is capped too: all its egress to the sites shares one `rate`
+        with Sites(work / f"sites-{rate}", SITES, rate=rate, operator_rate=rate, prefix="dlr") as sites:
             for strategy in STRATEGIES[1:]:
                 runs[f"{rate}|{strategy}"] = run_fleet(sites, strategy, wall, work / rate)
-            print(f"{rate}: done", flush=True)
+        print(f"{rate}: done", flush=True)
     table = rows(runs, wall)
     print_table(table)
     result = {"window_s": wall, "settings": SETTINGS, "rows": table, "verdict": verdict(table), "runs": runs}

@@ -213,7 +213,7 @@ class Chaos:
             bits = linkcap.parse_rate(rate)
             ends = self.link_ends(target)
             links.plan(ends, bits)  # refused here, before anything is registered or changed
-        except linkcap.LinkCapError as exc:
+        except (linkcap.LinkCapError, ChaosError) as exc:
             raise ChaosError(f"cannot cap the link of {target}: {exc}") from None
         entry = self.run.read_state().procs[target]
         now = time.time()

@@ -183,6 +183,12 @@ def test_pause_slow_partition_take_effect_and_undo_themselves(fleet: tuple[Dldct
     assert {("fault_undo", "learner-2"), ("fault_undo", "learner-3"), ("fault_undo", "learner-0")} <= set(undone)
     # from the run's events, not the status' last 40: a rejoin's backlog notes (one per fragment) can fill those
     assert any(e["target"] == "learner-0" and e["t"] >= cut for e in dl.events("learner_back"))
+    # a link cap on this machine would cap every learner here: refused, naming the host, --dry-run too
+    for dry in (["--dry-run"], []):
+        capped = dl("chaos", "link", "learner-1", "--rate", "1mbit", "--duration", "5s", "--force", *dry, check=False)
+        assert capped.returncode == 1 and "cannot cap the link of learner-1" in capped.stderr, capped.stderr
+        assert "would cap" in capped.stderr and "(host a)" in capped.stderr
+    assert not dl.status()["faults"]
 
 
 def test_guard_refuses_to_break_the_quorum_and_heal_is_idempotent(fleet: tuple[DldctlHome, Path]) -> None:

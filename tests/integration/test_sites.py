@@ -192,14 +192,18 @@ NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "
 def test_the_command_line_prints_the_sites_and_tears_down_on_ctrl_c(tmp_path: Path) -> None:
     cmd = [*SCRIPT, "--count", "1", "--rate", "10mbit", "--prefix", PREFIX, "--workdir", str(tmp_path)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    while not (lines and lines[-1].startswith("sites are up")):
-        lines.append(proc.stdout.readline())  # type: ignore[union-attr]
-        assert lines[-1], "".join(lines)
-    text = "".join(lines)
-    assert "site1  address 198.1" in text and "[[hosts]]" in text and 'host_key_policy = "strict"' in text
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=20) == 0  # and the autouse fixture finds nothing left
+    try:
+        lines: list[str] = []
+        while not (lines and lines[-1].startswith("sites are up")):
+            lines.append(proc.stdout.readline())  # type: ignore[union-attr]
+            assert lines[-1], "".join(lines)
+        text = "".join(lines)
+        assert "site1 198.1" in text and "(operator 198.1" in text and "[[hosts]]" in text
+        assert 'host_key_policy = "strict"' in text
+    finally:
+        proc.send_signal(signal.SIGINT)  # its own teardown, also when an assertion above failed
+        code = proc.wait(timeout=20)
+    assert code == 0  # and the autouse fixture finds nothing left
 
 
 def test_without_root_the_command_line_refuses_in_one_line() -> None:
