@@ -105,15 +105,16 @@ class Supervisor:
                 dead = not alive[ref.pid] and name in state.procs
                 finished = self._finished(state, name) if dead else None
                 last = self._last_words(state, name) if dead and not finished else ""
-                job = jobs.get(ref.pid)
-                seen[name] = reconcile.Observation(alive[ref.pid], finished, last, job, ref.pid if jobs else None)
+                job, asked = (jobs.get(ref.pid), ref.pid) if jobs is not None else (None, None)
+                seen[name] = reconcile.Observation(alive[ref.pid], finished, last, job, asked)
         return seen
 
     @staticmethod
-    def _look(host: Host, refs: list[ProcRef]) -> tuple[dict[int, bool], dict[int, JobInfo]]:
-        """pid -> alive, and on a scheduler site job id -> what the scheduler says (one squeue)."""
+    def _look(host: Host, refs: list[ProcRef]) -> tuple[dict[int, bool], dict[int, JobInfo] | None]:
+        """pid -> alive, and on a scheduler site job id -> what the scheduler says (one squeue; a
+        job it no longer lists is absent, so the record says it ended); None on a machine."""
         if not host.scheduler:
-            return host.alive(refs), {}
+            return host.alive(refs), None
         jobs = host.describe(refs, max_age=SCHEDULER_POLL_S)
         return {r.pid: r.pid in jobs and jobs[r.pid].active for r in refs}, jobs
 

@@ -103,3 +103,11 @@ def test_site_problems_from_the_cluster() -> None:
     unknown = CommandResult(1, "", "Partition nope not found")
     nope, _ = site({"scontrol show partition": unknown, "sinfo": ok("debug\ngpu\n")}, SiteJob(partition="nope"))
     assert nope.problems() == ["partition 'nope' does not exist (the cluster has debug, gpu): set sites.partition"]
+
+
+def test_the_supervisor_tells_a_forgotten_job_from_a_machine() -> None:
+    from dldctl.supervise.supervisor import Supervisor
+
+    forgot, _ = site({"squeue": CommandResult(1, "", "slurm_load_jobs error: Invalid job id specified")})
+    assert Supervisor._look(forgot, [ProcRef(7, JOB_TICKS)]) == ({7: False}, {})  # {}: ended, recorded as such
+    assert Supervisor._look(LocalHost("here"), [])[1] is None  # a machine has no jobs to record
