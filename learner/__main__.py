@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 
+import learner
 from learner import config, logline, spare
 from learner.logline import log
 from learner.trainer import Trainer, install_signal_handlers
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"spare pid {os.getpid()} ready; waiting for {args.spare}")
         data = spare.wait_for_assignment(args.spare)
         spare.become(data)
+        learner.STARTED = time.monotonic()  # its time to the first step counts from here
         logline.configure(str(data["id"]))
         log(f"taking over from a warm spare (pid {os.getpid()})")
         args.id, args.workdir = data["id"], Path(data["workdir"])

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-import torch
-
+from learner import offload
 from learner.replica import Replica
 from syncer.common.settings import RunSettings
 from syncer.wire import codec
@@ -44,10 +43,11 @@ class Phase(StrEnum):
 
 @dataclass(frozen=True)
 class PushItem:
-    """An outer gradient waiting to leave (CPU fp32), with its counters."""
+    """An outer gradient waiting to leave (CPU fp32, or encoded on a GPU: learner/offload.py), with
+    its counters."""
 
     fragment: int
-    delta: torch.Tensor
+    delta: offload.Delta
     base_version: int
     c_steps: int
     c_tokens: int
@@ -63,12 +63,14 @@ def coalesce(older: PushItem | None, newer: PushItem) -> PushItem:
     so the sum, with the counters summed, is exactly the outer gradient of all the steps since
     that base: the work of a learner cut off from the syncer reaches the model when it is back
     (the fragment "stays due", ALGORITHM.md). If a global value was applied in between (another
-    base), the older one is dropped: newest wins."""
+    base), the older one is dropped: newest wins. An outer gradient already encoded on a GPU
+    enters the sum as the values the syncer would have decoded (one quantization more: rare, a
+    push waits only while the link is down)."""
     if older is None or (older.base_version, older.base_epoch) != (newer.base_version, newer.base_epoch):
         return newer
     return PushItem(
         newer.fragment,
-        older.delta + newer.delta,
+        offload.values(older.delta) + offload.values(newer.delta),
         newer.base_version,
         older.c_steps + newer.c_steps,
         older.c_tokens + newer.c_tokens,
@@ -171,7 +173,7 @@ def push_message(send: Send, settings: RunSettings) -> Message:
         "c_time": item.c_time,
         "step_time": item.step_time,
     }
-    return Message("push", meta, [codec.encode(item.delta, settings.compression, settings.block)])
+    return Message("push", meta, [offload.blob(item.delta, settings.compression, settings.block)])
 
 
 class LinkCore:

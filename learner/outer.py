@@ -80,9 +80,10 @@ class OuterState:
 
     @torch.no_grad()
     def take_outer_gradient(self, p: int, params: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, FragmentCounters]:
-        """mark[p] - local[p] (on the CPU, for the sender thread) and its counters; moves the mark."""
+        """mark[p] - local[p] (on the parameters' device: `learner.offload.take` sends it on) and
+        its counters; moves the mark."""
         local = self.plan.gather(p, params)
-        delta = (self.mark[p] - local).to("cpu", torch.float32)
+        delta = self.mark[p] - local
         counters = FragmentCounters(self.counters[p].steps, self.counters[p].tokens, self.counters[p].time)
         self.mark[p] = local
         self.counters[p].reset()

@@ -14,25 +14,25 @@ Chaos hooks: `control.json` in the work dir can slow this learner or cut its lin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from learner import initmodel
+import learner
+from learner import files, initmodel, offload, recipe
 from learner.client import SyncerClient
 from learner.config import LearnerConfig
 from learner.link import LinkCore, PushItem
 from learner.logline import log
 from learner.outer import OuterState
 from learner.schedule import learning_rate
-from syncer.common.atomic import atomic_file, atomic_write
 from syncer.common.smallmath import ema
 from syncer.wire import fragments
 from workload import Workload, WorkloadContext, build_workload
@@ -62,6 +62,9 @@ class Trainer:
         self._control: dict[str, float] = {}
         self.wl: Workload | None = None
         self.phase = 0  # added to the step counter by the sync schedule (lockstep_phase)
+        self.recipe = recipe.resolve(self.s.precision, self.s.compile, self.s.tf32, self.device)
+        self.losses = recipe.LossMeter.for_device(self.device)
+        self.steady = recipe.Steady(self.recipe.warmup_steps, learner.STARTED)
 
     @property
     def workload(self) -> Workload:
@@ -72,6 +75,7 @@ class Trainer:
     # -- join --------------------------------------------------------------------------------
     def build(self) -> None:
         torch.set_num_threads(max(1, self.cfg.spec.threads))
+        recipe.setup(self.recipe)
         # the data order differs per island rank and per restart (a restart must not replay
         # the same batches); the model init depends only on the run's seed
         rank = self.island.rank if self.island else 0
@@ -89,7 +93,8 @@ class Trainer:
             said = initmodel.load(self.wl.model, self.cfg.init_model, self.s.init_from)
             if rank == 0:
                 log(said)
-        self.train_model = self.island.wrap(self.wl.model) if self.island else self.wl.model
+        self.wrapped = self.island.wrap(self.wl.model) if self.island else self.wl.model
+        self.train_model = recipe.compiled(self.recipe, self.wrapped)
         self.params = {n: p.data for n, p in self.wl.model.named_parameters()}
         self.manifest = [
             fragments.TensorSpec(n, tuple(t.shape), "embedding" if n in self.wl.embedding_names else "dense")
@@ -131,7 +136,7 @@ class Trainer:
         return 0
 
     def optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.workload.model.parameters(), lr=self.s.lr, weight_decay=self.s.weight_decay)
+        return recipe.optimizer(self.recipe, self.workload.model.parameters(), self.s.lr, self.s.weight_decay)
 
     def initial_fragments(self) -> list[torch.Tensor]:
         return [self.plan.gather(p, self.params).detach().to("cpu") for p in range(self.plan.count)]
@@ -150,8 +155,8 @@ class Trainer:
         client.start()
         world = f", island of world {self.island.world}" if self.island else ""
         log(
-            f"{sum(t.numel() for t in self.params.values())} parameters on {self.device}, "
-            f"{self.plan.count} fragments{world}, joining {self.cfg.syncer_address}"
+            f"{sum(t.numel() for t in self.params.values())} parameters on {self.device} "
+            f"({self.recipe.describe()}), {self.plan.count} fragments{world}, joining {self.cfg.syncer_address}"
         )
         outer = self.join(client)
         if outer is None:
@@ -181,6 +186,7 @@ class Trainer:
                 self._push(client, outer, due)
             self.blocked_s += time.perf_counter() - t0
             self._report(client)
+        recipe.synchronize(self.device)
         self.train_ended = time.monotonic()
         return self._finish(client, outer)
 
@@ -209,13 +215,12 @@ class Trainer:
         for group in opt.param_groups:
             group["lr"] = self._lr()
         batch = wl.next_batch()
-        loss = wl.loss(self.train_model, batch)
         opt.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
+        loss = self._forward_backward(batch)
         if self.s.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(wl.model.parameters(), self.s.grad_clip)
         opt.step()
-        value = float(loss.detach())
+        self.losses.add(loss)
         compute = time.perf_counter() - t0
         factor = self.cfg.spec.throttle * self._slow_factor()
         if factor > 1.0:
@@ -228,11 +233,40 @@ class Trainer:
         outer.count_step(ntok, dt)
         self.step_time = ema(self.step_time, dt)
         self.tokens_per_s = ntok / self.step_time if self.step_time else 0.0
-        self.loss_ema = (
-            value if self.loss_ema is None or not math.isfinite(self.loss_ema) else 0.9 * self.loss_ema + 0.1 * value
-        )
-        if not math.isfinite(value):
-            self._diverged = True
+        if self.step - self.resumed_at == self.steady.warmup_steps:
+            recipe.synchronize(self.device)  # the warm-up's end is when the device is done with it
+        self.steady.stepped(self.step - self.resumed_at, self.tokens, time.monotonic(), self.train_started)
+        if self.losses.due():
+            self._read_losses()
+
+    def _forward_backward(self, batch: Any) -> torch.Tensor:
+        """The loss of `batch` under the recipe's autocast, and its backward. A model torch.compile
+        cannot take fails on its first call: said once, and the learner trains it uncompiled."""
+        try:
+            with recipe.autocast(self.recipe):
+                loss = self.workload.loss(self.train_model, batch)
+            loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
+        except Exception as exc:  # any compiler failure; eager below re-raises a real error
+            if not self.recipe.compile or self.step > self.resumed_at:
+                raise
+            said = f"{type(exc).__name__}: {str(exc)[:200]}"
+            log(f"torch.compile failed ({said}); training uncompiled (set compile = false)")
+            self.train_model = self.wrapped
+            self.recipe = dataclasses.replace(self.recipe, compile=False)
+            for p in self.workload.model.parameters():
+                p.grad = None
+            with recipe.autocast(self.recipe):
+                loss = self.workload.loss(self.train_model, batch)
+            loss.backward()  # type: ignore[no-untyped-call]
+        return loss
+
+    def _read_losses(self) -> None:
+        """Fold the losses read since the last time into the EMA; a non-finite one marks divergence."""
+        for value in self.losses.read():
+            finite = self.loss_ema is not None and math.isfinite(self.loss_ema)
+            self.loss_ema = 0.9 * self.loss_ema + 0.1 * value if finite and self.loss_ema is not None else value
+            if not math.isfinite(value):
+                self._diverged = True
 
     # -- sync --------------------------------------------------------------------------------
     def _collect(self, client: SyncerClient, opt: torch.optim.Optimizer) -> list[tuple[int, int, torch.Tensor]]:
@@ -249,7 +283,7 @@ class Trainer:
         out = []
         for p in sorted(wanted):
             version, value = client.latest(p)
-            out.append((p, version, value.to(self.device)))
+            out.append((p, version, offload.to_device(value, self.device)))
         return out
 
     def _due(self, client: SyncerClient, outer: OuterState) -> list[int]:
@@ -262,21 +296,16 @@ class Trainer:
         """Hand the due fragments' outer gradients to the sender (synchronous mode: and wait)."""
         for p in due:
             pushed_at = client.versions()[p]
-            delta, c = outer.take_outer_gradient(p, self.params)
-            client.push(
-                PushItem(
-                    p,
-                    delta,
-                    outer.base_version[p],
-                    c.steps,
-                    c.tokens,
-                    c.time,
-                    self.step_time or 0.0,
-                    outer.base_epoch[p],
-                )
-            )
+            self._send_outer(client, outer, p)
             if not self.s.overlap:
                 self._wait_for_merge(client, p, pushed_at)
+
+    def _send_outer(self, client: SyncerClient, outer: OuterState, p: int) -> None:
+        """Take fragment p's outer gradient and queue it (encoded on a GPU there: learner/offload.py)."""
+        delta, c = outer.take_outer_gradient(p, self.params)
+        sent = offload.take(delta, self.s.compression, self.s.block)
+        item = PushItem(p, sent, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0)
+        client.push(dataclasses.replace(item, base_epoch=outer.base_epoch[p]))
 
     def _bound_lag(self, client: SyncerClient, outer: OuterState) -> None:
         """max_lag > 0 (bounded staleness): wait for a reply that is max_lag steps late (steps
@@ -322,6 +351,7 @@ class Trainer:
     def _report(self, client: SyncerClient) -> None:
         self._read_control(client)
         if self.step % self.s.eval_every == 0 and self.step > 0:
+            self._read_losses()
             if self.island is not None:
                 same = self.island.identical(self.params)
                 log(
@@ -374,7 +404,7 @@ class Trainer:
             mtime = 0.0
         if mtime != self._control_mtime:
             self._control_mtime = mtime
-            self._control = _read_json(path)
+            self._control = files.read_json(path)
         cut = time.time() < float(self._control.get("partition_until", 0))
         client.set_partitioned(cut)
 
@@ -393,35 +423,27 @@ class Trainer:
             "train_s": self.train_ended - self.train_started,
             "busy_s": self.busy_s,
             "blocked_s": self.blocked_s,
+            "precision": self.recipe.precision,
+            "compiled": self.recipe.compile,
+            "peak_memory_bytes": recipe.peak_memory(self.device),
+            **self.steady.record(self.tokens, self.train_ended),
         }
-        _write_marker(self.cfg.workdir / "finished", json.dumps(record) + "\n")
+        files.write_marker(self.cfg.workdir / "finished", json.dumps(record) + "\n")
 
     def _finish(self, client: SyncerClient, outer: OuterState | None) -> int:
         """Send the due fragments, say bye, stop the sender."""
         if outer is not None and client.fatal is None:
             for p in range(self.plan.count):
                 if outer.counters[p].steps:
-                    delta, c = outer.take_outer_gradient(p, self.params)
-                    client.push(
-                        PushItem(
-                            p,
-                            delta,
-                            outer.base_version[p],
-                            c.steps,
-                            c.tokens,
-                            c.time,
-                            self.step_time or 0.0,
-                            outer.base_epoch[p],
-                        )
-                    )
+                    self._send_outer(client, outer, p)
         client.stop(flush_s=3.0)
         if outer is not None:
-            _save_replica(client.replica_snapshot(), self.cfg.workdir / "replica.pt")
+            files.save_replica(client.replica_snapshot(), self.cfg.workdir / "replica.pt")
         if outer is not None and client.fatal is None and not self.stop.is_set():
             self._write_finished()  # budget spent: do not restart
         if client.fatal:
             log(f"the syncer refused this learner: {client.fatal}")
-            _write_marker(self.cfg.workdir / "refused", client.fatal + "\n")  # restarting cannot help
+            files.write_marker(self.cfg.workdir / "refused", client.fatal + "\n")  # restarting cannot help
             return 2
         if outer is not None and not client.goodbye_confirmed:
             log(
@@ -437,14 +459,6 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def resolve_device(name: str, island: Any = None) -> torch.device:
     """'cpu', 'cuda' or 'cuda:N' (an island rank uses its local rank's GPU); clear error if absent."""
     if name.startswith("cuda"):
@@ -458,28 +472,6 @@ def resolve_device(name: str, island: Any = None) -> torch.device:
     if name != "cpu":
         raise RuntimeError(f"unknown device {name!r}; use cpu, cuda or cuda:N")
     return torch.device("cpu")
-
-
-def _write_marker(path: Path, text: str) -> None:
-    """A marker file the supervisor checks for; on a full disk at least the (empty) file, which
-    needs no data block, so `finished` still stops restarts."""
-    try:
-        atomic_write(path, text)
-    except OSError as exc:
-        log(f"cannot write {path.name} ({exc.strerror or exc}); leaving it empty")
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
-        except OSError:
-            pass
-
-
-def _save_replica(snapshot: Any, path: Path) -> None:
-    """replica.pt, atomically (a full disk leaves the previous one, or none, never half a file)."""
-    try:
-        with atomic_file(path) as fh:
-            torch.save(snapshot, fh)
-    except (OSError, RuntimeError) as exc:  # torch reports a failed write as RuntimeError
-        log(f"cannot write {path.name} ({exc}); the last replica is not kept")
 
 
 def install_signal_handlers(trainer: Trainer) -> None:

@@ -22,6 +22,7 @@ T = TypeVar("T")
 
 COMPRESSIONS = ("int4", "int8", "bf16", "none")
 ROUND_CLOCKS = ("syncer", "learner")
+PRECISIONS = ("auto", "bf16", "fp32")
 MERGES = ("rda", "mean")
 NO_CHECKPOINT = ("refuse", "from-learner")  # on_no_checkpoint: refuse to start a new global model, or start one
 
@@ -56,6 +57,9 @@ class RunSettings:
     lr_schedule: str = "constant"  # constant | cosine (to 10% of lr at `steps`; needs steps)
     weight_decay: float = 0.1
     grad_clip: float = 1.0
+    precision: str = "auto"  # auto (bf16 on a GPU that has it, fp32 elsewhere) | bf16 | fp32: autocast of the forward
+    compile: bool | str = "auto"  # torch.compile the model: true | false | "auto" (on for CUDA, off on the CPU)
+    tf32: bool = True  # TF32 matmuls and convolutions on CUDA (no effect on the CPU)
     eval_every: int = 50
     eval_batches: int = 4
     # Decoupled DiLoCo
@@ -135,6 +139,13 @@ class RunSettings:
             f"must be >= 0 sync periods or -1 (carry all), got {self.max_carry}",
         )
         _one_of(self.compression, COMPRESSIONS, "compression")
+        _one_of(self.precision, PRECISIONS, "precision")
+        _check(
+            self.compile in (True, False, "auto"),
+            "compile",
+            f"must be true, false or \"auto\", got {self.compile!r}",
+            'compile = "auto" compiles on CUDA only',
+        )
         _one_of(self.merge, MERGES, "merge")
         _one_of(self.on_no_checkpoint, NO_CHECKPOINT, "on_no_checkpoint")
         _one_of(self.lr_schedule, ("constant", "cosine"), "lr_schedule")

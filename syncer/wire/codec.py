@@ -93,9 +93,15 @@ def _quantize(
 ) -> tuple[Quantized, torch.Tensor | None]:
     if mode not in MODES:
         raise CodecError(f"unknown compression mode {mode!r}; use one of {', '.join(MODES)}")
-    x = x.detach().reshape(-1).to("cpu", torch.float32)
+    return _quantize_here(x.detach().reshape(-1).to("cpu", torch.float32), mode, block, want_values, out)
+
+
+def _quantize_here(
+    x: torch.Tensor, mode: str, block: int, want_values: bool = False, out: torch.Tensor | None = None
+) -> tuple[Quantized, torch.Tensor | None]:
+    """`_quantize` of a flat fp32 tensor on its own device (IEEE ops only: the same codes on any)."""
     n = x.numel()
-    empty = torch.empty(0, dtype=torch.float32)
+    empty = torch.empty(0, dtype=torch.float32, device=x.device)
     if mode == "none":
         return Quantized(mode, n, block, x.contiguous(), empty), None
     if mode == "bf16":
@@ -168,6 +174,35 @@ def _pack_int4(codes: torch.Tensor, block: int, out: torch.Tensor) -> None:
     u = codes.view(torch.uint8).view(-1, 2, block // 2)
     torch.bitwise_left_shift(u[:, 1], 4, out=out)
     out.bitwise_or_(u[:, 0].bitwise_and(15))
+
+
+def payload_here(x: torch.Tensor, mode: str = "int4", block: int = 128) -> torch.Tensor:
+    """The uncompressed payload of `encode(x)` as one uint8 tensor on x's own device (scales, then
+    the packed codes; or the bf16/fp32 values): quantized and packed where x lives, so a GPU copies
+    out 8x fewer bytes at int4 than the fp32 values. `encode_payload` of it is `encode(x)`, byte
+    for byte."""
+    if mode not in MODES:
+        raise CodecError(f"unknown compression mode {mode!r}; use one of {', '.join(MODES)}")
+    x = x.detach().reshape(-1).to(torch.float32)
+    if mode == "none":
+        return x.contiguous().view(torch.uint8)
+    if mode == "bf16":
+        return x.to(torch.bfloat16).view(torch.uint8)
+    q, _ = _quantize_here(x, mode, block)
+    if mode == "int8":
+        body = q.codes.view(torch.uint8)
+    else:
+        body = torch.empty(q.codes.numel() // block, block // 2, dtype=torch.uint8, device=x.device)
+        _pack_int4(q.codes, block, body)
+    return torch.cat([q.scales.view(torch.uint8), body.reshape(-1)])
+
+
+def encode_payload(payload: torch.Tensor, mode: str, numel: int, block: int) -> bytes:
+    """The blob of a payload `payload_here` made (moved to the CPU): header + zstd."""
+    if payload.numel() != raw_length(mode, numel, block):
+        raise CodecError(f"payload of {payload.numel()} bytes does not match {mode} x {numel} values")
+    header = _HEADER.pack(MAGIC, FORMAT, MODES.index(mode), numel, block, payload.numel())
+    return header + _zstd()[0].compress(payload.contiguous().numpy().data)
 
 
 def raw_length(mode: str, numel: int, block: int) -> int:

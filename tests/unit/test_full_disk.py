@@ -190,7 +190,8 @@ def test_max_log_mb_is_validated() -> None:
 def test_learner_markers_survive_a_full_disk(fs: Path) -> None:
     import torch
 
-    from learner.trainer import _save_replica, _write_marker
+    from learner.files import save_replica as _save_replica
+    from learner.files import write_marker as _write_marker
 
     filler = tinyfs.fill(fs)
     _write_marker(fs / "finished", json.dumps({"steps": 10}) + "\n")

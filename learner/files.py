@@ -1,0 +1,46 @@
+"""The small files a learner leaves in its work dir for the supervisor: markers (`finished`,
+`refused`) and the last replica, each written atomically so a full disk never leaves half a file
+nor kills the learner; and `control.json`, the chaos controls it reads."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from learner.logline import log
+from syncer.common.atomic import atomic_file, atomic_write
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file, or {} when it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_marker(path: Path, text: str) -> None:
+    """A marker file the supervisor checks for; on a full disk at least the (empty) file, which
+    needs no data block, so `finished` still stops restarts."""
+    try:
+        atomic_write(path, text)
+    except OSError as exc:
+        log(f"cannot write {path.name} ({exc.strerror or exc}); leaving it empty")
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+        except OSError:
+            pass
+
+
+def save_replica(snapshot: Any, path: Path) -> None:
+    """replica.pt, atomically (a full disk leaves the previous one, or none, never half a file)."""
+    try:
+        with atomic_file(path) as fh:
+            torch.save(snapshot, fh)
+    except (OSError, RuntimeError) as exc:  # torch reports a failed write as RuntimeError
+        log(f"cannot write {path.name} ({exc}); the last replica is not kept")
