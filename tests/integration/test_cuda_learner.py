@@ -2,8 +2,9 @@
 `device = "cuda"` and one on the CPU, against a real syncer on 127.0.0.1.
 
 Both train and merge; the GPU learner's replica of the global model is bit-identical to the
-syncer's (its fragments travel through the CPU both ways); the eval loss falls; a step budget
-ends it with a `finished` record that names the GPU.
+syncer's (its outer gradients are encoded on the GPU, its fragments come back through pinned
+memory); it runs a GPU user's recipe by default (bf16, compiled, fused AdamW, TF32); the eval loss
+falls; a step budget ends it with a `finished` record that names the GPU and the recipe.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def check_fleet(lr: LocalRun, tmp_path: Path) -> None:
     """Both merge, the GPU replica is exact, the loss falls, the budget ends with a record."""
     rows = lr.wait_for(lambda s: len(s["learners"]) == 2 and s["syncer"]["outer_steps"] >= 8, 60, "merges")["learners"]
     assert {r["id"]: r["device"] for r in rows} == {"learner-0": DEVICE, "learner-1": "cpu"}
-    assert f"parameters on {GPU_NAME}" in lr.log("learner-0")
+    recipe = "(bf16, compiled, fused AdamW, TF32)"  # a GPU user's defaults
+    assert f"parameters on {GPU_NAME} {recipe}" in lr.log("learner-0")
     lr.wait_for(
         lambda s: any(
             r["id"] == "learner-0"
@@ -62,5 +64,7 @@ def check_fleet(lr: LocalRun, tmp_path: Path) -> None:
         time.sleep(0.5)
     done = json.loads((tmp_path / "learner-0" / "finished").read_text())
     assert (done["device"], done["steps"]) == (GPU_NAME, 600)
+    assert (done["precision"], done["compiled"]) == ("bf16", True)
+    assert done["steady_s"] > 0 and done["peak_memory_bytes"] > 0
     losses = [s["loss_eval"] for s in lr.metrics("sample") if s.get("loss_eval") is not None]
     assert len(losses) >= 2 and losses[-1] < losses[0], losses
