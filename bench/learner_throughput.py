@@ -1,145 +1,275 @@
-"""Benchmark: a learner's training throughput against a plain PyTorch loop, on CPU and CUDA.
+"""Benchmark: a real learner against the best plain PyTorch loop, same model, recipe and device.
 
 What the Decoupled DiLoCo machinery costs a learner: tokens per second of a **real learner
 process** in a real fleet (`dldctl up`, one learner and the syncer, H = 32, 4 fragments, int4,
-quorum 1, overlap on) against, in the same run, a **plain PyTorch loop** that trains the same
-model on the same data with the same AdamW, gradient clipping and batch, on the same device and
-number of torch threads: forward, backward, clip, step, nothing else (it reads the loss only at
-the end). Both are timed from the first step to the last, same step count:
+quorum 1, overlap on) against, in the same run, **the best plain loop** for the same model and
+recipe (bench/plain_loop.py: same model, data, AdamW, schedule, clipping and batch; bf16 autocast,
+torch.compile and fused AdamW on CUDA; nothing else in the loop), on the same device and number
+of torch threads, each in a fresh process. A case is a recipe, `precision` and `compile`, given
+to both: the plain loop's arguments and the learner's `[run]` keys.
 
-    learner tokens/s = tokens / train_s      (the learner's own `finished` record: wall time of its
-                                              loop, pushes, applied replies and heartbeats included)
-    plain tokens/s   = tokens / loop seconds (torch.cuda.synchronize() before the clock stops)
-    ratio            = learner / plain       (1.0 = the machinery is free)
+Both leave their first warmup steps (the compilation) out of the throughput, the same count:
+the learner says how many in its `finished` record (`warmup_steps`; learner/recipe.py: 3 steps
+compiled, 1 eager), the plain loop is given the same count, times those steps one by one and is
+cut where the learner's record says (bench/plain_loop.py: `steady`):
 
-On CUDA a third loop reads the loss every step like the learner does (`float(loss)`: the host
-waits for the GPU once per step), to tell that cost from the rest. Also from the learner's
-record: `blocked` = the share of its loop spent outside the train step
-(taking the outer gradient, copying it to the CPU, applying replies), `compute` the rest.
+    learner tokens/s = steady_tokens / steady_s   (its `finished` record; a record without
+                                                   them: tokens / train_s, and the plain loop
+                                                   then counts its whole loop too: basis "whole loop")
+    plain tokens/s   = the same for the plain loop, after as many warmup steps
+    ratio            = learner / plain            (1.0 = the machinery is free)
+    blocked          = blocked_s / steady_s       (the learner's loop outside the train step)
+    memory ratio     = peak learner / peak plain  (CUDA: torch.cuda.max_memory_allocated; CPU:
+                                                   the process's peak resident set)
+    first step s     = process start -> end of the first step (imports, build, join, compile)
+    warmup s         = loop start -> end of the warmup steps (the compilation and first steps)
 
-Cases: CPU (one torch thread, as in the fleet benchmarks) and, where `torch.cuda.is_available()`,
-CUDA (`device = "cuda"`), from small to gpt2-124m.
+Each case runs the plain loop and the learner alternately `--repeats` times (default 3, 1 with
+`--quick`); the table gives the median of the paired ratios and their range, so the noise shows
+beside the gap. A learner that ran another recipe than the case's (learner/recipe.py trains
+eager where torch.compile fails) fails its row. Every process compiles into a fresh inductor and
+triton cache (`--compile-cache fresh`, the cold start a new host sees): no run reuses another's
+compilation.
 
-    .venv/bin/python bench/learner_throughput.py            # full: every case of each device
-    .venv/bin/python bench/learner_throughput.py --quick    # fewer cases and steps
-    .venv/bin/python bench/learner_throughput.py --devices cuda
+Targets: on CUDA ratio >= 0.97, blocked < 1%, peak memory within 10% of the plain loop's; on
+the CPU ratio >= 0.97 for gpt-small. A target whose ratio range spans the limit is "unclear".
+
+    .venv/bin/python bench/learner_throughput.py                    # full: CPU cases, plus CUDA where available
+    .venv/bin/python bench/learner_throughput.py --quick            # gpt-small on the CPU, shorter CUDA cases
+    .venv/bin/python bench/learner_throughput.py --devices cuda --repeats 1 --budget-s 280
+    .venv/bin/python bench/learner_throughput.py --case cuda-gpt2-124m-bf16
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
+import contextlib
 import json
-import multiprocessing
+import os
+import statistics
 import sys
+import tempfile
 import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common
+from bench import common, plain_loop
 from bench.fleet import BenchRun, diloco_run, local_host
-from syncer.common.settings import settings_from_dict
-from workload import WorkloadContext, build_workload
+from bench.plain_loop import Recipe
 
-# (model, seq_len, batch_size, steps, quick steps) per device; threads per device below
-CASES: dict[str, list[tuple[str, int, int, int, int]]] = {
-    "cpu": [("gpt-tiny", 32, 8, 400, 150), ("gpt-small", 128, 16, 150, 60)],
-    "cuda": [("gpt-small", 128, 64, 600, 200), ("gpt-medium", 256, 32, 400, 200), ("gpt2-124m", 512, 16, 100, 50)],
+THREADS = {"cpu": 1, "cuda": 2}  # torch threads of the learner and of the plain loop
+BF16_COMPILE, FP32 = Recipe("bf16", True), Recipe("fp32", False)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row: a model at a batch and sequence length, trained with one recipe on one device."""
+
+    name: str
+    device: str  # "cpu" | "cuda"
+    model: str
+    seq_len: int
+    batch: int
+    steps: int
+    quick_steps: int | None  # None: not in --quick
+    recipe: Recipe
+    targets: tuple[str, ...] = ()  # keys of TARGETS
+
+
+# CUDA first, the headline first of all: a GPU check that runs out of time keeps what matters most
+GPU_TARGETS = ("ratio", "blocked", "memory")
+CASES = [
+    Case("cuda-gpt2-124m-bf16", "cuda", "gpt2-124m", 1024, 16, 300, 100, BF16_COMPILE, GPU_TARGETS),
+    Case("cuda-gpt-medium-bf16", "cuda", "gpt-medium", 256, 32, 1000, 300, BF16_COMPILE, GPU_TARGETS),
+    Case("cuda-gpt2-124m-fp32", "cuda", "gpt2-124m", 1024, 16, 100, 40, FP32, GPU_TARGETS),
+    Case("cpu-gpt-tiny", "cpu", "gpt-tiny", 32, 8, 400, None, FP32),
+    Case("cpu-gpt-small", "cpu", "gpt-small", 128, 16, 300, 60, FP32, ("ratio",)),
+]
+
+# name -> (row key, comparison, limit, label)
+TARGETS: dict[str, tuple[str, str, float, str]] = {
+    "ratio": ("ratio", ">=", 0.97, "ratio >= 0.97"),
+    "blocked": ("blocked", "<", 0.01, "blocked < 1%"),
+    "memory": ("memory_ratio", "<=", 1.10, "peak memory <= 1.1 x plain"),
 }
-QUICK = {"cpu": ("gpt-small",), "cuda": ("gpt-medium", "gpt2-124m")}
-THREADS = {"cpu": 1, "cuda": 2}
 
 
 def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", default=None, help="comma-separated; default cpu, plus cuda where available")
+    parser.add_argument("--case", default=None, help="comma-separated case names (default: every case of the devices)")
+    parser.add_argument("--repeats", type=int, default=None, help="plain/learner pairs per case (default 3, quick 1)")
+    parser.add_argument("--budget-s", type=float, default=None, help="start no run that cannot end by then")
+    parser.add_argument(
+        "--compile-cache",
+        choices=("fresh", "shared"),
+        default="fresh",
+        help="fresh: every process compiles cold into its own cache; shared: the user's inductor cache",
+    )
 
 
-def settings(model: str, seq_len: int, batch: int, steps: int) -> dict[str, Any]:
-    """The fleet's [run] table for one case (evaluation only at the end of the budget)."""
+# --------------------------------------------------------------------------- pure parts
+
+
+def run_table(case: Case, steps: int) -> dict[str, Any]:
+    """The fleet's `[run]` table for a case: the recipe's keys, and no evaluation inside the loop."""
     return diloco_run(
-        32, model=model, seq_len=seq_len, batch_size=batch, steps=steps, warmup=10, eval_every=steps, eval_batches=2
+        32,
+        model=case.model,
+        seq_len=case.seq_len,
+        batch_size=case.batch,
+        steps=steps,
+        warmup=10,
+        eval_every=steps + 1,
+        eval_batches=2,
+        **case.recipe.run_keys(),
     )
 
 
-def plain_loop(run: dict[str, Any], device: str, threads: int, read_loss: bool = False) -> dict[str, Any]:
-    """The same model, data, AdamW and clipping, trained by a bare loop in this process; with
-    `read_loss` it reads the loss every step, as the learner does (on CUDA: a sync per step)."""
-    torch.set_num_threads(threads)
-    full = settings_from_dict(dict(run)).to_dict()
-    ctx = WorkloadContext(
-        settings=full,
-        learner_index=0,
-        shards=1,
-        batch_size=int(full["batch_size"]),
-        device=torch.device(device),
-        seed=int(full["seed"]),
-    )
-    wl = build_workload(ctx)
-    opt = torch.optim.AdamW(wl.model.parameters(), lr=full["lr"], weight_decay=full["weight_decay"])
-    steps, tokens = int(full["steps"]), 0
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        batch = wl.next_batch()
-        loss = wl.loss(wl.model, batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(wl.model.parameters(), full["grad_clip"])
-        opt.step()
-        tokens += wl.tokens(batch)
-        if read_loss:
-            float(loss.detach())
-    final = float(loss.detach())
-    _sync(device)
-    seconds = time.perf_counter() - t0
-    params = sum(p.numel() for p in wl.model.parameters())
-    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
+def learner_steady(record: dict[str, Any]) -> dict[str, Any]:
+    """Throughput after the warmup from a learner's `finished` record; a record without the
+    steady keys counts its whole loop (basis "whole loop", warmup 0 steps)."""
+    if record.get("steady_s") and record.get("steady_tokens") is not None:
+        tokens, seconds, basis = record["steady_tokens"], record["steady_s"], "steady"
+        warmup, warmup_s = int(record.get("warmup_steps") or 0), record.get("warmup_s")
+    else:
+        tokens, seconds, basis = record["tokens"], record["train_s"], "whole loop"
+        warmup, warmup_s = 0, None
     return {
-        "tokens": tokens,
-        "seconds": seconds,
-        "tokens_per_s": tokens / seconds,
-        "final_loss": final,
-        "parameters": params,
-        "device_name": name,
+        "basis": basis,
+        "warmup_steps": warmup,
+        "warmup_s": warmup_s,
+        "steady_tokens": tokens,
+        "steady_s": seconds,
+        "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "blocked": record["blocked_s"] / seconds if seconds > 0 else None,
     }
 
 
-def plain_loop_apart(run: dict[str, Any], device: str, threads: int, read_loss: bool = False) -> dict[str, Any]:
-    """`plain_loop` in a fresh process: this one never holds the GPU (a GPU in exclusive-process
-    mode would refuse the learner a context), and the learner's run starts from a clean device."""
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
-        return pool.submit(plain_loop, run, device, threads, read_loss).result()
+def recipe_of(record: dict[str, Any]) -> str | None:
+    """The recipe the learner says it resolved ("bf16+compile"), None if its record does not say."""
+    if "precision" not in record:
+        return None
+    return Recipe(str(record["precision"]), bool(record.get("compiled"))).label
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+def pair(plain: dict[str, Any], record: dict[str, Any], recipe: Recipe) -> dict[str, Any]:
+    """One repeat: the learner's record against the plain loop cut at the learner's warmup."""
+    ours = learner_steady(record)
+    base = plain_loop.steady(plain, ours["warmup_steps"])
+    shown_warmup = ours["warmup_steps"] or plain_loop.default_warmup(recipe.compile)  # for the warmup column
+    p_mem, l_mem = plain.get("peak_memory_bytes"), record.get("peak_memory_bytes")
+    return {
+        "basis": ours["basis"],
+        "warmup_steps": ours["warmup_steps"],
+        "plain_warmup_steps": base["warmup_steps"],
+        "plain_tok_s": base["tokens_per_s"],
+        "learner_tok_s": ours["tokens_per_s"],
+        "ratio": ours["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else None,
+        "blocked": ours["blocked"],
+        "plain_peak_bytes": p_mem,
+        "learner_peak_bytes": l_mem,
+        "memory_ratio": l_mem / p_mem if l_mem and p_mem else None,
+        "plain_first_step_s": plain.get("first_step_s"),
+        "learner_first_step_s": record.get("first_step_s"),
+        "plain_warmup_s": plain_loop.steady(plain, shown_warmup)["warmup_s"],
+        "learner_warmup_s": ours["warmup_s"],
+        "learner_recipe": recipe_of(record),
+    }
 
 
-def learner_run(run: dict[str, Any], device: str, threads: int) -> dict[str, Any]:
+def _median(values: list[Any]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def summarize(pairs: list[dict[str, Any]], targets: tuple[str, ...], recipe: Recipe | None = None) -> dict[str, Any]:
+    """A case's repeats: medians of each figure, the range and spread of the paired ratios, the
+    targets, and (given the case's `recipe`) whether the learner says it ran that recipe."""
+    keys = [k for k in pairs[0] if k not in ("basis", "learner_recipe")]  # the figures
+    row: dict[str, Any] = {k: _median([p[k] for p in pairs]) for k in keys}
+    ratios = [p["ratio"] for p in pairs if p["ratio"] is not None]
+    row["ratio_lo"], row["ratio_hi"] = (min(ratios), max(ratios)) if ratios else (None, None)
+    row["noise"] = (max(ratios) - min(ratios)) / statistics.median(ratios) if len(ratios) > 1 else None
+    row["basis"] = ", ".join(sorted({p["basis"] for p in pairs}))
+    row["learner_recipe"] = ", ".join(sorted({p["learner_recipe"] or "?" for p in pairs}))
+    row["targets"] = judge(row, targets)
+    if recipe is not None:
+        ran = {p["learner_recipe"] for p in pairs} - {None}
+        verdict = "not reported" if not ran else "pass" if ran == {recipe.label} else "FAIL"
+        row["targets"][f"learner ran {recipe.label}"] = {"value": row["learner_recipe"], "verdict": verdict}
+    return row
+
+
+def judge(row: dict[str, Any], names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Each target: its value, pass / FAIL, or "unclear" where the ratio's range spans the limit,
+    or "not reported" where the figure is missing."""
+    out = {}
+    for name in names:
+        key, op, limit, label = TARGETS[name]
+        value = row.get(key)
+        if value is None:
+            out[label] = {"value": None, "limit": limit, "verdict": "not reported"}
+            continue
+        verdict = "pass" if _holds(value, op, limit) else "FAIL"
+        spans = row.get("noise") is not None and _holds(row["ratio_lo"], op, limit) != _holds(
+            row["ratio_hi"], op, limit
+        )
+        if key == "ratio" and spans:
+            verdict = "unclear"  # the noise is not below the gap
+        out[label] = {"value": value, "limit": limit, "verdict": verdict}
+    return out
+
+
+def _holds(value: float, op: str, limit: float) -> bool:
+    return {">=": value >= limit, "<": value < limit, "<=": value <= limit}[op]
+
+
+def verdict_line(targets: dict[str, dict[str, Any]]) -> str:
+    """ "ratio >= 0.97: pass; blocked < 1%: FAIL" (empty: no target for this case)."""
+    return "; ".join(f"{label}: {t['verdict']}" for label, t in targets.items())
+
+
+# --------------------------------------------------------------------------- the runs
+
+
+@contextlib.contextmanager
+def compile_cache(mode: str) -> Iterator[dict[str, str]]:
+    """The environment of one process: with "fresh", its own empty inductor and triton caches
+    (set in os.environ too while it lasts: the fleet's learner inherits this environment)."""
+    if mode != "fresh":
+        yield {}
+        return
+    with tempfile.TemporaryDirectory(prefix="compile-cache-") as tmp:
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp, "inductor")), "TRITON_CACHE_DIR": str(Path(tmp, "triton"))}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            yield env
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def learner_run(run: dict[str, Any], device: str, threads: int, timeout: float) -> dict[str, Any]:
     """One real learner process in a real fleet; its `finished` record."""
     with BenchRun("throughput") as fleet:
         fleet.up(run, [local_host("here", 1, device=device, threads=threads)])
         try:
-            fleet.wait_for(
-                lambda: _finished(fleet) is not None,
-                120 + 2.0 * int(run["steps"]),
-                "the learner to finish its steps",
-                every=0.5,
-            )
+            fleet.wait_for(lambda: _finished(fleet) is not None, timeout, "the learner to finish its steps", every=0.5)
         except TimeoutError:
             _show_logs(fleet)
             raise
         record = _finished(fleet)
         fleet.down()
     assert record is not None
-    record["tokens_per_s"] = record["tokens"] / record["train_s"]
-    record["blocked_frac"] = record["blocked_s"] / record["train_s"]
     return record
 
 
@@ -158,85 +288,150 @@ def _finished(fleet: BenchRun) -> dict[str, Any] | None:
     assert fleet.run_dir is not None
     path = fleet.run_dir / "learners" / "learner-0" / "finished"
     try:
-        return json.loads(path.read_text())
+        return dict(json.loads(path.read_text()))
     except (OSError, ValueError):
         return None  # not there yet, or being written
 
 
-def case(device: str, model: str, seq_len: int, batch: int, steps: int) -> dict[str, Any]:
-    """Plain loop first (it warms nothing the learner process could reuse), then the learner."""
-    run = settings(model, seq_len, batch, steps)
-    threads = THREADS["cuda" if device.startswith("cuda") else "cpu"]
-    print(f"  {device} {model} seq {seq_len} batch {batch}: {steps} steps ...", flush=True)
-    plain = plain_loop_apart(run, device, threads)
-    synced = plain_loop_apart(run, device, threads, read_loss=True) if device.startswith("cuda") else None
-    print(f"    plain loop {plain['tokens_per_s']:,.0f} tok/s; now the learner", flush=True)
-    ours = learner_run(run, device, threads)
-    row = {
-        "device": device,
-        "device_name": plain["device_name"],
-        "model": model,
-        "parameters": plain["parameters"],
-        "seq_len": seq_len,
-        "batch": batch,
-        "steps": steps,
-        "threads": threads,
-        "plain_tok_s": plain["tokens_per_s"],
-        "learner_tok_s": ours["tokens_per_s"],
-        "ratio": ours["tokens_per_s"] / plain["tokens_per_s"],
-        "blocked": ours["blocked_frac"],
-        "plain_read_loss_tok_s": synced["tokens_per_s"] if synced else None,
-        "plain": plain,
-        "plain_read_loss": synced,
-        "learner": ours,
-    }
-    print(
-        f"    plain {row['plain_tok_s']:,.0f} tok/s, learner {row['learner_tok_s']:,.0f} tok/s, "
-        f"ratio {row['ratio']:.3f}, blocked {row['blocked']:.1%}",
-        flush=True,
+class Deadline:
+    """`--budget-s`: how long a run may still take (a run that cannot start is not started)."""
+
+    def __init__(self, budget_s: float | None) -> None:
+        self.end = time.monotonic() + budget_s if budget_s else None
+
+    def left(self, wanted: float) -> float:
+        """`wanted` seconds, or what is left when that is less; TimeoutError when under 45 s are
+        left (too little for a fleet's start, a run and its teardown)."""
+        if self.end is None:
+            return wanted
+        left = self.end - time.monotonic()
+        if left < 45:
+            raise TimeoutError("the --budget-s is spent")
+        return min(wanted, left)
+
+
+def run_case(case: Case, steps: int, repeats: int, cache: str, deadline: Deadline) -> dict[str, Any]:
+    """Plain loop and learner alternately, `repeats` times; the case's row."""
+    run, threads = run_table(case, steps), THREADS[case.device]
+    timeout = 240 + 2.0 * steps  # start-up, a cold compilation and the steps, generously
+    runs = []
+    for i in range(repeats):
+        print(f"  {case.name}: repeat {i + 1}/{repeats}, {steps} steps: plain loop ...", flush=True)
+        with compile_cache(cache) as env:
+            spec = {"run": run, "device": case.device, "threads": threads, "recipe": asdict(case.recipe)}
+            spec["warmup_steps"] = plain_loop.default_warmup(case.recipe.compile)
+            plain = plain_loop.run_apart(spec, deadline.left(timeout), env)
+        print(f"    plain loop done ({plain['loop_s']:.1f} s loop); the learner ...", flush=True)
+        with compile_cache(cache):
+            record = learner_run(run, case.device, threads, deadline.left(timeout))
+        one = pair(plain, record, case.recipe)
+        runs.append({**one, "plain": plain, "learner": record})
+        print(
+            f"    plain {one['plain_tok_s']:,.0f} tok/s, learner {one['learner_tok_s']:,.0f} tok/s, "
+            f"ratio {one['ratio']:.3f}, blocked {one['blocked'] or 0:.2%} ({one['basis']})",
+            flush=True,
+        )
+    pairs = [{k: v for k, v in r.items() if k not in ("plain", "learner")} for r in runs]
+    row = summarize(pairs, case.targets, case.recipe)
+    head = {"case": case.name, "device": case.device, "device_name": runs[0]["plain"]["device_name"]}
+    head |= {"model": case.model, "parameters": runs[0]["plain"]["parameters"], "recipe": case.recipe.label}
+    head |= {"seq_len": case.seq_len, "batch": case.batch, "steps": steps, "threads": threads, "repeats": repeats}
+    return {**head, **row, "verdict": verdict_line(row["targets"]), "runs": runs}
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def select(args: argparse.Namespace) -> list[tuple[Case, int]]:
+    """(case, steps) to run: the devices', the named ones, the quick ones with their quick steps."""
+    import torch
+
+    devices = [d.strip() for d in (args.devices or "").split(",") if d.strip()]
+    devices = devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    names = {n.strip() for n in (args.case or "").split(",") if n.strip()}
+    unknown = names - {c.name for c in CASES}
+    if unknown:
+        raise SystemExit(f"unknown case(s) {sorted(unknown)}; the cases: {[c.name for c in CASES]}")
+    chosen = [c for c in CASES if (c.name in names if names else c.device in devices)]
+    if args.quick:
+        return [(c, c.quick_steps or c.steps) for c in chosen if names or c.quick_steps is not None]
+    return [(c, c.steps) for c in chosen]
+
+
+THROUGHPUT_COLUMNS = ["case", "recipe", "seq x batch", "steps", "repeats", "plain tok/s", "learner tok/s", "ratio"]
+THROUGHPUT_COLUMNS += ["ratio range", "blocked", "basis", "targets"]
+START_COLUMNS = ["case", "plain peak MB", "learner peak MB", "memory ratio", "plain first step s"]
+START_COLUMNS += ["learner first step s", "plain warmup s", "learner warmup s", "warmup steps", "learner recipe"]
+
+
+def print_tables(rows: list[dict[str, Any]]) -> None:
+    """Throughput, then memory and start-up, one line per case (failed cases say why)."""
+    shown = [_display(r) for r in rows]
+    common.print_table(
+        "Learner throughput: a real learner process vs the best plain loop (same recipe, device, threads)",
+        shown,
+        THROUGHPUT_COLUMNS,
     )
-    return row
+    common.print_table(
+        "Memory and start-up (peak: CUDA allocated, CPU resident set; first step from process start)",
+        shown,
+        START_COLUMNS,
+    )
 
 
-def devices(arg: str | None) -> list[str]:
-    """The devices to run: the argument, or cpu plus cuda where torch sees a GPU."""
-    if arg:
-        return [d.strip() for d in arg.split(",") if d.strip()]
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+def _display(row: dict[str, Any]) -> dict[str, Any]:
+    if "error" in row:
+        return {"case": row["case"], "recipe": row.get("recipe", ""), "targets": f"not measured: {row['error'][:80]}"}
+    mb = lambda b: b / 2**20 if b else None
+    spread = f"{row['ratio_lo']:.3f}-{row['ratio_hi']:.3f}" if row["noise"] is not None else "-"
+    return {
+        **{k: row[k] for k in ("case", "recipe", "steps", "repeats", "ratio", "basis", "memory_ratio")},
+        "seq x batch": f"{row['seq_len']} x {row['batch']}",
+        "plain tok/s": row["plain_tok_s"],
+        "learner tok/s": row["learner_tok_s"],
+        "ratio range": spread,
+        "blocked": f"{row['blocked']:.2%}" if row["blocked"] is not None else "?",
+        "targets": row["verdict"] or "-",
+        "plain peak MB": mb(row["plain_peak_bytes"]),
+        "learner peak MB": mb(row["learner_peak_bytes"]),
+        "memory ratio": row["memory_ratio"],
+        "plain first step s": row["plain_first_step_s"],
+        "learner first step s": row["learner_first_step_s"],
+        "plain warmup s": row["plain_warmup_s"],
+        "learner warmup s": row["learner_warmup_s"],
+        "warmup steps": _steps(row["warmup_steps"], row["plain_warmup_steps"]),
+        "learner recipe": row["learner_recipe"],
+    }
+
+
+def _steps(learner: float | None, plain: float | None) -> str:
+    """ "3", or "4 (plain 3)" where the plain loop could not be cut at the learner's count."""
+    if learner is None:
+        return "?"
+    return f"{learner:g}" if learner == plain else f"{learner:g} (plain {plain:g})"
 
 
 def main(argv: list[str] | None = None) -> int:
+    import torch
+
     args = common.parse_args("learner_throughput", __doc__, _extra, argv)
-    rows = []
-    for device in devices(args.devices):
-        kind = "cuda" if device.startswith("cuda") else "cpu"
-        for model, seq_len, batch, steps, quick_steps in CASES[kind]:
-            if args.quick and model not in QUICK[kind]:
-                continue
-            rows.append(case(device, model, seq_len, batch, quick_steps if args.quick else steps))
-    common.print_table(
-        "Learner throughput: a real learner process vs a plain PyTorch loop",
-        rows,
-        [
-            "device",
-            "model",
-            "parameters",
-            "seq_len",
-            "batch",
-            "steps",
-            "plain_tok_s",
-            "plain_read_loss_tok_s",
-            "learner_tok_s",
-            "ratio",
-            "blocked",
-        ],
-    )
-    gpu = next((r["device_name"] for r in rows if r["device"].startswith("cuda")), None)
-    common.write_json(
-        args.out,
-        {"benchmark": "learner_throughput", "quick": args.quick, "gpu": gpu, "torch": torch.__version__, "rows": rows},
-    )
-    return 0
+    repeats = args.repeats or (1 if args.quick else 3)
+    deadline, rows, failed = Deadline(args.budget_s), [], 0
+    for case, steps in select(args):
+        try:
+            rows.append(run_case(case, steps, repeats, args.compile_cache, deadline))
+        except Exception as exc:  # a benchmark goes on to the next case, and says what went wrong
+            failed += 1
+            print(f"  {case.name}: not measured: {type(exc).__name__}: {exc}", flush=True)
+            error, trace = f"{type(exc).__name__}: {exc}", traceback.format_exc()
+            rows.append({"case": case.name, "recipe": case.recipe.label, "error": error, "trace": trace})
+        gpu = next((r["device_name"] for r in rows if r.get("device") == "cuda"), None)
+        payload = {"benchmark": "learner_throughput", "quick": args.quick, "repeats": repeats, "gpu": gpu}
+        payload |= {"torch": torch.__version__, "compile_cache": args.compile_cache, "targets": TARGETS, "rows": rows}
+        common.write_json(args.out, payload)  # after every case: a run stopped early keeps what it measured
+    print_tables(rows)
+    print(f"results: {common.shown(args.out)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
