@@ -33,6 +33,7 @@ from dldctl.hosts import slurmjobs
 from dldctl.metricspec import MetricsSpec
 from dldctl.observe import alerts
 from dldctl.observe.alerts import AlertsSpec
+from syncer.common.resolved import ISLANDS
 from syncer.common.settings import RunSettings, SettingsError, from_mapping, suggest
 
 TABLES = ("run", "ssh", "syncer", "hosts", "sites", "metrics", "alerts")
@@ -106,6 +107,7 @@ class HostSpec:
     learners: int = 1
     device: str = "cpu"  # cpu | cuda | cuda:N
     nproc: int = 1  # ranks per learner (torchrun island)
+    island: str = "ddp"  # ddp: every rank a replica | fsdp: the model sharded across the ranks
     threads: int = 1  # torch threads per rank
     batch_size: int = 0  # 0 = [run] batch_size
     throttle: float = 1.0  # >1 = artificially slower (demos and tests)
@@ -366,6 +368,16 @@ def _validate_hosts(inv: Inventory) -> None:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in h.env.items()):
             raise ConfigError(inv.path, f"{key}.env", "keys and values must be strings")
         _validate_site(inv.path, h)
+        _validate_island(inv.path, h)
+
+
+def _validate_island(path: str, h: HostSpec) -> None:
+    key = f"{'sites' if h.site else 'hosts'}.{h.name}.island"
+    if h.island not in ISLANDS:
+        raise ConfigError(path, key, f"island must be ddp or fsdp, got {h.island!r}", 'use "ddp" (default) or "fsdp"')
+    if h.island == "fsdp" and h.nproc * (h.nodes if h.site else 1) < 2:
+        fix = 'set nproc >= 2 (or nodes >= 2 on a site), or island = "ddp"'
+        raise ConfigError(path, key, "fsdp shards the model across an island's ranks, and this one has 1 rank", fix)
 
 
 def _validate_site(path: str, h: HostSpec) -> None:

@@ -36,6 +36,7 @@ def learner_entry(lid: str, host: HostSpec, shard: int, shards: int) -> LearnerE
         batch_size=host.batch_size,
         throttle=host.throttle,
         nproc=host.nproc,
+        island=host.island,
         threads=host.threads,
         env=dict(host.env),
         shard=shard % shards,
@@ -134,8 +135,9 @@ def describe(inv: Inventory) -> list[str]:
         where = "this machine" if h.local else f"{h.address} over SSH"
         if h.site:
             where = _site_words(h)
+        nproc = f"{h.nproc} (fsdp)" if h.island == "fsdp" else str(h.nproc)
         lines.append(
-            f"{plan.id} on {h.name} ({where}): device {h.device}, nproc {h.nproc}, "
+            f"{plan.id} on {h.name} ({where}): device {h.device}, nproc {nproc}, "
             f"batch {h.batch_size or inv.run.batch_size}, throttle {h.throttle:g}"
         )
     lines += initmodel.describe(inv)

@@ -3,7 +3,8 @@
 
     ResolvedConfig  the whole file: run id, the run settings, the syncer's section, the learners, keys
     SyncerSection   where the syncer binds, its two ports, the addresses learners and the operator dial
-    LearnerEntry    one learner of the fleet: id, host, device, batch size, ranks, threads, env, shard
+    LearnerEntry    one learner of the fleet: id, host, device, batch size, ranks (and how they
+                    hold the model: island "ddp" or "fsdp"), threads, env, shard
     KeysSection     where the CURVE keys lie
 
 On disk (keys as dldctl has always written them; "version" is the schema version):
@@ -11,7 +12,7 @@ On disk (keys as dldctl has always written them; "version" is the schema version
     { "version": 1, "run_id": str, "run": {RunSettings},
       "syncer": {"host", "bind_host", "port", "control_port", "advertise", "control_address", "dir"},
       "learners": [{"id": "learner-0", "host", "device", "batch_size", "throttle", "nproc",
-                    "threads", "env", "shard", "shards"}, ...],
+                    "island" (only if not "ddp"), "threads", "env", "shard", "shards"}, ...],
       "keys": {"dir": str}, "inventory": str, "init_model": str (only with [run] init_from) }
 
 Paths in the file are absolute or relative to the file's own directory (`resolve_path`), so the
@@ -35,6 +36,7 @@ from syncer.common.settings import RunSettings, SettingsError, from_mapping, sug
 SCHEMA_VERSION = 1
 VERSION_KEY = "version"
 FIX = "start a new run with `dldctl up`"
+ISLANDS = ("ddp", "fsdp")  # an island's ranks hold replicas (DDP) or shards (FSDP2) of the model
 TOP_KEYS = (VERSION_KEY, "run_id", "run", "syncer", "learners", "keys", "inventory", "init_model")
 
 
@@ -83,6 +85,7 @@ class LearnerEntry:
     batch_size: int = 0  # 0: the run's batch_size
     throttle: float = 1.0  # >1: artificially this many times slower (demos, tests)
     nproc: int = 1  # ranks in this learner's torchrun island
+    island: str = "ddp"  # how its ranks hold the model: "ddp" replicas or "fsdp" shards (FSDP2)
     threads: int = 1  # torch intra-op threads per rank
     env: dict[str, str] = field(default_factory=dict)  # str keys and values (checked on load)
     shard: int = 0
@@ -94,10 +97,17 @@ class LearnerEntry:
         for key, value in entry.env.items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise SettingsError(f"{where}.env", f"{key!r} = {value!r}: names and values must be strings")
+        if entry.island not in ISLANDS:
+            raise SettingsError(f"{where}.island", f"island must be ddp or fsdp, got {entry.island!r}")
         return entry
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The entry's keys; `island` only where it is not "ddp", so a DDP fleet's file is the
+        one dldctl has always written (and an older reader still reads it)."""
+        out = dataclasses.asdict(self)
+        if self.island == "ddp":
+            del out["island"]
+        return out
 
 
 @dataclass(frozen=True)

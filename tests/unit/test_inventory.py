@@ -204,3 +204,42 @@ def test_init_from_is_taken_from_the_inventory_files_directory(tmp_path: Path) -
 def test_a_bad_init_from_names_the_key(tmp_path: Path, value: str, problem: str) -> None:
     exc = error(tmp_path, GOOD.replace("[run]\n", f"[run]\ninit_from = {value}\n"))
     assert exc.key == "run.init_from" and problem in exc.line()
+
+
+SITE = '[[sites]]\nname = "cluster-a"\nscheduler = "slurm"\nlogin = "local"\n'
+
+
+def test_island_is_ddp_unless_fsdp_is_asked_on_a_learner_with_ranks(tmp_path: Path) -> None:
+    from dldctl.lifecycle import plan
+
+    assert inventory.load(write(tmp_path, GOOD)).hosts[0].island == "ddp"
+    assert inventory.default_inventory().hosts[0].island == "ddp"
+    inv = inventory.load(write(tmp_path, GOOD.replace("learners = 2", 'learners = 2\nnproc = 2\nisland = "fsdp"')))
+    assert inv.hosts[0].island == "fsdp" and inventory.parse(inventory.to_dict(inv), "x").hosts == inv.hosts
+    entries = [p.entry for p in plan.learner_plans(inv)]
+    assert [(e.nproc, e.island) for e in entries] == [(2, "fsdp"), (2, "fsdp")]
+    assert "device cpu, nproc 2 (fsdp), batch" in plan.describe(inv)[2]
+    site = inventory.load(write(tmp_path, GOOD + SITE + 'nodes = 2\nisland = "fsdp"\n'))  # 2 nodes x 1 rank
+    assert site.hosts[1].island == "fsdp" and plan.learner_plans(site)[2].entry.island == "fsdp"
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "words"),
+    [
+        (
+            GOOD.replace("learners = 2", 'learners = 2\nisland = "zero"'),
+            "hosts.a.island",
+            "must be ddp or fsdp, got 'zero'",
+        ),
+        (GOOD.replace("learners = 2", 'learners = 2\nnproc = 2\nisland = "FSDP"'), "hosts.a.island", "got 'FSDP'"),
+        (GOOD.replace("learners = 2", 'learners = 2\nisland = "fsdp"'), "hosts.a.island", "this one has 1 rank"),
+        # `nodes` is a site's: on a [[hosts]] machine it adds no ranks
+        (GOOD.replace("learners = 2", 'learners = 2\nnodes = 4\nisland = "fsdp"'), "hosts.a.island", "1 rank"),
+        (GOOD + SITE + 'island = "fsdp"\n', "sites.cluster-a.island", "set nproc >= 2 (or nodes >= 2 on a site)"),
+        (GOOD + SITE + 'nproc = 4\nisland = "ring"\n', "sites.cluster-a.island", "must be ddp or fsdp"),
+        (GOOD.replace("learners = 2", "learners = 2\nisland = 2"), "hosts.island", "host a: must be str"),
+    ],
+)
+def test_a_bad_island_is_one_line_naming_the_key(tmp_path: Path, text: str, key: str, words: str) -> None:
+    exc = error(tmp_path, text)
+    assert exc.key == key and words in exc.line(), exc.line()

@@ -97,6 +97,17 @@ def test_round_trip_through_the_file(tmp_path: Path) -> None:
     assert set(raw["syncer"]) == set(OLDER["syncer"]) and set(raw["learners"][0]) == set(OLDER["learners"][0])
 
 
+def test_an_fsdp_island_round_trips_and_a_ddp_one_writes_no_island_key(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    config = full_config()
+    sharded = replace(config, learners=(config.learners[0], replace(config.learners[1], island="fsdp")))
+    resolved.save(path, sharded)
+    assert resolved.load(path) == sharded and resolved.load(path).learner("learner-1").island == "fsdp"
+    raw = json.loads(path.read_text())["learners"]
+    assert raw[1]["island"] == "fsdp" and "island" not in raw[0]  # absent: "ddp", as older files say
+    assert resolved.load(write_raw(tmp_path, OLDER)).learner("learner-0").island == "ddp"
+
+
 def test_up_writes_what_the_syncer_the_learners_and_the_operator_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -160,6 +171,8 @@ def _set(section: str, key: str, value: Any, index: int | None = None) -> Any:
         (_set("syncer", "port", "5555"), "[syncer.port]"),
         (_set("syncer", "bind", "0.0.0.0"), "[syncer.bind]"),
         (_set("learners", "nproc", "two", 1), "[learners[1].nproc]"),
+        (_set("learners", "island", "zero", 1), "[learners[1].island]"),
+        (_set("learners", "island", 2, 0), "[learners[0].island]"),
         (_set("learners", "devce", "cpu", 0), "[learners[0].devce]"),
         (_set("learners", "env", {"A": 1}, 0), "[learners[0].env]"),
         (_set("learners", "id", "learner-0", 1), "[learners[1].id]"),
