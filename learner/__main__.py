@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from learner.island import Island
 
-        island = Island.from_env(cfg.spec.device)
+        island = Island.from_env(cfg.spec.device, cfg.spec.island)
     incarnation = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     trainer = Trainer(cfg, incarnation, island)
     install_signal_handlers(trainer)
@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         if island is not None:
+            trainer.release()  # no model may outlive the process group (an FSDP mesh aborted exits)
             island.close()
 
 

@@ -1,11 +1,12 @@
 """The small files a learner leaves in its work dir for the supervisor: markers (`finished`,
 `refused`) and the last replica, each written atomically so a full disk never leaves half a file
-nor kills the learner; and `control.json`, the chaos controls it reads."""
+nor kills the learner; and `control.json`, the chaos controls it reads (`Controls`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +45,31 @@ def save_replica(snapshot: Any, path: Path) -> None:
             torch.save(snapshot, fh)
     except (OSError, RuntimeError) as exc:  # torch reports a failed write as RuntimeError
         log(f"cannot write {path.name} ({exc}); the last replica is not kept")
+
+
+class Controls:
+    """Chaos hooks from `control.json` (dldctl chaos slow / partition), re-read only when the
+    file's mtime changes: `partition_until` and `slow_until` are wall-clock deadlines."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.mtime = 0.0
+        self.values: dict[str, Any] = {}
+
+    def read(self) -> None:
+        try:
+            mtime = self.path.stat().st_mtime
+        except OSError:
+            mtime = 0.0
+        if mtime != self.mtime:
+            self.mtime = mtime
+            self.values = read_json(self.path)
+
+    def partitioned(self) -> bool:
+        return time.time() < float(self.values.get("partition_until", 0))
+
+    def slow_factor(self) -> float:
+        """> 1 while a slow-down is in force: the learner stretches each step by it."""
+        if time.time() < float(self.values.get("slow_until", 0)):
+            return max(1.0, float(self.values.get("slow_factor", 1.0)))
+        return 1.0

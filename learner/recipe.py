@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -66,6 +67,21 @@ def resolve(precision: str, compile_: bool | str, tf32: bool, device: torch.devi
         fused=cuda,
         tf32=tf32 and cuda,
     )
+
+
+def resolve_device(name: str, island: Any = None) -> torch.device:
+    """'cpu', 'cuda' or 'cuda:N' (an island rank uses its local rank's GPU); clear error if absent."""
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {name!r} requested but torch.cuda.is_available() is False on this host")
+        if name == "cuda":  # set_device needs an index: "cuda" alone raises in torch >= 2.11
+            name = f"cuda:{island.local_rank if island is not None else torch.cuda.current_device()}"
+        device = torch.device(name)
+        torch.cuda.set_device(device)
+        return device
+    if name != "cpu":
+        raise RuntimeError(f"unknown device {name!r}; use cpu, cuda or cuda:N")
+    return torch.device("cpu")
 
 
 def setup(recipe: Recipe) -> None:

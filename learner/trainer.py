@@ -21,7 +21,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,6 +37,9 @@ from syncer.common.smallmath import ema
 from syncer.wire import fragments
 from workload import Workload, WorkloadContext, build_workload
 
+if TYPE_CHECKING:
+    from learner.fsdp import ShardLayout  # imported where used: torch.distributed's FSDP is a slow import
+
 WAIT_TICK_S = 0.1  # while waiting on the link: how often to read the chaos controls and publish
 
 
@@ -48,7 +51,7 @@ class Trainer:
         self.incarnation = incarnation
         self.island = island
         self.stop = threading.Event()
-        self.device = resolve_device(cfg.spec.device, island)
+        self.device = recipe.resolve_device(cfg.spec.device, island)
         self.step = self.tokens = 0
         self.resumed_at = 0  # the step this incarnation started at (resume)
         self.loss_ema: float | None = None
@@ -58,10 +61,12 @@ class Trainer:
         self.blocked_s = self.busy_s = 0.0
         self.train_started = self.train_ended = 0.0  # monotonic seconds: the training loop
         self.waited: set[int] = set()  # max_lag: fragments whose unanswered push was waited for
-        self._control_mtime = 0.0
-        self._control: dict[str, float] = {}
+        self.controls = files.Controls(cfg.workdir / "control.json")
         self.wl: Workload | None = None
         self.phase = 0  # added to the step counter by the sync schedule (lockstep_phase)
+        self.layout: ShardLayout | None = None  # island = "fsdp": this rank's shards of the fragments
+        self._initial: list[torch.Tensor] | None = None
+        self._joined: list[torch.Tensor] = []
         self.recipe = recipe.resolve(self.s.precision, self.s.compile, self.s.tf32, self.device)
         self.losses = recipe.LossMeter.for_device(self.device)
         self.steady = recipe.Steady(self.recipe.warmup_steps, learner.STARTED)
@@ -93,14 +98,36 @@ class Trainer:
             said = initmodel.load(self.wl.model, self.cfg.init_model, self.s.init_from)
             if rank == 0:
                 log(said)
-        self.wrapped = self.island.wrap(self.wl.model) if self.island else self.wl.model
-        self.train_model = recipe.compiled(self.recipe, self.wrapped)
-        self.params = {n: p.data for n, p in self.wl.model.named_parameters()}
-        self.manifest = [
+        self.manifest = [  # the full shapes, before any sharding
             fragments.TensorSpec(n, tuple(t.shape), "embedding" if n in self.wl.embedding_names else "dense")
-            for n, t in self.params.items()
+            for n, t in self.wl.model.named_parameters()
         ]
         self.plan = fragments.plan(self.manifest, self.s.fragments)
+        fsdp = self.island is not None and self.island.fsdp
+        self.params = {n: p.data for n, p in self.wl.model.named_parameters()}
+        self._initial = self.initial_fragments() if fsdp and rank == 0 else None  # rank 0 may upload it
+        self.wrapped = self.island.wrap(self.wl.model) if self.island else self.wl.model
+        self.train_model = recipe.compiled(self.recipe, self.wrapped)
+        if fsdp:  # the marks and outer gradients are this rank's shards'
+            from learner.fsdp import ShardLayout
+
+            self.layout = ShardLayout(self.plan, dict(self.wl.model.named_parameters()))
+            self.params = self.layout.local_params()
+        self.outer_plan = self.layout.local_plan if self.layout is not None else self.plan
+
+    def to_local(self, p: int, value: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a full global fragment (FSDP), or the fragment itself."""
+        return self.layout.local_part(p, value) if self.layout is not None else value
+
+    def outer_full(self, p: int, delta: torch.Tensor) -> torch.Tensor | None:
+        """The full outer gradient of fragment p on rank 0 (FSDP: gathered from every rank's
+        part, a collective every rank calls; None on the others), or this rank's own."""
+        return self.layout.gather_full(p, delta) if self.layout is not None else delta
+
+    def release(self) -> None:
+        """Drop the model and everything that holds it (before the island's process group goes)."""
+        self.wl = self.layout = self._initial = None
+        self.params, self.train_model, self.wrapped = {}, torch.nn.Identity(), torch.nn.Identity()
 
     def join(self, client: SyncerClient) -> OuterState | None:
         """Wait (never forever unnoticed) for the global state; None if told to stop first."""
@@ -112,10 +139,13 @@ class Trainer:
             if time.monotonic() - last_note > 10:
                 last_note = time.monotonic()
                 log(f"still joining: waiting for the syncer at {self.cfg.syncer_address}")
-        values = [client.latest(p) for p in range(self.plan.count)]
-        values = [(v, t.to(self.device)) for v, t in values]
+        full = [client.latest(p) for p in range(self.plan.count)]
+        self._joined = [t for _, t in full]  # what an FSDP island's other ranks start from too
+        values = [(v, self.to_local(p, t).to(self.device)) for p, (v, t) in enumerate(full)]
         client.take_updates()
-        return OuterState.start(self.plan, self.s.H, self.s.alpha, values, self.params, client.epoch(), self.s.rebase)
+        return OuterState.start(
+            self.outer_plan, self.s.H, self.s.alpha, values, self.params, client.epoch(), self.s.rebase
+        )
 
     def schedule_phase(self, outer: OuterState) -> int:
         """Steps added to a (re)joining learner's counter for its push schedule. Where learners
@@ -139,6 +169,9 @@ class Trainer:
         return recipe.optimizer(self.recipe, self.workload.model.parameters(), self.s.lr, self.s.weight_decay)
 
     def initial_fragments(self) -> list[torch.Tensor]:
+        """The model's initial full fragments (FSDP: taken before sharding), on the CPU."""
+        if self._initial is not None:
+            return self._initial
         return [self.plan.gather(p, self.params).detach().to("cpu") for p in range(self.plan.count)]
 
     # -- the loop ----------------------------------------------------------------------------
@@ -163,8 +196,12 @@ class Trainer:
             return self._finish(client, None)
         log(f"joined at versions {client.versions()}")
         self.resume(client.resume_step)
-        if self.island is not None:
+        if self.island is not None and self.layout is not None:
+            self.island.share_fragments(self._joined.__getitem__, self.plan.sizes(), self.to_local)
+            self.island.share_step(self.step)
+        elif self.island is not None:
             self.island.share_start(list(outer.mark), self.step)
+        self._joined = []
         self.phase = self.schedule_phase(outer)
         opt = self.optimizer()
         started = self.train_started = time.monotonic()
@@ -178,9 +215,9 @@ class Trainer:
             applies = self._collect(client, opt)
             due = self._due(client, outer) if not stop else []
             if self.island is not None:  # every rank applies, and moves its marks for, the same fragments
-                stop, applies, due = self.island.share(stop, applies, outer, due)
+                stop, applies, due = self.island.share(stop, applies, self.plan.sizes(), due)
             for p, version, value in applies:
-                outer.apply(p, version, value, self.params, client.epoch())
+                outer.apply(p, version, self.to_local(p, value), self.params, client.epoch())
                 self.waited.discard(p)
             if not stop:
                 self._push(client, outer, due)
@@ -302,7 +339,9 @@ class Trainer:
 
     def _send_outer(self, client: SyncerClient, outer: OuterState, p: int) -> None:
         """Take fragment p's outer gradient and queue it (encoded on a GPU there: learner/offload.py)."""
-        delta, c = outer.take_outer_gradient(p, self.params)
+        local, c = outer.take_outer_gradient(p, self.params)
+        delta = self.outer_full(p, local)
+        assert delta is not None, "rank 0 holds the gathered outer gradient"
         sent = offload.take(delta, self.s.compression, self.s.block)
         item = PushItem(p, sent, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0)
         client.push(dataclasses.replace(item, base_epoch=outer.base_epoch[p]))
@@ -352,7 +391,7 @@ class Trainer:
         self._read_control(client)
         if self.step % self.s.eval_every == 0 and self.step > 0:
             self._read_losses()
-            if self.island is not None:
+            if self.island is not None and self.layout is None:  # FSDP ranks hold different shards
                 same = self.island.identical(self.params)
                 log(
                     f"island of {self.island.world} ranks "
@@ -396,22 +435,12 @@ class Trainer:
         return sum(losses) / max(1, len(losses))
 
     def _read_control(self, client: SyncerClient) -> None:
-        """Chaos hooks from `control.json` (re-read only when its mtime changes)."""
-        path = self.cfg.workdir / "control.json"
-        try:
-            mtime = path.stat().st_mtime
-        except OSError:
-            mtime = 0.0
-        if mtime != self._control_mtime:
-            self._control_mtime = mtime
-            self._control = files.read_json(path)
-        cut = time.time() < float(self._control.get("partition_until", 0))
-        client.set_partitioned(cut)
+        """Chaos hooks from `control.json`: a partition cuts the link."""
+        self.controls.read()
+        client.set_partitioned(self.controls.partitioned())
 
     def _slow_factor(self) -> float:
-        if time.time() < float(self._control.get("slow_until", 0)):
-            return max(1.0, float(self._control.get("slow_factor", 1.0)))
-        return 1.0
+        return self.controls.slow_factor()
 
     def _write_finished(self) -> None:
         """The marker that says the budget is spent (the supervisor does not restart it), with what
@@ -432,7 +461,7 @@ class Trainer:
 
     def _finish(self, client: SyncerClient, outer: OuterState | None) -> int:
         """Send the due fragments, say bye, stop the sender."""
-        if outer is not None and client.fatal is None:
+        if outer is not None and (client.fatal is None or self.layout is not None):  # FSDP: the others gather too
             for p in range(self.plan.count):
                 if outer.counters[p].steps:
                     self._send_outer(client, outer, p)
@@ -457,21 +486,6 @@ class Trainer:
 def _finite(value: float | None) -> float | None:
     """None for a missing or non-finite number (JSON has no NaN)."""
     return value if value is not None and math.isfinite(value) else None
-
-
-def resolve_device(name: str, island: Any = None) -> torch.device:
-    """'cpu', 'cuda' or 'cuda:N' (an island rank uses its local rank's GPU); clear error if absent."""
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"device {name!r} requested but torch.cuda.is_available() is False on this host")
-        if name == "cuda":  # set_device needs an index: "cuda" alone raises in torch >= 2.11
-            name = f"cuda:{island.local_rank if island is not None else torch.cuda.current_device()}"
-        device = torch.device(name)
-        torch.cuda.set_device(device)
-        return device
-    if name != "cpu":
-        raise RuntimeError(f"unknown device {name!r}; use cpu, cuda or cuda:N")
-    return torch.device("cpu")
 
 
 def install_signal_handlers(trainer: Trainer) -> None:

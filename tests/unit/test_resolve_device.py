@@ -1,4 +1,4 @@
-"""learner.trainer.resolve_device: what a host's `device` setting becomes.
+"""learner.recipe.resolve_device: what a host's `device` setting becomes.
 
 On a GPU host (torch 2.11, H200) `device = "cuda"` killed every learner at start: the bare
 "cuda" device has no index and `torch.cuda.set_device` refuses that. The CUDA calls are replaced
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from learner.trainer import resolve_device
+from learner.recipe import resolve_device
 
 
 @pytest.fixture
