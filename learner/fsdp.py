@@ -39,8 +39,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Shard
+
+try:
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor, Shard
+except ImportError as exc:  # FSDP2 is public from torch 2.6
+    raise RuntimeError(
+        f"island = 'fsdp' needs torch >= 2.6 (FSDP2's fully_shard); this host has torch {torch.__version__}"
+        " (install a newer torch there, or set island = 'ddp')"
+    ) from exc
 
 from syncer.wire.fragments import FragmentPlan, Piece
 
