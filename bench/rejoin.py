@@ -15,28 +15,34 @@ learners in turn, one kill every `--gap` seconds). For each kill, from the run's
 The total (kill to contributing again) and each part are reported as median, min and max over the
 kills.
 
-**State transfer.** A fleet of 2 gpt-medium learners (10.8 M parameters, 43 MB of fp32) comes up;
-learner-1 is removed (`dldctl learner remove`) and this process then joins *as learner-1*, with a
-real `learner.client.SyncerClient` (its config and CURVE keys from the run directory), several
-times: each time a new incarnation says hello and fetches every fragment in fp32 chunks
-(`state_chunk_mb` = 4, 4 requests in flight), CRC-checked, while learner-0 keeps training. Timed
-from `client.start()` to `client.ready` (connect, CURVE handshake, hello, every chunk). Baselines in
-the same run, the same bytes over loopback from another process: plain TCP (`sendall` /
-`recv_into`), and ZeroMQ DEALER/ROUTER with the same 4 MiB chunks and 4 in flight, no encryption.
+**State transfer** (issue 20). A fleet of 2 gpt-medium learners (10.8 M parameters, 43 MB of
+fp32) comes up; learner-1 is removed (`dldctl learner remove`) and this process then joins *as
+learner-1*, with a real `learner.client.SyncerClient` (its config and CURVE keys from the run
+directory), several times: each time a new incarnation says hello and fetches every fragment in fp32
+chunks (`state_chunk_mb`, default 4 MiB; `learner.link.fetch_window` requests in flight),
+CRC-checked, while learner-0 keeps training. Timed from `client.start()` to `client.ready`
+(connect, CURVE handshake, hello, every chunk). Twice: a CURVE fleet (as every run) and an insecure
+one (`insecure = true`), which splits out what CURVE costs. Baselines in the same fleets, one of
+each right after every fetch (the same load): the same bytes over loopback from other processes,
+plain TCP (`sendall` / `recv_into`), ZeroMQ DEALER/ROUTER with the client's chunks and window,
+and the same with CURVE. Target: the CURVE fetch at >= 30% of raw TCP (`TARGET_VS_TCP`).
 
-    .venv/bin/python bench/rejoin.py            # full: 2 x 8 kills, 5 transfers, ~5 min on 2 cores
-    .venv/bin/python bench/rejoin.py --quick    # 2 x 4 kills, 3 transfers, ~2.5 min
+    .venv/bin/python bench/rejoin.py                    # full: 2 x 8 kills, 10 transfers, ~5 min on 2 cores
+    .venv/bin/python bench/rejoin.py --quick            # 2 x 4 kills, 5 transfers, ~3 min
+    .venv/bin/python bench/rejoin.py --transfer-only    # only the state transfer (~1.5 min), --chunk-mb MB
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import secrets
 import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +52,15 @@ from bench import common
 from bench.fleet import BenchRun, diloco_run, local_host
 
 LEARNERS = 4
-CHUNK = 4 << 20
-WINDOW = 4
+TARGET_VS_TCP = 0.30  # issue 20: a fetch at >= 30% of raw TCP per syncer shard
 
 
 def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kills", type=int, default=None, help="default 8, quick 4")
     parser.add_argument("--gap", type=float, default=8.0, help="seconds between kills")
     parser.add_argument("--transfers", type=int, default=None, help="state fetches to time (default 5, quick 3)")
+    parser.add_argument("--transfer-only", action="store_true", help="only the state-transfer part (no kills)")
+    parser.add_argument("--chunk-mb", type=float, default=None, help="state_chunk_mb of the transfer fleets")
 
 
 # --------------------------------------------------------------------------- rejoin after kill -9
@@ -133,8 +140,9 @@ def summarize(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- state transfer
 
 
-def fetch_state(run_dir: Path, settings: dict[str, Any], times: int) -> dict[str, Any]:
-    """Join as learner-1 with a real SyncerClient `times` times; seconds and bytes per fetch."""
+def fetch_state(run_dir: Path, settings: dict[str, Any], times: int, between: Callable[[], None]) -> dict[str, Any]:
+    """Join as learner-1 with a real SyncerClient `times` times; seconds and bytes per fetch.
+    `between` runs after each fetch (the baselines, interleaved: the same load for both)."""
     from bench.evaluate import workload
     from learner.client import SyncerClient
     from learner.config import load
@@ -147,7 +155,6 @@ def fetch_state(run_dir: Path, settings: dict[str, Any], times: int) -> dict[str
         for n, t in params.items()
     ]
     plan = fragments.plan(manifest, int(settings["fragments"]))
-    nbytes = 4 * sum(plan.sizes())
     seconds = []
     for _ in range(times):
         cfg = load(run_dir / "config.json", "learner-1", workdir=run_dir / "bench-client")
@@ -166,20 +173,41 @@ def fetch_state(run_dir: Path, settings: dict[str, Any], times: int) -> dict[str
         seconds.append(time.perf_counter() - t0)
         client.stop(flush_s=0.0)
         time.sleep(1.0)
-    return {"bytes": nbytes, "params": nbytes // 4, "seconds": seconds}
+        between()
+    return {"bytes": 4 * sum(plan.sizes()), "params": sum(plan.sizes()), "seconds": seconds}
 
 
-def measure_transfer(times: int) -> dict[str, Any]:
-    """A gpt-medium fleet of 2; learner-1 removed; this process fetches the state as learner-1."""
-    run = diloco_run(32, model="gpt-medium", eval_every=100000)
-    with BenchRun("xfer") as fleet:
+def state_bytes(model: str = "gpt-medium") -> int:
+    from bench.evaluate import workload
+    from bench.fleet import WORKLOAD
+
+    return 4 * sum(t.numel() for t in workload({**WORKLOAD, "model": model}).model.parameters())
+
+
+def measure_transfer(times: int, chunk_mb: float | None, insecure: bool = False) -> dict[str, Any]:
+    """A gpt-medium fleet of 2; learner-1 removed; this process fetches the state as learner-1,
+    each fetch followed by one of each baseline (`Baselines`), so both see the same load."""
+    run = diloco_run(32, model="gpt-medium", eval_every=100000, insecure=insecure)
+    if chunk_mb is not None:
+        run["state_chunk_mb"] = chunk_mb
+    with BenchRun("xfer-insecure" if insecure else "xfer") as fleet, Baselines(state_bytes(), times, chunk_mb) as base:
         run_dir = fleet.up(run, [local_host("here", 2)])
         fleet.wait_for(lambda: fleet.events("initialized"), 240, "the global model to exist")
         fleet.dl("learner", "remove", "learner-1")
         fleet.wait_for(lambda: fleet.events("leave"), 60, "learner-1 to leave")
-        result = fetch_state(run_dir, run, times)
+        result = fetch_state(run_dir, run, times, base.fetch_each)
+        result["baselines"] = base.seconds
         fleet.down()
     return result
+
+
+def client_window(chunk_mb: float | None) -> tuple[int, int]:
+    """(chunk bytes, chunks in flight) of a SyncerClient fetch (`state_chunk_mb`: the run's default)."""
+    from learner.link import fetch_window
+    from syncer.common.settings import RunSettings
+
+    chunk = int((RunSettings().state_chunk_mb if chunk_mb is None else chunk_mb) * (1 << 20))
+    return chunk, fetch_window(chunk // 4)
 
 
 def _serve_tcp(port_q: Any, nbytes: int, times: int) -> None:
@@ -194,19 +222,23 @@ def _serve_tcp(port_q: Any, nbytes: int, times: int) -> None:
     srv.close()
 
 
-def _serve_zmq(port_q: Any, nbytes: int, times: int) -> None:
-    """Baseline server: a ROUTER answering each chunk request with CHUNK bytes of the state."""
+def _serve_zmq(port_q: Any, nbytes: int, times: int, chunk: int, curve: tuple[bytes, bytes] | None) -> None:
+    """Baseline server: a ROUTER answering each chunk request with that chunk of the state (no
+    copy, as the syncer), CURVE-encrypted when given the server's key pair."""
     import zmq
 
-    payload = bytes(nbytes)
+    payload = memoryview(bytes(nbytes))
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
+    if curve is not None:
+        sock.curve_server = True
+        sock.curve_publickey, sock.curve_secretkey = curve
     port_q.put(sock.bind_to_random_port("tcp://127.0.0.1"))
     served = 0
-    while served < times * ((nbytes + CHUNK - 1) // CHUNK):
+    while served < times * ((nbytes + chunk - 1) // chunk):
         rid, offset = sock.recv_multipart()
         off = int(offset)
-        sock.send_multipart([rid, offset, payload[off : off + CHUNK]], copy=False)
+        sock.send_multipart([rid, offset, payload[off : off + chunk]], copy=False)
         served += 1
     sock.close(linger=1000)
     ctx.term()
@@ -226,22 +258,27 @@ def tcp_fetch(port: int, nbytes: int) -> float:
     return time.perf_counter() - t0
 
 
-def zmq_fetch(port: int, nbytes: int) -> float:
+def zmq_fetch(port: int, nbytes: int, chunk: int, window: int, curve: tuple[bytes, bytes, bytes] | None) -> float:
+    """One fetch of `nbytes` in chunks, the client's window in flight; timed from connect (and
+    CURVE's handshake) to the last byte copied into place, as a SyncerClient join is."""
     import zmq
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
+    if curve is not None:
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = curve
     t0 = time.perf_counter()
     sock.connect(f"tcp://127.0.0.1:{port}")
-    offsets = list(range(0, nbytes, CHUNK))
+    offsets = list(range(0, nbytes, chunk))
     buf = bytearray(nbytes)
     inflight = 0
     while offsets or inflight:
-        while offsets and inflight < WINDOW:
+        while offsets and inflight < window:
             sock.send(str(offsets.pop(0)).encode())
             inflight += 1
-        off, data = sock.recv_multipart()
-        buf[int(off) : int(off) + len(data)] = data
+        off, data = sock.recv_multipart(copy=False)
+        start = int(off.bytes)
+        buf[start : start + len(data)] = data.buffer
         inflight -= 1
     elapsed = time.perf_counter() - t0
     sock.close(linger=0)
@@ -249,77 +286,155 @@ def zmq_fetch(port: int, nbytes: int) -> float:
     return elapsed
 
 
-def baseline(kind: str, nbytes: int, times: int) -> list[float]:
-    """Seconds per transfer of `nbytes` from a server process over loopback."""
-    spawn = mp.get_context("spawn")
-    port_q = spawn.Queue()
-    server = spawn.Process(
-        target=_serve_tcp if kind == "tcp" else _serve_zmq, args=(port_q, nbytes, times), daemon=True
-    )
-    server.start()
-    try:
-        port = port_q.get(timeout=60)
-        return [(tcp_fetch if kind == "tcp" else zmq_fetch)(port, nbytes) for _ in range(times)]
-    finally:
-        server.join(timeout=30)
-        if server.is_alive():
-            server.kill()
-            server.join()
+class Baselines:
+    """Servers in their own processes for the same bytes over loopback: plain TCP, ZeroMQ with the
+    client's chunks and window, the same with CURVE. `fetch_each()` times one fetch of each."""
+
+    KINDS = ("tcp", "zmq", "zmq-curve")
+
+    def __init__(self, nbytes: int, times: int, chunk_mb: float | None) -> None:
+        import zmq
+
+        self.nbytes, self.times = nbytes, times
+        self.chunk, self.window = client_window(chunk_mb)
+        self.server_keys, self.client_keys = zmq.curve_keypair(), zmq.curve_keypair()
+        self.seconds: dict[str, list[float]] = {kind: [] for kind in self.KINDS}
+        self.procs: list[Any] = []
+        self.ports: dict[str, int] = {}
+
+    def __enter__(self) -> Baselines:
+        spawn = mp.get_context("spawn")
+        for kind in self.KINDS:
+            port_q = spawn.Queue()
+            args: tuple[Any, ...] = (port_q, self.nbytes, self.times)
+            if kind != "tcp":
+                args += (self.chunk, self.server_keys if kind == "zmq-curve" else None)
+            proc = spawn.Process(target=_serve_tcp if kind == "tcp" else _serve_zmq, args=args, daemon=True)
+            proc.start()
+            self.procs.append(proc)
+            self.ports[kind] = port_q.get(timeout=60)
+        return self
+
+    def fetch_each(self) -> None:
+        self.seconds["tcp"].append(tcp_fetch(self.ports["tcp"], self.nbytes))
+        self.seconds["zmq"].append(zmq_fetch(self.ports["zmq"], self.nbytes, self.chunk, self.window, None))
+        keys = (self.server_keys[0], *self.client_keys)
+        self.seconds["zmq-curve"].append(zmq_fetch(self.ports["zmq-curve"], self.nbytes, self.chunk, self.window, keys))
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            proc.join(timeout=5 if exc[0] is None else 0.1)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
 
 
-def transfer_rows(xfer: dict[str, Any], tcp: list[float], zmq_s: list[float]) -> list[dict[str, Any]]:
-    nbytes = xfer["bytes"]
+def transfer_rows(curve: dict[str, Any], insecure: dict[str, Any], chunk_mb: float | None) -> list[dict[str, Any]]:
+    """One row per transfer: MB/s and the ratio to raw TCP in the same fleet (interleaved), of the
+    medians and of the best of each (on a shared machine the best is the least disturbed)."""
+    nbytes = curve["bytes"]
+    chunk, window = client_window(chunk_mb)
+    zmq_name = f"raw ZeroMQ, {chunk / (1 << 20):g} MiB chunks x{window}"
+    fleets = {"CURVE": curve, "insecure": insecure}
+    series = [
+        ("SyncerClient full state (CURVE, CRC)", "CURVE", curve["seconds"]),
+        ("SyncerClient full state (insecure, CRC)", "insecure", insecure["seconds"]),
+    ]
+    for label, fleet in fleets.items():
+        b = fleet["baselines"]
+        series += [
+            ("raw TCP", label, b["tcp"]),
+            (zmq_name, label, b["zmq"]),
+            (f"{zmq_name}, CURVE", label, b["zmq-curve"]),
+        ]
     rows = []
-    for name, secs in (
-        ("SyncerClient full state (CURVE, CRC)", xfer["seconds"]),
-        ("raw TCP, loopback", tcp),
-        ("raw ZeroMQ, 4 MiB chunks x4", zmq_s),
-    ):
+    for name, label, secs in series:
+        tcp = fleets[label]["baselines"]["tcp"]
         rows.append(
             {
                 "transfer": name,
-                "MB": nbytes / 1e6,
+                "fleet": label,
                 "median_s": statistics.median(secs),
                 "MB/s (median)": common.mb_per_s(nbytes, statistics.median(secs)),
                 "MB/s (best)": common.mb_per_s(nbytes, min(secs)),
+                "vs raw TCP": statistics.median(tcp) / statistics.median(secs),
+                "vs raw TCP (best)": min(tcp) / min(secs),
                 "n": len(secs),
             }
         )
-    for r in rows:
-        r["vs TCP"] = r["MB/s (median)"] / rows[1]["MB/s (median)"]
     return rows
+
+
+def curve_share(curve_s: list[float], plain_s: list[float]) -> float:
+    """The part of a CURVE transfer's time that encryption adds: 1 - t(insecure) / t(CURVE)."""
+    return 1.0 - statistics.median(plain_s) / statistics.median(curve_s)
+
+
+def transfer_verdict(rows: list[dict[str, Any]], curve: dict[str, Any], insecure: dict[str, Any]) -> dict[str, Any]:
+    """The target: the CURVE fetch (what a run does) at >= TARGET_VS_TCP of raw TCP, same fleet."""
+    b = curve["baselines"]
+    return {
+        "target_vs_tcp": TARGET_VS_TCP,
+        "vs_tcp": rows[0]["vs raw TCP"],
+        "insecure_vs_tcp": rows[1]["vs raw TCP"],
+        "met": rows[0]["vs raw TCP"] >= TARGET_VS_TCP,
+        "vs_tcp_best": rows[0]["vs raw TCP (best)"],
+        "curve_share_client": curve_share(curve["seconds"], insecure["seconds"]),
+        "curve_share_raw_zmq": curve_share(b["zmq-curve"], b["zmq"]),
+        "client_vs_raw_zmq_curve": statistics.median(b["zmq-curve"]) / statistics.median(curve["seconds"]),
+    }
+
+
+def print_verdict(v: dict[str, Any]) -> None:
+    print(
+        f"Target: a fetch at >= {v['target_vs_tcp']:.0%} of raw TCP (medians). With CURVE: {v['vs_tcp']:.0%} "
+        f"({'MET' if v['met'] else 'NOT MET'}; best against best {v['vs_tcp_best']:.0%}; insecure: "
+        f"{v['insecure_vs_tcp']:.0%}). CURVE's share of the "
+        f"time: {v['curve_share_client']:.0%} of a SyncerClient fetch, {v['curve_share_raw_zmq']:.0%} of a raw "
+        f"ZeroMQ one; the SyncerClient runs at {v['client_vs_raw_zmq_curve']:.0%} of raw ZeroMQ with CURVE."
+    )
+
+
+def run_transfer(times: int, chunk_mb: float | None) -> dict[str, Any]:
+    """Both fleets (CURVE, insecure), each with its interleaved baselines; the table, the verdict."""
+    load = [os.getloadavg()[0]]  # the machine's load (others' work shows here), 1-min average
+    curve = measure_transfer(times, chunk_mb)
+    load.append(os.getloadavg()[0])
+    insecure = measure_transfer(times, chunk_mb, insecure=True)
+    load.append(os.getloadavg()[0])
+    rows = transfer_rows(curve, insecure, chunk_mb)
+    chunk, window = client_window(chunk_mb)
+    common.print_table(
+        f"State transfer: gpt-medium, {curve['params']:,} params, {curve['bytes'] / 1e6:.1f} MB fp32, "
+        f"{chunk / (1 << 20):g} MiB chunks, {window} in flight",
+        rows,
+    )
+    verdict = transfer_verdict(rows, curve, insecure)
+    verdict["loadavg_1min"] = load
+    print_verdict(verdict)
+    return {"transfer": curve, "transfer_insecure": insecure, "transfer_rows": rows, "verdict": verdict}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = common.parse_args("rejoin", __doc__, _extra, argv)
     kills = args.kills or (4 if args.quick else 8)
-    times = args.transfers or (3 if args.quick else 5)
-    phases = {
-        "fresh process": measure_rejoins(kills, args.gap, warm=False),
-        "warm spare": measure_rejoins(kills, args.gap, warm=True),
-    }
-    stages = {how: summarize(p) for how, p in phases.items()}
-    for how, rows in stages.items():
-        common.print_table(
-            f"Rejoin after kill -9, {how}: {len(phases[how])} kills, 4 gpt-tiny learners, H=32, restart delay 0.5 s",
-            rows,
-        )
-    xfer = measure_transfer(times)
-    rows = transfer_rows(xfer, baseline("tcp", xfer["bytes"], times), baseline("zmq", xfer["bytes"], times))
-    common.print_table(
-        f"State transfer: gpt-medium, {xfer['params']:,} params, {xfer['bytes'] / 1e6:.1f} MB fp32", rows
-    )
-    common.write_json(
-        args.out,
-        {
-            "benchmark": "rejoin",
-            "quick": args.quick,
-            "kills": phases,
-            "stages": stages,
-            "transfer": xfer,
-            "transfer_rows": rows,
-        },
-    )
+    times = args.transfers or (5 if args.quick else 10)
+    result: dict[str, Any] = {"benchmark": "rejoin", "quick": args.quick}
+    if not args.transfer_only:
+        phases = {
+            "fresh process": measure_rejoins(kills, args.gap, warm=False),
+            "warm spare": measure_rejoins(kills, args.gap, warm=True),
+        }
+        stages = {how: summarize(p) for how, p in phases.items()}
+        for how, rows in stages.items():
+            common.print_table(
+                f"Rejoin after kill -9, {how}: {len(phases[how])} kills, 4 gpt-tiny learners, H=32, "
+                "restart delay 0.5 s",
+                rows,
+            )
+        result.update(kills=phases, stages=stages)
+    result.update(run_transfer(times, args.chunk_mb))
+    common.write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
 

@@ -60,6 +60,7 @@ class SyncerClient(threading.Thread):
         self.ready = threading.Event()
         self._halt = threading.Event()
         self._sock: zmq.Socket[bytes] | None = None  # this thread only
+        self._connecting = False  # a fresh socket whose connection is not up yet (POLLOUT tells)
         self._ctx = zmq.Context()
 
     # -- training-thread API -----------------------------------------------------------------
@@ -180,7 +181,13 @@ class SyncerClient(threading.Thread):
         if self._sock is None:
             self._halt.wait(0.05)  # partitioned: nothing to do until it is lifted
             return
-        if self._sock.poll(POLL_MS, zmq.POLLIN):
+        # with IMMEDIATE, a fresh socket turns writable once connected (and CURVE's handshake is done)
+        ready = self._sock.poll(POLL_MS, zmq.POLLIN | (zmq.POLLOUT if self._connecting else 0))
+        if ready & zmq.POLLOUT:
+            self._connecting = False
+            with self._lock:
+                self._core.connected(time.monotonic())
+        if ready & zmq.POLLIN:
             self._receive_all()
 
     def _carry_out(self, out: LinkOutbox) -> None:
@@ -238,7 +245,7 @@ class SyncerClient(threading.Thread):
             sock.curve_publickey, sock.curve_secretkey = keys.load_pair(self.cfg.secret_key)
             sock.curve_serverkey = keys.load_public(self.cfg.syncer_key)
         sock.connect(self.cfg.syncer_address)
-        self._sock = sock
+        self._sock, self._connecting = sock, True
         with self._lock:
             self._core.opened(time.monotonic())
 
@@ -289,7 +296,7 @@ class SyncerClient(threading.Thread):
         events: list[LinkEvent] = []
         while True:
             try:
-                frames = self._socket().recv_multipart(flags=zmq.NOBLOCK)
+                frames = self._socket().recv_multipart(flags=zmq.NOBLOCK, copy=False)  # state chunks: no copy
             except zmq.Again:
                 break
             with self._lock:

@@ -28,7 +28,9 @@ from syncer.common.settings import RunSettings
 from syncer.wire import codec
 from syncer.wire.protocol import Message, ProtocolError, check_raw_fragment, decode
 
-FETCH_WINDOW = 4  # state chunks in flight at once
+FETCH_WINDOW = 4  # at least this many state chunks in flight at once
+FETCH_BYTES = 32 << 20  # and up to this many bytes of them (bounds what a fetch buffers)
+FETCH_MAX = 32  # and never more requests than this (the DEALER's SNDHWM is 64: a request over it is lost)
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 2.0  # between hellos to a syncer that does not answer
 
 
@@ -159,6 +161,12 @@ class Inbox:
     calls: set[int] = field(default_factory=set)
 
 
+def fetch_window(chunk_numel: int) -> int:
+    """State chunks a fetch keeps in flight: FETCH_BYTES worth, between FETCH_WINDOW and FETCH_MAX.
+    The syncer answers each from a view of its model (no copy), so a full pipe costs it nothing."""
+    return max(FETCH_WINDOW, min(FETCH_MAX, FETCH_BYTES // (4 * max(1, chunk_numel))))
+
+
 def push_message(send: Send, settings: RunSettings) -> Message:
     """The push message for a push send (pure, CPU-heavy for a large fragment: call it unlocked)."""
     item = send.push
@@ -200,6 +208,7 @@ class LinkCore:
         self._seq = 0
         self._hello_at = self._heard_at = self._beat_at = 0.0
         self._backoff = BACKOFF_MIN_S
+        self._hello_now = False  # the connection is up: hello without waiting out the backoff
 
     # -- the shell's inputs --------------------------------------------------------------------
     def opened(self, now: float) -> None:
@@ -207,6 +216,13 @@ class LinkCore:
         self.phase = Phase.JOINING
         self._hello_at = self._heard_at = now
         self._backoff = BACKOFF_MIN_S
+        self._hello_now = False
+
+    def connected(self, now: float) -> None:
+        """The fresh socket's connection is up (with CURVE, its handshake done): the first hello
+        goes at the next tick instead of after the first backoff (a join is 0.1 s shorter)."""
+        if self.phase is Phase.JOINING:
+            self._hello_now = True
 
     def tick(self, now: float) -> LinkOutbox:
         """What the time alone asks for: open or close the socket, hello, fetch, upload, push, beat."""
@@ -220,9 +236,9 @@ class LinkCore:
             out.open = True
             return out
         if self.phase is Phase.JOINING:
-            if now - self._hello_at > min(BACKOFF_MAX_S, self._backoff):
+            if self._hello_now or now - self._hello_at > min(BACKOFF_MAX_S, self._backoff):
                 self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
-                self._hello_at = now
+                self._hello_at, self._hello_now = now, False
                 out.sends.append(Send(self._hello()))
         else:
             self._work(now, out)
@@ -233,8 +249,9 @@ class LinkCore:
             self._enter(Phase.CLOSED)
         return out
 
-    def receive(self, now: float, frames: Sequence[bytes]) -> LinkOutbox:
-        """One message from the syncer; a malformed one is dropped and counted."""
+    def receive(self, now: float, frames: Sequence[Any]) -> LinkOutbox:
+        """One message from the syncer (bytes, or zmq.Frames: a state chunk is then read straight
+        from its frame); a malformed one is dropped and counted."""
         out = LinkOutbox()
         self.counters.bytes_received += sum(len(f) for f in frames)
         self._heard_at = now
@@ -315,7 +332,7 @@ class LinkCore:
 
     def _work(self, now: float, out: LinkOutbox) -> None:
         out.sends.extend(Send(init=c) for c in self._init_chunks())
-        for p, offset, version in self.replica.requests(now, self.chunk, FETCH_WINDOW):
+        for p, offset, version in self.replica.requests(now, self.chunk, fetch_window(self.chunk)):
             out.sends.append(Send(Message("state_req", {"fragment": p, "offset": offset, "version": version})))
         if self.ready and self._hears_syncer(now):
             out.sends.extend(self._take_pushes())
@@ -433,7 +450,7 @@ class LinkCore:
         p = msg["fragment"]
         if msg["epoch"] != self.replica.epoch or not 0 <= p < self.replica.count or len(msg.payloads) != 1:
             return
-        result = self.replica.on_update(p, msg["from_version"], msg["version"], msg.payloads[0], msg.get("crc"))
+        result = self.replica.on_update(p, msg["from_version"], msg["version"], msg.blob(), msg.get("crc"))
         if result == "applied":
             if self.me.learner in msg["contributors"]:
                 self.inbox.replies.add(p)

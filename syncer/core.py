@@ -171,10 +171,10 @@ class SyncerCore(OuterStep):
             self.reject("init_refused", learner, "not the init owner", now, out)
             return
         sizes = [b.numel() for b in self._init_buffers]
-        values = torch.from_numpy(check_raw_fragment(msg, sizes).copy())
+        values = check_raw_fragment(msg, sizes)  # read-only, a view of the received frame
         p, offset = msg["fragment"], msg["offset"]
-        self._init_buffers[p][offset : offset + values.numel()] = values
-        self._init_filled[p][offset : offset + values.numel()] = True  # covered, not just counted
+        self._init_buffers[p].numpy()[offset : offset + values.size] = values  # the one copy
+        self._init_filled[p][offset : offset + values.size] = True  # covered, not just counted
         if all(bool(mask.all()) for mask in self._init_filled):
             plan = fragments.plan(self._init_manifest, self.s.fragments)
             self.model = GlobalModel.fresh(self._init_manifest, plan, self._init_buffers)
@@ -235,7 +235,8 @@ class SyncerCore(OuterStep):
         n = min(self.chunk_numel(), total - offset)
         self._serving[p] = now
         version, value, crc = self._version_of(p, msg.get("version"))
-        payload = value[offset : offset + n].numpy().tobytes()
+        # zero-copy: a view of a value never written again (GlobalModel.lend, `_keep_previous`)
+        payload = value[offset : offset + n].numpy().data.cast("B")
         out.send(
             learner,
             Message(
@@ -256,13 +257,14 @@ class SyncerCore(OuterStep):
 
     def _version_of(self, p: int, wanted: Any) -> tuple[int, torch.Tensor, int]:
         """The version a fetch asked for, if still kept (the current and the previous one), so a
-        multi-chunk transfer stays consistent while merges go on; else the current one."""
+        multi-chunk transfer stays consistent while merges go on; else the current one. Either
+        value is lent (never written again): its chunks go out without a copy."""
         assert self.model is not None
         current = self.model.versions[p]
         previous = self._previous.get(p)
         if isinstance(wanted, int) and wanted != current and previous is not None and previous[0] == wanted:
             return previous
-        return current, self.model.theta[p], self._crc(p)
+        return current, self.model.lend(p), self._crc(p)
 
     # -- contributions -----------------------------------------------------------------------
     def _push(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
@@ -272,10 +274,9 @@ class SyncerCore(OuterStep):
         p = check_fragment_index(msg, self.model.plan.count)
         if len(msg.payloads) != 1 or msg["c_steps"] < 1 or msg["c_tokens"] < 0 or msg["c_time"] < 0:
             raise ProtocolError("schema", "push: needs one payload, c_steps >= 1, c_tokens >= 0, c_time >= 0")
+        blob = msg.blob()
         try:
-            delta = codec.decode_quantized(
-                msg.payloads[0], expect_numel=self.model.theta[p].numel(), kernel=self.kernel
-            )
+            delta = codec.decode_quantized(blob, expect_numel=self.model.theta[p].numel(), kernel=self.kernel)
         except codec.CodecError as exc:
             reason = "nan" if "NaN" in str(exc) or "non-finite" in str(exc) else "codec"
             self.reject(reason, learner, f"fragment {p}: {exc}", now, out)
@@ -294,13 +295,13 @@ class SyncerCore(OuterStep):
             float(msg["step_time"]),
             int(msg["base_version"]),
             now,
-            len(msg.payloads[0]),
+            len(blob),
         )
         rnd = self.rounds.setdefault(p, Round(p))
         rnd.add(contribution, self.s.quorum, GraceFn(self.s.grace_gamma, self.s.tau, self.t_sync or 0.0))
         self.counters["pushes"] += 1
         self.counters["push_raw_bytes"] += 4 * delta.numel
-        self.counters["push_wire_bytes"] += len(msg.payloads[0])
+        self.counters["push_wire_bytes"] += len(blob)
         self._bound_queue(now, out)
 
     def _push_problem(self, learner: str, p: int, msg: Message) -> tuple[str, str] | None:
@@ -399,12 +400,13 @@ class SyncerCore(OuterStep):
         assert self.model is not None
         t0 = self.clock()
         p = rnd.fragment
+        m = self.model
+        self._keep_previous(p, now)
+        m.writable(p)  # from here on fragment p is written in place: never a value a send may still read
         if self.on_merge is not None:
             self.on_merge(p)
         contribs = sorted(rnd.contributions.values(), key=lambda c: c.learner)
         carried = self._cap_backlogs(p, contribs, now, out)
-        self._keep_previous(p, now)
-        m = self.model
         blob, crc = self._step(p, contribs, now, want_crc=(m.versions[p] + 1) % self.s.checksum_every == 0)
         self._crcs[p] = crc  # None: computed only if a state transfer needs it (`_crc`)
         m.versions[p] += 1
@@ -429,11 +431,12 @@ class SyncerCore(OuterStep):
         return carried
 
     def _keep_previous(self, p: int, now: float) -> None:
-        """While a state transfer of p is under way (a chunk served in the last 30 s), keep a copy
-        of the version about to be replaced, so the transfer can finish on it (`_version_of`)."""
+        """While a state transfer of p is under way (a chunk served in the last 30 s), keep the
+        version about to be replaced, so the transfer can finish on it (`_version_of`): the value
+        itself, lent, so the merge writes into a copy (`GlobalModel.writable`), one per merge."""
         assert self.model is not None
         if now - self._serving.get(p, float("-inf")) < 30.0:
-            self._previous[p] = (self.model.versions[p], self.model.theta[p].clone(), self._crc(p))
+            self._previous[p] = (self.model.versions[p], self.model.lend(p), self._crc(p))
         else:
             self._previous.pop(p, None)
 

@@ -42,6 +42,7 @@ class GlobalModel:
     versions: list[int]
     momentum: list[torch.Tensor]
     residual: list[torch.Tensor]
+    lent: set[int] = field(default_factory=set)  # fragments whose current value a send may still read
 
     @classmethod
     def fresh(
@@ -53,6 +54,20 @@ class GlobalModel:
     @property
     def numel(self) -> int:
         return sum(t.numel() for t in self.theta)
+
+    def lend(self, p: int) -> torch.Tensor:
+        """Fragment p's current value for zero-copy sends (state chunks): from now on it is never
+        written again; the next write goes to a copy (`writable`)."""
+        self.lent.add(p)
+        return self.theta[p]
+
+    def writable(self, p: int) -> torch.Tensor:
+        """Fragment p's value, to be changed in place: if it was lent, a private copy replaces it
+        first (copy on write), so chunks still queued in a socket keep the bytes of their version."""
+        if p in self.lent:
+            self.theta[p] = self.theta[p].clone()
+            self.lent.discard(p)
+        return self.theta[p]
 
     def crc(self, p: int) -> int:
         """crc32 of fragment p's fp32 bytes: learners check their replica against it."""

@@ -93,7 +93,7 @@ def rollback(core: SyncerCore, good: Snapshot, now: float, out: Outbox) -> None:
     m = core.model
     assert m is not None
     for p, theta in enumerate(good.theta):
-        m.theta[p].copy_(theta)
+        m.writable(p).copy_(theta)  # a lent value (chunks still queued) is never written: copy on write
         m.momentum[p].zero_()
         m.residual[p].zero_()
         m.versions[p] += 1

@@ -30,7 +30,7 @@ from syncer.core import Outbox, SyncerCore
 from syncer.evaluator import GlobalEvaluator, Scoring
 from syncer.oplog import OpLog, fresh, resumed, say, stamp
 from syncer.status import sample_record, snapshot
-from syncer.wire.protocol import Message, ProtocolError, decode, encode
+from syncer.wire.protocol import Message, Payload, ProtocolError, decode, encode
 
 SAMPLE_EVERY_S = 2.0
 # Connection-level drops libzmq makes before a message reaches us, from the learner socket's monitor:
@@ -262,14 +262,13 @@ class SyncerServer:
         faultpoints.hit("merge")
         scale = faultpoints.fires("bad_round")
         if scale is not None and self.core.model is not None:
-            theta = self.core.model.theta[p]
+            theta = self.core.model.writable(p)
             theta.add_(torch.randn(theta.shape, generator=torch.Generator().manual_seed(p)) * scale)
 
     # -- learners ----------------------------------------------------------------------------
     def _on_learner(self, frames: list[zmq.Frame]) -> None:
         rid = frames[0].bytes
-        size = sum(len(f.bytes) for f in frames[1:])
-        self.core.bytes_up += size
+        self.core.bytes_up += sum(len(f) for f in frames[1:])  # len(): f.bytes would copy every frame
         now = self.wall()
         try:
             msg = decode(frames[1:])
@@ -318,7 +317,8 @@ class SyncerServer:
         for record in out.metrics:
             self.metrics.write(record)
 
-    def _send_to_rid(self, rid: bytes, payload: Message | list[bytes]) -> None:
+    def _send_to_rid(self, rid: bytes, payload: Message | list[Payload]) -> None:
+        """Send without copying: a state chunk is a view of a value the core never writes again."""
         frames = encode(payload) if isinstance(payload, Message) else payload
         try:
             _bound(self.learner_sock).send_multipart([rid, *frames], flags=zmq.NOBLOCK, copy=False)

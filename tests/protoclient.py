@@ -41,6 +41,7 @@ class ProtoClient:
         keydir: Path | None,
         key_name: str | None = None,
         fragments_count: int = 4,
+        manifest: list[fragments.TensorSpec] | None = None,
     ) -> None:
         self.learner = learner
         self.run_id = run_id
@@ -53,7 +54,8 @@ class ProtoClient:
             self.sock.curve_publickey, self.sock.curve_secretkey = keys.load_pair(keydir / f"{name}.key_secret")
             self.sock.curve_serverkey = keys.load_public(keydir / "syncer.key")
         self.sock.connect(address)
-        self.plan = fragments.plan(MANIFEST, fragments_count)
+        self.manifest = manifest or MANIFEST
+        self.plan = fragments.plan(self.manifest, fragments_count)
         self.incarnation = f"{os.getpid()}-{learner}-{time.monotonic_ns()}"
         self.inbox: list[Message] = []
         self.seq = 0
@@ -100,7 +102,7 @@ class ProtoClient:
                     "device": "cpu",
                     "batch_size": 4,
                     "codecs": list(codec.MODES),
-                    "manifest": fragments.manifest_to_json(MANIFEST),
+                    "manifest": fragments.manifest_to_json(self.manifest),
                     "fragments": self.plan.count,
                 },
             )
@@ -122,6 +124,23 @@ class ProtoClient:
             msg = self.recv("state")
             out.append(torch.frombuffer(bytearray(msg.payloads[0]), dtype=torch.float32))
         return out
+
+    def fetch_chunked(self) -> tuple[list[int], list[torch.Tensor]]:
+        """(versions, values) of every fragment, in the syncer's chunks, each fragment pinned to
+        the version of its first chunk (as learner.replica does)."""
+        versions, out = [], []
+        for p in range(self.plan.count):
+            total, offset, version, parts = self.plan.numel(p), 0, -1, []
+            while offset < total:
+                self.send(Message("state_req", {"fragment": p, "offset": offset, "version": version}))
+                msg = self.recv("state")
+                assert version in (-1, msg["version"]), "the version moved while fetching"
+                version = msg["version"]
+                parts.append(torch.frombuffer(bytearray(msg.payloads[0]), dtype=torch.float32))
+                offset += msg["numel"]
+            versions.append(version)
+            out.append(torch.cat(parts))
+        return versions, out
 
     def push(
         self,

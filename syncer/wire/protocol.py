@@ -6,6 +6,10 @@ A message is a list of ZeroMQ frames: one small header frame, then zero or more 
     header = b"DLDC" | protocol version (u16) | kind (u8) | payload count (u8)
              | payload lengths (u64 each) | JSON metadata (utf-8 object)
 
+Raw fp32 chunks (`init`, `state`) travel without copies: `encode` takes payloads that are views
+of a buffer (memoryview), and `decode` keeps such payloads of a received zmq.Frame as a view of
+the frame; every other payload decodes to bytes.
+
 `decode` raises ProtocolError (with a short `reason` used as a metrics counter) for anything
 malformed: bad magic, other protocol version, unknown kind, missing or extra frames, payload
 sizes that disagree with the header, metadata that misses a field or has the wrong type.
@@ -28,6 +32,7 @@ MAGIC = b"DLDC"
 VERSION = 1
 MAX_HEADER = 256 * 1024
 MAX_PAYLOADS = 16
+RAW_KINDS = frozenset({"init", "state"})  # fp32 chunks: decoded as views of the received frames
 _FIXED = struct.Struct("<4sHBB")
 
 _NUM = (int, float)
@@ -97,6 +102,7 @@ SCHEMAS: dict[str, tuple[int, dict[str, tuple[type, ...]]]] = {
     "control_rep": (23, {"ok": (bool,), "detail": (str,)}),
 }
 KINDS = {code: kind for kind, (code, _) in SCHEMAS.items()}
+Payload = bytes | memoryview  # a payload frame's content: bytes, or a byte view of a buffer (no copy)
 
 
 class ProtocolError(ValueError):
@@ -114,7 +120,7 @@ class Message:
 
     kind: str
     meta: dict[str, Any] = field(default_factory=dict)
-    payloads: list[bytes] = field(default_factory=list)
+    payloads: list[Payload] = field(default_factory=list)
 
     def __getitem__(self, key: str) -> Any:
         return self.meta[key]
@@ -122,8 +128,13 @@ class Message:
     def get(self, key: str, default: Any = None) -> Any:
         return self.meta.get(key, default)
 
+    def blob(self, i: int = 0) -> bytes:
+        """Payload i as bytes: as decoded for every kind but RAW_KINDS (a view is copied)."""
+        payload = self.payloads[i]
+        return payload if isinstance(payload, bytes) else bytes(payload)
 
-def encode(msg: Message) -> list[bytes]:
+
+def encode(msg: Message) -> list[Payload]:
     """Frames for `msg` (validated against its schema, so a bug cannot emit garbage)."""
     if msg.kind not in SCHEMAS:
         raise ProtocolError("unknown_kind", f"cannot encode kind {msg.kind!r}")
@@ -132,7 +143,7 @@ def encode(msg: Message) -> list[bytes]:
         raise ProtocolError("too_many_payloads", f"{len(msg.payloads)} > {MAX_PAYLOADS}")
     code = SCHEMAS[msg.kind][0]
     body = json.dumps(msg.meta, separators=(",", ":"), allow_nan=False).encode()
-    lengths = struct.pack(f"<{len(msg.payloads)}Q", *(len(p) for p in msg.payloads))
+    lengths = struct.pack(f"<{len(msg.payloads)}Q", *(_nbytes(p) for p in msg.payloads))
     header = _FIXED.pack(MAGIC, VERSION, code, len(msg.payloads)) + lengths + body
     return [header, *msg.payloads]
 
@@ -158,12 +169,12 @@ def decode(frames: Sequence[Any]) -> Message:
     if count > MAX_PAYLOADS or len(header) < end:
         raise ProtocolError("truncated", f"header announces {count} payloads")
     lengths = struct.unpack_from(f"<{count}Q", header, _FIXED.size)
-    payloads = [_bytes(f) for f in frames[1:]]
+    payloads = [_view(f) if kind in RAW_KINDS else _bytes(f) for f in frames[1:]]
     if len(payloads) != count:
         raise ProtocolError("frame_count", f"{kind}: header announces {count} payloads, got {len(payloads)}")
     for i, (want, got) in enumerate(zip(lengths, payloads)):
-        if want != len(got):
-            raise ProtocolError("size", f"{kind}: payload {i} is {len(got)} bytes, header says {want}")
+        if want != _nbytes(got):
+            raise ProtocolError("size", f"{kind}: payload {i} is {_nbytes(got)} bytes, header says {want}")
     meta = _parse_meta(kind, header[end:])
     return Message(kind, meta, payloads)
 
@@ -175,6 +186,18 @@ def _bytes(frame: Any) -> bytes:
         data: bytes = frame.bytes
         return data
     return bytes(frame)
+
+
+def _view(frame: Any) -> Payload:
+    """A received zmq.Frame's content as a view of the frame (no copy); anything else as bytes."""
+    buffer = getattr(frame, "buffer", None)  # zmq.Frame (this leaf does not import zmq)
+    if isinstance(buffer, memoryview):
+        return buffer.cast("B") if buffer.format != "B" else buffer
+    return _bytes(frame)
+
+
+def _nbytes(payload: Payload) -> int:
+    return payload.nbytes if isinstance(payload, memoryview) else len(payload)
 
 
 def _parse_meta(kind: str, body: bytes) -> dict[str, Any]:
@@ -223,9 +246,9 @@ def check_raw_fragment(msg: Message, sizes: Sequence[int]) -> np.ndarray:
         raise ProtocolError("shape", f"{msg.kind}: fragment {p} has {sizes[p]} values, message says {total}")
     if numel <= 0 or offset < 0 or offset + numel > total:
         raise ProtocolError("shape", f"{msg.kind}: chunk [{offset}, {offset + numel}) outside fragment {p}")
-    if len(msg.payloads) != 1 or len(msg.payloads[0]) != 4 * numel:
+    if len(msg.payloads) != 1 or _nbytes(msg.payloads[0]) != 4 * numel:
         raise ProtocolError("shape", f"{msg.kind}: payload is not {numel} fp32 values")
-    values = np.frombuffer(msg.payloads[0], dtype="<f4")
+    values = np.frombuffer(msg.payloads[0], dtype="<f4")  # read-only; a view of the frame where it was one
     if not np.isfinite(values).all():
         raise ProtocolError("nan", f"{msg.kind}: fragment {p} holds NaN or Inf")
     return values

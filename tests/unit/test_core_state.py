@@ -267,3 +267,56 @@ def test_a_transfer_keeps_its_version_while_a_merge_lands() -> None:
     assert pinned["version"] == 0 and pinned["crc"] == old_crc
     assert pinned.payloads[0] == old[: pinned["numel"]].numpy().tobytes()
     assert latest["version"] == 1 and latest["crc"] == h.core.model.crc(0)
+
+
+def test_a_served_chunk_is_a_view_that_no_merge_writes() -> None:
+    """State chunks go out without a copy, as views of the fragment's value; the value is lent:
+    the next merge of that fragment writes a copy, so a chunk still queued in the socket keeps
+    the bytes of its version. A fragment nobody fetched is merged in place, as before."""
+    h = Harness(make_settings(quorum=1))
+    h.join_all()
+    m = h.core.model
+    served = m.theta[0]
+    untouched = m.theta[1]
+    ((_, state),) = h.send("b", Message("state_req", {"fragment": 0, "offset": 0}), 2.0).sends
+    view = state.payloads[0]
+    assert isinstance(view, memoryview) and view.format == "B" and view.nbytes == 4 * state["numel"]
+    before = bytes(view)
+    assert before == served[: state["numel"]].numpy().tobytes()
+    h.beat_all(2.0)
+    for p in (0, 1):
+        h.push("a", p, h.delta(p, 1), now=2.0)
+    h.tick(2.0 + max(r.grace_s for r in h.core.rounds.values()) + 1.0)
+    assert m.versions == [1, 1]
+    assert m.theta[0] is not served and not torch.equal(m.theta[0], served), "merged into a copy"
+    assert bytes(view) == before, "the lent value was never written"
+    assert m.theta[1] is untouched, "never lent: merged in place"
+    ((_, latest),) = h.send("b", Message("state_req", {"fragment": 0, "offset": 0}), 4.0).sends
+    assert latest["version"] == 1 and latest["crc"] == m.crc(0)
+    assert bytes(latest.payloads[0]) == m.theta[0][: latest["numel"]].numpy().tobytes()
+
+
+def test_chunks_of_the_kept_version_are_served_across_several_merges() -> None:
+    """A transfer pinned to version v keeps getting v's bytes while v+1 lands (v is the kept
+    previous); once v+2 lands, v is gone and the chunk comes from the current version."""
+    h = Harness(make_settings(quorum=1))
+    h.join_all()
+    v0 = h.core.model.theta[0].clone()
+
+    def chunk(version: int, now: float) -> Message:
+        ((_, msg),) = h.send("b", Message("state_req", {"fragment": 0, "offset": 0, "version": version}), now).sends
+        return msg
+
+    def merge(now: float) -> None:
+        h.beat_all(now)
+        h.push("a", 0, h.delta(0, int(now)), now=now)
+        h.tick(now + h.core.rounds[0].grace_s + 1.0)
+
+    assert chunk(-1, 2.0)["version"] == 0
+    merge(2.0)
+    first = chunk(0, 4.0)
+    assert first["version"] == 0 and bytes(first.payloads[0]) == v0[: first["numel"]].numpy().tobytes()
+    merge(5.0)
+    assert h.core.model.versions[0] == 2
+    assert bytes(first.payloads[0]) == v0[: first["numel"]].numpy().tobytes(), "still v0's bytes"
+    assert chunk(0, 7.0)["version"] == 2, "v0 no longer kept: the current version"

@@ -4,6 +4,8 @@ refusals, replies, resyncs, round calls and malformed input. No socket, no threa
 
 from __future__ import annotations
 
+import torch
+
 from learner.link import LinkCore, Phase, Send
 from syncer.wire.protocol import Message
 from tests.unit.linkharness import (
@@ -198,3 +200,42 @@ def test_heartbeats_carry_the_stats_replica_and_counters() -> None:
     assert (meta["step"], meta["tokens"], meta["versions"], meta["link"]) == (7, 900, [0, 0], "up")
     assert meta["bytes_received"] == core.counters.bytes_received > 4 * 2 * N
     assert kinds(core.tick(now + 1.1)) == [], "one heartbeat per heartbeat_s"
+
+
+def test_a_socket_that_connected_says_hello_without_waiting_out_the_backoff() -> None:
+    core = new_core()
+    core.tick(0.0)
+    core.opened(0.0)
+    core.connected(0.002)  # the shell saw POLLOUT: the connection (and CURVE's handshake) is up
+    assert kinds(core.tick(0.003)) == ["hello"]
+    assert kinds(core.tick(0.05)) == [], "then the backoff as before"
+    assert kinds(core.tick(0.25)) == ["hello"]
+    up, now = joined()
+    up.connected(now)
+    assert kinds(up.tick(now + 0.001)) == [], "no hello once welcomed"
+
+
+def test_a_state_chunk_of_the_wrong_size_is_dropped_and_counted() -> None:
+    core = new_core([2500, 4])  # chunks of 1024
+    core.tick(0.0)
+    core.opened(0.0)
+    core.receive(0.0, welcome())
+    first = [s for s in core.tick(0.01).sends if s.msg and s.msg.kind == "state_req"]
+    whole = torch.zeros(2500)
+    short = whole[:1000]  # a well-formed message, but not the chunk that was asked for
+    meta = {"fragment": 0, "version": 0, "offset": 0, "numel": 1000, "total": 2500, "epoch": EPOCH}
+    out = core.receive(0.015, frames("state", [short.numpy().tobytes()], **meta))
+    assert [e.kind for e in out.events] == ["bad_message"] and core.counters.bad_messages == 1
+    assert core.replica.fetches[0].received == 0
+    for send in first:
+        core.receive(0.02, state_for(core, send))
+    assert core.counters.bad_messages == 1 and core.replica.fetches[0].received == 1024
+
+
+def test_the_fetch_window_is_counted_in_bytes_and_bounded() -> None:
+    from learner.link import FETCH_MAX, FETCH_WINDOW, fetch_window
+
+    assert fetch_window(1 << 20) == 8  # 4 MiB chunks: 32 MiB in flight
+    assert fetch_window(1 << 18) == 32  # 1 MiB chunks
+    assert fetch_window(1024) == FETCH_MAX  # tiny chunks: never more requests than the socket takes
+    assert fetch_window(1 << 26) == FETCH_WINDOW

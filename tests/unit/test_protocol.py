@@ -438,3 +438,30 @@ def test_property_arbitrary_json_metadata(meta: dict, kind: str) -> None:
     payloads = VALID[kind][1]
     header = _raw_header(P.SCHEMAS[kind][0], len(payloads), body, [len(p) for p in payloads])
     _decode_only_protocol_errors([header, *payloads])
+
+
+def test_raw_chunks_of_zmq_frames_decode_as_views_and_others_as_bytes() -> None:
+    """`state`/`init` payloads of received zmq.Frames are read in place (no copy); every other
+    kind's payloads are bytes; `blob()` gives bytes either way."""
+    import zmq
+
+    values = np.arange(6, dtype="<f4")
+    meta = {"fragment": 0, "version": 3, "offset": 0, "numel": 6, "total": 6, "epoch": 1}
+    view = memoryview(values).cast("B")  # what the syncer sends: a view of its fp32 values
+    frames = P.encode(Message("state", meta, [view]))
+    assert struct.unpack_from("<Q", frames[0], FIXED.size)[0] == 24 and frames[1] is view
+    received = [zmq.Frame(bytes(f)) for f in frames]
+    msg = P.decode(received)
+    payload = msg.payloads[0]
+    assert isinstance(payload, memoryview) and payload.obj is received[1]
+    assert P.check_raw_fragment(msg, [6]).tolist() == values.tolist() and msg.blob() == values.tobytes()
+    update = P.decode([zmq.Frame(bytes(f)) for f in P.encode(Message("update", *_update()))])
+    assert isinstance(update.payloads[0], bytes) and update.blob() == b"blob"
+    short = [received[0], zmq.Frame(b"\0" * 20)]
+    with pytest.raises(ProtocolError) as exc:
+        P.decode(short)
+    assert exc.value.reason == "size"
+
+
+def _update() -> tuple[dict[str, Any], list[bytes]]:
+    return {"fragment": 0, "version": 1, "from_version": 0, "epoch": 1, "contributors": []}, [b"blob"]

@@ -279,3 +279,62 @@ def test_update_crc_match_and_mismatch() -> None:
     assert r.on_update(0, 1, 2, codec.encode_quantized(q2), crc=checksum(theta)) == "mismatch"
     assert r.mismatches == 1 and 0 in r.fetches  # never trained on: refetched
     assert r.on_update(0, 2, 3, blob) == "buffered"  # waits for the fetch
+
+
+# -- chunks: one copy, a running crc, sizes checked ---------------------------------------------
+
+
+def test_the_running_crc_covers_chunks_in_any_order_and_catches_a_changed_one() -> None:
+    """Chunks larger than a crc slice, answered last-first: the crc waits for the gap, then
+    covers every byte of the buffer; one changed value in one chunk makes it a mismatch."""
+    n, chunk = 200_000, 70_000  # 3 chunks, each several CRC_SLICEs
+    syncer = FakeSyncer([n], chunk=chunk)
+    crc = checksum(syncer.theta[0])
+    for damaged in (False, True):
+        r = Replica([n])
+        r.refetch(0)
+        first = r.requests(0.0, chunk=chunk, window=8)
+        assert r.on_state(*syncer.state(0, 0), crc=crc) is False
+        rest = r.requests(0.0, chunk=chunk, window=8)
+        assert first == [(0, 0, -1)] and [off for _, off, _ in rest] == [70_000, 140_000]
+        for _, off, version in reversed(rest):
+            p, v, o, values = syncer.state(0, off, version)
+            if damaged and off == 70_000:
+                values[123] += 1.0
+            r.on_state(p, v, o, values, crc=crc)
+        assert r.complete() is not damaged and r.mismatches == int(damaged)
+    r = Replica([n])
+    r.refetch(0)
+    _fetch_all(r, syncer, window=1)
+    assert torch.equal(r.latest[0], syncer.theta[0])
+
+
+def test_a_chunk_of_the_wrong_size_is_refused_and_asked_again_after_the_timeout() -> None:
+    from syncer.wire.protocol import ProtocolError
+
+    syncer = FakeSyncer([10], chunk=4)
+    r = Replica([10])
+    r.refetch(0)
+    assert r.requests(0.0, chunk=4, window=4) == [(0, 0, -1)]
+    p, version, offset, values = syncer.state(0, 0)
+    for bad in (values[:3], np.concatenate([values, values[:2]])):
+        with pytest.raises(ProtocolError) as exc:
+            r.on_state(p, version, offset, bad)
+        assert exc.value.reason == "shape"
+    assert r.fetches[0].received == 0 and r.fetches[0].version is None and 0 in r.fetches[0].in_flight
+    assert r.requests(11.0, chunk=4, window=4) == [(0, 0, -1)]  # asked again
+    assert r.on_state(*syncer.state(0, 0)) is False
+    _fetch_all(r, syncer, now=11.0)
+    assert torch.equal(r.latest[0], syncer.theta[0])
+
+
+def test_the_chunk_size_is_pinned_by_the_first_request() -> None:
+    syncer = FakeSyncer([10], chunk=4)
+    r = Replica([10])
+    r.refetch(0)
+    r.requests(0.0, chunk=4, window=4)
+    r.on_state(*syncer.state(0, 0))
+    asked = r.requests(0.0, chunk=2, window=4)
+    assert [off for _, off, _ in asked] == [4, 8]  # not 4, 6, 8
+    assert [r.on_state(*syncer.state(p, off, v)) for p, off, v in asked] == [False, True]
+    assert torch.equal(r.latest[0], syncer.theta[0])
