@@ -181,7 +181,7 @@ def push_message(send: Send, settings: RunSettings) -> Message:
         "c_time": item.c_time,
         "step_time": item.step_time,
     }
-    return Message("push", meta, [offload.blob(item.delta, settings.compression, settings.block)])
+    return Message("push", meta, [offload.blob(item.delta, settings.compression, settings.block, settings.zstd)])
 
 
 class LinkCore:

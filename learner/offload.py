@@ -33,10 +33,11 @@ class DeviceDelta:
     numel: int
     block: int
 
-    def blob(self) -> bytes:
-        """The codec blob (the sender thread: waits for the copy, then compresses)."""
+    def blob(self, zstd: bool = True) -> bytes:
+        """The codec blob (the sender thread: waits for the copy, then compresses unless `zstd`
+        is off)."""
         self.done.synchronize()
-        return codec.encode_payload(self.payload, self.mode, self.numel, self.block)
+        return codec.encode_payload(self.payload, self.mode, self.numel, self.block, zstd)
 
     def values(self) -> torch.Tensor:
         """The fp32 values a receiver reconstructs (CPU): what `coalesce` adds when two pushes of
@@ -60,11 +61,11 @@ def take(delta: torch.Tensor, mode: str, block: int) -> Delta:
     return DeviceDelta(host, done, mode, delta.numel(), block)
 
 
-def blob(delta: Delta, mode: str, block: int) -> bytes:
-    """The push's codec blob, wherever its outer gradient was encoded."""
+def blob(delta: Delta, mode: str, block: int, zstd: bool = True) -> bytes:
+    """The push's codec blob, wherever its outer gradient was encoded (`zstd`: the run's setting)."""
     if isinstance(delta, DeviceDelta):
-        return delta.blob()
-    return codec.encode(delta, mode, block)
+        return delta.blob(zstd)
+    return codec.encode(delta, mode, block, zstd)
 
 
 def values(delta: Delta) -> torch.Tensor:

@@ -70,6 +70,7 @@ class RunSettings:
     quorum: int = 1  # K: minimum distinct learners to close a round
     grace_gamma: float = 0.5  # safety factor of the adaptive grace window
     compression: str = "int4"  # int4 | int8 | bf16 | none
+    zstd: bool = True  # zstd-compress the quantized payloads both ways; false: ~8-20% more bytes, less CPU
     block: int = 128  # values per absmax quantization block
     merge: str = "rda"  # rda | mean
     outer_lr: float = 1.0  # plain averaging of the outer gradients (DiLoCo's Nesterov: 0.7, 0.9)
@@ -143,7 +144,7 @@ class RunSettings:
         _check(
             self.compile in (True, False, "auto"),
             "compile",
-            f"must be true, false or \"auto\", got {self.compile!r}",
+            f'must be true, false or "auto", got {self.compile!r}',
             'compile = "auto" compiles on CUDA only',
         )
         _one_of(self.merge, MERGES, "merge")

@@ -2,11 +2,15 @@
 
 A 1-D fp32 tensor is quantized blockwise (one absmax scale per `block` values) to int4 (default),
 int8, bf16 or left as fp32 ("none"); the codes are packed (two int4 per byte) and the packed bytes
-zstd-compressed. The blob is self-describing:
+zstd-compressed (or not: the run's `zstd` setting). The blob is self-describing:
 
-    header  = MAGIC(2) | format version(u8) | mode(u8) | numel(u64) | block(u32) | raw_len(u64)
+    header  = MAGIC(2) | format(u8) | mode(u8) | numel(u64) | block(u32) | raw_len(u64)
     payload = zstd( scales fp32[nblocks] | packed codes )          (int4 / int8)
             = zstd( bf16[numel] )  |  zstd( fp32[numel] )            (bf16 / none)
+
+The format byte is the packing version (2), plus RAW (0x80) when the payload follows the header
+as it is, without a zstd frame: exactly raw_len bytes, no more, no fewer. Both kinds decode
+everywhere; which one an encoder writes is the caller's choice (`zstd=`).
 
 int4 packing (format 2): block by block (the last block zero-padded), byte k of a block's
 block/2 bytes holds the block's code k in its low nibble and code k + block/2 in its high nibble,
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,11 +38,14 @@ import zstandard
 
 MAGIC = b"DQ"
 FORMAT = 2
+RAW = 0x80  # format-byte flag: the payload is stored as it is (no zstd frame)
 MODES = ("none", "bf16", "int8", "int4")
 _HEADER = struct.Struct("<2sBBQIQ")
-HEADER_SIZE = _HEADER.size  # bytes before the zstd frame
+HEADER_SIZE = _HEADER.size  # bytes before the payload (a zstd frame, or the payload as it is)
 _QMAX = {"int8": 127, "int4": 7}
 MAX_NUMEL = 1 << 34  # a sanity bound: no fragment is 64 GiB of fp32
+_BAD_NIBBLE = "int4 code out of range (nibble 0b1000 = -8)"
+_BAD_SCALE = "non-finite or negative quantization scale, or scale x code overflows fp32 (NaN/Inf in the source)"
 _ROUNDER = 1.5 * 2.0**23  # y + R - R rounds an fp32 |y| < 2^22 to the nearest integer (ties to even)
 
 
@@ -52,8 +60,18 @@ class Quantized:
     mode: str
     numel: int
     block: int
-    codes: torch.Tensor  # int8 codes (int4/int8), bf16 or fp32 values
+    codes: torch.Tensor  # int8 codes (int4/int8), bf16 or fp32 values; `packed`: int4 as on the wire
     scales: torch.Tensor  # fp32, one per block (empty for bf16/none)
+    packed: bool = False  # int4 codes kept two a byte (uint8, blocks * block/2: codec format 2)
+
+    def int_codes(self, first: int = 0, count: int | None = None) -> torch.Tensor:
+        """int8 codes of blocks [first, first + count) (int4/int8; all blocks by default),
+        unpacked if `packed` (a new tensor then, else a view)."""
+        nblocks = self.scales.numel() if count is None else count
+        if not self.packed:
+            return self.codes[first * self.block : (first + nblocks) * self.block]
+        half = self.block // 2
+        return _unpack_nibbles(self.codes[first * half : (first + nblocks) * half], self.block)
 
 
 _local = threading.local()
@@ -147,7 +165,7 @@ def dequantize(q: Quantized) -> torch.Tensor:
         return q.codes.to(torch.float32)
     # each code converts to fp32 exactly, then one rounding of the product (a mixed int8 x fp32
     # torch.mul gives the same bits but runs ~40% slower than convert + in-place multiply)
-    values = q.codes.view(-1, q.block).to(torch.float32).mul_(q.scales[:, None])
+    values = q.int_codes().view(-1, q.block).to(torch.float32).mul_(q.scales[:, None])
     return values.view(-1)[: q.numel]
 
 
@@ -161,7 +179,7 @@ def _pack(q: Quantized) -> bytes:
         return q.codes.numpy().tobytes()
     if q.mode == "bf16":
         return q.codes.view(torch.int16).numpy().tobytes()
-    if q.mode == "int8":
+    if q.mode == "int8" or q.packed:  # the codes as they go on the wire already
         return q.scales.numpy().tobytes() + q.codes.numpy().tobytes()
     packed = torch.empty(q.codes.numel() // q.block, q.block // 2, dtype=torch.uint8)
     _pack_int4(q.codes, q.block, packed)
@@ -197,12 +215,21 @@ def payload_here(x: torch.Tensor, mode: str = "int4", block: int = 128) -> torch
     return torch.cat([q.scales.view(torch.uint8), body.reshape(-1)])
 
 
-def encode_payload(payload: torch.Tensor, mode: str, numel: int, block: int) -> bytes:
-    """The blob of a payload `payload_here` made (moved to the CPU): header + zstd."""
+def encode_payload(payload: torch.Tensor, mode: str, numel: int, block: int, zstd: bool = True) -> bytes:
+    """The blob of a payload `payload_here` made (moved to the CPU): header + zstd (or the
+    payload as it is, `zstd=False`)."""
     if payload.numel() != raw_length(mode, numel, block):
         raise CodecError(f"payload of {payload.numel()} bytes does not match {mode} x {numel} values")
-    header = _HEADER.pack(MAGIC, FORMAT, MODES.index(mode), numel, block, payload.numel())
-    return header + _zstd()[0].compress(payload.contiguous().numpy().data)
+    # ndarray.data is memoryview(array); numpy's stubs declare the buffer protocol for 3.12+ only
+    return _blob(mode, numel, block, payload.contiguous().numpy().data, zstd)
+
+
+def _blob(mode: str, numel: int, block: int, raw: Any, zstd: bool) -> bytes:
+    """Header + payload `raw` (a bytes-like object of exactly raw_length bytes), zstd-compressed
+    or stored as it is (format byte | RAW)."""
+    nbytes = memoryview(raw).nbytes
+    header = _HEADER.pack(MAGIC, FORMAT if zstd else FORMAT | RAW, MODES.index(mode), numel, block, nbytes)
+    return header + (_zstd()[0].compress(raw) if zstd else raw)
 
 
 def raw_length(mode: str, numel: int, block: int) -> int:
@@ -216,23 +243,22 @@ def raw_length(mode: str, numel: int, block: int) -> int:
     return 4 * nblocks + codes
 
 
-def encode_quantized(q: Quantized) -> bytes:
-    """Pack and compress an already quantized tensor."""
-    raw = _pack(q)
-    header = _HEADER.pack(MAGIC, FORMAT, MODES.index(q.mode), q.numel, q.block, len(raw))
-    return header + _zstd()[0].compress(raw)
+def encode_quantized(q: Quantized, zstd: bool = True) -> bytes:
+    """Pack and compress (`zstd`) an already quantized tensor."""
+    return _blob(q.mode, q.numel, q.block, _pack(q), zstd)
 
 
-def encode(x: torch.Tensor, mode: str = "int4", block: int = 128) -> bytes:
-    """Quantize, pack and zstd-compress a 1-D fp32 tensor into one self-describing blob."""
-    return encode_quantized(quantize(x, mode, block))
+def encode(x: torch.Tensor, mode: str = "int4", block: int = 128, zstd: bool = True) -> bytes:
+    """Quantize, pack and zstd-compress (`zstd`) a 1-D fp32 tensor into one self-describing blob."""
+    return encode_quantized(quantize(x, mode, block), zstd)
 
 
-def _header(blob: bytes, expect_numel: int | None) -> tuple[str, int, int, int]:
+def _header(blob: bytes, expect_numel: int | None) -> tuple[str, int, int, int, bool]:
+    """(mode, numel, block, raw_len, zstd) of a blob, every field checked."""
     if len(blob) < _HEADER.size:
         raise CodecError(f"blob of {len(blob)} bytes is shorter than its {_HEADER.size}-byte header")
     magic, fmt, mode_i, numel, block, raw_len = _HEADER.unpack_from(blob)
-    if magic != MAGIC or fmt != FORMAT:
+    if magic != MAGIC or fmt not in (FORMAT, FORMAT | RAW):
         raise CodecError(f"not a codec blob (magic {magic!r}, format {fmt})")
     if mode_i >= len(MODES):
         raise CodecError(f"unknown compression mode index {mode_i}")
@@ -243,49 +269,81 @@ def _header(blob: bytes, expect_numel: int | None) -> tuple[str, int, int, int]:
         raise CodecError(f"invalid block size {block}")
     if raw_len != raw_length(mode, numel, block):
         raise CodecError(f"payload length {raw_len} does not match {mode} x {numel} values")
-    return mode, numel, block, raw_len
+    return mode, numel, block, raw_len, fmt == FORMAT
 
 
 def decode_quantized(blob: bytes, expect_numel: int | None = None, kernel: Any = None) -> Quantized:
     """Inverse of `encode_quantized`; raises CodecError on anything malformed or non-finite.
 
-    `kernel` (syncer.native.Kernel) unpacks int4 codes in one pass instead of three."""
-    mode, numel, block, raw_len = _header(blob, expect_numel)
+    With `kernel` (syncer.native.Kernel, which reads them so) int4 codes stay packed as on the
+    wire (`Quantized.packed`), checked in one read-only pass. The codes and scales returned may
+    view `blob` itself (a payload stored without zstd): never write into them."""
+    mode, numel, block, raw_len, compressed = _header(blob, expect_numel)
+    buf = _payload(blob, raw_len) if compressed else _bytes(_stored(blob, raw_len))
+    if mode in ("none", "bf16"):
+        empty = torch.empty(0, dtype=torch.float32)
+        q = Quantized(mode, numel, block, buf.view(torch.float32 if mode == "none" else torch.bfloat16), empty)
+        _check_finite(q)
+        return q
+    nblocks = -(-numel // block)
+    scales, codes = buf[: 4 * nblocks].view(torch.float32), buf[4 * nblocks :]
+    packed = mode == "int4" and kernel is not None
+    if kernel is not None:  # one read-only pass checks the codes and the scales
+        codes_ok, scales_ok = kernel.check(codes, scales, _QMAX[mode], packed)
+        if not codes_ok or not scales_ok:
+            raise CodecError(_BAD_NIBBLE if not codes_ok else _BAD_SCALE)
+    elif mode == "int4":
+        codes = _unpack_int4(codes, block)
+    q = Quantized(mode, numel, block, codes if packed else codes.view(torch.int8), scales, packed)
+    if kernel is None:
+        _check_finite(q)
+    return q
+
+
+def _payload(blob: bytes, raw_len: int) -> torch.Tensor:
+    """The decompressed payload of a zstd blob (exactly raw_len bytes, else CodecError)."""
     payload = memoryview(blob)[_HEADER.size :]
     try:
         # the frame's own content size decides the allocation: check it before decompressing
         declared = zstandard.frame_content_size(payload)
         if declared not in (-1, raw_len):
             raise CodecError(f"compressed frame declares {declared} bytes, header says {raw_len}")
-        raw = _decompress(payload, raw_len)
+        if declared == -1:  # no size in the frame (a streaming compressor): read at most raw_len + 1
+            return _decompress(payload, raw_len)
+        # one call (what every encoder here writes: ~3% faster than a stream reader); zstd checks
+        # the content against the declared size, and nothing may follow the frame
+        raw = _zstd()[1].decompress(payload, max_output_size=raw_len, allow_extra_data=False)
     except zstandard.ZstdError as exc:
         raise CodecError(f"corrupt compressed payload: {exc}") from exc
-    if mode == "int4" and kernel is not None and raw:
-        q = _unpack_int4_native(raw, numel, block, kernel)
-    elif mode == "int4":
-        q = _unpack_int4(raw, numel, block)
-    else:
-        # torch.frombuffer refuses an empty buffer (a 0-value tensor is legal)
-        buf = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-        empty = torch.empty(0, dtype=torch.float32)
-        if mode == "none":
-            q = Quantized(mode, numel, block, buf.view(torch.float32), empty)
-        elif mode == "bf16":
-            q = Quantized(mode, numel, block, buf.view(torch.bfloat16), empty)
-        else:
-            nblocks = -(-numel // block)
-            q = Quantized(
-                mode, numel, block, buf[4 * nblocks :].view(torch.int8), buf[: 4 * nblocks].view(torch.float32)
-            )
-    _check_finite(q)
-    return q
+    if len(raw) != raw_len:
+        raise CodecError(f"payload decompressed to {len(raw)} bytes, header says {raw_len}")
+    return _bytes(memoryview(raw))
 
 
-def _decompress(payload: memoryview, raw_len: int) -> bytearray:
-    """The frame's content, read straight into a new buffer of exactly raw_len bytes (no copy
-    after); CodecError if it holds fewer or more."""
-    raw = bytearray(raw_len)
-    view, got = memoryview(raw), 0
+def _stored(blob: bytes, raw_len: int) -> memoryview:
+    """The payload of a blob stored without zstd: exactly raw_len bytes after the header."""
+    if len(blob) - _HEADER.size != raw_len:
+        raise CodecError(f"stored payload of {len(blob) - _HEADER.size} bytes, header says {raw_len}")
+    return memoryview(blob)[_HEADER.size :]
+
+
+def _bytes(raw: memoryview) -> torch.Tensor:
+    """A uint8 tensor viewing `raw` (no copy; a read-only buffer is never written through it)."""
+    if not len(raw):  # torch.frombuffer refuses an empty buffer (a 0-value tensor is legal)
+        return torch.empty(0, dtype=torch.uint8)
+    if not raw.readonly:
+        return torch.frombuffer(raw, dtype=torch.uint8)
+    with warnings.catch_warnings():  # torch warns that it cannot mark a tensor read-only
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(raw, dtype=torch.uint8)
+
+
+def _decompress(payload: memoryview, raw_len: int) -> torch.Tensor:
+    """The frame's content, read straight into a new uint8 tensor of exactly raw_len bytes (not
+    zeroed first, no copy after); CodecError if it holds fewer or more."""
+    raw = torch.empty(raw_len, dtype=torch.uint8)
+    # ndarray.data is memoryview(array); numpy's stubs declare the buffer protocol for 3.12+ only
+    view, got = raw.numpy().data, 0
     with _zstd()[1].stream_reader(payload, read_across_frames=False) as reader:
         while got < raw_len:
             n = reader.readinto(view[got:])
@@ -300,33 +358,24 @@ def _decompress(payload: memoryview, raw_len: int) -> bytearray:
     return raw
 
 
-def _unpack_int4(raw: bytearray, numel: int, block: int) -> Quantized:
-    """Scales and int8 codes of an int4 payload; refuses the never-produced nibble -8."""
-    nblocks = -(-numel // block)
-    # torch.frombuffer refuses an empty buffer (a 0-value tensor is legal)
-    buf = torch.frombuffer(raw, dtype=torch.int8) if raw else torch.empty(0, dtype=torch.int8)
-    scales = buf[: 4 * nblocks].view(torch.float32)
-    packed = buf[4 * nblocks :].view(nblocks, block // 2)
-    codes = torch.empty(nblocks, 2, block // 2, dtype=torch.int8)
+def _unpack_int4(packed: torch.Tensor, block: int) -> torch.Tensor:
+    """int8 codes of an int4 payload's packed codes; refuses the never-produced nibble -8."""
+    codes = _unpack_nibbles(packed, block)
+    if codes.numel() and int(codes.min()) < -7:
+        raise CodecError(_BAD_NIBBLE)
+    return codes
+
+
+def _unpack_nibbles(packed: torch.Tensor, block: int) -> torch.Tensor:
+    """int8 codes (a new tensor) of whole int4 blocks, packed (blocks * block/2 bytes, format 2)."""
+    src = packed.view(torch.int8).view(-1, block // 2)
+    codes = torch.empty(src.shape[0], 2, block // 2, dtype=torch.int8)
     # arithmetic shifts of int8 sign-extend: (b << 4) >> 4 is the low nibble, b >> 4 the high one
     low = codes[:, 0]
-    torch.bitwise_left_shift(packed, 4, out=low)
+    torch.bitwise_left_shift(src, 4, out=low)
     low.bitwise_right_shift_(4)
-    torch.bitwise_right_shift(packed, 4, out=codes[:, 1])
-    codes = codes.view(-1)
-    if nblocks and int(codes.min()) < -7:
-        raise CodecError("int4 code out of range (nibble 0b1000 = -8)")
-    return Quantized("int4", numel, block, codes, scales)
-
-
-def _unpack_int4_native(raw: bytearray, numel: int, block: int, kernel: Any) -> Quantized:
-    """`_unpack_int4` by the native kernel, reading the decompressed bytes in place."""
-    nblocks = -(-numel // block)
-    scales = torch.frombuffer(raw, dtype=torch.float32, count=nblocks)
-    codes = torch.empty(nblocks * block, dtype=torch.int8)
-    if not kernel.unpack4(raw, 4 * nblocks, nblocks, block, codes):
-        raise CodecError("int4 code out of range (nibble 0b1000 = -8)")
-    return Quantized("int4", numel, block, codes, scales)
+    torch.bitwise_right_shift(src, 4, out=codes[:, 1])
+    return codes.view(-1)
 
 
 def _check_finite(q: Quantized) -> None:
@@ -337,9 +386,7 @@ def _check_finite(q: Quantized) -> None:
         # is: one check per block instead of one per value. NaN fails both comparisons below.
         low, high = torch.aminmax(q.scales * _QMAX[q.mode])
         if not (float(low) >= 0 and float(high) < float("inf")):
-            raise CodecError(
-                "non-finite or negative quantization scale, or scale x code overflows fp32 (NaN/Inf in the source)"
-            )
+            raise CodecError(_BAD_SCALE)
     elif q.codes.numel() and not _all_finite(q.codes):
         raise CodecError("NaN or Inf values")
 
@@ -371,8 +418,8 @@ def values_into(q: Quantized, start: int, stop: int, out: torch.Tensor) -> torch
         raise ValueError(f"slice start {start} is not a multiple of the block {q.block}")
     padded = -(-(stop - start) // q.block) * q.block  # codes are stored padded to whole blocks
     dst = out[:padded]
-    dst.copy_(q.codes[start : start + padded])
     first = start // q.block
+    dst.copy_(q.int_codes(first, padded // q.block))
     dst.view(-1, q.block).mul_(q.scales[first : first + padded // q.block, None])
     return dst[: stop - start]
 
@@ -382,11 +429,17 @@ class ChunkEncoder:
     the payload and returns its dequantized values; `finish` compresses. The blob is byte for
     byte the one `encode` makes of the whole tensor (slices must start on a block boundary)."""
 
-    def __init__(self, mode: str, numel: int, block: int) -> None:
+    def __init__(
+        self, mode: str, numel: int, block: int, zstd: bool = True, scratch: torch.Tensor | None = None
+    ) -> None:
+        """`scratch`: uint8 CPU memory to build the payload in (used if it holds raw_length bytes;
+        free again once `finish` has returned): a caller encoding every round saves an allocation."""
         if mode not in MODES:
             raise CodecError(f"unknown compression mode {mode!r}; use one of {', '.join(MODES)}")
-        self.mode, self.numel, self.block = mode, numel, block
-        self.raw = torch.empty(raw_length(mode, numel, block), dtype=torch.uint8)
+        self.mode, self.numel, self.block, self.zstd = mode, numel, block, zstd
+        size = raw_length(mode, numel, block)
+        fits = scratch is not None and scratch.dtype == torch.uint8 and scratch.numel() >= size
+        self.raw = scratch[:size] if fits and scratch is not None else torch.empty(size, dtype=torch.uint8)
         self.nblocks = -(-numel // block)
         self.scales = self.raw[: 4 * self.nblocks].view(torch.float32) if mode in _QMAX else None
         self.codes = self.raw[4 * self.nblocks :] if mode in _QMAX else None
@@ -417,13 +470,12 @@ class ChunkEncoder:
         return values
 
     def finish(self) -> bytes:
-        """The blob: header + zstd of the payload."""
-        header = _HEADER.pack(MAGIC, FORMAT, MODES.index(self.mode), self.numel, self.block, self.raw.numel())
+        """The blob: header + zstd of the payload (or the payload as it is, `zstd=False`)."""
         # ndarray.data is memoryview(array); numpy's stubs declare the buffer protocol for 3.12+ only
-        return header + _zstd()[0].compress(self.raw.numpy().data)
+        return _blob(self.mode, self.numel, self.block, self.raw.numpy().data, self.zstd)
 
 
 def blob_info(blob: bytes) -> tuple[str, int]:
     """(mode, numel) of a blob without decompressing it."""
-    mode, numel, _block, _raw = _header(blob, None)
+    mode, numel, _block, _raw, _zstd = _header(blob, None)
     return mode, numel

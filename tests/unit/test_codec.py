@@ -460,6 +460,14 @@ def test_frame_declaring_a_huge_content_size_is_refused_before_allocating() -> N
             codec.decode(blob[:HS] + _frame(raw, declared))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_bytes_after_the_zstd_frame_are_refused(mode: str) -> None:
+    blob = _VALID[mode]
+    for extra in (b"\0", blob[HS:]):  # garbage, or a second frame
+        with pytest.raises(CodecError, match="corrupt"):
+            codec.decode(blob + extra)
+
+
 def test_frame_without_content_size_that_decompresses_too_far() -> None:
     blob = _VALID["int8"]
     raw = _payload(blob)
@@ -468,3 +476,99 @@ def test_frame_without_content_size_that_decompresses_too_far() -> None:
     for other in (raw + b"\0" * 100, raw + b"\0" * (8 << 20), raw[:-4]):
         with pytest.raises(CodecError):
             codec.decode(blob[:HS] + nosize.compress(other))
+
+
+# -- payloads stored without zstd ([run] zstd = false) ---------------------------------------------
+
+
+def _stored(blob: bytes) -> bytes:
+    """The same blob with its payload stored as it is (format byte | RAW)."""
+    return _reheader(blob, fmt=codec.FORMAT | codec.RAW)[:HS] + _payload(blob)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("n", "block"), [(0, 8), (1, 8), (9, 8), (1000, 128), (4097, 128)])
+def test_stored_payloads_roundtrip_bit_exact_and_decode_like_zstd_ones(mode: str, n: int, block: int) -> None:
+    x = torch.randn(n, generator=_gen(n + 3)) * 0.01
+    packed, stored = codec.encode(x, mode, block), codec.encode(x, mode, block, zstd=False)
+    assert stored[2] == codec.FORMAT | codec.RAW and packed[2] == codec.FORMAT  # today's blobs: unchanged
+    assert len(stored) == HS + codec.raw_length(mode, n, block) and stored == _stored(packed)
+    assert torch.equal(codec.decode(stored, expect_numel=n), codec.roundtrip(x, mode, block))
+    assert torch.equal(codec.decode(stored), codec.decode(packed)) and codec.blob_info(stored) == (mode, n)
+    q = codec.quantize(x, mode, block)
+    assert codec.encode_quantized(q, zstd=False) == stored
+    payload = codec.payload_here(x, mode, block)
+    assert codec.encode_payload(payload, mode, n, block, zstd=False) == stored
+    encoder = codec.ChunkEncoder(mode, n, block, zstd=False)
+    encoder.put(0, x, torch.empty(max(1, -(-n // block)) * block))
+    assert encoder.finish() == stored
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stored_payload_of_the_wrong_length_is_refused(mode: str) -> None:
+    stored = codec.encode(torch.randn(300, generator=_gen(2)), mode, 64, zstd=False)
+    for cut in range(len(stored)):  # every truncation, the header's too
+        with pytest.raises(CodecError):
+            codec.decode(stored[:cut])
+    for extra in (b"\0", b"\0" * 4, stored[HS:]):  # trailing bytes: as strict as a zstd frame's length
+        with pytest.raises(CodecError, match="stored payload"):
+            codec.decode(stored + extra)
+    with pytest.raises(CodecError):  # a zstd blob relabelled as stored: wrong length
+        codec.decode(_reheader(codec.encode(torch.randn(300), mode, 64), fmt=codec.FORMAT | codec.RAW))
+
+
+def test_stored_payloads_with_bad_codes_or_values_are_refused() -> None:
+    from syncer import native
+
+    kernel = native.load()
+    nblocks = -(-300 // 64)
+    int4 = bytearray(codec.encode(torch.randn(300, generator=_gen(4)), "int4", 64, zstd=False))
+    for byte in (0x80, 0x08):  # nibble 0b1000 (-8), high then low: never produced
+        bad = int4.copy()
+        bad[HS + 4 * nblocks + 10] = byte
+        for k in (None, kernel):
+            with pytest.raises(CodecError, match="nibble"):
+                codec.decode_quantized(bytes(bad), kernel=k)
+    for mode in ("int4", "int8"):
+        bad = bytearray(codec.encode(torch.randn(300, generator=_gen(5)), mode, 64, zstd=False))
+        bad[HS : HS + 4] = struct.pack("<f", float("nan"))
+        for k in (None, kernel):
+            with pytest.raises(CodecError, match="non-finite"):
+                codec.decode_quantized(bytes(bad), kernel=k)
+    for mode, dtype in (("none", torch.float32), ("bf16", torch.bfloat16)):
+        x = torch.randn(300, generator=_gen(6))
+        x[17] = float("inf")
+        raw = x.to(dtype).view(torch.uint8).numpy().tobytes()
+        header = struct.pack(
+            "<2sBBQIQ", codec.MAGIC, codec.FORMAT | codec.RAW, codec.MODES.index(mode), 300, 64, len(raw)
+        )
+        with pytest.raises(CodecError, match="NaN or Inf"):
+            codec.decode(header + raw)
+
+
+@FAST
+@given(
+    mode=st.sampled_from(MODES),
+    edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=4),
+    cut=st.one_of(st.none(), st.integers(0, 10_000)),
+    tail=st.binary(max_size=8),
+)
+def test_property_mutated_and_truncated_stored_blobs(
+    mode: str, edits: list[tuple[int, int]], cut: int | None, tail: bytes
+) -> None:
+    blob = bytearray(codec.encode(torch.randn(300, generator=_gen(8)), mode, 64, zstd=False))
+    for pos, value in edits:
+        blob[pos % len(blob)] = value
+    if cut is not None:
+        blob = blob[: cut % (len(blob) + 1)]
+    _decode_or_codec_error(bytes(blob) + tail, 300)
+
+
+def test_decoded_stored_payload_views_the_blob_and_never_writes_it() -> None:
+    x = torch.randn(1000, generator=_gen(9))
+    stored = codec.encode(x, "int8", 128, zstd=False)
+    before = bytes(stored)
+    q = codec.decode_quantized(stored)
+    y = codec.dequantize(q)  # a new tensor: the blob's bytes stay as they were
+    y.add_(1.0)
+    assert stored == before and torch.equal(codec.decode(stored), codec.roundtrip(x, "int8", 128))

@@ -109,6 +109,17 @@ def test_the_push_message_carries_the_counters_and_a_decodable_delta() -> None:
     assert torch.allclose(codec.decode(msg.payloads[0], expect_numel=N), torch.full((N,), 0.25), atol=1e-2)
 
 
+@pytest.mark.parametrize("zstd", [True, False])
+def test_the_push_blob_follows_the_runs_zstd_setting(zstd: bool) -> None:
+    core, now = joined()
+    core.push(item(1, 0.25, base=5))
+    (send,) = [s for s in core.tick(now + 0.01).sends if s.push is not None]
+    blob = push_message(send, RunSettings(zstd=zstd)).payloads[0]
+    assert bool(blob[2] & codec.RAW) is not zstd  # the format byte says how the payload is stored
+    assert len(blob) == codec.HEADER_SIZE + codec.raw_length("int4", N, 128) or zstd
+    assert torch.allclose(codec.decode(blob, expect_numel=N), torch.full((N,), 0.25), atol=0.05)
+
+
 def test_a_push_that_cannot_be_encoded_is_dropped_and_counted() -> None:
     core, now = joined()
     core.push(item(0, 1.0))
