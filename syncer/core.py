@@ -178,7 +178,7 @@ class SyncerCore(OuterStep):
         if all(bool(mask.all()) for mask in self._init_filled):
             plan = fragments.plan(self._init_manifest, self.s.fragments)
             self.model = GlobalModel.fresh(self._init_manifest, plan, self._init_buffers)
-            self._init_buffers = []
+            self._init_buffers, self._init_filled = [], []
             out.event(
                 now,
                 "initialized",

@@ -2,8 +2,8 @@
 
 The reference arithmetic (merge.merge, merge.nesterov_change_, codec.quantize_roundtrip) walks
 whole fragments: ten-odd passes over fragment-sized fp32 vectors, every contribution decoded to
-fp32 first. Here contributions stay in their wire precision (`codec.Quantized`: int8 codes and
-block scales for int4/int8, one byte a value) and the fragment is walked twice in slices small
+fp32 first. Here contributions stay in their wire precision (`codec.Quantized`: block scales and
+codes, int8 one a byte or int4 still packed two a byte) and the fragment is walked twice in slices small
 enough to stay in the core's L2 cache:
 
   1. `gram`: per tensor segment, G[m, n] = <v_m, v_n> over the contributions (one small matmul
@@ -20,13 +20,17 @@ gradient agrees with the reference to fp32 rounding (the sums run in another ord
 
 `kernel` (syncer/native: the same two loops in C, injected by the server) takes over when every
 contribution is int4/int8 coded with the output's block: one pass per loop instead of a dozen
-torch operations per slice. Its Gram matrices are exact (integer dot products of the codes).
+torch operations per slice, reading int4 codes still packed (two a byte, as they came) and
+unpacking one block at a time in the L1 cache. Its Gram matrices come from integer dot products
+of the codes (AVX-512 VNNI where the CPU has it); the crc32 of the new fragment is its carry-less
+one (5x zlib's speed), and the update payload is built in memory kept from round to round.
 Pure: torch, zlib.crc32 and the codec (no I/O).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -37,8 +41,9 @@ from syncer.wire import codec
 
 SLICE = 1 << 18  # values per slice: big enough that per-op overhead is small, M + 4 slices stay in L3
 NATIVE_MAX_BLOCK = 4096  # fused.c MAX_BLOCK
-NATIVE_MAX_CONTRIBUTIONS = 16  # fused.c MAX_M
+NATIVE_MAX_CONTRIBUTIONS = 256  # fused.c MAX_M: pushes in one round (a learner that pushed twice counts twice)
 Segments = Sequence[tuple[int, int, str]]
+_local = threading.local()
 
 
 def slice_size(deltas: Sequence[codec.Quantized], block: int, numel: int) -> int:
@@ -75,6 +80,15 @@ def _decode(deltas: Sequence[codec.Quantized], start: int, stop: int, rows: torc
     return rows[:, : stop - start]
 
 
+def _scratch(nbytes: int) -> torch.Tensor:
+    """This thread's payload scratch memory, grown to at least `nbytes` (the update payload is
+    built in it every round and copied out by zstd or into the blob: no fresh pages per round)."""
+    buf: torch.Tensor | None = getattr(_local, "payload", None)
+    if buf is None or buf.numel() < nbytes:
+        buf = _local.payload = torch.empty(nbytes, dtype=torch.uint8)
+    return buf
+
+
 def native_fits(deltas: Sequence[codec.Quantized], block: int, mode: str | None = None) -> bool:
     """Whether the native kernel handles these contributions (and this output mode)."""
     return (
@@ -83,6 +97,11 @@ def native_fits(deltas: Sequence[codec.Quantized], block: int, mode: str | None 
         and len(deltas) <= NATIVE_MAX_CONTRIBUTIONS
         and (mode is None or mode in ("int4", "int8"))
     )
+
+
+def _native_args(deltas: Sequence[codec.Quantized]) -> tuple[list[torch.Tensor], list[bool], list[torch.Tensor]]:
+    """The kernel's view of the contributions: codes (int4 packed or int8), packed flags, scales."""
+    return [d.codes for d in deltas], [d.packed for d in deltas], [d.scales for d in deltas]
 
 
 def _bounds(segments: Segments, numel: int) -> torch.Tensor:
@@ -95,7 +114,8 @@ def gram(deltas: Sequence[codec.Quantized], segments: Segments, block: int, kern
     numel = deltas[0].numel
     grams = torch.zeros(len(segments), len(deltas), len(deltas), dtype=torch.float64)
     if kernel is not None and native_fits(deltas, block):
-        kernel.gram([d.codes for d in deltas], [d.scales for d in deltas], block, _bounds(segments, numel), grams)
+        codes, packed, scales = _native_args(deltas)
+        kernel.gram(codes, packed, scales, block, _bounds(segments, numel), grams)
         return grams if bool(torch.isfinite(grams).all()) else None
     size = slice_size(deltas, block, numel)
     rows = torch.empty(len(deltas), size, dtype=torch.float32)
@@ -120,9 +140,10 @@ def publish(
     block: int,
     kernel: Any = None,
     want_crc: bool = True,
+    zstd: bool = True,
 ) -> tuple[bytes, int | None]:
-    """Merge (coefs: (segments, M) fp32), outer step and publish; returns (blob, crc32 of theta,
-    or None unless `want_crc`).
+    """Merge (coefs: (segments, M) fp32), outer step and publish; returns (blob, zstd-compressed
+    unless `zstd` is False, and the crc32 of theta, or None unless `want_crc`).
 
     In place, slice by slice:  g = merged gradient;  momentum <- g + beta * momentum;
     residual <- residual - lr * g - lr * beta * momentum  (the change to publish);
@@ -130,28 +151,27 @@ def publish(
     """
     numel = theta.numel()
     if kernel is not None and native_fits(deltas, block, mode):
-        encoder = codec.ChunkEncoder(mode, numel, block)
+        encoder = codec.ChunkEncoder(mode, numel, block, zstd, _scratch(codec.raw_length(mode, numel, block)))
+        codes, packed, scales = _native_args(deltas)
         kernel.publish(
-            [d.codes for d in deltas],
-            [d.scales for d in deltas],
+            codes,
+            packed,
+            scales,
             block,
             coefs.contiguous(),
             _bounds(segments, numel),
-            theta,
-            momentum,
-            residual,
+            (theta, momentum, residual),
             lr,
             beta,
             7 if mode == "int4" else 127,
             encoder.scales,
             encoder.codes,
         )
-        # ndarray.data is memoryview(array); numpy's stubs declare the buffer protocol for 3.12+ only
-        return encoder.finish(), zlib.crc32(theta.numpy().data) if want_crc else None
+        return encoder.finish(), kernel.crc32(theta) if want_crc else None
     size = slice_size(deltas, block, numel)
     rows = torch.empty(len(deltas), size, dtype=torch.float32)
     merged = torch.empty(size, dtype=torch.float32)
-    encoder = codec.ChunkEncoder(mode, numel, block)
+    encoder = codec.ChunkEncoder(mode, numel, block, zstd, _scratch(codec.raw_length(mode, numel, block)))
     crc = 0
     for start, stop, parts in _pieces(segments, numel, size):
         v = _decode(deltas, start, stop, rows)

@@ -79,28 +79,34 @@ class OuterStep:
         crc32 (None unless `want_crc`: updates carry it every `checksum_every` versions).
 
         Cache-blocked (syncer/fused.py): the contributions stay in their wire precision, one pass
-        takes their Gram matrices (norms for clipping and RDA), a second merges, steps and
-        publishes a slice at a time. Values too large for an fp32 Gram take the reference path.
+        takes the Gram matrices of their pushes (norms for clipping and RDA; a learner that pushed
+        twice is the sum of its pushes: `_learner_grams`), a second merges, steps and publishes a
+        slice at a time. Values too large for an fp32 Gram take the reference path.
         """
         m = self.model
         assert m is not None  # only a round of an initialized model closes (`_close`)
-        deltas = [c.delta for c in contribs]
+        parts = [q for c in contribs for q in c.parts]
+        owner = [i for i, c in enumerate(contribs) for _ in c.parts]  # the learner of each push
         segments = m.plan.segments(p)
-        need_norms = (self.s.merge == "rda" and len(deltas) > 1) or self.s.robust_clip > 0
-        grams = fused.gram(deltas, segments, self.s.block, self.kernel) if need_norms else None
+        need_norms = (self.s.merge == "rda" and len(contribs) > 1) or self.s.robust_clip > 0
+        grams = fused.gram(parts, segments, self.s.block, self.kernel) if need_norms else None
         if need_norms and grams is None:
             return self._step_reference(p, contribs, now, want_crc)
+        if grams is not None and len(parts) > len(contribs):
+            grams = _learner_grams(grams, owner, len(contribs))
         sqnorms = torch.diagonal(grams, dim1=1, dim2=2).t().tolist() if grams is not None else None
         factors = self._clipped(p, sqnorms, [c.backlog for c in contribs])
         scale = min(1.0, self._fleet_scale(contribs, now))
         kinds = [kind for _, _, kind in segments]
         if grams is None:  # plain mean, no clipping: the coefficients need no norms
-            grams = torch.zeros(len(segments), len(deltas), len(deltas), dtype=torch.float64)
+            grams = torch.zeros(len(segments), len(contribs), len(contribs), dtype=torch.float64)
         coefs = merge.coefficients(
             grams, [c.weight for c in contribs], kinds, self.s.merge, factors=factors, scale=scale
         )
+        if len(parts) > len(contribs):  # every push of a learner gets its learner's coefficient
+            coefs = coefs[:, owner].contiguous()
         return fused.publish(
-            deltas,
+            parts,
             coefs,
             segments,
             m.theta[p],
@@ -112,6 +118,7 @@ class OuterStep:
             self.s.block,
             self.kernel,
             want_crc,
+            self.s.zstd,
         )
 
     def _step_reference(
@@ -126,7 +133,7 @@ class OuterStep:
         """
         m = self.model
         assert m is not None  # only a round of an initialized model closes (`_close`)
-        deltas = [codec.dequantize(c.delta).contiguous() for c in contribs]
+        deltas = [c.values().contiguous() for c in contribs]
         segments = m.plan.segments(p)
         rda = self.s.merge == "rda" and len(deltas) > 1
         sqnorms = merge.segment_sqnorms(deltas, segments) if rda or self.s.robust_clip > 0 else None
@@ -144,7 +151,7 @@ class OuterStep:
         )
         change = merge.nesterov_change_(m.residual[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum)
         q, applied = codec.quantize_roundtrip(change, self.s.compression, self.s.block, out=merged)
-        blob = codec.encode_quantized(q)  # before `change` moves on: q may share its memory ("none")
+        blob = codec.encode_quantized(q, self.s.zstd)  # before `change` moves on: q may share its memory ("none")
         m.theta[p].add_(applied)  # a separate fp32 add, exactly as learners apply the blob
         change.sub_(applied)  # m.residual[p] is `change`: now the carried residual
         return blob, m.crc(p) if want_crc else None
@@ -221,3 +228,11 @@ class OuterStep:
                 "staleness": max(version - 1 - c.base_version for c in contribs),
             }
         )
+
+
+def _learner_grams(grams: torch.Tensor, owner: list[int], count: int) -> torch.Tensor:
+    """(S, M, M) Gram matrices of the learners' outer gradients from those of their pushes
+    (S, P, P): <sum of m's pushes, sum of n's pushes> = the sum of the pushes' products."""
+    onehot = torch.zeros(count, len(owner), dtype=grams.dtype)
+    onehot[owner, range(len(owner))] = 1.0
+    return onehot @ grams @ onehot.t()

@@ -9,6 +9,7 @@ ALGORITHM.md, counted from quorum, ends it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -19,11 +20,14 @@ from syncer.wire import codec
 
 @dataclass
 class Contribution:
-    """One learner's (possibly summed) outer gradient for one fragment in one round, kept as it
-    came on the wire (int4 codes held as int8 + block scales: 1 byte a value, not 4)."""
+    """One learner's outer gradient for one fragment in one round, kept as it came on the wire:
+    block scales and codes, int4 still packed two a byte with the native kernel
+    (`codec.Quantized.packed`; one int8 a value without it), never fp32. A learner that pushes
+    twice to one round has both pushes kept (`more`): the merge weighs their sum as one learner's
+    outer gradient, and the round stays on the native kernel's path."""
 
     learner: str
-    delta: codec.Quantized
+    delta: codec.Quantized  # the first push
     c_steps: int
     c_tokens: int
     c_time: float
@@ -32,27 +36,40 @@ class Contribution:
     arrived: float
     nbytes: int
     backlog: float = 1.0  # < 1: the contribution spans more sync periods than max_backlog allows
+    more: list[codec.Quantized] = field(default_factory=list)  # the learner's further pushes, to be summed
 
     @property
     def weight(self) -> float:
         """The token weight of the work that counts (a backlog is weighted as `backlog` of it)."""
         return merge.token_weight(self.c_tokens, self.c_steps) * self.backlog
 
+    @property
+    def parts(self) -> list[codec.Quantized]:
+        """The pushes whose sum is this learner's outer gradient (one, unless it pushed again)."""
+        return [self.delta, *self.more]
+
+    def values(self) -> torch.Tensor:
+        """The outer gradient in fp32: the sum of the parts' values (a new tensor)."""
+        total = codec.dequantize(self.delta)
+        for q in self.more:
+            total.add_(codec.dequantize(q))
+        return total
+
     def remainder(self, now: float, carry: float = -1.0) -> Contribution | None:
         """What of the share `1 - backlog` that a capped contribution could not count this round
         waits for the fragment's next rounds, as a contribution of its own (outer gradient and
         counters scaled alike): all of it with `carry` < 0, else at most `carry` times the share
         that counted (`carry` periods where that share is `max_backlog` periods); the rest is
-        dropped. Take it before the merge: the merge may reuse the delta's memory."""
+        dropped. The scaled parts share the codes (never written) and carry scaled block scales."""
         if self.backlog >= 1.0:
             return None
         rest = 1.0 - self.backlog if carry < 0 else min(1.0 - self.backlog, carry * self.backlog)
         if rest * self.c_steps < 1.0:
             return None
-        values = torch.mul(codec.dequantize(self.delta), rest)
+        first, *more = (_scaled(q, rest) for q in self.parts)
         return Contribution(
             self.learner,
-            codec.Quantized("none", values.numel(), self.delta.block, values, values.new_empty(0)),
+            first,
             max(1, round(self.c_steps * rest)),
             round(self.c_tokens * rest),
             self.c_time * rest,
@@ -60,18 +77,27 @@ class Contribution:
             self.base_version,
             now,
             0,
+            more=more,
         )
 
     def add(self, other: Contribution) -> None:
-        """Sum a second contribution of the same learner into this one (the sum is kept in fp32)."""
-        total = torch.add(codec.dequantize(self.delta), codec.dequantize(other.delta))
-        self.delta = codec.Quantized("none", total.numel(), self.delta.block, total, total.new_empty(0))
+        """Add a further contribution of the same learner: its pushes join this one's parts (the
+        merge sums them), its counters are added up."""
+        self.more += other.parts
         self.c_steps += other.c_steps
         self.c_tokens += other.c_tokens
         self.c_time += other.c_time
         self.step_time = other.step_time
         self.base_version = min(self.base_version, other.base_version)
         self.nbytes += other.nbytes
+
+
+def _scaled(q: codec.Quantized, factor: float) -> codec.Quantized:
+    """`q` times `factor`: int4/int8 by their block scales (the same codes), fp32 values otherwise."""
+    if q.mode in ("int4", "int8"):
+        return dataclasses.replace(q, scales=q.scales * factor)
+    values = torch.mul(codec.dequantize(q), factor)
+    return codec.Quantized("none", values.numel(), q.block, values, values.new_empty(0))
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """The native round-step kernel (fused.c): built with the host's C compiler on first use, loaded
-with ctypes, and used by syncer/fused.py when every contribution is int4/int8 coded.
+with ctypes, and used by syncer/fused.py when every contribution is int4/int8 coded (the Gram
+matrices, then merge + Nesterov + quantize + apply in one pass, and the crc32 of the result) and
+by the codec to check a push's codes and scales in one read (int4 codes then stay packed).
 
 The C source ships with the package and is compiled where the syncer runs (1-3 s on 2 cores,
 once per source version: the library is cached under ~/.cache/dldctl/native/<hash>/), so the
@@ -17,6 +19,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,11 +34,15 @@ problem = ""  # why load() returned None, for the syncer's log
 
 
 class Kernel:
-    """ctypes bindings of fused.c, taking torch CPU tensors."""
+    """ctypes bindings of fused.c, taking torch CPU tensors.
+
+    A contribution is its codes (uint8: int4 packed two a byte as on the wire, or int8 one a
+    byte; `packed` tells which) and its fp32 block scales."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.path = path
-        self._gram, self._unpack4, self._publish = (_bind(lib, n) for n in ("dld_gram", "dld_unpack4", "dld_publish"))
+        names = ("dld_gram", "dld_check", "dld_publish", "dld_crc32")
+        self._gram, self._check, self._publish, self._crc32 = (_bind(lib, n) for n in names)
 
     @staticmethod
     def _ptrs(tensors: Sequence[torch.Tensor]) -> ctypes.Array[ctypes.c_void_p]:
@@ -43,17 +50,31 @@ class Kernel:
             assert t.is_contiguous() and t.device.type == "cpu"
         return (_P * len(tensors))(*[t.data_ptr() for t in tensors])
 
-    def unpack4(self, raw: bytearray, offset: int, nblocks: int, block: int, codes: torch.Tensor) -> bool:
-        """int4 codes at raw[offset:] -> int8 codes (read in place); False if a nibble is -8."""
-        assert codes.is_contiguous() and codes.dtype == torch.int8 and codes.numel() >= nblocks * block
-        assert isinstance(raw, bytearray) and len(raw) >= offset + nblocks * block // 2
-        address = ctypes.addressof((ctypes.c_char * len(raw)).from_buffer(raw))
-        rc: int = self._unpack4(address + offset, nblocks, block, codes.data_ptr())  # restype c_int
-        return rc == 0
+    @staticmethod
+    def _flags(packed: Sequence[bool]) -> ctypes.Array[ctypes.c_int32]:
+        return (ctypes.c_int32 * len(packed))(*[int(bool(x)) for x in packed])
+
+    def check(self, codes: torch.Tensor, scales: torch.Tensor, qmax: int, packed: bool) -> tuple[bool, bool]:
+        """(codes ok, scales ok) of an int4/int8 payload: every nibble of packed int4 codes is a
+        code (not 0b1000, -8, which no encoder produces); every scale * qmax is >= 0 and finite."""
+        for t in (codes, scales):
+            assert t.is_contiguous() and t.device.type == "cpu"
+        n = codes.numel() if packed else 0
+        rc: int = self._check(scales.data_ptr(), scales.numel(), float(qmax), codes.data_ptr(), n)  # restype c_int
+        return not rc & 1, not rc & 2
+
+    def crc32(self, t: torch.Tensor) -> int:
+        """zlib.crc32 of a contiguous CPU tensor's bytes (carry-less multiplication: ~5x zlib's speed)."""
+        assert t.is_contiguous() and t.device.type == "cpu"
+        out = ctypes.c_uint32()
+        if self._crc32(t.data_ptr(), t.numel() * t.element_size(), 0, ctypes.byref(out)) != 0:
+            return zlib.crc32(t.numpy().data)  # no PCLMULQDQ on this CPU
+        return out.value
 
     def gram(
         self,
         codes: Sequence[torch.Tensor],
+        packed: Sequence[bool],
         scales: Sequence[torch.Tensor],
         block: int,
         bounds: torch.Tensor,
@@ -62,6 +83,7 @@ class Kernel:
         """out (S, M, M) float64, zeroed: the Gram matrix of every segment (fused.c, dld_gram)."""
         rc = self._gram(
             self._ptrs(codes),
+            self._flags(packed),
             self._ptrs(scales),
             len(codes),
             block,
@@ -70,29 +92,31 @@ class Kernel:
             out.data_ptr(),
         )
         if rc != 0:
-            raise ValueError(f"native gram refused {len(codes)} contributions of block {block}")
+            raise _failure("gram", rc, len(codes), block)
 
     def publish(
         self,
         codes: Sequence[torch.Tensor],
+        packed: Sequence[bool],
         scales: Sequence[torch.Tensor],
         block: int,
         coefs: torch.Tensor,
         bounds: torch.Tensor,
-        theta: torch.Tensor,
-        momentum: torch.Tensor,
-        residual: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         lr: float,
         beta: float,
         qmax: int,
         out_scales: torch.Tensor,
         out_codes: torch.Tensor,
     ) -> None:
-        """Merge, Nesterov, quantize and apply in place (fused.c, dld_publish)."""
+        """Merge, Nesterov, quantize and apply in place on `state` = (theta, momentum, residual)
+        (fused.c, dld_publish)."""
+        theta, momentum, residual = state
         for t in (coefs, bounds, theta, momentum, residual, out_scales, out_codes):
             assert t.is_contiguous() and t.device.type == "cpu"
         rc = self._publish(
             self._ptrs(codes),
+            self._flags(packed),
             self._ptrs(scales),
             len(codes),
             block,
@@ -109,7 +133,14 @@ class Kernel:
             out_codes.data_ptr(),
         )
         if rc != 0:
-            raise ValueError(f"native publish refused block {block}")
+            raise _failure("publish", rc, len(codes), block)
+
+
+def _failure(name: str, rc: int, count: int, block: int) -> Exception:
+    """The error for a kernel's return code: -1 arguments out of range, -2 no memory."""
+    if rc == -2:
+        return MemoryError(f"native {name}: no memory for {count} contributions of block {block}")
+    return ValueError(f"native {name} refused {count} contributions of block {block}")
 
 
 # C parameter types as ctypes; every pointer is passed as a plain address (tensor.data_ptr())

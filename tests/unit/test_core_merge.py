@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from learner.replica import Replica
-from syncer import merge
+from syncer import fused, merge, native
+from syncer.rounds import Contribution
 from syncer.wire import codec
 from tests.unit.coreharness import (
     Harness,
+    events_of,
     make_settings,
     rounds_of,
     sent_of,
@@ -146,6 +148,58 @@ def test_published_theta_is_previous_plus_decoded_blob_bit_exact(mode: str) -> N
         assert any(float(r.abs().max()) > 0 for r in h.core.model.residual)  # error feedback in use
 
 
+@pytest.mark.parametrize("zstd", [True, False])
+@pytest.mark.parametrize("kernel", ["torch", "native"])
+def test_the_zstd_setting_holds_both_ways_and_either_kind_of_push_is_merged(zstd: bool, kernel: str) -> None:
+    h = Harness(make_settings(quorum=2, zstd=zstd), manifest=tensor_manifest("gpt-tiny"))
+    if kernel == "native":
+        h.core.kernel = native.load()
+        assert h.core.kernel is not None, native.problem
+    h.join_all()
+    replica = Replica(h.plan.sizes())
+    replica.epoch = 1
+    for p in range(2):
+        replica.latest[p], replica.versions[p] = h.core.model.theta[p].clone(), 0
+    now = 10.0
+    for r in range(6):
+        p = r % 2
+        before = h.core.model.theta[p].clone()
+        # one learner as the setting says, the other the other way: both decode (older learners' blobs too)
+        h.push("a", p, h.delta(p, r, scale=1e-2), now=now)
+        h.push("b", p, h.delta(p, r + 100), now=now, blob=codec.encode(h.delta(p, r + 100), "int4", 128, not zstd))
+        h.beat_all(now + 4.0)
+        out = h.tick(now + 5.0)
+        now += 10.0
+        ((_to, update),) = sent_of(out, "update")
+        blob = wire(update).payloads[0]
+        assert blob[2] == (codec.FORMAT if zstd else codec.FORMAT | codec.RAW)
+        assert torch.equal(h.core.model.theta[p], before + codec.decode(blob, expect_numel=h.plan.numel(p)))
+        assert replica.on_update(p, update["from_version"], update["version"], blob, update["crc"]) == "applied"
+        assert torch.equal(replica.latest[p], h.core.model.theta[p])
+    assert h.core.versions() == [3, 3] and not h.core.rejected
+
+
+@pytest.mark.parametrize("kernel", ["torch", "native"])
+def test_malformed_pushes_without_zstd_are_dropped_counted_and_resynced(kernel: str) -> None:
+    h = Harness(make_settings(quorum=1, zstd=False))
+    h.core.kernel = native.load() if kernel == "native" else None
+    h.join_all()
+    before = [t.clone() for t in h.core.model.theta]
+    good = codec.encode(h.delta(0, 1), "int4", 128, zstd=False)
+    nblocks = -(-h.plan.numel(0) // 128)
+    nibble, nan = bytearray(good), bytearray(good)
+    nibble[codec.HEADER_SIZE + 4 * nblocks] = 0x80  # code -8: never produced
+    nan[codec.HEADER_SIZE : codec.HEADER_SIZE + 4] = b"\x00\x00\xc0\x7f"  # a NaN scale
+    cases = ((good[:-1], "codec"), (good + b"\0", "codec"), (bytes(nibble), "codec"), (bytes(nan), "nan"))
+    for count, (blob, reason) in enumerate(cases):
+        out = h.push("a", 0, torch.zeros(1), now=10.0, blob=blob)
+        assert sent_of(out, "resync") and events_of(out, "reject")
+        assert sum(h.core.rejected.values()) == count + 1 and h.core.rejected[reason] >= 1
+    assert h.core.rejected["codec"] == 3 and h.core.rejected["nan"] == 1 and h.core.counters["pushes"] == 0
+    h.tick(100.0)
+    assert all(torch.equal(a, b) for a, b in zip(h.core.model.theta, before))
+
+
 def test_updates_carry_the_checksum_every_n_versions_and_a_replica_catches_a_drift_there() -> None:
     h = Harness(make_settings(quorum=1, checksum_every=3))
     h.join_all()
@@ -171,3 +225,47 @@ def test_updates_carry_the_checksum_every_n_versions_and_a_replica_catches_a_dri
     assert carried[2] is not None and h.core.crcs()[0] == carried[5] == h.core.model.crc(0)
     h.core._crcs[0] = None  # between checked versions, a state transfer computes it
     assert h.core._crc(0) == h.core.model.crc(0)
+
+
+# -- a learner's several pushes, a backlog's carried rest: kept as they came ----------------------
+
+
+@pytest.mark.parametrize("kernel", ["torch", "native"])
+def test_a_learner_that_pushed_twice_is_merged_as_the_sum_of_its_pushes(kernel: str) -> None:
+    s = make_settings(quorum=2)
+    h = Harness(s)
+    h.core.kernel = native.load() if kernel == "native" else None
+    h.join_all()
+    m = h.core.model
+    theta0, mom0, res0 = m.theta[0].clone(), m.momentum[0].clone(), m.residual[0].clone()
+    da1, da2, db = h.delta(0, 1), h.delta(0, 2), h.delta(0, 3)
+    h.push("a", 0, da1, now=10.0, c_steps=8, c_tokens=128)
+    h.push("a", 0, da2, now=10.0, c_steps=8, c_tokens=128)
+    parts = h.core.rounds[0].contributions["a"].parts
+    assert len(parts) == 2 and all(q.mode == "int4" for q in parts)  # no fp32 sum: the round stays native
+    assert fused.native_fits(parts, s.block, s.compression)
+    h.push("b", 0, db, now=10.0, c_steps=8, c_tokens=256)
+    h.push("c", 0, h.delta(0, 4) * 0, now=10.0, c_steps=8, c_tokens=0)  # weight 0
+    h.tick(10.0)
+    rt = [codec.roundtrip(d, "int4", s.block) for d in (da1, da2, db)]
+    deltas = [rt[0] + rt[1], rt[2], torch.zeros_like(db)]
+    weights = [merge.token_weight(256, 16), merge.token_weight(256, 8), 0.0]
+    merged = merge.merge(deltas, weights, h.plan.segments(0), "rda")
+    new, mom = merge.nesterov_step(theta0, merged, mom0, s.outer_lr, s.outer_momentum)
+    torch.testing.assert_close(m.momentum[0], mom, rtol=1e-4, atol=1e-8)
+    change = new - theta0 + res0
+    step = float(codec.quantize(change, "int4", s.block).scales.max())  # one quantization step at most
+    torch.testing.assert_close(m.theta[0], theta0 + codec.roundtrip(change, "int4", s.block), rtol=0, atol=step)
+
+
+def test_a_carried_rest_keeps_the_codes_and_scales_the_block_scales() -> None:
+    k = native.load()
+    assert k is not None, native.problem
+    x1, x2 = torch.randn(1000) * 1e-3, torch.randn(1000) * 1e-3
+    q1, q2 = (codec.decode_quantized(codec.encode(x, "int4", 128), kernel=k) for x in (x1, x2))
+    c = Contribution("a", q1, 40, 640, 4.0, 0.1, 0, 0.0, 100, backlog=0.25)
+    c.add(Contribution("a", q2, 40, 640, 4.0, 0.1, 0, 0.0, 100))
+    rest = c.remainder(now=1.0)
+    assert rest is not None and (rest.c_steps, rest.c_tokens) == (60, 960)
+    assert [q.packed for q in rest.parts] == [True, True] and rest.parts[0].codes is q1.codes  # shared, never written
+    torch.testing.assert_close(rest.values(), (codec.dequantize(q1) + codec.dequantize(q2)) * 0.75)
