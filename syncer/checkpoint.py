@@ -18,6 +18,7 @@ lasting warning in the status).
 
 from __future__ import annotations
 
+import copy as copylib
 import hashlib
 import io
 import json
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 
 from syncer.common import faultpoints, modelexport, strictjson
-from syncer.common.atomic import atomic_file
+from syncer.common.atomic import atomic_file, atomic_write
 from syncer.core import SyncerCore
 from syncer.globalmodel import GlobalModel
 from syncer.wire import fragments
@@ -38,6 +39,7 @@ from syncer.wire import fragments
 MAGIC = b"DLDCKPT1"
 PREFIX = "ckpt-"
 HISTORY = "history.json"  # the run's counters, rewritten with every checkpoint
+_VECTORS = ("theta", "versions", "momentum", "residual")  # a snapshot lends these instead of copying
 REFUSED = "syncer.refused"  # in the run directory: the syncer refused to start (the supervisor reads it)
 NAME = re.compile(r"ckpt-(\d+)-(\d+)-\d+\.pt")  # epoch, outer step: readable even when the body is not
 
@@ -51,18 +53,16 @@ class HistoryLostError(CheckpointError):
 
 
 def state_dict(core: SyncerCore, wall: float, copy: bool = False) -> dict[str, Any]:
-    """Everything needed to resume the run's global state (`copy`: the tensors cloned, so the
-    state can be held while merges go on, e.g. until the quality guard has scored it)."""
+    """Everything needed to resume the run's global state (`copy`: a snapshot that never changes,
+    so it can be held or written by another thread while merges go on: the three vectors lent
+    copy-on-write (`GlobalModel.snapshot`: a merge copies only the fragment it writes), the
+    counters copied)."""
     m = core.model
     assert m is not None
     if copy:
-        return {
-            **state_dict(core, wall),
-            "versions": list(m.versions),
-            "theta": [t.clone() for t in m.theta],
-            "momentum": [t.clone() for t in m.momentum],
-            "residual": [t.clone() for t in m.residual],
-        }
+        theta, momentum, residual = m.snapshot()
+        state = copylib.deepcopy({k: v for k, v in state_dict(core, wall).items() if k not in _VECTORS})
+        return {**state, "versions": list(m.versions), "theta": theta, "momentum": momentum, "residual": residual}
     return {
         "format": 1,
         "run_id": core.run_id,
@@ -130,7 +130,7 @@ def save(directory: Path, state: dict[str, Any], keep: int = 3) -> Path:
     """Write a checkpoint atomically; prune all but the newest `keep`. Raises CheckpointError."""
     buf = io.BytesIO()
     torch.save(state, buf)
-    body = buf.getvalue()
+    body = buf.getbuffer()  # a view: a 1.5 GB checkpoint is not copied once more
     name = f"{PREFIX}{state['epoch']:04d}-{state['outer_steps']:09d}-{int(time.time() * 1000)}.pt"
     final = directory / name
     try:
@@ -138,7 +138,8 @@ def save(directory: Path, state: dict[str, Any], keep: int = 3) -> Path:
         # both files are written before either is renamed (the inner one first): a full disk fails both
         with atomic_file(directory / HISTORY) as history, atomic_file(final) as fh:
             history.write(_history(state, name))
-            fh.write(MAGIC + hashlib.sha256(body).digest() + body[: len(body) // 2])
+            fh.write(MAGIC + hashlib.sha256(body).digest())
+            fh.write(body[: len(body) // 2])
             faultpoints.hit("checkpoint")  # a crash here must leave the previous checkpoint valid
             fh.write(body[len(body) // 2 :])
     except OSError as exc:
@@ -361,3 +362,15 @@ def export_model(core: SyncerCore, path: Path, run: str = "") -> tuple[Path, str
     except OSError as exc:
         return directory, f"cannot write {directory}: {exc.strerror or exc}"
     return directory, None
+
+
+def next_epoch(path: Path, at_least: int = 1) -> int:
+    """Each start of the syncer is a new epoch (learners resync when it changes); never one a
+    checkpoint already names, even if the epoch file was lost (`at_least`)."""
+    try:
+        epoch = int(path.read_text().strip()) + 1
+    except (OSError, ValueError):
+        epoch = 1
+    epoch = max(epoch, at_least)
+    atomic_write(path, str(epoch))
+    return epoch

@@ -43,6 +43,7 @@ class GlobalModel:
     momentum: list[torch.Tensor]
     residual: list[torch.Tensor]
     lent: set[int] = field(default_factory=set)  # fragments whose current value a send may still read
+    held: set[int] = field(default_factory=set)  # fragments whose momentum and residual a snapshot holds
 
     @classmethod
     def fresh(
@@ -61,12 +62,25 @@ class GlobalModel:
         self.lent.add(p)
         return self.theta[p]
 
+    def snapshot(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """(theta, momentum, residual) as they are now, without a copy: every fragment's three
+        vectors are lent, so a merge writes into copies (`writable`) and the snapshot never
+        changes while a checkpoint thread writes it or the quality guard holds it."""
+        self.lent.update(range(len(self.theta)))
+        self.held.update(range(len(self.theta)))
+        return list(self.theta), list(self.momentum), list(self.residual)
+
     def writable(self, p: int) -> torch.Tensor:
-        """Fragment p's value, to be changed in place: if it was lent, a private copy replaces it
-        first (copy on write), so chunks still queued in a socket keep the bytes of their version."""
+        """Fragment p's value, to be changed in place (momentum and residual with it): whatever of
+        it was lent is replaced by a private copy first (copy on write), so chunks still queued in
+        a socket keep the bytes of their version and a snapshot keeps its values."""
         if p in self.lent:
             self.theta[p] = self.theta[p].clone()
             self.lent.discard(p)
+        if p in self.held:
+            self.momentum[p] = self.momentum[p].clone()
+            self.residual[p] = self.residual[p].clone()
+            self.held.discard(p)
         return self.theta[p]
 
     def crc(self, p: int) -> int:

@@ -21,7 +21,7 @@ import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from syncer import checkpoint, native
+from syncer import checkpoint, ckptwriter, native
 from syncer.auth import Authenticator, Keyring, Provider
 from syncer.common import faultpoints, jsonl, keys
 from syncer.common.atomic import atomic_write
@@ -55,7 +55,7 @@ class SyncerServer:
         # every record write is dropped and counted, never raised, on a full disk; logs rotate past max_log_mb
         jsonl.configure(events=self.events_path, source="syncer", max_bytes=cfg.settings.max_log_bytes)
         self.metrics = jsonl.Writer(cfg.run_dir / "metrics.jsonl")
-        epoch = _next_epoch(cfg.run_dir / "syncer.epoch", checkpoint.newest_name(cfg.checkpoint_dir)[0] + 1)
+        epoch = checkpoint.next_epoch(cfg.run_dir / "syncer.epoch", checkpoint.newest_name(cfg.checkpoint_dir)[0] + 1)
         self.kernel = native.load()
         self.core = SyncerCore(
             cfg.settings,
@@ -71,6 +71,7 @@ class SyncerServer:
         self._last_sample = 0.0
         self._last_ckpt = wall()
         self._ckpt_retry_at = 0.0
+        self.writer = ckptwriter.CheckpointWriter(cfg.checkpoint_dir, cfg.settings.keep_checkpoints)
         self._quiet: dict[str, float] = {}
         self.oplog = OpLog()  # the operator's lines on stdout (the syncer's log), rate-limited where they can flood
         self.stop_reason = "stopped"  # said at shutdown: the operator's `down`, or the signal __main__ names
@@ -240,11 +241,12 @@ class SyncerServer:
                 )
 
     def _tick(self) -> None:
+        self._checkpoint_written(self.writer.result())
         now = self.wall()
         out = Outbox()
         self.core.tick(now, out)
         idle_due = now - self._last_ckpt > CHECKPOINT_IDLE_S and self.core.since_checkpoint > 0
-        due = (self.core.checkpoint_due() or idle_due) and now >= self._ckpt_retry_at
+        due = (self.core.checkpoint_due() or idle_due) and now >= self._ckpt_retry_at and not self.writer.busy
         scored = self.scoring.tick(self.core, now, out, checkpoint=due)  # a state whose score came back good
         self._flush(out)
         say(self.oplog.due(now))
@@ -252,9 +254,9 @@ class SyncerServer:
             self._last_sample = now
             self.metrics.write(self._sample(now))
         if scored is not None:
-            self.save_checkpoint(state=scored)
+            self.save_checkpoint(state=scored, wait=False)
         elif due and (not self.scoring.gates_checkpoints or self.scoring.overdue(now)):
-            self.save_checkpoint()
+            self.save_checkpoint(wait=False)
 
     def _on_merge(self, p: int) -> None:
         """Fault points at a merge: a pause ("merge"), or damage for the quality guard's test
@@ -432,39 +434,43 @@ class SyncerServer:
     def _sample(self, now: float) -> dict[str, Any]:
         return sample_record(self.status(now), now, jsonl.dropped())
 
-    def save_checkpoint(self, final: bool = False, state: dict[str, Any] | None = None) -> Path | None:
-        """Write a checkpoint (of the current state, or of `state`, one the quality guard scored
-        good); a failure is an event and a retry later, never a crash."""
+    def save_checkpoint(
+        self, final: bool = False, state: dict[str, Any] | None = None, wait: bool = True
+    ) -> Path | None:
+        """Checkpoint the current state (or `state`, one the quality guard scored good): with
+        `wait`, written before this returns (its path); else begun on the writer's thread, the
+        loop going on (accounted when `_checkpoint_written` sees it done). A write under way is
+        finished first. A failure is an event and a retry later, never a crash."""
         if self.core.model is None:
             return None
-        now = self.wall()
-        began = time.monotonic()
-        try:
-            state = state if state is not None else checkpoint.state_dict(self.core, now)
-            if final and self._closed:
-                state = {**state, "closed": True}
-            path = checkpoint.save(self.cfg.checkpoint_dir, state, self.cfg.settings.keep_checkpoints)
-        except checkpoint.CheckpointError as exc:
+        self._checkpoint_written(self.writer.wait())
+        state = state if state is not None else checkpoint.state_dict(self.core, self.wall(), copy=True)
+        if final and self._closed:
+            state = {**state, "closed": True}
+        if not wait:
+            self.writer.start(state, final)
+            return None
+        return self._checkpoint_written(self.writer.write(state, final))
+
+    def _checkpoint_written(self, done: ckptwriter.Written | None) -> Path | None:
+        """Account for a finished checkpoint write (None: nothing finished); its path if it worked."""
+        if done is None:
+            return None
+        now, state, final, path = self.wall(), done.state, done.final, done.path
+        if path is None:
             self._ckpt_retry_at = now + 10.0
-            self.event("checkpoint_failed", "syncer", f"{exc}; training goes on, retrying in 10 s")
+            self.event("checkpoint_failed", "syncer", f"{done.error}; training goes on, retrying in 10 s")
             return None
         self.core.since_checkpoint = self.core.outer_steps - int(state["outer_steps"])
         self.core.checkpoint_outer_step = int(state["outer_steps"])
         self._last_ckpt = now
         detail = f"outer step {state['outer_steps']}{' (final)' if final else ''}: {path.name}"
-        self._say_checkpoint(path, int(state["outer_steps"]), time.monotonic() - began, now, final)
+        say(self.oplog.checkpoint(int(state["outer_steps"]), path.name, done.size, done.took_s, now, final))
         if final:
             self.event("checkpoint", "syncer", detail)
         else:  # a small model checkpoints many times a second: keep the event log for what matters
             self._quiet_event("checkpoint", "checkpoint", "syncer", detail, every_s=CHECKPOINT_EVENT_EVERY_S)
         return path
-
-    def _say_checkpoint(self, path: Path, step: int, took_s: float, now: float, final: bool) -> None:
-        try:
-            size = path.stat().st_size
-        except OSError:
-            size = 0
-        say(self.oplog.checkpoint(step, path.name, size, took_s, now, final))
 
     def close(self) -> None:
         if self.monitor is not None and self.learner_sock is not None:  # the monitor is the learner socket's
@@ -478,18 +484,6 @@ class SyncerServer:
             self.scoring.ev.stop()
         self.metrics.close()
         self.ctx.term()
-
-
-def _next_epoch(path: Path, at_least: int = 1) -> int:
-    """Each start of the syncer is a new epoch (learners resync when it changes); never one a
-    checkpoint already names, even if the epoch file was lost (`at_least`)."""
-    try:
-        epoch = int(path.read_text().strip()) + 1
-    except (OSError, ValueError):
-        epoch = 1
-    epoch = max(epoch, at_least)
-    atomic_write(path, str(epoch))
-    return epoch
 
 
 def _bound(sock: zmq.Socket[bytes] | None) -> zmq.Socket[bytes]:

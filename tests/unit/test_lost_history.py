@@ -23,7 +23,7 @@ from syncer.common import jsonl, keys
 from syncer.common.settings import RunSettings, SettingsError, settings_from_dict
 from syncer.config import SyncerConfig
 from syncer.core import SyncerCore
-from syncer.server import SyncerServer, _next_epoch
+from syncer.server import SyncerServer
 from tests.localrun import free_port
 from tests.unit.coreharness import RUN, Harness, make_settings
 
@@ -178,8 +178,8 @@ def test_the_warning_lasts_through_later_checkpoints(tmp_path: Path) -> None:
 def test_the_epoch_never_goes_back_even_without_its_file(tmp_path: Path) -> None:
     _history_run(tmp_path / "checkpoints")
     epoch_file = tmp_path / "syncer.epoch"
-    assert _next_epoch(epoch_file, checkpoint.newest_name(tmp_path / "checkpoints")[0] + 1) == 2
-    assert _next_epoch(epoch_file) == 3 and epoch_file.read_text() == "3"
+    assert checkpoint.next_epoch(epoch_file, checkpoint.newest_name(tmp_path / "checkpoints")[0] + 1) == 2
+    assert checkpoint.next_epoch(epoch_file) == 3 and epoch_file.read_text() == "3"
     assert checkpoint.newest_name(tmp_path / "nothing") == (0, 0)
 
 
