@@ -338,7 +338,7 @@ class LinkCore:
             out.sends.extend(self._take_pushes())
         if now - self._beat_at >= self.s.heartbeat_s:
             self._beat_at = now
-            out.sends.append(Send(Message("heartbeat", self._heartbeat_meta())))
+            out.sends.append(Send(Message("heartbeat", self._heartbeat_meta(now))))
 
     def _hears_syncer(self, now: float) -> bool:
         """Whether the syncer answered recently (its acks come every heartbeat). Pushes sent into
@@ -363,9 +363,10 @@ class LinkCore:
         self.in_flight += len(sends)
         return sends
 
-    def _heartbeat_meta(self) -> dict[str, Any]:
+    def _heartbeat_meta(self, now: float) -> dict[str, Any]:
         meta = dict(self.stats)
         meta.update(
+            sent_at=now,  # the syncer measures this learner's step rate on its clock
             versions=list(self.replica.versions),
             crcs=list(self.replica.crcs),
             crc_mismatches=self.replica.mismatches,

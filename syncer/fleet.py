@@ -55,8 +55,11 @@ class LearnerInfo:
         return 1.0 / self.step_rate if self.step_rate > 0 else self.step_time
 
     def measure_rate(self, step: int, now: float) -> None:
-        """Update the step rate over at least RATE_WINDOW_S (restarted when the counter goes back)."""
-        if self.rate_anchor is None or step < self.rate_anchor[0]:
+        """Update the step rate over at least RATE_WINDOW_S of `now`: the learner's own clock when
+        its heartbeat said when it was sent (heartbeats that queued while the syncer was busy
+        must not read as a burst of steps), else the syncer's. Restarted when the counter or
+        the clock goes back."""
+        if self.rate_anchor is None or step < self.rate_anchor[0] or now < self.rate_anchor[1]:
             self.rate_anchor = (step, now)
             return
         step0, t0 = self.rate_anchor
@@ -132,7 +135,9 @@ class Ledger:
         info.tokens = int(meta["tokens"])
         info.state = str(meta["state"])[:16]
         if info.state == "running":
-            info.measure_rate(step, now)
+            sent = meta.get("sent_at")  # the learner's monotonic clock when it sent this
+            own = isinstance(sent, (int, float)) and not isinstance(sent, bool) and math.isfinite(sent)
+            info.measure_rate(step, float(sent) if own else now)
         else:  # joining, slow, paused: the rate starts over when it trains normally again
             info.rate_anchor = None
         for key in ("tokens_per_s", "step_time", "blocked_frac"):

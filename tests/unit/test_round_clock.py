@@ -57,6 +57,31 @@ def test_a_learners_seconds_per_step_are_measured_from_its_heartbeats() -> None:
     assert info.seconds_per_step() == pytest.approx(0.02)  # measured again after the counter restarted
 
 
+def test_heartbeats_that_queued_while_the_syncer_was_busy_do_not_read_as_a_burst_of_steps() -> None:
+    """After a 16 s stall the syncer handles 16 queued heartbeats at once: on its own clock that
+    looked like 16 s of steps in no time (the round clock then ran fast, bench/loadgen); on the
+    learner's clock (`sent_at`) the rate stays what it was."""
+    h = Harness(make_settings(round_clock="syncer"))
+    h.join_all()
+    info = h.core.fleet.learners["a"]
+
+    def beat(step: int, sent_at: object, now: float) -> None:
+        meta = {"step": step, "tokens": 0, "state": "running", "step_time": 0.01, "sent_at": sent_at}
+        h.send("a", Message("heartbeat", meta), now)
+
+    for t in range(5):  # 50 steps a second, heard as sent
+        beat(50 * t, 100.0 + t, 1.0 + t)
+    assert info.seconds_per_step() == pytest.approx(0.02)
+    for t in range(5, 21):  # the syncer was stuck from 5.0 to 21.0: all of these arrive at 21.0
+        beat(50 * t, 100.0 + t, 21.0)
+    for t in range(21, 25):
+        beat(50 * t, 100.0 + t, 1.0 + t)
+    assert info.seconds_per_step() == pytest.approx(0.02)
+    beat(50 * 25, "soon", 26.0)  # a heartbeat without a usable clock falls back to the syncer's
+    beat(50 * 26, 99.0, 27.0)  # a clock that goes back restarts the measurement instead of a negative rate
+    assert info.seconds_per_step() > 0
+
+
 def _fleet(**changes: object) -> Harness:
     """Three learners a, b, c at 10 ms a step, live and training, on the syncer's clock."""
     settings: dict[str, object] = {
