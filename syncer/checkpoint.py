@@ -26,7 +26,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 
@@ -127,10 +127,9 @@ def resume(core: SyncerCore, directory: Path, now: float) -> tuple[bool, list[st
 
 
 def save(directory: Path, state: dict[str, Any], keep: int = 3) -> Path:
-    """Write a checkpoint atomically; prune all but the newest `keep`. Raises CheckpointError."""
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    body = buf.getbuffer()  # a view: a 1.5 GB checkpoint is not copied once more
+    """Write a checkpoint atomically; prune all but the newest `keep`. Raises CheckpointError.
+    The body is serialized straight into the file, hashed on its way (no copy of the state in
+    memory: a 7B model's would be 84 GB); the hash goes into the header last."""
     name = f"{PREFIX}{state['epoch']:04d}-{state['outer_steps']:09d}-{int(time.time() * 1000)}.pt"
     final = directory / name
     try:
@@ -138,10 +137,12 @@ def save(directory: Path, state: dict[str, Any], keep: int = 3) -> Path:
         # both files are written before either is renamed (the inner one first): a full disk fails both
         with atomic_file(directory / HISTORY) as history, atomic_file(final) as fh:
             history.write(_history(state, name))
-            fh.write(MAGIC + hashlib.sha256(body).digest())
-            fh.write(body[: len(body) // 2])
+            fh.write(MAGIC + bytes(32))  # the hash's place
+            body = _Hashing(fh)
+            torch.save(state, cast("IO[bytes]", body))  # a file as far as torch.save goes
             faultpoints.hit("checkpoint")  # a crash here must leave the previous checkpoint valid
-            fh.write(body[len(body) // 2 :])
+            fh.seek(len(MAGIC))
+            fh.write(body.sha.digest())
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint in {directory}: {exc.strerror or exc}") from exc
     for old in list_checkpoints(directory)[keep:]:
@@ -150,6 +151,48 @@ def save(directory: Path, state: dict[str, Any], keep: int = 3) -> Path:
         except OSError:
             pass
     return final
+
+
+class _Hashing(io.RawIOBase):
+    """A write-only file that hashes what passes through it into another (torch.save's target)."""
+
+    def __init__(self, fh: Any) -> None:
+        super().__init__()
+        self.fh, self.sha = fh, hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.sha.update(data)
+        return int(self.fh.write(data))
+
+
+class _Reader(io.RawIOBase):
+    """A read-only, seekable file over a memoryview (torch.load reads it without a copy)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self.view, self.pos = view, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        chunk = self.view[self.pos : self.pos + len(buffer)]
+        memoryview(buffer).cast("B")[: len(chunk)] = chunk
+        self.pos += len(chunk)
+        return len(chunk)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = max(0, offset + (0, self.pos, len(self.view))[whence])
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
 
 
 def _history(state: dict[str, Any], name: str) -> bytes:
@@ -183,15 +226,16 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 
 def read(path: Path) -> dict[str, Any]:
-    """Read and verify one checkpoint file."""
+    """Read and verify one checkpoint file (the body held once: hashed from a view of it)."""
     data = path.read_bytes()
     head = len(MAGIC) + 32
     if len(data) < head or data[: len(MAGIC)] != MAGIC:
         raise CheckpointError(f"{path.name}: not a checkpoint (bad magic or truncated)")
-    if hashlib.sha256(data[head:]).digest() != data[len(MAGIC) : head]:
+    body = memoryview(data)[head:]
+    if hashlib.sha256(body).digest() != data[len(MAGIC) : head]:
         raise CheckpointError(f"{path.name}: checksum mismatch (truncated or corrupt)")
     try:
-        state: dict[str, Any] = torch.load(io.BytesIO(data[head:]), map_location="cpu", weights_only=True)
+        state: dict[str, Any] = torch.load(cast("IO[bytes]", _Reader(body)), map_location="cpu", weights_only=True)
         return state
     except Exception as exc:  # torch raises many types for a bad pickle
         raise CheckpointError(f"{path.name}: unreadable ({exc})") from exc
