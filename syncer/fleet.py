@@ -136,8 +136,10 @@ class Ledger:
         info.state = str(meta["state"])[:16]
         if info.state == "running":
             sent = meta.get("sent_at")  # the learner's monotonic clock when it sent this
-            own = isinstance(sent, (int, float)) and not isinstance(sent, bool) and math.isfinite(sent)
-            info.measure_rate(step, float(sent) if own else now)
+            if isinstance(sent, (int, float)) and not isinstance(sent, bool) and math.isfinite(sent):
+                info.measure_rate(step, float(sent))
+            else:
+                info.measure_rate(step, now)
         else:  # joining, slow, paused: the rate starts over when it trains normally again
             info.rate_anchor = None
         for key in ("tokens_per_s", "step_time", "blocked_frac"):
