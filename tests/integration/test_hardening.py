@@ -151,8 +151,9 @@ def test_syncer_sigkill_at_the_worst_moment(tmp_path: Path, point: str) -> None:
             lr.start_syncer(env={"DLDCTL_FAULT_POINTS": "serve_state=30"})
             lr.start_learner(1)  # joins: the syncer pauses while serving it
         else:
-            # the 3rd checkpoint write, or the 13th merge (after 3 checkpoints): good ones exist before
-            lr.start_syncer(env={"DLDCTL_FAULT_POINTS": "checkpoint@3=30" if point == "checkpoint" else "merge@13=30"})
+            # the 3rd checkpoint write (two are whole: one write at a time), or the 61st merge (the
+            # checkpoints are written off the loop, the first ones long done by then)
+            lr.start_syncer(env={"DLDCTL_FAULT_POINTS": "checkpoint@3=30" if point == "checkpoint" else "merge@61=30"})
             lr.start_learner(0)
             lr.start_learner(1)
         lr.wait_log("syncer", f"fault point {point}", 150)
