@@ -74,6 +74,7 @@ class SyncerCore(OuterStep):
         self._init_manifest: list[fragments.TensorSpec] | None = None
         self._init_buffers: list[torch.Tensor] = []
         self._init_filled: list[torch.Tensor] = []
+        self._init_missing = 0  # values of the upload not covered yet
         self._crcs: dict[int, int | None] = {}  # None: not computed for this version (`_crc`)
         self._previous: dict[int, tuple[int, torch.Tensor, int]] = {}
         self._serving: dict[int, float] = {}
@@ -164,6 +165,7 @@ class SyncerCore(OuterStep):
         self._init_owner, self._init_manifest = learner, manifest
         self._init_buffers = [torch.zeros(n, dtype=torch.float32) for n in plan.sizes()]
         self._init_filled = [torch.zeros(n, dtype=torch.bool) for n in plan.sizes()]
+        self._init_missing = sum(plan.sizes())
         return True
 
     def _init(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
@@ -174,8 +176,12 @@ class SyncerCore(OuterStep):
         values = check_raw_fragment(msg, sizes)  # read-only, a view of the received frame
         p, offset = msg["fragment"], msg["offset"]
         self._init_buffers[p].numpy()[offset : offset + values.size] = values  # the one copy
-        self._init_filled[p][offset : offset + values.size] = True  # covered, not just counted
-        if all(bool(mask.all()) for mask in self._init_filled):
+        covered = self._init_filled[p][offset : offset + values.size]
+        self._init_missing -= values.size - int(covered.sum())  # covered, not just counted: a resent chunk adds nothing
+        covered.fill_(
+            True
+        )  # O(chunk), never a scan of the whole model per chunk (quadratic: a 350M upload never ended)
+        if self._init_missing == 0:
             plan = fragments.plan(self._init_manifest, self.s.fragments)
             self.model = GlobalModel.fresh(self._init_manifest, plan, self._init_buffers)
             self._init_buffers, self._init_filled = [], []
