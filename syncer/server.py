@@ -38,7 +38,6 @@ SAMPLE_EVERY_S = 2.0
 # connection is also what a message over max_message_mb causes (libzmq does not say why).
 WATCHED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_DISCONNECTED
 CHECKPOINT_EVENT_EVERY_S = 30.0  # routine checkpoints: at most one event per this (the header shows the latest)
-CHECKPOINT_IDLE_S = 30.0  # also checkpoint this often if anything merged since the last one
 
 
 class SyncerServer:
@@ -72,6 +71,7 @@ class SyncerServer:
         self._last_ckpt = wall()
         self._ckpt_retry_at = 0.0
         self.writer = ckptwriter.CheckpointWriter(cfg.checkpoint_dir, cfg.settings.keep_checkpoints)
+        self._scored: dict[str, Any] | None = None  # a state the quality guard scored good, not written yet
         self._quiet: dict[str, float] = {}
         self.oplog = OpLog()  # the operator's lines on stdout (the syncer's log), rate-limited where they can flood
         self.stop_reason = "stopped"  # said at shutdown: the operator's `down`, or the signal __main__ names
@@ -245,7 +245,8 @@ class SyncerServer:
         now = self.wall()
         out = Outbox()
         self.core.tick(now, out)
-        idle_due = now - self._last_ckpt > CHECKPOINT_IDLE_S and self.core.since_checkpoint > 0
+        every_s = self.cfg.settings.checkpoint_s
+        idle_due = 0 < every_s < now - self._last_ckpt and self.core.since_checkpoint > 0
         due = (self.core.checkpoint_due() or idle_due) and now >= self._ckpt_retry_at and not self.writer.busy
         scored = self.scoring.tick(self.core, now, out, checkpoint=due)  # a state whose score came back good
         self._flush(out)
@@ -253,8 +254,10 @@ class SyncerServer:
         if now - self._last_sample >= SAMPLE_EVERY_S:
             self._last_sample = now
             self.metrics.write(self._sample(now))
-        if scored is not None:
-            self.save_checkpoint(state=scored, wait=False)
+        self._scored = scored if scored is not None else self._scored  # the newest good state waits for the writer
+        if self._scored is not None and not self.writer.busy:
+            state, self._scored = self._scored, None
+            self.save_checkpoint(state=state, wait=False)
         elif due and (not self.scoring.gates_checkpoints or self.scoring.overdue(now)):
             self.save_checkpoint(wait=False)
 

@@ -88,6 +88,7 @@ class RunSettings:
     max_lag: int = 0  # >0: a learner waits for a reply this many steps late (at most liveness_s)
     # operations
     checkpoint_every: int = 20  # merges between syncer checkpoints
+    checkpoint_s: float = 30.0  # also checkpoint this often when anything merged since the last (0: never)
     keep_checkpoints: int = 3
     max_log_mb: float = 1024.0  # metrics.jsonl, events.jsonl, process logs: rotated to NAME.1 past this (0 = never)
     on_no_checkpoint: str = "refuse"  # refuse | from-learner: a run that had merged finds no valid checkpoint
@@ -190,6 +191,11 @@ class RunSettings:
             _check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         for key in ("lr", "heartbeat_s", "liveness_s", "state_chunk_mb", "max_message_mb"):
             _check(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
+        _check(
+            self.checkpoint_s >= 0,
+            "checkpoint_s",
+            f"must be >= 0 (0 = by checkpoint_every only), got {self.checkpoint_s}",
+        )
         _check(self.liveness_s > self.heartbeat_s, "liveness_s", "must be longer than heartbeat_s")
         _check(
             self.state_chunk_mb * 2 <= self.max_message_mb, "state_chunk_mb", "must be at most half of max_message_mb"

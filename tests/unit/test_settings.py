@@ -182,6 +182,7 @@ def test_H_must_be_a_multiple_of_fragments_and_fix_proposes_one() -> None:
         ({"max_queue": 0}, "max_queue"),
         ({"keep_checkpoints": 0}, "keep_checkpoints"),
         ({"checkpoint_every": 0}, "checkpoint_every"),
+        ({"checkpoint_s": -1.0}, "checkpoint_s"),
         ({"lr": 0.0}, "lr"),
         ({"state_chunk_mb": 0.0}, "state_chunk_mb"),
         ({"heartbeat_s": 0.0}, "heartbeat_s"),
