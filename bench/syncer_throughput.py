@@ -44,7 +44,7 @@ import pstats
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -74,12 +74,14 @@ def manifest(model: str) -> list[fragments.TensorSpec]:
     return [fragments.TensorSpec(n, s, "embedding" if n in EMBEDDINGS else "dense") for n, s in param_shapes(model)]
 
 
-def build_core(model: str, settings: RunSettings, kernel: native.Kernel | None = KERNEL) -> SyncerCore:
-    """A SyncerCore with 4 live learners and the model's weights uploaded (as a run starts)."""
-    core = SyncerCore(settings, "bench", list(LEARNERS), now=0.0, kernel=kernel)
+def build_core(
+    model: str, settings: RunSettings, kernel: native.Kernel | None = KERNEL, learners: Sequence[str] = LEARNERS
+) -> SyncerCore:
+    """A SyncerCore with live `learners` (4) and the model's weights uploaded (as a run starts)."""
+    core = SyncerCore(settings, "bench", list(learners), now=0.0, kernel=kernel)
     specs = manifest(model)
     out = Outbox()
-    for lid in LEARNERS:
+    for lid in learners:
         core.handle(
             lid,
             Message(
@@ -108,14 +110,14 @@ def build_core(model: str, settings: RunSettings, kernel: native.Kernel | None =
         for off in range(0, n, chunk):
             part = values[off : off + chunk]
             core.handle(
-                LEARNERS[0],
+                learners[0],
                 Message(
                     "init", {"fragment": p, "offset": off, "numel": part.numel(), "total": n}, [part.numpy().tobytes()]
                 ),
                 0.5,
                 out,
             )
-    for lid in LEARNERS:
+    for lid in learners:
         core.handle(lid, Message("heartbeat", {"step": 1, "tokens": 16, "state": "running"}), 0.5, out)
     assert core.model is not None
     return core
@@ -137,7 +139,7 @@ def outer_gradient(n: int, seed: int, shared: torch.Tensor) -> torch.Tensor:
     return delta
 
 
-def make_blobs(core: SyncerCore, settings: RunSettings) -> list[list[bytes]]:
+def make_blobs(core: SyncerCore, settings: RunSettings, learners: int = len(LEARNERS)) -> list[list[bytes]]:
     """blobs[p][m]: learner m's encoded outer gradient of fragment p (encoded once, reused; with
     zstd or without it, as `settings.zstd` says)."""
     blobs, mode = [], settings.compression
@@ -146,7 +148,7 @@ def make_blobs(core: SyncerCore, settings: RunSettings) -> list[list[bytes]]:
         blobs.append(
             [
                 codec.encode(outer_gradient(theta.numel(), 10 * p + m, shared), mode, settings.block, settings.zstd)
-                for m in range(len(LEARNERS))
+                for m in range(learners)
             ]
         )
     return blobs
@@ -155,8 +157,10 @@ def make_blobs(core: SyncerCore, settings: RunSettings) -> list[list[bytes]]:
 class Rounds:
     """Runs rounds on a core: each call pushes every learner's blob of every fragment and ticks."""
 
-    def __init__(self, core: SyncerCore, blobs: list[list[bytes]], steps: int) -> None:
-        self.core, self.blobs, self.steps = core, blobs, steps
+    def __init__(
+        self, core: SyncerCore, blobs: list[list[bytes]], steps: int, learners: Sequence[str] = LEARNERS
+    ) -> None:
+        self.core, self.blobs, self.steps, self.learners = core, blobs, steps, learners
         self.now = 1.0
         self.seq = 0  # per-learner push sequence numbers must increase (replay protection)
         self.push_s = 0.0
@@ -170,7 +174,7 @@ class Rounds:
             out = Outbox()
             self.seq += 1
             t0 = time.thread_time()
-            for lid, blob in zip(LEARNERS, blobs):
+            for lid, blob in zip(self.learners, blobs, strict=True):
                 core.handle(
                     lid,
                     Message(
