@@ -246,4 +246,6 @@ def test_risky_combinations_are_named_and_the_defaults_have_none() -> None:
     assert RS(outer_lr=0.7, outer_momentum=0.9, H=64).risks(4) == []
     assert any("fleet_scale" in r for r in RS(round_clock="learner", fleet_scale=False).risks(4))
     assert any("max_backlog" in r for r in RS(max_backlog=0).risks(4))
+    assert any("overlap = false" in r for r in RS(overlap=False, quorum=2).risks(4))
+    assert RS(overlap=False, quorum=4).risks(4) == []  # synchronous DiLoCo, the baseline
     assert any("not scored" in r for r in RS(quality_guard=0).risks(4))
