@@ -10,55 +10,24 @@ status with the operator's key, and reads its metrics and log.
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from dldctl.testing import Processes, read_jsonl, wait_until
+from dldctl.testing import Processes, local_config, read_jsonl, wait_until
 from syncer.common import keys, resolved
 from syncer.wire.protocol import Message, decode, encode
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def write_run(directory: Path, learners: int, run: dict[str, Any], run_id: str = "loadgen") -> Path:
     """A resolved configuration for `learners` learners (learner-0 ...) plus every key it names."""
-    directory.mkdir(parents=True, exist_ok=True)
-    ids = [f"learner-{i}" for i in range(learners)]
-    entries = [{"id": lid, "shard": i, "shards": learners} for i, lid in enumerate(ids)]
-    if not run.get("insecure", False):
-        for name in ["syncer", "operator", *ids]:
-            keys.create(directory / "keys", name)
-    cfg = {
-        "version": 1,
-        "run_id": run_id,
-        "run": run,
-        "syncer": {
-            "host": "local",
-            "bind_host": "127.0.0.1",
-            "port": free_port(),
-            "control_port": free_port(),
-            "advertise": "127.0.0.1",
-            "dir": str(directory),
-        },
-        "learners": entries,
-        "keys": {"dir": "keys"},
-    }
-    path = directory / "config.json"
-    path.write_text(json.dumps(cfg, indent=1))
-    return path
+    entries = [{"id": f"learner-{i}", "shard": i, "shards": learners} for i in range(learners)]
+    return local_config(directory, run, entries, run_id)
 
 
 class SyncerProcess:

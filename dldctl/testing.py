@@ -41,6 +41,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -51,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from dldctl.hosts.local import read_stat
 from dldctl.rundir import RunDir
-from syncer.common import jsonl, resolved
+from syncer.common import jsonl, keys, resolved
 
 if TYPE_CHECKING:
     from dldctl.runstate import RunState
@@ -139,6 +140,36 @@ def local_host(name: str, learners: int, **extra: Any) -> dict[str, Any]:
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Every complete JSON record of a file (a torn last line is skipped); [] if it is missing."""
     return list(jsonl.read(path))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def local_config(directory: Path, run: Mapping[str, Any], entries: list[dict[str, Any]], run_id: str) -> Path:
+    """What `dldctl up` writes for a run on this machine, without dldctl: `config.json` (the syncer
+    on 127.0.0.1, free ports) and, unless `run` is insecure, CURVE keys for the syncer, the operator
+    and every learner entry."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if not run.get("insecure", False):
+        for name in ["syncer", "operator", *(e["id"] for e in entries)]:
+            keys.create(directory / "keys", name)
+    syncer = {"host": "local", "bind_host": "127.0.0.1", "port": free_port(), "control_port": free_port()}
+    cfg = {
+        "version": 1,
+        "run_id": run_id,
+        "run": dict(run),
+        "syncer": {**syncer, "advertise": "127.0.0.1", "dir": str(directory)},
+        "learners": entries,
+        "keys": {"dir": "keys"},
+    }
+    path = directory / "config.json"
+    path.write_text(json.dumps(cfg, indent=1))
+    return path
 
 
 # --------------------------------------------------------------------------- processes, by pid only

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,17 +21,11 @@ from typing import Any
 
 import zmq
 
-from dldctl.testing import Processes, read_jsonl, wait_until
+from dldctl.testing import Processes, local_config, read_jsonl, wait_until
 from syncer.common import keys, resolved
 from syncer.wire.protocol import Message, control, decode, encode
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(
@@ -43,7 +36,6 @@ def write_config(
     run_id: str = "testrun",
 ) -> Path:
     """A resolved configuration plus keys for the syncer, the operator and every learner."""
-    directory.mkdir(parents=True, exist_ok=True)
     # H = 8 keeps tests fast; at so small an H the outer Nesterov momentum (0.9) diverges within a
     # few thousand steps on gpt-tiny, while plain averaging (lr 1, momentum 0) is stable
     settings = {
@@ -62,32 +54,8 @@ def write_config(
         "warmup": 5,
     }
     settings.update(run or {})
-    entries = []
-    for i, extra in enumerate(learners):
-        entry = {"id": f"learner-{i}", "shard": i, "shards": len(learners), **extra}
-        entries.append(entry)
-    if not insecure:
-        keydir = directory / "keys"
-        for name in ["syncer", "operator", *(e["id"] for e in entries)]:
-            keys.create(keydir, name)
-    cfg = {
-        "version": 1,
-        "run_id": run_id,
-        "run": settings,
-        "syncer": {
-            "host": "local",
-            "bind_host": "127.0.0.1",
-            "port": free_port(),
-            "control_port": free_port(),
-            "advertise": "127.0.0.1",
-            "dir": str(directory),
-        },
-        "learners": entries,
-        "keys": {"dir": "keys"},
-    }
-    path = directory / "config.json"
-    path.write_text(json.dumps(cfg, indent=1))
-    return path
+    entries = [{"id": f"learner-{i}", "shard": i, "shards": len(learners), **extra} for i, extra in enumerate(learners)]
+    return local_config(directory, settings, entries, run_id)
 
 
 class LocalRun:

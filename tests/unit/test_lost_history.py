@@ -18,13 +18,13 @@ import pytest
 from dldctl.runstate import PidRecord, ProcStatus, RunState
 from dldctl.supervise import reconcile
 from dldctl.supervise.reconcile import Observation, decide, new_proc, started
+from dldctl.testing import free_port
 from syncer import checkpoint, status
 from syncer.common import jsonl, keys
 from syncer.common.settings import RunSettings, SettingsError, settings_from_dict
 from syncer.config import SyncerConfig
 from syncer.core import SyncerCore
 from syncer.server import SyncerServer
-from tests.localrun import free_port
 from tests.unit.coreharness import RUN, Harness, make_settings
 
 pytestmark = [pytest.mark.timeout(60)]
