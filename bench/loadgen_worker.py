@@ -37,7 +37,7 @@ import torch
 import zmq
 
 from bench.loadgen_core import Schedule
-from learner.link import Identity, LinkCore, PushItem, Send
+from learner.link import Identity, LinkCore, PushItem, Send, push_meta
 from learner.replica import Fetch, Replica
 from syncer.common import keys
 from syncer.common.settings import RunSettings
@@ -274,18 +274,8 @@ class SimLearner:
     def _message(self, send: Send) -> Message:
         """learner/link.py `push_message` with a pre-encoded blob; upload chunks of random values."""
         if send.push is not None:
-            item = send.push
-            meta = {
-                "fragment": item.fragment,
-                "base_version": item.base_version,
-                "seq": send.seq,
-                "epoch": item.base_epoch,
-                "c_steps": item.c_steps,
-                "c_tokens": item.c_tokens,
-                "c_time": item.c_time,
-                "step_time": item.step_time,
-            }
-            return Message("push", meta, [self.blobs.pick(item.fragment, self.index + self.pushes)])
+            blob = self.blobs.pick(send.push.fragment, self.index + self.pushes)
+            return Message("push", push_meta(send), [blob])
         if send.init is not None:
             c = send.init
             meta = {"fragment": c.fragment, "offset": c.offset, "numel": c.numel, "total": c.total}

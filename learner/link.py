@@ -167,11 +167,11 @@ def fetch_window(chunk_numel: int) -> int:
     return max(FETCH_WINDOW, min(FETCH_MAX, FETCH_BYTES // (4 * max(1, chunk_numel))))
 
 
-def push_message(send: Send, settings: RunSettings) -> Message:
-    """The push message for a push send (pure, CPU-heavy for a large fragment: call it unlocked)."""
+def push_meta(send: Send) -> dict[str, Any]:
+    """The push message's metadata for a push send: fragment, versions, sequence and counters."""
     item = send.push
     assert item is not None, "a push send carries its push"
-    meta = {
+    return {
         "fragment": item.fragment,
         "base_version": item.base_version,
         "seq": send.seq,
@@ -181,7 +181,13 @@ def push_message(send: Send, settings: RunSettings) -> Message:
         "c_time": item.c_time,
         "step_time": item.step_time,
     }
-    return Message("push", meta, [offload.blob(item.delta, settings.compression, settings.block, settings.zstd)])
+
+
+def push_message(send: Send, settings: RunSettings) -> Message:
+    """The push message for a push send (pure, CPU-heavy for a large fragment: call it unlocked)."""
+    assert send.push is not None, "a push send carries its push"
+    blob = offload.blob(send.push.delta, settings.compression, settings.block, settings.zstd)
+    return Message("push", push_meta(send), [blob])
 
 
 class LinkCore:
