@@ -46,6 +46,9 @@ def run_dp(
         )
         ckpt = workdir / "job" / "checkpoint.pt"
         res["eval_loss_shared"] = evaluate.eval_file(ckpt, settings) if res["ok"] and ckpt.exists() else None
+        if res["eval_loss_shared"] is None:  # the job dir goes below: keep what torchrun said
+            log = workdir / "job" / "torchrun.log"
+            res["log_tail"] = log.read_text(errors="replace")[-2000:] if log.exists() else "(no torchrun.log)"
         progress = ddp_baseline.read_progress(workdir / "job")
         first = min((e["time"] for e in progress if e.get("event") == "start"), default=None)
         final = next((e for e in reversed(progress) if e.get("event") == "final"), None)

@@ -153,11 +153,11 @@ def plans(args: argparse.Namespace, steps: int) -> list[tuple[str, Plan]]:
     return out + extras
 
 
-def row(strategy: str, tokens: int, loss: float, dp_loss: float, extra: dict[str, Any]) -> dict[str, Any]:
+def row(strategy: str, tokens: int, loss: float, dp_loss: float | None, extra: dict[str, Any]) -> dict[str, Any]:
     return {"strategy": strategy, "tokens": tokens, "eval loss": loss, "vs DP": relative_gap(loss, dp_loss), **extra}
 
 
-def diloco_row(strategy: str, runs: list[dict[str, Any]], dp_loss: float) -> dict[str, Any]:
+def diloco_row(strategy: str, runs: list[dict[str, Any]], dp_loss: float | None) -> dict[str, Any]:
     """Means over the repeats (eval loss also as min-max)."""
     mean = lambda f: statistics.fmean(f(r) for r in runs)
     losses = [r["eval_loss"] for r in runs]
@@ -218,17 +218,21 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     dp = rows[0]["eval loss"]
+    rows = [r for r in rows if r["eval loss"] is not None]
+    if not rows:
+        return
     palette = ["tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray"]
     ax.barh(
         [r["strategy"] for r in rows][::-1],
         [r["eval loss"] for r in rows][::-1],
         color=[palette[i % len(palette)] for i in range(len(rows))][::-1],
     )
-    ax.axvline(dp * 1.03, color="k", ls=":", label="DP + 3%")
-    ax.axvline(dp * 1.05, color="k", ls="--", label="DP + 5%")
+    if dp is not None:
+        ax.axvline(dp * 1.03, color="k", ls=":", label="DP + 3%")
+        ax.axvline(dp * 1.05, color="k", ls="--", label="DP + 5%")
+        ax.legend(fontsize=8)
     ax.set_xlim(min(r["eval loss"] for r in rows) * 0.9, max(r["eval loss"] for r in rows) * 1.05)
     ax.set_xlabel("eval loss of the final model (equal tokens)")
-    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -241,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     budget = LEARNERS * steps * tokens_per_step(settings)
     dp = run_dp(settings, LEARNERS, budget_tokens=budget, checkpoint_every_s=600)
     dp_loss = dp["eval_loss_shared"]
+    if dp_loss is None:  # the DiLoCo fleets still run: their rows lose only the "vs DP" column
+        tail = dp.get("log_tail", "").strip().splitlines()[-1:] or ["(empty log)"]
+        print(f"data-parallel baseline failed (exit {dp.get('returncode')}): {tail[0]}", file=sys.stderr)
     rows = [
         row(
             "data-parallel (gloo)",
@@ -267,10 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{steps} steps each, H={args.H}",
         rows,
     )
-    result = verdict(rows, budget) if not args.extra_only else {"text": "tuning sweep: no verdict"}
+    if args.extra_only:
+        result = {"text": "tuning sweep: no verdict"}
+    elif dp_loss is None:
+        result = {"text": "no verdict: the data-parallel baseline has no eval loss (see its log_tail)"}
+    else:
+        result = verdict(rows, budget)
     print(result["text"])
     png = args.out.with_suffix(".png")
-    plot(rows, png)
     common.write_json(
         args.out,
         {
@@ -285,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
             "plot": common.shown(png),
         },
     )
+    try:  # after the results are on disk: a plot never costs a run's numbers
+        plot(rows, png)
+    except Exception as exc:  # any of matplotlib's errors: the table and JSON stand
+        print(f"no plot ({type(exc).__name__}: {exc})", file=sys.stderr)
     print(f"wrote {args.out} and {png}")
     return 0
 
