@@ -132,8 +132,8 @@ def check_loadgen(c: cm.Costs, loop_share: float, io_cores: float) -> list[dict]
     rows = []
     for path in sorted(RESULTS.glob("loadgen_search_*.json")):
         d = json.loads(path.read_text())
-        cfg, params = d["config"], float(d["model"]["params"])
-        predicted = cm.max_learners(c, int(cfg["H"]), float(cfg["step_time"]), params, loop_share, io_cores)
+        offered, params = d["config"], float(d["model"]["params"])
+        predicted = cm.max_learners(c, int(offered["H"]), float(offered["step_time"]), params, loop_share, io_cores)
         tried = max(level["learners"] for level in d["levels"])
         rows.append(
             {

@@ -73,3 +73,20 @@ class Controls:
         if time.time() < float(self.values.get("slow_until", 0)):
             return max(1.0, float(self.values.get("slow_factor", 1.0)))
         return 1.0
+
+
+class Slowdown:
+    """How long a slowed learner (a host's `throttle`, `dldctl chaos slow`) waits after each step:
+    (factor - 1) x the step's compute time, with that time bounded by STRETCH x its running
+    average. A step the process spent stopped in (a chaos pause: SIGSTOP) or swapped out is not
+    compute: unbounded, a 20 s pause kept a throttled learner idle for 20 s more after it resumed."""
+
+    STRETCH = 3.0
+
+    def __init__(self) -> None:
+        self.average: float | None = None  # of the bounded compute times
+
+    def wait_s(self, compute: float, factor: float) -> float:
+        bounded = compute if self.average is None else min(compute, self.STRETCH * self.average)
+        self.average = bounded if self.average is None else 0.9 * self.average + 0.1 * bounded
+        return max(0.0, factor - 1.0) * bounded

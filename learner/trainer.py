@@ -61,7 +61,7 @@ class Trainer:
         self.blocked_s = self.busy_s = 0.0
         self.train_started = self.train_ended = 0.0  # monotonic seconds: the training loop
         self.waited: set[int] = set()  # max_lag: fragments whose unanswered push was waited for
-        self.controls = files.Controls(cfg.workdir / "control.json")
+        self.controls, self.slowdown = files.Controls(cfg.workdir / "control.json"), files.Slowdown()
         self.wl: Workload | None = None
         self.phase = 0  # added to the step counter by the sync schedule (lockstep_phase)
         self.layout: ShardLayout | None = None  # island = "fsdp": this rank's shards of the fragments
@@ -259,9 +259,8 @@ class Trainer:
         opt.step()
         self.losses.add(loss)
         compute = time.perf_counter() - t0
-        factor = self.cfg.spec.throttle * self._slow_factor()
-        if factor > 1.0:
-            self.stop.wait((factor - 1.0) * compute)  # an artificially slower host
+        if (wait := self.slowdown.wait_s(compute, self.cfg.spec.throttle * self._slow_factor())) > 0:
+            self.stop.wait(wait)  # an artificially slower host
         dt = time.perf_counter() - t0
         ntok = wl.tokens(batch) * (self.island.world if self.island else 1)
         self.step += 1
