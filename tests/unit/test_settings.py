@@ -245,6 +245,8 @@ def test_risky_combinations_are_named_and_the_defaults_have_none() -> None:
     assert any("Nesterov" in r for r in RS(outer_lr=0.7, outer_momentum=0.9, H=16).risks(4))
     assert RS(outer_lr=0.7, outer_momentum=0.9, H=64).risks(4) == []
     assert any("fleet_scale" in r for r in RS(round_clock="learner", fleet_scale=False).risks(4))
+    assert any("round of its own" in r for r in RS(round_clock="learner").risks(4))
+    assert RS(round_clock="learner", quorum=4).risks(4) == []  # every round waits for the fleet
     assert any("max_backlog" in r for r in RS(max_backlog=0).risks(4))
     assert any("overlap = false" in r for r in RS(overlap=False, quorum=2).risks(4))
     assert RS(overlap=False, quorum=4).risks(4) == []  # synchronous DiLoCo, the baseline
