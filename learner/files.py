@@ -14,6 +14,7 @@ import torch
 
 from learner.logline import log
 from syncer.common.atomic import atomic_file, atomic_write
+from syncer.common.smallmath import ema
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -88,5 +89,5 @@ class Slowdown:
 
     def wait_s(self, compute: float, factor: float) -> float:
         bounded = compute if self.average is None else min(compute, self.STRETCH * self.average)
-        self.average = bounded if self.average is None else 0.9 * self.average + 0.1 * bounded
+        self.average = ema(self.average, bounded)
         return max(0.0, factor - 1.0) * bounded
