@@ -173,12 +173,15 @@ class Scoring:
             held = self._held.pop(tag, None)
             if held is not None and verdict is not None and verdict.good:
                 ready = held
+        # a state just came back good: it is the checkpoint due (holding another now would hold the
+        # same outer step again when nothing merged in between, and write it twice)
+        hold = checkpoint and not self._held and ready is None
         if not self.ev.busy:
-            if checkpoint and not self._held and core.model is not None:
+            if hold and core.model is not None:
                 core.scored_at = None  # score now, the state a checkpoint will hold
             snap = quality.take_snapshot(core, now)
             if snap is not None:
-                if checkpoint and not self._held:
+                if hold:
                     self._held[snap.tag] = ckpt.state_dict(core, now, copy=True)
                 self.ev.submit(snap)
         return ready

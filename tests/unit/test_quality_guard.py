@@ -179,3 +179,19 @@ def test_a_checkpoint_waits_for_its_score_only_so_long() -> None:
     scoring = Scoring(Stuck([]))  # type: ignore[arg-type]
     scoring.tick(h.core, 1.0, Outbox(), checkpoint=True)
     assert not scoring.overdue(30.0) and scoring.overdue(62.0) and not scoring.overdue(63.0)
+
+
+def test_a_state_scored_good_is_not_held_again_in_the_tick_that_hands_it_over() -> None:
+    """The checkpoint is still due in the tick its good state comes back (it is written after):
+    holding a second state then, with nothing merged in between, wrote one outer step twice."""
+    from syncer.evaluator import Scoring
+
+    h = Harness(make_settings(quorum=2, global_eval_every=1000, quality_guard=0.1))
+    h.join_all()
+    scorer = _Scorer([2.0, 2.0])
+    scoring = Scoring(scorer)  # type: ignore[arg-type]
+    assert scoring.tick(h.core, 1.0, Outbox(), checkpoint=True) is None
+    state = scoring.tick(h.core, 2.0, Outbox(), checkpoint=True)  # still due: not written yet
+    assert state is not None
+    assert scoring.tick(h.core, 3.0, Outbox()) is None, "a second state of the same outer step"
+    assert scorer.losses == [2.0], "a snapshot was scored for a second hold"
