@@ -211,6 +211,7 @@ class SyncerServer:
             self.scoring.final(self.core, self.wall(), out)
             self._flush(out)
         self.save_checkpoint(final=True)
+        self.metrics.write(self._sample(self.wall()))  # where the run ended, for `dldctl runs`
         if self._export_name is not None:
             self._export(self._export_name)
 

@@ -39,8 +39,10 @@ def learner_count(state: RunState) -> int:
 
 
 def last_sample(run: RunDir) -> dict[str, Any] | None:
-    """The newest "sample" record of the run's metrics log (reads only its tail)."""
-    records = jsonl.tail(run.metrics, 20, max_bytes=256 * 1024)
+    """The newest "sample" record of the run's metrics log (reads only its last MiB). Samples come
+    every 2 s and a round record with every merge: a small model's fleet writes hundreds of rounds
+    between two samples, so the tail is read by bytes, not by a handful of records."""
+    records = jsonl.tail(run.metrics, 1 << 20, max_bytes=1 << 20)
     return next((r for r in reversed(records) if r.get("kind") == "sample"), None)
 
 

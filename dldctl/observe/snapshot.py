@@ -19,6 +19,7 @@ from typing import Any
 
 from dldctl.errors import DldError
 from dldctl.lifecycle.syncerctl import SyncerControl
+from dldctl.observe import runs
 from dldctl.rundir import RunDir
 from dldctl.runstate import Daemon, Fault, Proc, ProcStatus, RunState
 from dldctl.supervise import reconcile, watchdog
@@ -40,7 +41,7 @@ def syncer_status(run: RunDir, config: ResolvedConfig, timeout: float = 2.0) -> 
 
 def _syncer_down(run: RunDir, config: ResolvedConfig) -> dict[str, Any]:
     """What we can say with the syncer down: the last sample it wrote, marked stale."""
-    last: dict[str, Any] = next((r for r in reversed(jsonl.tail(run.metrics, 50)) if r.get("kind") == "sample"), {})
+    last: dict[str, Any] = runs.last_sample(run) or {}
     settings = config.run
     ckpt = _last_checkpoint(run)  # may be newer than the last sample (the final checkpoint)
     return {

@@ -122,3 +122,14 @@ def test_runs_lists_every_run_with_its_last_progress(tmp_path: Path, monkeypatch
     assert by_name["broken"]["state"] == "unreadable" and "corrupt state" in by_name["broken"]["problem"]
     json.loads(strictjson.dumps(listing))  # JSON-clean
     assert crashed.name in {r["name"] for r in listing["runs"]}
+
+
+def test_runs_finds_the_last_sample_behind_hundreds_of_round_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small model's fleet logs a round per merge, hundreds between two samples (2 s apart)."""
+    monkeypatch.setenv("DLDCTL_HOME", str(tmp_path))
+    rounds = [{"kind": "round", "outer_step": i, "contributors": ["learner-0"]} for i in range(600)]
+    _write_run(tmp_path, "busy", "down", [{"kind": "sample", "outer_steps": 7, "goodput": 0.9}, *rounds])
+    (row,) = runs.collect()["runs"]
+    assert row["outer_steps"] == 7 and row["goodput"] == 0.9
