@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from syncer import merge
 from syncer.wire import codec
 
 SLICE = 1 << 18  # values per slice: big enough that per-op overhead is small, M + 4 slices stay in L3
@@ -141,15 +142,18 @@ def publish(
     kernel: Any = None,
     want_crc: bool = True,
     zstd: bool = True,
+    share: float = 1.0,
 ) -> tuple[bytes, int | None]:
     """Merge (coefs: (segments, M) fp32), outer step and publish; returns (blob, zstd-compressed
     unless `zstd` is False, and the crc32 of theta, or None unless `want_crc`).
 
-    In place, slice by slice:  g = merged gradient;  momentum <- g + beta * momentum;
-    residual <- residual - lr * g - lr * beta * momentum  (the change to publish);
-    theta <- theta + dequantize(quantize(residual));  residual <- residual - that.
+    In place, slice by slice:  g = merged gradient;  momentum <- g + decay * momentum;
+    residual <- residual - lr * g - lr * look * momentum  (the change to publish);
+    theta <- theta + dequantize(quantize(residual));  residual <- residual - that;
+    (decay, look) = merge.partial_momentum(beta, share): both beta for a round of a whole period.
     """
     numel = theta.numel()
+    decay, look = merge.partial_momentum(beta, share)
     if kernel is not None and native_fits(deltas, block, mode):
         encoder = codec.ChunkEncoder(mode, numel, block, zstd, _scratch(codec.raw_length(mode, numel, block)))
         codes, packed, scales = _native_args(deltas)
@@ -162,7 +166,7 @@ def publish(
             _bounds(segments, numel),
             (theta, momentum, residual),
             lr,
-            beta,
+            (decay, look),
             7 if mode == "int4" else 127,
             encoder.scales,
             encoder.codes,
@@ -179,8 +183,8 @@ def publish(
         for s, lo, hi in parts:
             torch.mm(coefs[s : s + 1], v[:, lo:hi], out=g[lo:hi].view(1, -1))
         buf, change, values = momentum[start:stop], residual[start:stop], theta[start:stop]
-        torch.add(g, buf, alpha=beta, out=buf)
-        change.add_(g, alpha=-lr).add_(buf, alpha=-lr * beta)
+        torch.add(g, buf, alpha=decay, out=buf)
+        change.add_(g, alpha=-lr).add_(buf, alpha=-lr * look)
         applied = encoder.put(start, change, merged)  # g is dead: its memory is the work area
         values.add_(applied)
         change.sub_(applied)

@@ -198,18 +198,41 @@ def nesterov_step(
     return theta - update * lr, new_buf
 
 
+def partial_momentum(momentum: float, share: float) -> tuple[float, float]:
+    """(decay, lookahead) of the Nesterov step of a round that holds `share` of one sync period.
+
+    A full round (share 1) is DiLoCo's step: the buffer decays by `momentum` and the lookahead
+    adds `momentum` times it. A round of a partial window (a learner's last steps as it finishes,
+    its first after a join) carries a small outer gradient, but a whole step's lookahead would
+    still move the model by ~lr * momentum^2 * buf: several periods' worth of progress that no
+    training backs. So the buffer decays by momentum^share and the lookahead is momentum * share;
+    two rounds of half a period each then move the model about as one whole round does.
+    """
+    share = min(1.0, max(0.0, share))
+    if share >= 1.0:
+        return momentum, momentum
+    return momentum**share, momentum * share
+
+
 def nesterov_change_(
-    change: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: float = 0.7, momentum: float = 0.9
+    change: torch.Tensor,
+    grad: torch.Tensor,
+    buf: torch.Tensor,
+    lr: float = 0.7,
+    momentum: float = 0.9,
+    share: float = 1.0,
 ) -> torch.Tensor:
     """`nesterov_step` in place, as the parameter change: no theta needed, nothing allocated.
 
-    buf <- grad + momentum * buf (torch.optim.SGD's buffer update, in one pass), then
-    change <- change - lr * grad - lr * momentum * buf', i.e. change + (theta' - theta).
+    buf <- grad + decay * buf (torch.optim.SGD's buffer update, in one pass), then
+    change <- change - lr * grad - lr * look * buf', i.e. change + (theta' - theta), where
+    (decay, look) = partial_momentum(momentum, share): both `momentum` for a whole round.
     Returns `change`. Three passes over the fragment; the results agree with `nesterov_step` to
     fp32 rounding (the order of the roundings differs, not the arithmetic).
     """
-    torch.add(grad, buf, alpha=momentum, out=buf)
-    return change.add_(grad, alpha=-lr).add_(buf, alpha=-lr * momentum)
+    decay, look = partial_momentum(momentum, share)
+    torch.add(grad, buf, alpha=decay, out=buf)
+    return change.add_(grad, alpha=-lr).add_(buf, alpha=-lr * look)
 
 
 def grace_window(gamma: float, tau: int, t_step: float, t_quorum: float, t_sync: float) -> float:

@@ -104,13 +104,13 @@ class Kernel:
         bounds: torch.Tensor,
         state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         lr: float,
-        beta: float,
+        beta: tuple[float, float],
         qmax: int,
         out_scales: torch.Tensor,
         out_codes: torch.Tensor,
     ) -> None:
         """Merge, Nesterov, quantize and apply in place on `state` = (theta, momentum, residual)
-        (fused.c, dld_publish)."""
+        (fused.c, dld_publish); `beta` = (the momentum's decay, its lookahead factor)."""
         theta, momentum, residual = state
         for t in (coefs, bounds, theta, momentum, residual, out_scales, out_codes):
             assert t.is_contiguous() and t.device.type == "cpu"
@@ -127,7 +127,8 @@ class Kernel:
             momentum.data_ptr(),
             residual.data_ptr(),
             lr,
-            beta,
+            beta[0],
+            beta[1],
             qmax,
             out_scales.data_ptr(),
             out_codes.data_ptr(),

@@ -17,7 +17,8 @@
  *              move into the double sums every 32 blocks (relative error ~1e-7).
  * dld_publish: per output block: merged g = sum_m (coef[s][m] * scale_m) * code_m, Nesterov
  *              (momentum <- g + beta * momentum;
- *              residual <- residual - lr * g - lr * beta * momentum), blockwise absmax
+ *              residual <- residual - lr * g - lr * look * momentum; look = beta but for a
+ *              round of part of a sync period, merge.partial_momentum), blockwise absmax
  *              quantization of the residual (round half to even by adding and subtracting
  *              1.5 * 2^23, as syncer/codec.py), packing, then theta += code * scale and
  *              residual -= code * scale as two separate fp32 operations.
@@ -345,8 +346,8 @@ INLINE void accumulate1(float *restrict g, const int8_t *restrict a, float ka, i
 /* momentum and residual updates of one block; returns the largest |residual| as its bit
  * pattern (integer max vectorizes; a NaN shows as > 0x7f800000) */
 INLINE uint32_t outer_step(const float *restrict g, float *restrict mom, float *restrict res, int64_t len, float lr,
-                           float beta) {
-    float lr_beta = lr * beta;
+                           float beta, float look) {
+    float lr_beta = lr * look;
     uint32_t top = 0;
     for (int64_t j = 0; j < len; j++) {
         float buf = g[j] + beta * mom[j];
@@ -411,7 +412,7 @@ INLINE void merge_block(const int8_t **v, const float **scales, int32_t m_count,
 /* The blocks of dld_publish; buf: M x block bytes, v: M pointers (scratch). */
 HOT static void publish_blocks(const uint8_t **codes, const int32_t *packed, const float **scales, int32_t m_count,
                                int64_t block, const float *coefs, const int64_t *bounds, int64_t numel,
-                               float *theta, float *mom, float *res, float lr, float beta, int32_t qmax,
+                               float *theta, float *mom, float *res, float lr, float beta, float look, int32_t qmax,
                                float *out_scales, uint8_t *out_codes, int8_t *buf, const int8_t **v) {
     float g[MAX_BLOCK];
     int8_t q[MAX_BLOCK];
@@ -422,7 +423,7 @@ HOT static void publish_blocks(const uint8_t **codes, const int32_t *packed, con
         if (b0 + ahead + block <= numel) prefetch_state(theta, mom, res, b0 + ahead, block);
         for (int32_t m = 0; m < m_count; m++) v[m] = block_codes(codes[m], packed[m], block, b, buf + m * block);
         merge_block(v, scales, m_count, coefs, bounds, &seg, b, b0, len, g);
-        uint32_t bits = outer_step(g, mom + b0, res + b0, len, lr, beta);
+        uint32_t bits = outer_step(g, mom + b0, res + b0, len, lr, beta, look);
         float amax;
         memcpy(&amax, &bits, 4);
         if (bits > 0x7f800000u) amax = NAN;
@@ -443,7 +444,7 @@ HOT static void publish_blocks(const uint8_t **codes, const int32_t *packed, con
  * out_scales: nblocks floats; out_codes: nblocks * block / 2 bytes (qmax 7) or nblocks * block (qmax 127). */
 int dld_publish(const uint8_t **codes, const int32_t *packed, const float **scales, int32_t m_count, int64_t block,
                 const float *coefs, const int64_t *bounds, int64_t numel, float *theta, float *mom, float *res,
-                float lr, float beta, int32_t qmax, float *out_scales, uint8_t *out_codes) {
+                float lr, float beta, float look, int32_t qmax, float *out_scales, uint8_t *out_codes) {
     if (block > MAX_BLOCK || block < 2 || m_count > MAX_M || m_count < 1) return -1;
     int8_t *buf = malloc((size_t)m_count * (size_t)block);
     const int8_t **v = malloc((size_t)m_count * sizeof(*v));
@@ -452,7 +453,7 @@ int dld_publish(const uint8_t **codes, const int32_t *packed, const float **scal
         free((void *)v);
         return -2;
     }
-    publish_blocks(codes, packed, scales, m_count, block, coefs, bounds, numel, theta, mom, res, lr, beta, qmax,
+    publish_blocks(codes, packed, scales, m_count, block, coefs, bounds, numel, theta, mom, res, lr, beta, look, qmax,
                    out_scales, out_codes, buf, v);
     free(buf);
     free((void *)v);

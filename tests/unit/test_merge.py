@@ -344,3 +344,16 @@ def test_ema() -> None:
     assert smallmath.ema(None, 3.0) == 3.0
     assert smallmath.ema(1.0, 3.0, 0.9) == pytest.approx(1.2)
     assert smallmath.ema(1.0, 3.0, 0.8) == pytest.approx(1.4)
+
+
+def test_a_round_of_part_of_a_period_takes_that_part_of_the_momentum_step() -> None:
+    assert merge.partial_momentum(0.9, 1.0) == (0.9, 0.9) and merge.partial_momentum(0.9, 1.3) == (0.9, 0.9)
+    decay, look = merge.partial_momentum(0.9, 0.25)
+    assert decay == pytest.approx(0.9**0.25) and look == pytest.approx(0.225)
+    assert merge.partial_momentum(0.0, 0.5) == (0.0, 0.0)  # plain averaging has no momentum to share
+    # an empty partial round (no gradient) moves the model by lr * look * decay * buf, not lr * 0.81 * buf
+    buf = torch.ones(10)
+    change = merge.nesterov_change_(torch.zeros(10), torch.zeros(10), buf, 0.7, 0.9, share=0.1)
+    torch.testing.assert_close(change, torch.full((10,), -0.7 * 0.09 * 0.9**0.1))
+    whole = merge.nesterov_change_(torch.zeros(10), torch.zeros(10), torch.ones(10), 0.7, 0.9)
+    torch.testing.assert_close(whole, torch.full((10,), -0.7 * 0.81))

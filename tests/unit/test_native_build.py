@@ -16,7 +16,7 @@ def test_the_signatures_come_from_the_c_source_and_cover_every_export() -> None:
     assert set(sigs) == {"dld_gram", "dld_check", "dld_publish", "dld_crc32"}
     assert sigs["dld_crc32"] == [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     assert sigs["dld_check"] == [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
-    assert sigs["dld_publish"][11:14] == [ctypes.c_float, ctypes.c_float, ctypes.c_int32]
+    assert sigs["dld_publish"][11:15] == [ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_int32]
 
 
 def test_a_parameter_without_a_ctypes_mapping_is_refused() -> None:
