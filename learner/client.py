@@ -155,8 +155,11 @@ class SyncerClient(threading.Thread):
         with self._changed:
             return self._changed.wait_for(lambda: done(self._core) or self._core.fatal is not None, timeout)
 
-    def stop(self, flush_s: float = 2.0) -> None:
-        """Send what is pending (up to flush_s, while the syncer is reachable), say bye, close."""
+    def stop(self, flush_s: float = 2.0, finished: bool = False) -> None:
+        """Send what is pending (up to flush_s, while the syncer is reachable), say bye (that the
+        budget is spent, with `finished`), close."""
+        with self._lock:
+            self._core.finished = finished
         if self.is_alive():
             self.wait_for(lambda core: core.pending() == 0 or not core.linked(), flush_s)
         self._halt.set()

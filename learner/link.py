@@ -203,6 +203,7 @@ class LinkCore:
         self.ready = False
         self.fatal: str | None = None
         self.goodbye_confirmed = False
+        self.finished = False  # the budget is spent: the bye says so (the syncer keeps it in the average)
         self.resume_step = 0  # where the syncer says this incarnation's step counter starts
         self.counters = LinkCounters()
         self.inbox = Inbox()
@@ -296,6 +297,8 @@ class LinkCore:
         """The bye to send at exit, if the syncer can hear it."""
         if self.phase is not Phase.UP or self.partitioned:
             return None
+        if self.finished:
+            return Send(Message("bye", {"reason": "learner finished its budget", "finished": True}))
         return Send(Message("bye", {"reason": "learner stopping"}))
 
     # -- the training thread's inputs (through the shell, under its lock) ----------------------

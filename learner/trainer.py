@@ -464,7 +464,7 @@ class Trainer:
             for p in range(self.plan.count):
                 if outer.counters[p].steps:
                     self._send_outer(client, outer, p)
-        client.stop(flush_s=3.0)
+        client.stop(flush_s=3.0, finished=client.fatal is None and not self.stop.is_set())
         if outer is not None:
             files.save_replica(client.replica_snapshot(), self.cfg.workdir / "replica.pt")
         if outer is not None and client.fatal is None and not self.stop.is_set():

@@ -195,7 +195,7 @@ class SyncerCore(OuterStep):
             self._broadcast_ack(now, out)
 
     def _bye(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
-        self.fleet.leave(learner)
+        self.fleet.leave(learner, finished=msg.meta.get("finished") is True)
         out.event(now, "leave", learner, str(msg["reason"])[:200])
         out.send(learner, Message("bye", {"reason": "receipt"}))  # lets the learner close with LINGER 0
 

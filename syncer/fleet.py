@@ -39,6 +39,7 @@ class LearnerInfo:
     loss: float | None = None
     eval_loss: float | None = None
     left: bool = False
+    finished: bool = False  # left with its budget spent (its bye said so)
     # the learner's replica, as last reported (JSON from its heartbeat: the items are not checked)
     versions: list[object] = field(default_factory=list)
     crcs: list[object] = field(default_factory=list)
@@ -109,7 +110,7 @@ class Ledger:
             info.joins += 1
         info.host, info.device = meta["host"], meta["device"]
         info.pid, info.batch_size = meta["pid"], meta["batch_size"]
-        info.left, info.last_seen = False, now
+        info.left, info.finished, info.last_seen = False, False, now
         return info, fresh
 
     def resume_step(self, lid: str, now: float) -> int:
@@ -161,10 +162,16 @@ class Ledger:
         if lid in self.learners:
             self.learners[lid].last_seen = now
 
-    def leave(self, lid: str) -> None:
+    def leave(self, lid: str, finished: bool = False) -> None:
+        """A bye: the learner stopped; `finished`: its budget is spent (outerstep's member ratio)."""
         if lid in self.learners:
             self.learners[lid].left = True
+            self.learners[lid].finished = finished
             self.learners[lid].state = "stopped"
+
+    def finished(self) -> set[str]:
+        """Learners that left having spent their budget (not rejoined since)."""
+        return {lid for lid, info in self.learners.items() if info.left and info.finished}
 
     def observe_rate(self, lid: str, tokens_per_step: float) -> None:
         if lid in self.learners and tokens_per_step > 0:

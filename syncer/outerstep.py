@@ -26,6 +26,8 @@ from syncer.globalmodel import GlobalModel, Outbox
 from syncer.rounds import Contribution, Round, backlog_factor
 from syncer.wire import codec
 
+PERIOD_SLACK = 0.2  # a contribution of at least 80% of its learner's sync period is a whole one
+
 
 class OuterStep:
     """The merge and outer step of SyncerCore; the attributes are the core's (set in its __init__)."""
@@ -43,6 +45,7 @@ class OuterStep:
     recent_rounds: collections.deque[dict[str, Any]]
     _norm_history: collections.defaultdict[int, collections.deque[float]]
     _backlogged: set[tuple[str, int]]
+    _share: float = 1.0  # the closing round's share of a sync period (`_period_share`)
 
     def _cap_backlogs(self, p: int, contribs: list[Contribution], now: float, out: Outbox) -> list[Contribution]:
         """Set each contribution's backlog factor; the rest of a capped one is carried (max_carry) or dropped."""
@@ -97,6 +100,7 @@ class OuterStep:
         sqnorms = torch.diagonal(grams, dim1=1, dim2=2).t().tolist() if grams is not None else None
         factors = self._clipped(p, sqnorms, [c.backlog for c in contribs])
         scale = min(1.0, self._fleet_scale(contribs, now))
+        self._share = self._period_share(contribs)
         kinds = [kind for _, _, kind in segments]
         if grams is None:  # plain mean, no clipping: the coefficients need no norms
             grams = torch.zeros(len(segments), len(contribs), len(contribs), dtype=torch.float64)
@@ -119,6 +123,7 @@ class OuterStep:
             self.kernel,
             want_crc,
             self.s.zstd,
+            self._share,
         )
 
     def _step_reference(
@@ -149,7 +154,10 @@ class OuterStep:
             sqnorms=sqnorms,
             out=deltas[0],
         )
-        change = merge.nesterov_change_(m.residual[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum)
+        self._share = self._period_share(contribs)
+        change = merge.nesterov_change_(
+            m.residual[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum, self._share
+        )
         q, applied = codec.quantize_roundtrip(change, self.s.compression, self.s.block, out=merged)
         blob = codec.encode_quantized(q, self.s.zstd)  # before `change` moves on: q may share its memory ("none")
         m.theta[p].add_(applied)  # a separate fp32 add, exactly as learners apply the blob
@@ -160,9 +168,11 @@ class OuterStep:
         """This round's share of the live fleet's tokens per sync period (1.0 when disabled)."""
         for c in contribs:
             self.fleet.observe_rate(c.learner, c.c_tokens / c.c_steps)
-        if not self.s.fleet_scale or self.s.syncer_clock:  # one round per period: nothing to share out
+        if not self.s.fleet_scale:
             return 1.0
-        members = self.fleet.live(now) | {c.learner for c in contribs}
+        if self.s.syncer_clock:  # one round per period: only the finished members share it out
+            return self._member_ratio(contribs)
+        members = self.fleet.live(now) | {c.learner for c in contribs} | self.fleet.finished()
         period = sum(self.fleet.tokens_per_step(m, self.s.seq_len) for m in members) * self.s.H
         return merge.fleet_fraction(sum(c.c_tokens for c in contribs), period)
 
@@ -179,12 +189,33 @@ class OuterStep:
         return [b * f for b, f in zip(backlog, factors)]
 
     def _backlog(self, c: Contribution) -> float:
-        """The share of a contribution that counts now (rounds.backlog_factor), from the steps its
-        learner trains per sync period: H on its own clock, by its measured speed on the syncer's."""
+        """The share of a contribution that counts now (rounds.backlog_factor)."""
+        return backlog_factor(c.c_steps, self._period_steps(c), self.s.max_backlog)
+
+    def _period_steps(self, c: Contribution) -> float:
+        """The steps c's learner trains per sync period: H on its own clock, by its measured speed
+        on the syncer's."""
         info = self.fleet.learners.get(c.learner)
         own = info.seconds_per_step() if info is not None else c.step_time
-        period = self.round_clock.steps_per_period(own) if self.s.syncer_clock else float(self.s.H)
-        return backlog_factor(c.c_steps, period, self.s.max_backlog)
+        return self.round_clock.steps_per_period(own) if self.s.syncer_clock else float(self.s.H)
+
+    def _period_share(self, contribs: list[Contribution]) -> float:
+        """The round's share of a sync period (merge.partial_momentum): the merge-weighted mean of
+        its contributions' steps against their learners' steps per period, 1 for a whole round.
+        A contribution within PERIOD_SLACK of its period counts as whole (speed estimates jitter);
+        a finishing learner's last steps or a joiner's first are a part."""
+        total = sum(c.weight for c in contribs)
+        if total <= 0:
+            return 1.0
+        parts = [min(1.0, c.c_steps / max(1e-9, self._period_steps(c) * (1.0 - PERIOD_SLACK))) for c in contribs]
+        return sum(c.weight * f for c, f in zip(contribs, parts)) / total
+
+    def _member_ratio(self, contribs: list[Contribution]) -> float:
+        """The round's learners over them plus the learners that finished their budget: a finished
+        learner stays in the fleet's average as a member that no longer moves, so the run ends
+        with the fleet's model, as synchronous DiLoCo's does, not with its last learner's steps."""
+        done = len(self.fleet.finished() - {c.learner for c in contribs})
+        return len(contribs) / (len(contribs) + done) if done else 1.0
 
     def _account(
         self,
@@ -226,6 +257,7 @@ class OuterStep:
                 "live": len(self.fleet.live(now)),
                 "quorum": self.s.quorum,
                 "staleness": max(version - 1 - c.base_version for c in contribs),
+                "period_share": round(self._share, 4),
             }
         )
 

@@ -79,7 +79,7 @@ class RunSettings:
     rebase: bool = True  # apply a reply on top of the work done since the push (none lost)
     checksum_every: int = 8  # updates carry the fragment's crc32 every N versions (1 = always)
     robust_clip: float = 10.0  # >0: clip each contribution's norm to this x median (0 = off)
-    fleet_scale: bool = True  # round_clock = learner: scale each round by its share of the period's tokens
+    fleet_scale: bool = True  # a round's share of the period's tokens (learner clock); finished learners stay in
     global_eval_every: int = 32  # score the global model every this many outer steps (0 = off)
     quality_guard: float = 0.1  # roll back a score this far above the recent best (0 = off)
     max_backlog: float = 2.0  # a contribution counts for at most this many of its sync periods (0 = off)

@@ -48,6 +48,8 @@ def test_bf16_compiled_learner_trains_and_keeps_the_replica_exact(tmp_path: Path
         assert done["peak_memory_bytes"] > 10 * 2**20
         evals = [float(line.split(" eval ")[1].split()[0]) for line in log.splitlines() if " eval " in line]
         assert len(evals) == 2 and evals[-1] < 5.0, evals  # gpt-tiny starts near ln(vocab) = 5.5
+        leaves = [e["detail"] for e in lr.events() if e["kind"] == "leave"]
+        assert leaves == ["learner finished its budget"], leaves  # the syncer keeps it in the average
         export = tmp_path / "final_model.pt"
         lr.control("shutdown", export="final_model.pt")
         lr.procs["syncer"].wait(timeout=30)

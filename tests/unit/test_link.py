@@ -189,6 +189,10 @@ def test_the_goodbye_only_when_up_and_its_receipt_is_recorded() -> None:
     assert bye is not None and isinstance(bye.msg, Message) and bye.msg.kind == "bye"
     core.receive(now, frames("bye", reason="receipt"))
     assert core.goodbye_confirmed
+    assert "finished" not in bye.msg.meta  # stopped (a signal, a removal): the syncer drops it from the average
+    core.finished = True  # the budget is spent: the syncer keeps it in the average (syncer/outerstep.py)
+    done = core.goodbye()
+    assert done is not None and isinstance(done.msg, Message) and done.msg.meta["finished"] is True
 
 
 def test_heartbeats_carry_the_stats_replica_and_counters() -> None:

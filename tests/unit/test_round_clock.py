@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from syncer import merge
 from syncer.clock import LINK_S, RoundClock
 from syncer.core import Outbox
 from syncer.wire import codec
@@ -106,14 +107,14 @@ def _beat(h: Harness, learner: str, now: float, step_time: float = 0.01) -> None
     h.send(learner, Message("heartbeat", {"step": 10, "tokens": 160, "state": "running", "step_time": step_time}), now)
 
 
-def _call_fragment(h: Harness, p: int, start: float) -> float:
-    """Tick in 1 ms steps until fragment p is called; the time of the call."""
+def _call_fragment(h: Harness, p: int, start: float, to: tuple[str, ...] = ("a", "b", "c")) -> float:
+    """Tick in 1 ms steps until fragment p is called (to every learner in `to` at once); the time."""
     now = start
     while now < start + 1.0:
         now += 0.001
         calls = sent_of(h.tick(now), "call")
         if any(m["fragment"] == p for _, m in calls):
-            assert calls[0][0] == ["a", "b", "c"]  # every connected learner is called at once
+            assert calls[0][0] == list(to)  # every connected learner is called at once
             return now
     raise AssertionError(f"fragment {p} was never called")
 
@@ -266,3 +267,45 @@ def test_on_the_learners_clocks_nothing_is_called() -> None:
         for lid in ("a", "b", "c"):
             _beat(h, lid, now)
         assert not sent_of(h.tick(now), "call")
+
+
+def _answer_call(h: Harness, lids: tuple[str, ...], start: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Call fragment 0 and let `lids` answer with a whole period each: (theta before, the mean delta)."""
+    theta0 = h.core.model.theta[0].clone()
+    called = _call_fragment(h, 0, start, lids)
+    deltas = [h.delta(0, i + 1) for i in range(len(lids))]
+    for lid, d in zip(lids, deltas):
+        h.push(lid, 0, d, now=called + 0.001, c_steps=8, c_tokens=128, step_time=0.01)
+    h.tick(h.core.rounds[0].deadline + 0.001)
+    return theta0, torch.stack(deltas).mean(0)
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_a_learner_that_finished_its_budget_stays_in_the_average(finished: bool) -> None:
+    """c's bye says its budget is spent: the rounds after it hold a and b, and each moves the
+    model by 2/3 of their mean, as a synchronous round with c's zero progress would; a learner
+    that stopped for another reason (killed, removed) leaves the rest a whole step."""
+    h = _fleet(fleet_scale=True)
+    meta = {"reason": "learner finished its budget", "finished": True} if finished else {"reason": "learner stopping"}
+    h.send("c", Message("bye", meta), 1.0)
+    assert h.core.fleet.finished() == ({"c"} if finished else set())
+    theta0, mean = _answer_call(h, ("a", "b"), 1.0)
+    torch.testing.assert_close(h.core.model.theta[0], theta0 - mean * (2 / 3 if finished else 1.0), rtol=0, atol=1e-6)
+    h.hello("c", 5.0)  # back (a new budget): a member again, not a finished one
+    assert h.core.fleet.finished() == set()
+
+
+def test_a_round_of_a_partial_window_takes_a_partial_momentum_step() -> None:
+    """Nesterov 0.7 / 0.9: a learner's last 2 steps (of H = 8) as it finishes are a quarter of a
+    period, so the momentum decays by 0.9^0.25 and looks ahead by 0.225, not by 0.9."""
+    h = _fleet(outer_lr=0.7, outer_momentum=0.9)
+    h.core.model.momentum[0].fill_(1.0)
+    theta0 = h.core.model.theta[0].clone()
+    called = _call_fragment(h, 0, 1.0)
+    for lid in ("a", "b", "c"):
+        h.push(lid, 0, torch.zeros_like(theta0), now=called + 0.001, c_steps=2, c_tokens=32, step_time=0.01)
+    (record,) = rounds_of(h.tick(called + 0.002))
+    assert record["period_share"] == pytest.approx(2 / (8 * 0.8))
+    decay, look = merge.partial_momentum(0.9, record["period_share"])
+    torch.testing.assert_close(h.core.model.momentum[0], torch.full_like(theta0, decay))
+    torch.testing.assert_close(h.core.model.theta[0], theta0 - 0.7 * look * decay, rtol=0, atol=1e-6)
