@@ -4,7 +4,10 @@ losing a 25-minute run's DiLoCo results."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
 
 from bench import quality
 
@@ -29,3 +32,34 @@ def test_rows_with_a_baseline_carry_the_gap(tmp_path: Path) -> None:
     assert abs(rows[1]["vs DP"] - 0.0625) < 1e-9
     quality.plot(rows, tmp_path / "q.png")
     assert (tmp_path / "q.png").stat().st_size > 0
+
+
+def _fake_job(monkeypatch: pytest.MonkeyPatch, final: bool) -> None:
+    """run_ddp's seam (the real torchrun job runs in tests/integration/test_ddp_baseline.py): a job
+    that exits 1 after (or before) writing its final model, as a gloo teardown abort did."""
+    from bench import ddp_baseline, evaluate
+
+    def run_ddp(settings: dict, workers: int, out: Path, **_: object) -> dict:
+        out.mkdir(parents=True)
+        (out / "checkpoint.pt").write_bytes(b"model")
+        events = [{"event": "start", "time": 1.0}]
+        if final:
+            events.append({"event": "final", "time": 11.0, "compute_s": 40.0, "tokens": 1000})
+        (out / "progress.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        return {"ok": False, "returncode": 1, "timed_out": False}
+
+    monkeypatch.setattr(ddp_baseline, "run_ddp", run_ddp)
+    monkeypatch.setattr(evaluate, "eval_file", lambda path, settings: 1.5)
+
+
+@pytest.mark.parametrize("final", [True, False])
+def test_a_dp_job_that_died_after_its_final_model_is_measured(monkeypatch: pytest.MonkeyPatch, final: bool) -> None:
+    from bench import dprun
+
+    _fake_job(monkeypatch, final)
+    res = dprun.run_dp({"name": "dp"}, 4)
+    if final:
+        assert res["ok"] and res["teardown_exit"] == 1 and res["eval_loss_shared"] == 1.5
+        assert res["train_window_s"] == 10.0
+    else:
+        assert not res["ok"] and res["eval_loss_shared"] is None and "log_tail" in res
