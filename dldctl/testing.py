@@ -41,7 +41,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from dldctl.hosts.local import read_stat
+from dldctl.lifecycle.plan import free_port
 from dldctl.rundir import RunDir
 from syncer.common import jsonl, keys, resolved
 
@@ -140,14 +140,6 @@ def local_host(name: str, learners: int, **extra: Any) -> dict[str, Any]:
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Every complete JSON record of a file (a torn last line is skipped); [] if it is missing."""
     return list(jsonl.read(path))
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def local_config(directory: Path, run: Mapping[str, Any], entries: list[dict[str, Any]], run_id: str) -> Path:

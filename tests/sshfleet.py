@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from dldctl.lifecycle.plan import free_port
+
 SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")
 
@@ -54,13 +56,6 @@ def keygen(path: Path, comment: str) -> Path:
         stdin=subprocess.DEVNULL,
     )
     return path
-
-
-def free_port(address: str) -> int:
-    """A port that nothing listens on right now at `address`."""
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
 
 def write_ssh_config(path: Path, alias: str, host: FleetHost) -> Path:

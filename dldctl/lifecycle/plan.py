@@ -51,9 +51,11 @@ def learner_plans(inv: Inventory) -> list[LearnerPlan]:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port at `host` that nothing listened on a moment ago (the tests' harnesses use it too)."""
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def syncer_section(inv: Inventory, advertise: str) -> SyncerSection:
