@@ -170,8 +170,8 @@ class OuterStep:
             self.fleet.observe_rate(c.learner, c.c_tokens / c.c_steps)
         if not self.s.fleet_scale:
             return 1.0
-        if self.s.syncer_clock:  # one round per period: only the finished members share it out
-            return self._member_ratio(contribs)
+        if self.s.syncer_clock:  # one round per period: partial windows and finished members share it
+            return self._fleet_share(contribs)[0]
         members = self.fleet.live(now) | {c.learner for c in contribs} | self.fleet.finished()
         period = sum(self.fleet.tokens_per_step(m, self.s.seq_len) for m in members) * self.s.H
         return merge.fleet_fraction(sum(c.c_tokens for c in contribs), period)
@@ -199,23 +199,42 @@ class OuterStep:
         own = info.seconds_per_step() if info is not None else c.step_time
         return self.round_clock.steps_per_period(own) if self.s.syncer_clock else float(self.s.H)
 
+    def _parts(self, contribs: list[Contribution]) -> list[float]:
+        """Each contribution's share of its learner's sync period, at most 1. One within
+        PERIOD_SLACK of its period counts as whole (speed estimates jitter); a finishing learner's
+        last steps or a joiner's first are a part."""
+        return [min(1.0, c.c_steps / max(1e-9, self._period_steps(c) * (1.0 - PERIOD_SLACK))) for c in contribs]
+
     def _period_share(self, contribs: list[Contribution]) -> float:
-        """The round's share of a sync period (merge.partial_momentum): the merge-weighted mean of
-        its contributions' steps against their learners' steps per period, 1 for a whole round.
-        A contribution within PERIOD_SLACK of its period counts as whole (speed estimates jitter);
-        a finishing learner's last steps or a joiner's first are a part."""
+        """The round's share of a sync period (merge.partial_momentum), 1 for a whole round: its
+        share of the fleet's period on the syncer's clock with fleet_scale (`_fleet_share`), else
+        the merge-weighted mean of its contributions' parts."""
+        if self.s.syncer_clock and self.s.fleet_scale:
+            return self._fleet_share(contribs)[1]
         total = sum(c.weight for c in contribs)
         if total <= 0:
             return 1.0
-        parts = [min(1.0, c.c_steps / max(1e-9, self._period_steps(c) * (1.0 - PERIOD_SLACK))) for c in contribs]
-        return sum(c.weight * f for c, f in zip(contribs, parts)) / total
+        return sum(c.weight * f for c, f in zip(contribs, self._parts(contribs))) / total
 
-    def _member_ratio(self, contribs: list[Contribution]) -> float:
-        """The round's learners over them plus the learners that finished their budget: a finished
-        learner stays in the fleet's average as a member that no longer moves, so the run ends
-        with the fleet's model, as synchronous DiLoCo's does, not with its last learner's steps."""
+    def _fleet_share(self, contribs: list[Contribution]) -> tuple[float, float]:
+        """(scale of the merged outer gradient, share of a period) of a round on the syncer's
+        clock, from its contributions' parts p (`_parts`) and N = its learners plus those that
+        finished their budget (a finished learner stays in the fleet's average as a member that
+        no longer moves):
+
+            share = sum(p) / N                      the round's part of one fleet period
+            scale = sum(p)^2 / (N * sum(p^2))       token-weighted mean -> the members' average
+
+        With outer gradients about proportional to their parts, `scale` turns the round's
+        token-weighted mean into the average over the N members, as synchronous DiLoCo's round
+        is: the run ends with the fleet's average, not its last learners' steps at full weight.
+        A round of whole periods (or of equal parts) without finished learners is (1, share):
+        dead learners shrink nothing."""
         done = len(self.fleet.finished() - {c.learner for c in contribs})
-        return len(contribs) / (len(contribs) + done) if done else 1.0
+        parts = self._parts(contribs)
+        total, squares, members = sum(parts), sum(p * p for p in parts), len(contribs) + done
+        scale = total * total / (members * squares) if squares > 0 else 1.0
+        return min(1.0, scale), min(1.0, total / members)
 
     def _account(
         self,

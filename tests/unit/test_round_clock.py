@@ -293,6 +293,9 @@ def test_a_learner_that_finished_its_budget_stays_in_the_average(finished: bool)
     torch.testing.assert_close(h.core.model.theta[0], theta0 - mean * (2 / 3 if finished else 1.0), rtol=0, atol=1e-6)
     h.hello("c", 5.0)  # back (a new budget): a member again, not a finished one
     assert h.core.fleet.finished() == set()
+    h.core.fleet.ending = True  # `dldctl down` began: any bye now is a finished learner
+    h.send("c", Message("bye", {"reason": "learner stopping"}), 5.0)
+    assert h.core.fleet.finished() == {"c"}
 
 
 def test_a_round_of_a_partial_window_takes_a_partial_momentum_step() -> None:
@@ -309,3 +312,36 @@ def test_a_round_of_a_partial_window_takes_a_partial_momentum_step() -> None:
     decay, look = merge.partial_momentum(0.9, record["period_share"])
     torch.testing.assert_close(h.core.model.momentum[0], torch.full_like(theta0, decay))
     torch.testing.assert_close(h.core.model.theta[0], theta0 - 0.7 * look * decay, rtol=0, atol=1e-6)
+
+
+def test_the_last_partial_windows_count_as_their_part_of_the_fleets_period() -> None:
+    """c finished; a answers with a whole period, b with its last 2 steps (of 8, a part of
+    p = 2 / (0.8 x 8)): the round is (1 + p) / 3 of the fleet's period and its token-weighted
+    mean is scaled by (1 + p)^2 / (3 (1 + p^2)), to about the three members' average, instead
+    of a whole step on a's and b's mean."""
+    h = _fleet(fleet_scale=True)
+    h.send("c", Message("bye", {"reason": "learner finished its budget", "finished": True}), 1.0)
+    theta0 = h.core.model.theta[0].clone()
+    called = _call_fragment(h, 0, 1.0, ("a", "b"))
+    da, db = h.delta(0, 1), h.delta(0, 2)
+    h.push("a", 0, da, now=called + 0.001, c_steps=8, c_tokens=128, step_time=0.01)
+    h.push("b", 0, db, now=called + 0.001, c_steps=2, c_tokens=32, step_time=0.01)
+    (record,) = rounds_of(h.tick(called + 0.002))
+    p = 2 / 6.4
+    assert record["period_share"] == pytest.approx((1 + p) / 3, abs=1e-4)
+    scale = (1 + p) ** 2 / (3 * (1 + p * p))
+    torch.testing.assert_close(h.core.model.theta[0], theta0 - (0.8 * da + 0.2 * db) * scale, rtol=0, atol=1e-6)
+
+
+def test_a_round_of_equal_partial_windows_is_a_whole_step_on_their_mean() -> None:
+    """Synchronous DiLoCo's last round: every learner's last 2 steps. Their mean is the fleet's
+    average (a whole step on it), and the momentum looks ahead by the round's part of a period."""
+    h = _fleet(fleet_scale=True)
+    theta0 = h.core.model.theta[0].clone()
+    called = _call_fragment(h, 0, 1.0)
+    deltas = [h.delta(0, i) for i in range(3)]
+    for lid, d in zip(("a", "b", "c"), deltas):
+        h.push(lid, 0, d, now=called + 0.001, c_steps=2, c_tokens=32, step_time=0.01)
+    (record,) = rounds_of(h.tick(called + 0.002))
+    assert record["period_share"] == pytest.approx(2 / 6.4, abs=1e-4)
+    torch.testing.assert_close(h.core.model.theta[0], theta0 - torch.stack(deltas).mean(0), rtol=0, atol=1e-6)
