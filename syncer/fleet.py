@@ -85,6 +85,7 @@ class Ledger:
         self.declared = list(declared)
         self.liveness_s = liveness_s
         self.provisioned_s = 0.0
+        self.ending = False  # `dldctl down` began: every learner that leaves now has finished
         self.merged_s = 0.0
         self.merged_tokens = 0.0
         self.steps_total = 0
@@ -163,10 +164,11 @@ class Ledger:
             self.learners[lid].last_seen = now
 
     def leave(self, lid: str, finished: bool = False) -> None:
-        """A bye: the learner stopped; `finished`: its budget is spent (outerstep's member ratio)."""
+        """A bye: the learner stopped; `finished`: its budget is spent, or the whole run is
+        `ending` (`dldctl down`): outerstep's member ratio keeps it in the fleet's average."""
         if lid in self.learners:
             self.learners[lid].left = True
-            self.learners[lid].finished = finished
+            self.learners[lid].finished = finished or self.ending
             self.learners[lid].state = "stopped"
 
     def finished(self) -> set[str]:

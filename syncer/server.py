@@ -366,12 +366,14 @@ class SyncerServer:
             return Message("control_rep", {"ok": True, "detail": f"closed {closed} rounds"})
         if action == "fleet":
             return self._set_fleet(msg.get("learners"), now)
+        if action == "ending":  # `dldctl down`, before it stops the learners: they stay in the average
+            self.core.fleet.ending = True
+            return Message("control_rep", {"ok": True, "detail": "learners that leave now have finished"})
         if action == "shutdown":
             # stop taking messages now; export after the loop, so no round can close after it
             self._export_name = msg.get("export")
-            self.stop_reason = "the operator asked (`dldctl down`)" + (
-                f", final model export {self._export_name}" if self._export_name else ""
-            )
+            export = f", final model export {self._export_name}" if self._export_name else ""
+            self.stop_reason = f"the operator asked (`dldctl down`){export}"
             self._closed = True  # the operator stopped the run: its time down is nobody's lost work
             self.stopping.set()
             target = self._export_path(self._export_name) if self.core.model is not None else None

@@ -63,6 +63,8 @@ def snapshot(core: SyncerCore, now: float) -> dict[str, Any]:
             "grace_used_s": last.get("grace_used_s", 0.0),
             "open_rounds": sum(1 for r in core.rounds.values() if r.contributions),
             "below_quorum": len(live) < core.s.quorum,
+            "finished": sorted(fleet.finished()),  # left with their budget spent: still in the average
+            "ending": fleet.ending,  # `dldctl down` began
         },
         "goodput": fleet.goodput(),
         "goodput_window": fleet.goodput_window(),

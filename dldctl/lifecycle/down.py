@@ -179,6 +179,19 @@ def _syncer_snapshot(run: RunDir, config: ResolvedConfig | None) -> dict[str, An
         return None
 
 
+def _announce_ending(run: RunDir, config: ResolvedConfig | None) -> None:
+    """Tell the syncer the run is ending, so the rounds that close while the learners stop one by
+    one keep those already gone in the average (docs/algorithm.md, Fleet scale); a syncer that is
+    down, or too old to know the action, just misses the hint."""
+    if config is None:
+        return
+    try:
+        with SyncerControl.for_run(config, run.path) as ctl:
+            ctl.control("ending", timeout=3.0)
+    except DldError:
+        pass
+
+
 def _final_syncer(run: RunDir, config: ResolvedConfig | None) -> tuple[dict[str, Any] | None, str]:
     """Last snapshot, then close rounds, export and stop; ('', snapshot None) if it is down."""
     if config is None:
@@ -234,6 +247,7 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
         config = _read_config(run)
         _uncap_links(run, fleet, config)  # before the learners' last pushes, and nothing left on a host
         before = _syncer_snapshot(run, config)
+        _announce_ending(run, config)  # the learners' byes from here on keep them in the fleet's average
         console.print("stopping learners (they send their last fragments)...")
         killed += fleet.stop(lambda r: r["target"].startswith("learner-"), LEARNER_GRACE_S)
         killed += fleet.sweep_jobs()  # nothing of the run left queued on a scheduler

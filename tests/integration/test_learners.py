@@ -131,6 +131,13 @@ def test_sigterm_sends_the_due_work_and_says_goodbye(tmp_path: Path) -> None:
         late = [r for r in lr.metrics("round") if r["t"] >= asked and "learner-1" in r["contributors"]]
         assert late, "no round merged learner-1's last work"
         assert lr.procs["syncer"].poll() is None and lr.procs["learner-0"].poll() is None
+        # a signal is not a spent budget: the fleet's average goes on without learner-1 ...
+        assert lr.status()["quorum"]["finished"] == []
+        # ... but once `dldctl down` says the run is ending, a learner that leaves stays in it
+        assert lr.control("ending")["ok"] is True
+        lr.kill("learner-0", signal.SIGTERM)
+        snap = lr.wait_for(lambda s: s["quorum"]["finished"], 20, "learner-0 counted as finished")
+        assert snap["quorum"]["finished"] == ["learner-0"] and snap["quorum"]["ending"] is True
 
 
 def test_a_warm_spare_becomes_the_learner_it_is_told_to(tmp_path: Path) -> None:
