@@ -270,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         runs[strategy] = [run_diloco(plan) for _ in range(max(1, args.repeats))]
         rows.append(diloco_row(strategy, runs[strategy], dp_loss))
     common.print_table(
-        f"Quality at equal tokens: {LEARNERS} learners/workers, gpt-tiny seq 32 batch 8, "
+        f"Quality at equal tokens: {LEARNERS} learners/workers, {settings['model']} "
+        f"seq {settings['seq_len']} batch {settings['batch_size']}, "
         f"{steps} steps each, H={args.H}",
         rows,
     )
