@@ -165,7 +165,7 @@ class Ledger:
 
     def leave(self, lid: str, finished: bool = False) -> None:
         """A bye: the learner stopped; `finished`: its budget is spent, or the whole run is
-        `ending` (`dldctl down`): outerstep's member ratio keeps it in the fleet's average."""
+        `ending` (`dldctl down`): the outer step keeps it in the fleet's average (`_fleet_share`)."""
         if lid in self.learners:
             self.learners[lid].left = True
             self.learners[lid].finished = finished or self.ending

@@ -45,7 +45,7 @@ class OuterStep:
     recent_rounds: collections.deque[dict[str, Any]]
     _norm_history: collections.defaultdict[int, collections.deque[float]]
     _backlogged: set[tuple[str, int]]
-    _share: float = 1.0  # the closing round's share of a sync period (`_period_share`)
+    _share: float = 1.0  # the closing round's share of a sync period (`_fleet_scale`)
 
     def _cap_backlogs(self, p: int, contribs: list[Contribution], now: float, out: Outbox) -> list[Contribution]:
         """Set each contribution's backlog factor; the rest of a capped one is carried (max_carry) or dropped."""
@@ -99,8 +99,7 @@ class OuterStep:
             grams = _learner_grams(grams, owner, len(contribs))
         sqnorms = torch.diagonal(grams, dim1=1, dim2=2).t().tolist() if grams is not None else None
         factors = self._clipped(p, sqnorms, [c.backlog for c in contribs])
-        scale = min(1.0, self._fleet_scale(contribs, now))
-        self._share = self._period_share(contribs)
+        scale, self._share = self._fleet_scale(contribs, now)
         kinds = [kind for _, _, kind in segments]
         if grams is None:  # plain mean, no clipping: the coefficients need no norms
             grams = torch.zeros(len(segments), len(contribs), len(contribs), dtype=torch.float64)
@@ -143,18 +142,17 @@ class OuterStep:
         rda = self.s.merge == "rda" and len(deltas) > 1
         sqnorms = merge.segment_sqnorms(deltas, segments) if rda or self.s.robust_clip > 0 else None
         factors = self._clipped(p, sqnorms, [c.backlog for c in contribs])
-        scale = self._fleet_scale(contribs, now)
+        scale, self._share = self._fleet_scale(contribs, now)
         merged = merge.merge(
             deltas,
             [c.weight for c in contribs],
             segments,
             self.s.merge,
             factors=factors,
-            scale=min(1.0, scale),
+            scale=scale,
             sqnorms=sqnorms,
             out=deltas[0],
         )
-        self._share = self._period_share(contribs)
         change = merge.nesterov_change_(
             m.residual[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum, self._share
         )
@@ -164,17 +162,23 @@ class OuterStep:
         change.sub_(applied)  # m.residual[p] is `change`: now the carried residual
         return blob, m.crc(p) if want_crc else None
 
-    def _fleet_scale(self, contribs: list[Contribution], now: float) -> float:
-        """This round's share of the live fleet's tokens per sync period (1.0 when disabled)."""
+    def _fleet_scale(self, contribs: list[Contribution], now: float) -> tuple[float, float]:
+        """(the merged outer gradient's scale, the round's share of a sync period for the momentum,
+        merge.partial_momentum). On the syncer's clock with fleet_scale both come from the fleet's
+        period (`_fleet_share`); else the share is the merge-weighted mean of the contributions'
+        parts, and the scale the round's share of the live fleet's tokens per period on the
+        learners' clocks (1.0 with fleet_scale off)."""
         for c in contribs:
             self.fleet.observe_rate(c.learner, c.c_tokens / c.c_steps)
-        if not self.s.fleet_scale:
-            return 1.0
-        if self.s.syncer_clock:  # one round per period: partial windows and finished members share it
-            return self._fleet_share(contribs)[0]
+        if self.s.fleet_scale and self.s.syncer_clock:  # one round per period: parts and finished share it
+            return self._fleet_share(contribs)
+        total = sum(c.weight for c in contribs)
+        share = sum(c.weight * f for c, f in zip(contribs, self._parts(contribs))) / total if total > 0 else 1.0
+        if not self.s.fleet_scale or self.s.syncer_clock:
+            return 1.0, share
         members = self.fleet.live(now) | {c.learner for c in contribs} | self.fleet.finished()
         period = sum(self.fleet.tokens_per_step(m, self.s.seq_len) for m in members) * self.s.H
-        return merge.fleet_fraction(sum(c.c_tokens for c in contribs), period)
+        return min(1.0, merge.fleet_fraction(sum(c.c_tokens for c in contribs), period)), share
 
     def _clipped(self, p: int, sqnorms: list[list[float]] | None, backlog: list[float]) -> list[float] | None:
         """Factors per contribution, folded into the merge (merge.merge(factors=...)): no delta is
@@ -204,17 +208,6 @@ class OuterStep:
         PERIOD_SLACK of its period counts as whole (speed estimates jitter); a finishing learner's
         last steps or a joiner's first are a part."""
         return [min(1.0, c.c_steps / max(1e-9, self._period_steps(c) * (1.0 - PERIOD_SLACK))) for c in contribs]
-
-    def _period_share(self, contribs: list[Contribution]) -> float:
-        """The round's share of a sync period (merge.partial_momentum), 1 for a whole round: its
-        share of the fleet's period on the syncer's clock with fleet_scale (`_fleet_share`), else
-        the merge-weighted mean of its contributions' parts."""
-        if self.s.syncer_clock and self.s.fleet_scale:
-            return self._fleet_share(contribs)[1]
-        total = sum(c.weight for c in contribs)
-        if total <= 0:
-            return 1.0
-        return sum(c.weight * f for c, f in zip(contribs, self._parts(contribs))) / total
 
     def _fleet_share(self, contribs: list[Contribution]) -> tuple[float, float]:
         """(scale of the merged outer gradient, share of a period) of a round on the syncer's
