@@ -21,7 +21,7 @@ import torch
 import zmq
 
 from learner.config import LearnerConfig
-from learner.link import Identity, LinkCore, LinkEvent, LinkOutbox, PushItem, Send, push_message
+from learner.link import Identity, LinkCore, LinkEvent, LinkOutbox, PushItem, Send, ShardRole, push_message
 from learner.logline import log
 from syncer.common import faultpoints, keys
 from syncer.wire.protocol import Message, ProtocolError, encode
@@ -41,9 +41,12 @@ class SyncerClient(threading.Thread):
         sizes: list[int],
         init_values: Callable[[], list[torch.Tensor]],
         incarnation: str,
+        role: ShardRole = ShardRole(),
     ) -> None:
-        super().__init__(name=f"syncer-client-{cfg.spec.id}", daemon=True)
+        suffix = f"-{role.index}" if role.shards > 1 else ""
+        super().__init__(name=f"syncer-client-{cfg.spec.id}{suffix}", daemon=True)
         self.cfg, self.init_values = cfg, init_values
+        self.address = cfg.syncer_addresses[role.index] if cfg.syncer_addresses else cfg.syncer_address
         me = Identity(
             cfg.spec.id,
             incarnation,
@@ -53,6 +56,7 @@ class SyncerClient(threading.Thread):
             cfg.spec.device,
             cfg.batch_size,
             manifest,
+            role,
         )
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # notified whenever the core moved
@@ -247,7 +251,7 @@ class SyncerClient(threading.Thread):
             assert self.cfg.syncer_key is not None, "a secret key comes with the syncer's key"  # config.load sets both
             sock.curve_publickey, sock.curve_secretkey = keys.load_pair(self.cfg.secret_key)
             sock.curve_serverkey = keys.load_public(self.cfg.syncer_key)
-        sock.connect(self.cfg.syncer_address)
+        sock.connect(self.address)
         self._sock, self._connecting = sock, True
         with self._lock:
             self._core.opened(time.monotonic())

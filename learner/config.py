@@ -27,6 +27,7 @@ class LearnerConfig:
     syncer_key: Path | None  # the syncer's public key
     workdir: Path
     init_model: Path | None = None  # the model file a new run starts from ([run] init_from); None: the seed's
+    syncer_addresses: tuple[str, ...] = ()  # one per syncer shard (): only `syncer_address`
 
     @property
     def batch_size(self) -> int:
@@ -54,4 +55,5 @@ def load(path: Path, learner_id: str, workdir: Path | None = None) -> LearnerCon
         syncer_key,
         workdir or base / learner_id,
         cfg.init_model_path(base),
+        cfg.syncer.addresses,
     )

@@ -83,6 +83,16 @@ def coalesce(older: PushItem | None, newer: PushItem) -> PushItem:
 
 
 @dataclass(frozen=True)
+class ShardRole:
+    """Which shard of the syncer a link talks to (learner/syncerlink.py); the default: the whole syncer."""
+
+    index: int = 0
+    shards: int = 1
+    owned: tuple[int, ...] = ()  # the global fragments the shard must own, in its order (): all
+    fragments: int = 0  # the run's fragments (0: this link's own)
+
+
+@dataclass(frozen=True)
 class Identity:
     """Who this learner is, as its hello says."""
 
@@ -94,6 +104,7 @@ class Identity:
     device: str
     batch_size: int
     manifest: list[list[Any]]  # fragments.manifest_to_json: [[name, shape, kind], ...]
+    role: ShardRole = ShardRole()
 
 
 @dataclass(frozen=True)
@@ -398,9 +409,23 @@ class LinkCore:
             "batch_size": me.batch_size,
             "codecs": list(codec.MODES),
             "manifest": me.manifest,
-            "fragments": self.replica.count,
+            "fragments": me.role.fragments or self.replica.count,
         }
         return Message("hello", meta)
+
+    def _shard_problem(self, msg: Message) -> str | None:
+        """Why this syncer (shard) is not the one this link expects: another number of shards,
+        or other fragments than the map this learner computed (syncer/wire/shards.py)."""
+        role = self.me.role
+        expected = list(role.owned or range(self.replica.count))
+        shards, owned = msg.get("shards", 1), msg.get("owned", expected)
+        if shards == role.shards and owned == expected:
+            return None
+        return (
+            f"the syncer at this address is shard {msg.get('shard', 0)} of {shards} owning fragments {owned}; "
+            f"this learner expected {role.shards} shard(s) and fragments {expected}: "
+            "the learners' and the syncer's config.json differ (restart the run with `dldctl up`)"
+        )
 
     # -- messages ------------------------------------------------------------------------------
     def _dispatch(self, msg: Message, out: LinkOutbox) -> None:
@@ -419,6 +444,11 @@ class LinkCore:
         handler(msg, out)
 
     def _on_welcome(self, msg: Message, out: LinkOutbox) -> None:
+        problem = self._shard_problem(msg)
+        if problem:
+            self.fatal = problem
+            out.events.append(LinkEvent("refused", problem))
+            return
         self._enter(Phase.UP)
         self._backoff = BACKOFF_MIN_S
         self.chunk = max(1024, int(msg["chunk_numel"]))

@@ -18,7 +18,7 @@ work is sent with the next push instead of lost (no step is lost, none is sent t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -125,17 +125,19 @@ class OuterState:
         alpha: float,
         values: list[tuple[int, torch.Tensor]],
         params: Mapping[str, torch.Tensor],
-        epoch: int = 0,
+        epoch: int | Sequence[int] = 0,
         rebase: bool = False,
     ) -> OuterState:
-        """Load the fetched global state into the model and make it every fragment's mark."""
+        """Load the fetched global state into the model and make it every fragment's mark (`epoch`:
+        of the syncer that sent it, one per fragment where shards differ)."""
         state = cls(plan, H, alpha, rebase)
+        epochs = [epoch] * len(values) if isinstance(epoch, int) else list(epoch)
         for p, (version, value) in enumerate(values):
             with torch.no_grad():
                 plan.scatter(p, value, params)
             state.mark.append(value.clone())
             state.base_version.append(version)
-            state.base_epoch.append(epoch)
+            state.base_epoch.append(epochs[p])
             state.counters.append(FragmentCounters())
             state.awaiting.append(False)
         return state

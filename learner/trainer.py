@@ -27,12 +27,12 @@ import torch
 
 import learner
 from learner import files, initmodel, offload, recipe
-from learner.client import SyncerClient
 from learner.config import LearnerConfig
-from learner.link import LinkCore, PushItem
+from learner.link import PushItem
 from learner.logline import log
 from learner.outer import OuterState
 from learner.schedule import learning_rate
+from learner.syncerlink import SyncerLink
 from syncer.common.smallmath import ema
 from syncer.wire import fragments
 from workload import Workload, WorkloadContext, build_workload
@@ -129,22 +129,22 @@ class Trainer:
         self.wl = self.layout = self._initial = None
         self.params, self.train_model, self.wrapped = {}, torch.nn.Identity(), torch.nn.Identity()
 
-    def join(self, client: SyncerClient) -> OuterState | None:
+    def join(self, client: SyncerLink) -> OuterState | None:
         """Wait (never forever unnoticed) for the global state; None if told to stop first."""
         client.set_stats(state="joining")
         last_note = time.monotonic()
-        while not client.ready.wait(0.2):
+        while not client.wait_ready(0.2):
             if self.stop.is_set() or client.fatal or not client.is_alive():
                 return None
             if time.monotonic() - last_note > 10:
                 last_note = time.monotonic()
-                log(f"still joining: waiting for the syncer at {self.cfg.syncer_address}")
+                log(f"still joining: waiting for the syncer at {', '.join(client.not_ready())}")
         full = [client.latest(p) for p in range(self.plan.count)]
         self._joined = [t for _, t in full]  # what an FSDP island's other ranks start from too
         values = [(v, self.to_local(p, t).to(self.device)) for p, (v, t) in enumerate(full)]
         client.take_updates()
         return OuterState.start(
-            self.outer_plan, self.s.H, self.s.alpha, values, self.params, client.epoch(), self.s.rebase
+            self.outer_plan, self.s.H, self.s.alpha, values, self.params, client.epochs(), self.s.rebase
         )
 
     def schedule_phase(self, outer: OuterState) -> int:
@@ -178,7 +178,7 @@ class Trainer:
     def run(self) -> int:
         """Train until the step/duration budget or SIGTERM; returns the exit code."""
         self.build()
-        client = SyncerClient(
+        client = SyncerLink(
             self.cfg,
             fragments.manifest_to_json(self.manifest),
             self.plan.sizes(),
@@ -189,7 +189,7 @@ class Trainer:
         world = f", island of world {self.island.world}" if self.island else ""
         log(
             f"{sum(t.numel() for t in self.params.values())} parameters on {self.device} "
-            f"({self.recipe.describe()}), {self.plan.count} fragments{world}, joining {self.cfg.syncer_address}"
+            f"({self.recipe.describe()}), {self.plan.count} fragments{world}, joining {', '.join(client.addresses)}"
         )
         outer = self.join(client)
         if outer is None:
@@ -217,7 +217,7 @@ class Trainer:
             if self.island is not None:  # every rank applies, and moves its marks for, the same fragments
                 stop, applies, due = self.island.share(stop, applies, self.plan.sizes(), due)
             for p, version, value in applies:
-                outer.apply(p, version, self.to_local(p, value), self.params, client.epoch())
+                outer.apply(p, version, self.to_local(p, value), self.params, client.epoch(p))
                 self.waited.discard(p)
             if not stop:
                 self._push(client, outer, due)
@@ -305,7 +305,7 @@ class Trainer:
                 self._diverged = True
 
     # -- sync --------------------------------------------------------------------------------
-    def _collect(self, client: SyncerClient, opt: torch.optim.Optimizer) -> list[tuple[int, int, torch.Tensor]]:
+    def _collect(self, client: SyncerLink, opt: torch.optim.Optimizer) -> list[tuple[int, int, torch.Tensor]]:
         """Global fragments to apply now: replies to our pushes (rounds that merged them), forced
         resyncs, or all of them after a non-finite loss (local progress is thrown away, the
         optimizer state reset)."""
@@ -322,13 +322,13 @@ class Trainer:
             out.append((p, version, offload.to_device(value, self.device)))
         return out
 
-    def _due(self, client: SyncerClient, outer: OuterState) -> list[int]:
+    def _due(self, client: SyncerLink, outer: OuterState) -> list[int]:
         """The fragments to push after this step, with work to send: those whose round the syncer
         called (round_clock = syncer), or those at their point of this learner's own schedule."""
         due = sorted(client.take_calls()) if self.s.syncer_clock else outer.due(self.step + self.phase)
         return [p for p in due if outer.counters[p].steps > 0]
 
-    def _push(self, client: SyncerClient, outer: OuterState, due: list[int]) -> None:
+    def _push(self, client: SyncerLink, outer: OuterState, due: list[int]) -> None:
         """Hand the due fragments' outer gradients to the sender (synchronous mode: and wait)."""
         for p in due:
             pushed_at = client.versions()[p]
@@ -336,7 +336,7 @@ class Trainer:
             if not self.s.overlap:
                 self._wait_for_merge(client, p, pushed_at)
 
-    def _send_outer(self, client: SyncerClient, outer: OuterState, p: int) -> None:
+    def _send_outer(self, client: SyncerLink, outer: OuterState, p: int) -> None:
         """Take fragment p's outer gradient and queue it (encoded on a GPU there: learner/offload.py)."""
         local, c = outer.take_outer_gradient(p, self.params)
         delta = self.outer_full(p, local)
@@ -345,7 +345,7 @@ class Trainer:
         item = PushItem(p, sent, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0)
         client.push(dataclasses.replace(item, base_epoch=outer.base_epoch[p]))
 
-    def _bound_lag(self, client: SyncerClient, outer: OuterState) -> None:
+    def _bound_lag(self, client: SyncerLink, outer: OuterState) -> None:
         """max_lag > 0 (bounded staleness): wait for a reply that is max_lag steps late (steps
         counted since the push, by the fragment's counters), so no learner trains on far ahead of
         a merge it belongs to. Each wait ends after liveness_s, and none starts or lasts while the
@@ -361,32 +361,29 @@ class Trainer:
             self._wait_for_reply(client, p)
             self.waited.add(p)  # not again until its reply is applied
 
-    def _wait_for_reply(self, client: SyncerClient, p: int) -> None:
+    def _wait_for_reply(self, client: SyncerLink, p: int) -> None:
         """At most liveness_s, woken by the reply itself; a partition (read from the chaos
         controls every WAIT_TICK_S) or a refusal ends it."""
 
-        def answered(core: LinkCore) -> bool:
-            return core.has_reply(p) or not core.linked()
-
         deadline = time.monotonic() + self.s.liveness_s
-        while client.linked() and not self.stop.is_set() and (left := deadline - time.monotonic()) > 0:
-            if client.wait_for(answered, min(WAIT_TICK_S, left)):
+        while client.linked(p) and not self.stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            if client.wait_for_reply(p, min(WAIT_TICK_S, left)):
                 return
             self._read_control(client)
             self._publish(client)
 
-    def _wait_for_merge(self, client: SyncerClient, p: int, pushed_at: int) -> None:
+    def _wait_for_merge(self, client: SyncerLink, p: int, pushed_at: int) -> None:
         """Synchronous DiLoCo (overlap = false): block until the merge of p has come back;
         the next step's _collect applies it (on every rank of an island alike). Woken by the
         update itself; every WAIT_TICK_S it reads the chaos controls and publishes progress."""
         while not self.stop.is_set() and client.fatal is None:
-            if client.wait_for(lambda core: core.replica.versions[p] > pushed_at, WAIT_TICK_S):
+            if client.wait_for_version(p, pushed_at, WAIT_TICK_S):
                 return
             self._read_control(client)
             self._publish(client)
 
     # -- reporting ---------------------------------------------------------------------------
-    def _report(self, client: SyncerClient) -> None:
+    def _report(self, client: SyncerLink) -> None:
         self._read_control(client)
         if self.step % self.s.eval_every == 0 and self.step > 0:
             self._read_losses()
@@ -403,7 +400,7 @@ class Trainer:
             )
         self._publish(client)
 
-    def _publish(self, client: SyncerClient) -> None:
+    def _publish(self, client: SyncerLink) -> None:
         """Progress for the next heartbeat (cheap: called while waiting, too)."""
         total = self.busy_s + self.blocked_s
         client.set_stats(
@@ -433,7 +430,7 @@ class Trainer:
         model.train(was_training)
         return sum(losses) / max(1, len(losses))
 
-    def _read_control(self, client: SyncerClient) -> None:
+    def _read_control(self, client: SyncerLink) -> None:
         """Chaos hooks from `control.json`: a partition cuts the link."""
         self.controls.read()
         client.set_partitioned(self.controls.partitioned())
@@ -458,7 +455,7 @@ class Trainer:
         }
         files.write_marker(self.cfg.workdir / "finished", json.dumps(record) + "\n")
 
-    def _finish(self, client: SyncerClient, outer: OuterState | None) -> int:
+    def _finish(self, client: SyncerLink, outer: OuterState | None) -> int:
         """Send the due fragments, say bye, stop the sender."""
         if outer is not None and (client.fatal is None or self.layout is not None):  # FSDP: the others gather too
             for p in range(self.plan.count):

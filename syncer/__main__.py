@@ -1,4 +1,5 @@
-"""`python -m syncer --config RESOLVED.json`: run the syncer of one run until SIGTERM/SIGINT."""
+"""`python -m syncer --config RESOLVED.json [--shard N]`: run the syncer (or one shard of it) of
+one run until SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ def main(argv: list[str] | None = None, guard_stdio: bool = False) -> int:
     start (a port taken; a run whose history was lost and may not start a new global model)."""
     parser = argparse.ArgumentParser(prog="python -m syncer", description=__doc__)
     parser.add_argument("--config", required=True, type=Path, help="resolved run configuration (JSON)")
+    parser.add_argument("--shard", type=int, default=0, help="which shard of a sharded syncer ([syncer] shards)")
     args = parser.parse_args(argv)
     if guard_stdio:  # as a program: a full disk under our log must not kill the syncer (lines dropped, counted)
         jsonl.guard_stdio()
     try:
-        cfg = config.load(args.config)
+        cfg = config.load(args.config, args.shard)
     except ValueError as exc:
         print(f"syncer: error: {exc}", file=sys.stderr)
         return 2
@@ -56,9 +58,10 @@ def main(argv: list[str] | None = None, guard_stdio: bool = False) -> int:
 def start_line(cfg: config.SyncerConfig, server: SyncerServer) -> str:
     """What an operator needs of a start: where it listens, the fragments, the model, the fleet."""
     s, core = cfg.settings, server.core
+    shard = f" shard {cfg.shard} of {cfg.shards}" if cfg.shards > 1 else ""
     model = f"{core.model.numel} parameters" if core.model is not None else "parameters from the first learner"
     return (
-        f"{stamp(server.wall())} syncer: serving run {cfg.run_id} on {cfg.bind} (control {cfg.control_bind}), "
+        f"{stamp(server.wall())} syncer{shard}: serving run {cfg.run_id} on {cfg.bind} (control {cfg.control_bind}), "
         f"epoch {core.epoch}, {s.fragments} fragments, {model}, {len(cfg.learners)} learners declared, "
         f"quorum {s.quorum}, {'INSECURE (no CURVE)' if s.insecure else 'CURVE'}, pid {os.getpid()}"
     )

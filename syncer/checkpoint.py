@@ -69,7 +69,9 @@ def state_dict(core: SyncerCore, wall: float, copy: bool = False) -> dict[str, A
         "epoch": core.epoch,
         "saved_at": wall,
         "manifest": fragments.manifest_to_json(m.manifest),
-        "fragments": m.plan.count,
+        "fragments": core.s.fragments,
+        "shard": [core.shard, core.shards],  # this shard's fragments: `owned` (all, unsharded)
+        "owned": list(core.owned),
         "theta": m.theta,
         "versions": m.versions,
         "momentum": m.momentum,
@@ -93,13 +95,25 @@ def restore(core: SyncerCore, state: dict[str, Any], now: float) -> None:
         raise CheckpointError(f"checkpoint belongs to run {state.get('run_id')!r}, not {core.run_id!r}")
     if state["fragments"] != core.s.fragments:
         raise CheckpointError(f"checkpoint has {state['fragments']} fragments, settings say {core.s.fragments}")
+    shard = tuple(state.get("shard", (0, 1)))
+    if shard != (core.shard, core.shards):
+        raise CheckpointError(
+            f"checkpoint is of syncer shard {shard[0]} of {shard[1]}, this is shard {core.shard} of {core.shards}"
+        )
     manifest = fragments.manifest_from_json(state["manifest"])
-    plan = fragments.plan(manifest, state["fragments"])
+    owned = core.owned
+    plan = core.plan_for(manifest)
     model = GlobalModel(
         manifest, plan, list(state["theta"]), list(state["versions"]), list(state["momentum"]), list(state["residual"])
     )
-    if [t.numel() for t in model.theta] != plan.sizes():
-        raise CheckpointError("checkpoint tensors do not match its own fragment plan")
+    problem = None
+    if list(state.get("owned", core.owned)) != list(core.owned):
+        problem = "checkpoint's fragments are not the ones this shard owns"
+    elif [t.numel() for t in model.theta] != plan.sizes():
+        problem = "checkpoint tensors do not match its own fragment plan"
+    if problem:
+        core.owned = owned  # nothing set
+        raise CheckpointError(problem)
     outer_steps, bytes_up, bytes_down = int(state["outer_steps"]), int(state["bytes_up"]), int(state["bytes_down"])
     core.fleet.load_state_dict(state["fleet"], now, float(state["saved_at"]), closed=bool(state.get("closed")))
     core.model = model

@@ -23,22 +23,37 @@ class SyncerConfig:
     run_dir: Path
     learners: tuple[str, ...]
     keys_dir: Path | None
+    shard: int = 0  # this process is shard `shard` of `shards` (syncer/wire/shards.py)
+    shards: int = 1
 
     @property
     def checkpoint_dir(self) -> Path:
         return self.run_dir / "checkpoints"
 
 
-def load(path: Path) -> SyncerConfig:
-    """The syncer's part of a resolved configuration; ValueError (one line) names the file."""
+def shard_dir(run_dir: Path, shard: int) -> Path:
+    """Where shard `shard` keeps its checkpoints, metrics and events: the run directory for shard
+    0 (an unsharded run's layout), `shard-N/` in it for the others."""
+    return run_dir if shard == 0 else run_dir / f"shard-{shard}"
+
+
+def load(path: Path, shard: int = 0) -> SyncerConfig:
+    """The syncer's part of a resolved configuration, as shard `shard` sees it; ValueError (one
+    line) names the file."""
     cfg = resolved.load(path)
     base = Path(path).resolve().parent
+    try:
+        section = cfg.syncer.shard(shard)
+    except ValueError as exc:
+        raise resolved.ResolvedConfigError(f"{path}: {exc}") from None
     return SyncerConfig(
         cfg.run_id,
         cfg.run,
-        cfg.syncer.bind,
-        cfg.syncer.control_bind,
-        cfg.run_dir(base),
+        section.bind,
+        section.control_bind,
+        shard_dir(cfg.run_dir(base), shard),
         cfg.learner_ids,
         cfg.keys_dir(base),
+        shard,
+        cfg.syncer.shards,
     )

@@ -27,7 +27,7 @@ from syncer.globalmodel import GlobalModel, Outbox
 from syncer.guard import QualityGuard
 from syncer.outerstep import OuterStep
 from syncer.rounds import Contribution, GraceFn, Round
-from syncer.wire import codec, fragments
+from syncer.wire import codec, fragments, shards
 from syncer.wire.protocol import Message, ProtocolError, check_fragment_index, check_raw_fragment
 
 __all__ = ["Outbox", "SyncerCore"]  # Outbox too: handle() and tick() take one
@@ -46,8 +46,11 @@ class SyncerCore(OuterStep):
         clock: Callable[[], float] = time.perf_counter,
         on_merge: Callable[[int], None] | None = None,
         kernel: Any = None,
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
         self.s = settings
+        self.shard, self.shards = shard  # this process is shard `shard` of `shards` (syncer/wire/shards.py)
+        self.owned: tuple[int, ...] = ()  # the global fragments this shard owns, in local order (set with the plan)
         self.kernel = kernel  # syncer.native.Kernel or None (torch round step)
         self.on_merge = on_merge
         self.run_id = run_id
@@ -140,6 +143,9 @@ class SyncerCore(OuterStep):
                     "versions": self.versions(),
                     "chunk_numel": self.chunk_numel(),
                     "step": info.step,
+                    "shard": self.shard,
+                    "shards": self.shards,
+                    "owned": list(self.owned or self._owned_of(manifest)),
                 },
             ),
         )
@@ -154,6 +160,16 @@ class SyncerCore(OuterStep):
             return f"model has {len(manifest)} parameter tensors, fewer than fragments={count}"
         return None
 
+    def _owned_of(self, manifest: list[fragments.TensorSpec]) -> tuple[int, ...]:
+        """The global fragments this shard owns for a model of `manifest` (all of them unsharded)."""
+        full = fragments.plan(manifest, self.s.fragments)
+        return shards.assign(full.sizes(), self.shards).owned(self.shard)
+
+    def plan_for(self, manifest: list[fragments.TensorSpec]) -> fragments.FragmentPlan:
+        """This shard's fragment plan (the run's plan unsharded) and the fragments it owns."""
+        self.owned = self._owned_of(manifest)
+        return shards.shard_plan(manifest, self.s.fragments, self.shard, self.shards)
+
     def _claim_init(self, learner: str, manifest: list[fragments.TensorSpec], now: float) -> bool:
         """The first learner to arrive (or the next, if the first went away) uploads the init."""
         if self.model is not None:
@@ -161,7 +177,7 @@ class SyncerCore(OuterStep):
         owner = self.fleet.learners.get(self._init_owner or "")
         if owner is not None and owner.id != learner and owner.live(now, self.s.liveness_s):
             return False
-        plan = fragments.plan(manifest, self.s.fragments)
+        plan = self.plan_for(manifest)
         self._init_owner, self._init_manifest = learner, manifest
         self._init_buffers = [torch.zeros(n, dtype=torch.float32) for n in plan.sizes()]
         self._init_filled = [torch.zeros(n, dtype=torch.bool) for n in plan.sizes()]
@@ -182,7 +198,7 @@ class SyncerCore(OuterStep):
             True
         )  # O(chunk), never a scan of the whole model per chunk (quadratic: a 350M upload never ended)
         if self._init_missing == 0:
-            plan = fragments.plan(self._init_manifest, self.s.fragments)
+            plan = self.plan_for(self._init_manifest)
             self.model = GlobalModel.fresh(self._init_manifest, plan, self._init_buffers)
             self._init_buffers, self._init_filled = [], []
             out.event(
@@ -360,7 +376,8 @@ class SyncerCore(OuterStep):
         never called again otherwise: after a 20 s SIGSTOP nothing was merged until `down`."""
         assert self.model is not None
         times = [self.fleet.learners[lid].seconds_per_step() for lid in live]
-        due = self.round_clock.advance(now, times)
+        # the fleet's clock runs over the run's fragments; this shard calls the rounds of its own
+        due = [self.owned.index(p) for p in self.round_clock.advance(now, times) if p in self.owned]
         if not due:
             return
         window = self.round_clock.window(self.s.tau, self.s.grace_gamma)

@@ -21,7 +21,7 @@ import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from syncer import checkpoint, ckptwriter, native
+from syncer import checkpoint, ckptwriter, native, shardmodel
 from syncer.auth import Authenticator, Keyring, Provider
 from syncer.common import faultpoints, jsonl, keys
 from syncer.common.atomic import atomic_write
@@ -64,6 +64,7 @@ class SyncerServer:
             epoch=epoch,
             on_merge=self._on_merge,
             kernel=self.kernel,
+            shard=(cfg.shard, cfg.shards),
         )
         self.routes: dict[bytes, str] = {}  # routing id -> learner id (after hello)
         self.peers: dict[str, bytes] = {}  # learner id -> newest routing id
@@ -82,7 +83,8 @@ class SyncerServer:
         self.control_sock: zmq.Socket[bytes] | None = None
         self.monitor: zmq.Socket[bytes] | None = None
         self.disconnects = 0  # learner connections dropped, by a peer or by libzmq
-        every = cfg.settings.global_eval_every
+        # a shard holds part of the model: the global model is scored whole, by `report` or `down`
+        every = cfg.settings.global_eval_every if cfg.shards == 1 else 0
         self.scoring = Scoring(GlobalEvaluator(cfg.settings.to_dict()) if every > 0 else None)
 
     # -- set-up ------------------------------------------------------------------------------
@@ -392,13 +394,13 @@ class SyncerServer:
         return self.cfg.run_dir / (name if isinstance(name, str) and "/" not in name and name else "final_model.pt")
 
     def _export(self, name: Any) -> Path | None:
-        if self.core.model is None:
+        if self.core.model is None or self.cfg.shard != 0:  # shard 0 assembles a sharded model
             return None
         target = self._export_path(name)
         try:
-            directory, problem = checkpoint.export_model(self.core, target, self.cfg.run_dir.name)
-        except OSError as exc:  # a full disk: the checkpoint just written still holds the model
-            self.event("export_failed", "syncer", f"cannot write {target}: {exc.strerror or exc}")
+            directory, problem = shardmodel.export(self.core, self.cfg, target)
+        except (OSError, checkpoint.CheckpointError) as exc:  # a full disk: the checkpoints still hold the model
+            self.event("export_failed", "syncer", f"cannot write {target}: {getattr(exc, 'strerror', None) or exc}")
             return None
         if problem is None:
             self.event(
@@ -416,6 +418,7 @@ class SyncerServer:
         snap["syncer"]["address"] = self.cfg.bind
         snap["syncer"]["pid"] = os.getpid()
         snap["syncer"]["disconnects"] = self.disconnects
+        snap["syncer"].update(shard=self.cfg.shard, shards=self.cfg.shards, owned=list(self.core.owned))
         if self.keyring is not None:
             with self.keyring.lock:
                 for what, count in self.keyring.denied.items():

@@ -10,7 +10,8 @@
 On disk (keys as dldctl has always written them; "version" is the schema version):
 
     { "version": 1, "run_id": str, "run": {RunSettings},
-      "syncer": {"host", "bind_host", "port", "control_port", "advertise", "control_address", "dir"},
+      "syncer": {"host", "bind_host", "port", "control_port", "advertise", "control_address", "dir",
+                 "shards", "shard_ports" (two per shard after the first)},
       "learners": [{"id": "learner-0", "host", "device", "batch_size", "throttle", "nproc",
                     "island" (only if not "ddp"), "threads", "env", "shard", "shards"}, ...],
       "keys": {"dir": str}, "inventory": str, "init_model": str (only with [run] init_from) }
@@ -55,6 +56,28 @@ class SyncerSection:
     advertise: str = "127.0.0.1"  # the address learners dial
     control_address: str = "127.0.0.1"  # the address the operator's control client dials
     dir: str = "."  # the run directory, relative to the configuration file
+    shards: int = 1  # syncer processes, each owning a balanced subset of the fragments (syncer/wire/shards.py)
+    shard_ports: tuple[int, ...] = ()  # shards 1..S-1: learner port, control port, learner port, ...
+
+    def shard(self, s: int) -> SyncerSection:
+        """The section as shard `s` sees it: its own two ports (shard 0: `port`, `control_port`)."""
+        if not 0 <= s < self.shards:
+            raise ValueError(f"syncer shard {s} does not exist: the run has {self.shards} (0..{self.shards - 1})")
+        if s == 0:
+            return self
+        return replace(self, port=self.shard_ports[2 * s - 2], control_port=self.shard_ports[2 * s - 1])
+
+    def to_json(self) -> dict[str, Any]:
+        """Its JSON; an unsharded syncer's as dldctl has always written it (no shard keys)."""
+        out = dataclasses.asdict(self)
+        if self.shards == 1:
+            del out["shards"], out["shard_ports"]
+        return out
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """What learners dial, one address per shard."""
+        return tuple(self.shard(s).address for s in range(self.shards))
 
     @property
     def bind(self) -> str:
@@ -194,10 +217,11 @@ class ResolvedConfig:
             if entry.id in seen:
                 raise SettingsError(f"learners[{i}].id", f"duplicate learner id {entry.id!r}")
             seen.add(entry.id)
+        run = _settings(_table(data, "run"))
         return cls(
             run_id=_str(data, "run_id"),
-            run=_settings(_table(data, "run")),
-            syncer=from_mapping(SyncerSection, _table(data, "syncer"), "syncer"),
+            run=run,
+            syncer=_syncer(_table(data, "syncer"), run.fragments),
             learners=entries,
             keys=from_mapping(KeysSection, data.get("keys", {}), "keys"),
             inventory=_str(data, "inventory") if data.get("inventory") is not None else None,
@@ -210,7 +234,7 @@ class ResolvedConfig:
             VERSION_KEY: SCHEMA_VERSION,
             "run_id": self.run_id,
             "run": self.run.to_dict(),
-            "syncer": dataclasses.asdict(self.syncer),
+            "syncer": self.syncer.to_json(),
             "learners": [e.to_json() for e in self.learners],
             "keys": dataclasses.asdict(self.keys),
         }
@@ -229,6 +253,18 @@ def _settings(data: dict[str, Any]) -> RunSettings:
     except SettingsError as exc:
         raise SettingsError(f"run.{exc.key}" if exc.key else "run", exc.problem, exc.fix) from None
     return settings
+
+
+def _syncer(data: dict[str, Any], fragments: int) -> SyncerSection:
+    """The syncer section, its shards checked against the ports and the run's fragments."""
+    section = from_mapping(SyncerSection, data, "syncer")
+    if not 1 <= section.shards <= fragments:
+        raise SettingsError("syncer.shards", f"must be between 1 and fragments = {fragments}, got {section.shards}")
+    if len(section.shard_ports) != 2 * (section.shards - 1):
+        raise SettingsError(
+            "syncer.shard_ports", f"needs two ports per shard after the first: {2 * (section.shards - 1)}"
+        )
+    return section
 
 
 def _table(data: dict[str, Any], key: str) -> dict[str, Any]:

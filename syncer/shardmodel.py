@@ -1,0 +1,144 @@
+"""The whole global model of a sharded syncer, from each shard's newest valid checkpoint.
+
+Every shard checkpoints its own fragments on its own (syncer/checkpoint.py, in its directory:
+syncer/config.py `shard_dir`). `dldctl down` (after every shard wrote its final checkpoint) and
+`dldctl export` assemble the model here: each shard's vectors scattered into the parameters by
+that shard's plan (syncer/wire/shards.py). The versions and checkpoint of every shard are
+recorded with the model, so a state mixed from shards that stopped at different points is
+visible, never silent.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from syncer import checkpoint
+from syncer.common import modelexport
+from syncer.common.atomic import atomic_file
+from syncer.config import SyncerConfig, shard_dir
+from syncer.core import SyncerCore
+from syncer.wire import fragments, shards
+
+
+@dataclass(frozen=True)
+class ShardSource:
+    """Where one shard's part of the assembled model came from."""
+
+    shard: int
+    checkpoint: str
+    epoch: int
+    outer_steps: int
+    fragments: tuple[int, ...]  # the global fragments it owns
+    versions: tuple[int, ...]  # their versions, in the same order
+    merged_tokens: int
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """The global model of every shard's newest valid checkpoint."""
+
+    run_id: str
+    tensors: dict[str, torch.Tensor]
+    versions: list[int]  # per global fragment
+    sources: list[ShardSource]
+
+    @property
+    def outer_steps(self) -> int:
+        return sum(s.outer_steps for s in self.sources)
+
+    @property
+    def merged_tokens(self) -> int:
+        return sum(s.merged_tokens for s in self.sources)
+
+
+def assemble(run_dir: Path, count: int) -> Assembled:
+    """The model of `count` shards' newest valid checkpoints under `run_dir`; CheckpointError
+    names the shard, its directory and why when one has none, or when they are of different runs."""
+    tensors: dict[str, torch.Tensor] = {}
+    versions: list[int] = []
+    sources: list[ShardSource] = []
+    run_id = None
+    for s in range(count):
+        directory = shard_dir(run_dir, s) / "checkpoints"
+        state, problems = checkpoint.load_latest(directory)
+        if state is None:
+            why = "; ".join(problems) or "no checkpoint file"
+            raise checkpoint.CheckpointError(f"syncer shard {s}: no valid checkpoint in {directory} ({why})")
+        run_id = run_id or state["run_id"]
+        if state["run_id"] != run_id or tuple(state.get("shard", (0, 1))) != (s, count):
+            raise checkpoint.CheckpointError(f"{directory}: not shard {s} of {count} of run {run_id}")
+        manifest = fragments.manifest_from_json(state["manifest"])
+        if not tensors:
+            tensors = {spec.name: torch.zeros(spec.shape, dtype=torch.float32) for spec in manifest}
+            versions = [0] * int(state["fragments"])
+        plan = shards.shard_plan(manifest, int(state["fragments"]), s, count)
+        owned = shards.assign(fragments.plan(manifest, int(state["fragments"])).sizes(), count).owned(s)
+        for q, p in enumerate(owned):
+            plan.scatter(q, state["theta"][q], tensors)
+            versions[p] = int(state["versions"][q])
+        sources.append(_source(s, state, owned))
+    return Assembled(str(run_id), tensors, versions, sources)
+
+
+def _source(s: int, state: dict[str, Any], owned: tuple[int, ...]) -> ShardSource:
+    fleet = state.get("fleet") or {}
+    name = f"ckpt-{int(state['epoch']):04d}-{int(state['outer_steps']):09d}"
+    return ShardSource(
+        s,
+        name,
+        int(state["epoch"]),
+        int(state["outer_steps"]),
+        owned,
+        tuple(int(v) for v in state["versions"]),
+        int(fleet.get("merged_tokens", 0)),
+    )
+
+
+def write_final(model: Assembled, path: Path, settings: dict[str, Any], run: str) -> str | None:
+    """final_model.pt (what `init_from` reads, with each shard's source) and the safetensors
+    export beside it; None, or why the safetensors export failed (final_model.pt is written)."""
+    with atomic_file(path) as fh:
+        torch.save(
+            {
+                "state_dict": model.tensors,
+                "outer_steps": model.outer_steps,
+                "versions": model.versions,
+                "run_id": model.run_id,
+                "tokens_merged": model.merged_tokens,
+                "held_out_loss": None,  # a sharded syncer scores no global model of its own
+                "shards": [asdict(s) for s in model.sources],
+            },
+            fh,
+        )
+    config = modelexport.model_config(
+        run=run,
+        settings=settings,
+        shapes={n: tuple(t.shape) for n, t in model.tensors.items()},
+        outer_step=model.outer_steps,
+        tokens_merged=model.merged_tokens,
+        held_out_loss=None,
+        source=f"the newest checkpoints of {len(model.sources)} syncer shards",
+        created=time.time(),
+    )
+    try:
+        modelexport.write(path.parent / modelexport.EXPORT_DIR, model.tensors, {**config, "run_id": model.run_id})
+    except ImportError as exc:
+        return f"safetensors is not installed ({exc}); `dldctl export` converts {path.name}"
+    except OSError as exc:
+        return f"cannot write the export: {exc.strerror or exc}"
+    return None
+
+
+def export(core: SyncerCore, cfg: SyncerConfig, target: Path) -> tuple[Path, str | None]:
+    """`dldctl down`'s final model: this syncer's (`checkpoint.export_model`), or, on shard 0 of
+    a sharded one, every shard's newest checkpoint assembled (the others wrote their final ones
+    before: `down` stops them first). (the export directory, why the safetensors export failed)."""
+    if cfg.shards == 1:
+        return checkpoint.export_model(core, target, cfg.run_dir.name)
+    model = assemble(cfg.run_dir, cfg.shards)
+    return target.parent / modelexport.EXPORT_DIR, write_final(model, target, cfg.settings.to_dict(), cfg.run_dir.name)

@@ -1,0 +1,68 @@
+"""Which syncer shard owns which fragment: a pure, deterministic function of the fragment sizes
+and the number of shards, computed alike by every learner and every shard.
+
+A sharded syncer is S processes; shard s owns a balanced subset of the run's P fragments (largest
+fragment first into the lightest shard, ties to the lower index) and is, to its learners, a whole
+syncer of those fragments: it numbers them 0..k-1 in the order of their global index (its
+"local" fragments), so rounds, versions, state transfer and checkpoints work per shard unchanged.
+Its welcome names the global fragments it owns; a learner that computed another map is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from syncer.wire.fragments import FragmentPlan, TensorSpec, plan
+
+
+@dataclass(frozen=True)
+class ShardMap:
+    """Owner shard of every global fragment, and each shard's fragments in local order."""
+
+    owner: tuple[int, ...]  # owner[p]: the shard of global fragment p
+    shards: int
+
+    def owned(self, shard: int) -> tuple[int, ...]:
+        """Global indices of shard `shard`'s fragments, in local order (ascending)."""
+        return tuple(p for p, s in enumerate(self.owner) if s == shard)
+
+    def local(self, p: int) -> tuple[int, int]:
+        """(shard, local index) of global fragment p."""
+        s = self.owner[p]
+        return s, self.owned(s).index(p)
+
+    def loads(self, sizes: Sequence[int]) -> list[int]:
+        """Values per shard."""
+        out = [0] * self.shards
+        for p, s in enumerate(self.owner):
+            out[s] += sizes[p]
+        return out
+
+
+def assign(sizes: Sequence[int], shards: int) -> ShardMap:
+    """Balanced owners of fragments of `sizes` over `shards` shards (deterministic); ValueError
+    when there are fewer fragments than shards (a shard with nothing to own)."""
+    if shards < 1:
+        raise ValueError(f"shards must be >= 1, got {shards}")
+    if shards > len(sizes):
+        raise ValueError(f"cannot spread {len(sizes)} fragments over {shards} shards: set fragments >= shards")
+    loads = [0] * shards
+    owner = [0] * len(sizes)
+    for p in sorted(range(len(sizes)), key=lambda q: (-sizes[q], q)):
+        s = min(range(shards), key=lambda i: (loads[i], i))
+        owner[p] = s
+        loads[s] += sizes[p]
+    return ShardMap(tuple(owner), shards)
+
+
+def sub_plan(plan: FragmentPlan, owned: Sequence[int]) -> FragmentPlan:
+    """The plan of one shard: the global plan's fragments `owned`, renumbered 0..k-1."""
+    return FragmentPlan(tuple(plan.fragments[p] for p in owned))
+
+
+def shard_plan(specs: Sequence[TensorSpec], count: int, shard: int = 0, shards: int = 1) -> FragmentPlan:
+    """The fragment plan of shard `shard` of `shards` (the run's plan when unsharded): the layout
+    of that shard's checkpoint vectors."""
+    full = plan(specs, count)
+    return full if shards == 1 else sub_plan(full, assign(full.sizes(), shards).owned(shard))
