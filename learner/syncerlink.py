@@ -37,6 +37,7 @@ class SyncerLink:
         init_values: Callable[[], list[torch.Tensor]],
         incarnation: str,
     ) -> None:
+        self.cfg = cfg
         count = max(1, len(cfg.syncer_addresses))
         self.map = shards.assign(sizes, count)
         self.owned = [self.map.owned(s) for s in range(count)]
@@ -126,7 +127,7 @@ class SyncerLink:
 
     def versions(self) -> list[int]:
         each = [c.versions() for c in self.clients]
-        return [each[s][q] if each[s] else 0 for s, q in self.where]
+        return [each[s][q] for s, q in self.where]
 
     def epoch(self, p: int) -> int:
         """The epoch of fragment p's shard that its replica belongs to (0 before the first welcome)."""

@@ -243,8 +243,11 @@ class OuterStep:
         assert self.model is not None  # only a round of an initialized model closes (`_close`)
         version = self.model.versions[rnd.fragment]
         total_w = sum(weights) or 1.0
+        # each fragment is 1/P of the model; a shard's fragments stand for the whole model in its
+        # accounting, so shard 0's goodput and merged tokens are the run's (balanced shards)
+        parts = self.model.plan.count
         for c, w in zip(contribs, weights):
-            self.fleet.merged(c.learner, round(c.c_tokens * c.backlog), c.c_time * c.backlog, self.s.fragments, w, now)
+            self.fleet.merged(c.learner, round(c.c_tokens * c.backlog), c.c_time * c.backlog, parts, w, now)
         self.outer_steps += 1
         self.since_checkpoint += 1
         dt = self.clock() - t0

@@ -402,15 +402,10 @@ class SyncerServer:
         except (OSError, checkpoint.CheckpointError) as exc:  # a full disk: the checkpoints still hold the model
             self.event("export_failed", "syncer", f"cannot write {target}: {getattr(exc, 'strerror', None) or exc}")
             return None
-        if problem is None:
-            self.event(
-                "export",
-                "syncer",
-                f"final model written to {target} and {directory}/ (model.safetensors, config.json) "
-                f"at outer step {self.core.outer_steps}",
-            )
-        else:
-            self.event("export", "syncer", f"final model written to {target}; no safetensors export: {problem}")
+        also = f"no safetensors export: {problem}" if problem else f"{directory}/ (model.safetensors, config.json)"
+        self.event(
+            "export", "syncer", f"final model written to {target}; {also}, at outer step {self.core.outer_steps}"
+        )
         return target
 
     def status(self, now: float) -> dict[str, Any]:

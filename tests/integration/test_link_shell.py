@@ -1,5 +1,6 @@
-"""The learner link's shell (learner/client.py): its thread, socket, waits and exit, against a
-scripted syncer at the socket seam (tests/scriptedsyncer.py, a bare ROUTER on 127.0.0.1).
+"""The learner link's shell (learner/client.py, driven through the trainer's facade,
+learner/syncerlink.py): its thread, socket, waits and exit, against a scripted syncer at the
+socket seam (tests/scriptedsyncer.py, a bare ROUTER on 127.0.0.1).
 
 - It joins: hello, welcome, the chunked state fetch, `ready`.
 - The trainer's waits are woken by the message that answers them, not by polling: a max_lag
@@ -23,10 +24,10 @@ import pytest
 import torch
 
 from dldctl.testing import wait_until
-from learner.client import SyncerClient
 from learner.config import LearnerConfig
 from learner.link import PushItem
 from learner.outer import OuterState
+from learner.syncerlink import SyncerLink
 from learner.trainer import Trainer
 from syncer.common.resolved import LearnerEntry
 from syncer.common.settings import RunSettings
@@ -41,15 +42,15 @@ N = 64
 @contextmanager
 def linked(
     tmp_path: Path, sizes: list[int], echo: bool = True, **run: object
-) -> Iterator[tuple[SyncerClient, ScriptedSyncer]]:
+) -> Iterator[tuple[SyncerLink, ScriptedSyncer]]:
     """A real link thread joined to a scripted syncer; stopped (and the syncer closed) at the end."""
     settings = RunSettings(liveness_s=1.0, **{"round_clock": "learner", "compression": "none", **run})
     with ScriptedSyncer(sizes, echo_bye=echo) as syncer:
         cfg = LearnerConfig("run", settings, LearnerEntry("learner-1"), syncer.address, None, None, tmp_path)
-        client = SyncerClient(cfg, [], sizes, lambda: [torch.zeros(s) for s in sizes], "inc")
+        client = SyncerLink(cfg, [], sizes, lambda: [torch.zeros(s) for s in sizes], "inc")
         client.start()
         try:
-            assert client.ready.wait(20.0), "the link did not join the scripted syncer"
+            assert client.wait_ready(20.0), "the link did not join the scripted syncer"
             assert client.take_updates() == (set(range(len(sizes))), set()), "the fetched state counts as a reply"
             yield client, syncer
         finally:
@@ -127,7 +128,7 @@ def test_a_synchronous_round_ends_when_its_update_lands(tmp_path: Path) -> None:
         assert client.versions() == [1]
 
 
-def _stop_behind_a_large_push(tmp_path: Path, echo: bool) -> tuple[SyncerClient, list[str], float]:
+def _stop_behind_a_large_push(tmp_path: Path, echo: bool) -> tuple[SyncerLink, list[str], float]:
     with linked(tmp_path, [N], echo=echo) as (client, syncer):
         client.push(PushItem(0, torch.zeros(16 << 20), 0, 8, 2048, 0.1, 0.01, EPOCH))  # 64 MB in flight
         wait_until(lambda: client.pending() == 0, 20.0, "the push to be handed to the socket", every=0.01)

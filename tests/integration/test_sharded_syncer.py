@@ -152,3 +152,32 @@ def test_the_final_model_is_assembled_from_every_shards_checkpoint(tmp_path: Pat
         for p in range(4):  # the learner's replica at the same version is bit-equal to the assembled fragment
             if replica["versions"][p] == saved["versions"][p]:
                 assert torch.equal(replica["fragments"][p], plan.gather(p, saved["state_dict"]))
+
+
+def test_every_shard_crashed_at_once_resumes_from_its_own_newest_checkpoint(tmp_path: Path) -> None:
+    with ShardedRun(tmp_path, 2, 2, fragments=4, H=8, checkpoint_every=2, checkpoint_s=1.0) as run:
+        for s in (0, 1):
+            run.start_shard(s)
+        for i in range(2):
+            run.main.start_learner(i)
+        for s in (0, 1):
+            run.wait_for(s, lambda snap: snap["syncer"]["outer_steps"] >= 8, 150, "merges")
+        time.sleep(1.5)  # checkpoints of both (checkpoint_s = 1)
+        run.main.expect_dead.update({"syncer", "syncer-1"})
+        for s in (0, 1):
+            run.kill_shard(s)
+        run.main.expect_dead.clear()
+        for s in (0, 1):
+            run.start_shard(s)
+        for s in (0, 1):
+            snap = run.wait_for(s, lambda x: x["syncer"]["epoch"] >= 2, 60, "restarted")
+            assert snap["syncer"]["outer_steps"] >= 2, f"shard {s} did not resume from its checkpoint"
+            folder = tmp_path if s == 0 else tmp_path / "shard-1"
+            resumes = [
+                e
+                for e in map(json.loads, (folder / "events.jsonl").read_text().splitlines())
+                if e["kind"] == "syncer_resume"
+            ]
+            assert resumes and "versions" in resumes[-1]["detail"], resumes  # what each shard resumed at
+            before = snap["syncer"]["outer_steps"]
+            run.wait_for(s, lambda x, b=before: x["syncer"]["outer_steps"] >= b + 4, 60, "merges after the restart")

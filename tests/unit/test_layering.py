@@ -166,6 +166,7 @@ PURE_CORE = (
     "syncer/wire/protocol.py",
     "syncer/wire/codec.py",
     "syncer/wire/fragments.py",
+    "syncer/wire/shards.py",
     "syncer/merge.py",
     "syncer/fused.py",
     "syncer/rounds.py",
