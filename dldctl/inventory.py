@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dldctl import metricspec
+from dldctl import metricspec, shards
 from dldctl.errors import ConfigError
 from dldctl.hosts import slurmjobs
 from dldctl.metricspec import MetricsSpec
@@ -96,6 +96,7 @@ class SyncerSpec:
     control_port: int = 0
     bind: str = ""  # "" = 127.0.0.1 if every learner is local, else 0.0.0.0
     advertise: str = ""  # address learners dial; "" = worked out per run
+    shards: int = 1  # syncer processes on `host`, each owning a balanced subset of the fragments
 
 
 @dataclass(frozen=True)
@@ -314,6 +315,7 @@ def validate(inv: Inventory) -> None:
         )
     _validate_model(inv)
     _validate_ssh(inv)
+    shards.check_count(path, inv.syncer.shards, inv.run.fragments)
     if inv.syncer.host != "local" and inv.host(inv.syncer.host).site:
         raise ConfigError(
             path, "syncer.host", f"{inv.syncer.host!r} is a scheduler site", "run the syncer on a [[hosts]] machine"
@@ -465,11 +467,9 @@ def _validate_model(inv: Inventory) -> None:
 
 def _validate_ssh(inv: Inventory) -> None:
     if inv.ssh.host_key_policy not in ("strict", "accept-new"):
+        policy = inv.ssh.host_key_policy
         raise ConfigError(
-            inv.path,
-            "ssh.host_key_policy",
-            f"{inv.ssh.host_key_policy!r} is not a policy",
-            'use "strict" (default) or "accept-new"',
+            inv.path, "ssh.host_key_policy", f"{policy!r} is not a policy", 'use "strict" (default) or "accept-new"'
         )
     if inv.ssh.identity_file and any(not h.local for h in inv.hosts):
         path = Path(os.path.expanduser(inv.ssh.identity_file))

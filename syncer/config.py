@@ -32,9 +32,8 @@ class SyncerConfig:
 
 
 def shard_dir(run_dir: Path, shard: int) -> Path:
-    """Where shard `shard` keeps its checkpoints, metrics and events: the run directory for shard
-    0 (an unsharded run's layout), `shard-N/` in it for the others."""
-    return run_dir if shard == 0 else run_dir / f"shard-{shard}"
+    """Where shard `shard` keeps its files (`resolved.shard_subdir`)."""
+    return run_dir / resolved.shard_subdir(shard)
 
 
 def load(path: Path, shard: int = 0) -> SyncerConfig:

@@ -51,8 +51,9 @@ class SyncerServer:
         self.keyring: Keyring | None = None
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.events_path = cfg.run_dir / "events.jsonl"
+        self.name = "syncer" if cfg.shard == 0 else f"syncer-{cfg.shard}"  # its events' target, as dldctl names it
         # every record write is dropped and counted, never raised, on a full disk; logs rotate past max_log_mb
-        jsonl.configure(events=self.events_path, source="syncer", max_bytes=cfg.settings.max_log_bytes)
+        jsonl.configure(events=self.events_path, source=self.name, max_bytes=cfg.settings.max_log_bytes)
         self.metrics = jsonl.Writer(cfg.run_dir / "metrics.jsonl")
         epoch = checkpoint.next_epoch(cfg.run_dir / "syncer.epoch", checkpoint.newest_name(cfg.checkpoint_dir)[0] + 1)
         self.kernel = native.load()
@@ -320,7 +321,7 @@ class SyncerServer:
                     continue
                 self._send_to_rid(rid, frames)
         for record in out.events:
-            jsonl.append(self.events_path, record)
+            jsonl.append(self.events_path, {**record, "target": self.name} if record["target"] == "syncer" else record)
             say(self.oplog.event(record["kind"], record["target"], str(record["detail"]), float(record["t"])))
         for record in out.metrics:
             self.metrics.write(record)
@@ -423,13 +424,13 @@ class SyncerServer:
     # -- records -----------------------------------------------------------------------------
     def event(self, kind: str, target: str, detail: str) -> None:
         """An event in events.jsonl and, where an operator needs it, a line in the log."""
-        now = self.wall()
+        now, target = self.wall(), self.name if target == "syncer" else target
         jsonl.append(self.events_path, {"t": now, "kind": kind, "target": target, "detail": detail})
         say(self.oplog.event(kind, target, detail, now))
 
     def _quiet_event(self, key: str, kind: str, target: str, detail: str, every_s: float = 10.0) -> None:
         """An event at most once per `every_s` per key (garbage must not flood the log); OpLog counts each."""
-        now = self.wall()
+        now, target = self.wall(), self.name if target == "syncer" else target
         say(self.oplog.event(kind, target, detail, now))
         if now - self._quiet.get(key, 0.0) >= every_s:
             self._quiet[key] = now

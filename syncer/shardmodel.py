@@ -22,7 +22,7 @@ from syncer.common import modelexport
 from syncer.common.atomic import atomic_file
 from syncer.config import SyncerConfig, shard_dir
 from syncer.core import SyncerCore
-from syncer.wire import fragments, shards
+from syncer.wire import shards
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class ShardSource:
     outer_steps: int
     fragments: tuple[int, ...]  # the global fragments it owns
     versions: tuple[int, ...]  # their versions, in the same order
-    merged_tokens: int
+    merged_tokens: int  # the run's, as this shard accounts it
 
 
 @dataclass(frozen=True)
@@ -53,39 +53,30 @@ class Assembled:
 
     @property
     def merged_tokens(self) -> int:
-        return sum(s.merged_tokens for s in self.sources)
+        """Shard 0's: each shard counts its fragments as the whole model (syncer/outerstep.py)."""
+        return self.sources[0].merged_tokens
 
 
 def assemble(run_dir: Path, count: int) -> Assembled:
     """The model of `count` shards' newest valid checkpoints under `run_dir`; CheckpointError
     names the shard, its directory and why when one has none, or when they are of different runs."""
-    tensors: dict[str, torch.Tensor] = {}
-    versions: list[int] = []
-    sources: list[ShardSource] = []
-    run_id = None
+    states = []
     for s in range(count):
         directory = shard_dir(run_dir, s) / "checkpoints"
         state, problems = checkpoint.load_latest(directory)
         if state is None:
             why = "; ".join(problems) or "no checkpoint file"
             raise checkpoint.CheckpointError(f"syncer shard {s}: no valid checkpoint in {directory} ({why})")
-        run_id = run_id or state["run_id"]
-        if state["run_id"] != run_id or tuple(state.get("shard", (0, 1))) != (s, count):
-            raise checkpoint.CheckpointError(f"{directory}: not shard {s} of {count} of run {run_id}")
-        manifest = fragments.manifest_from_json(state["manifest"])
-        if not tensors:
-            tensors = {spec.name: torch.zeros(spec.shape, dtype=torch.float32) for spec in manifest}
-            versions = [0] * int(state["fragments"])
-        plan = shards.shard_plan(manifest, int(state["fragments"]), s, count)
-        owned = shards.assign(fragments.plan(manifest, int(state["fragments"])).sizes(), count).owned(s)
-        for q, p in enumerate(owned):
-            plan.scatter(q, state["theta"][q], tensors)
-            versions[p] = int(state["versions"][q])
-        sources.append(_source(s, state, owned))
-    return Assembled(str(run_id), tensors, versions, sources)
+        states.append(state)
+    try:
+        tensors, versions = shards.assemble(states)
+    except ValueError as exc:
+        raise checkpoint.CheckpointError(f"{run_dir}: {exc}") from None
+    sources = [_source(s, state) for s, state in enumerate(states)]
+    return Assembled(str(states[0]["run_id"]), tensors, versions, sources)
 
 
-def _source(s: int, state: dict[str, Any], owned: tuple[int, ...]) -> ShardSource:
+def _source(s: int, state: dict[str, Any]) -> ShardSource:
     fleet = state.get("fleet") or {}
     name = f"ckpt-{int(state['epoch']):04d}-{int(state['outer_steps']):09d}"
     return ShardSource(
@@ -93,7 +84,7 @@ def _source(s: int, state: dict[str, Any], owned: tuple[int, ...]) -> ShardSourc
         name,
         int(state["epoch"]),
         int(state["outer_steps"]),
-        owned,
+        tuple(int(p) for p in state["owned"]),
         tuple(int(v) for v in state["versions"]),
         int(fleet.get("merged_tokens", 0)),
     )

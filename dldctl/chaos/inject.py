@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from dldctl import shards
 from dldctl.chaos import faults, linkcap, links
 from dldctl.chaos.plan import ACTIONS
 from dldctl.chaos.records import Injection
@@ -39,7 +40,9 @@ class Chaos:
             raise UsageError(f"run {run.name} is not live", hint="chaos needs a running fleet: `dldctl up`")
         self.run = run
         self.inv = parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
-        self.settings = run.read_config().run
+        config = run.read_config()
+        self.settings = config.run
+        self.shards = config.syncer.shards  # syncer processes: `syncer`, `syncer-1`, ... (dldctl/shards.py)
         self._hosts: dict[str, Host] = {}
         self.started: set[str] = set()  # ids of the faults this instance injected
         self.held: set[str] = set()  # targets this instance killed with a hold
@@ -53,23 +56,29 @@ class Chaos:
             self._hosts[name] = host_for(self.inv, name)
         return self._hosts[name]
 
+    def canonical(self, target: str) -> str:
+        """The process a target names: `syncer-0` is `syncer`; UsageError naming the valid syncer
+        targets for a shard the run does not have; any other name as it is."""
+        return shards.syncer_target(target, self.shards) or target
+
     def _target(self, target: str, action: str) -> tuple[Proc, Host, HostRuntime]:
         state = self.run.read_state()
         procs = state.procs
-        if target not in procs or (target == "syncer" and action != "kill"):
-            known = ", ".join(sorted(n for n in procs if n != "syncer"))
+        syncer = shards.syncer_target(target, self.shards)  # UsageError for a shard the run lacks
+        if (syncer or target) not in procs or (syncer and action != "kill"):
+            known = ", ".join(sorted(n for n, p in procs.items() if p.learner))
             raise UsageError(
                 f"cannot {action} {target!r}",
-                hint=f"learners: {known}" + ("; the syncer can only be killed" if target == "syncer" else ""),
+                hint=f"learners: {known}" + ("; a syncer shard can only be killed" if syncer else ""),
             )
-        entry = procs[target]
+        entry = procs[syncer or target]
         return entry, self._host(entry.host), HostRuntime.from_dict(dict(state.runtime_of(entry.host)))
 
     # -- the guard ---------------------------------------------------------------------------
     def guard(self, action: str, target: str, force: bool, confirm: Confirm | None) -> None:
         """Refuse (unless forced or confirmed) a fault that drops the live fleet below quorum."""
-        if action == "slow" or target == "syncer" or force:
-            return
+        if action == "slow" or shards.shard_of(target) is not None or force:
+            return  # a syncer shard is not a learner: killing it leaves the quorum as it is
         snap = collect(self.run)
         live = [r["id"] for r in snap["learners"] if r["state"] not in DOWN_STATES]
         quorum = int(snap["quorum"]["min"])
@@ -88,7 +97,9 @@ class Chaos:
 
     # -- faults ------------------------------------------------------------------------------
     def kill(self, target: str, sig: str = "KILL", down_for: float | None = None) -> Injection:
-        """Signal the target's process group with a hold on its restart; what was done."""
+        """Signal the target's process group (a learner's, or a syncer shard's: `syncer`, `syncer-N`)
+        with a hold on its restart; what was done."""
+        target = self.canonical(target)
         entry, host, _ = self._target(target, "kill")
         ref = entry.proc
         if entry.status is not ProcStatus.RUNNING or not ref:

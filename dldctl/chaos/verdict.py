@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dldctl import shards
 from dldctl.chaos.plan import Experiment, FaultReport, Result, lookup
 
 DETECT = {
@@ -89,10 +90,13 @@ def fault_report(
         if fault.action == "slow"
         else _first_event(events, DETECT[fault.action], target, injected)
     )
-    rep.back_at = _first_event(events, BACK[fault.action], target, rep.detected_at or injected)
+    back = BACK[fault.action]
+    if shards.shard_of(target):  # shard N's own events are in its directory: the supervisor's restart says it
+        back += ("restart",)
+    rep.back_at = _first_event(events, back, target, rep.detected_at or injected)
     if rep.detected_at is None and fault.action in ("pause", "partition"):
         rep.back_at = _first_event(events, ("fault_undo",), target, injected)
-    if fault.action == "kill" and target != "syncer":
+    if fault.action == "kill" and shards.shard_of(target) is None:
         rep.work_lost_tokens = _work_lost(samples, target, injected)
     rep.goodput_during = _goodput(samples, injected, rep.back_at or end)
     if rep.back_at is not None:

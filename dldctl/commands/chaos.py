@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from dldctl import rundir
+from dldctl import rundir, shards
 from dldctl.chaos import records, runner, verdict
 from dldctl.chaos.inject import Chaos, Confirm
 from dldctl.chaos.linkcap import LinkCapError
@@ -70,7 +70,7 @@ def _emit(record: dict[str, Any]) -> None:
 
 @app.command()
 def kill(
-    target: str = typer.Argument(..., help="learner-N or syncer"),
+    target: str = typer.Argument(..., help="learner-N, or syncer / syncer-N (a shard of a sharded syncer)"),
     signal: str = typer.Option("KILL", "--signal", help="KILL or TERM"),
     down_for: str | None = typer.Option(
         None,
@@ -81,7 +81,7 @@ def kill(
     run: str | None = RunOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Signal a learner's (or the syncer's) process group; the supervisor restarts it.
+    """Signal a learner's (or a syncer shard's) process group; the supervisor restarts it.
 
     Example: dldctl chaos kill learner-2 --down-for 30s
     """
@@ -266,15 +266,18 @@ def heal(
 
 
 def _targets(chaos: Chaos, targets: str | None) -> list[str]:
+    """The monkey's targets: every live learner by default; named, learners and syncer shards
+    (`syncer`, `syncer-N`: killed only), each as its process is named."""
     state = chaos.run.read_state()
     learners = sorted(state.learners(live=True))
     if not targets:
         return learners
     chosen = [t.strip() for t in targets.split(",") if t.strip()]
-    unknown = [t for t in chosen if t not in learners and t != "syncer"]
+    unknown = [t for t in chosen if t not in learners and shards.shard_of(t) is None]
     if unknown:
-        raise UsageError(f"--targets: unknown {unknown[0]!r}", hint=f"learners: {', '.join(learners)}")
-    return chosen
+        hint = f"learners: {', '.join(learners)}; syncer targets: {shards.valid_targets(chaos.shards)}"
+        raise UsageError(f"--targets: unknown {unknown[0]!r}", hint=hint)
+    return [chaos.canonical(t) for t in chosen]
 
 
 @app.command()
@@ -282,7 +285,9 @@ def monkey(
     mtbf: str = typer.Option(..., "--mtbf", help="Mean time between faults (exponential gaps), e.g. 30s."),
     duration: str = typer.Option(..., "--duration", help="How long to run, e.g. 10m."),
     seed: int = typer.Option(0, "--seed", help="Same seed, same schedule."),
-    targets: str | None = typer.Option(None, "--targets", help="Comma-separated learners (default: all)."),
+    targets: str | None = typer.Option(
+        None, "--targets", help="Comma-separated learners and syncer shards (syncer, syncer-N) (default: all learners)."
+    ),
     actions: str = typer.Option("kill", "--actions", help=f"Comma-separated, from {','.join(ACTIONS)}."),
     fault_duration: str = typer.Option("10s", "--fault-duration", help="How long a pause/slow/partition/link lasts."),
     link_rate: str = typer.Option("1mbit", "--link-rate", help="The cap of a link fault, e.g. 1mbit."),

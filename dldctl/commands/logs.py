@@ -64,7 +64,9 @@ def job_note(s: Source) -> str | None:
 
 def logs(
     targets: list[str] = typer.Argument(
-        ..., metavar="TARGET", help="learner-N, syncer, supervisor, watchdog, or a glob: 'learner-*'."
+        ...,
+        metavar="TARGET",
+        help="learner-N, syncer (syncer-N: a shard), supervisor, watchdog, or a glob: 'learner-*'.",
     ),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines (of every target)."),
     tail: int | None = typer.Option(None, "--tail", help="Lines from the end of each log to start with (default 50)."),

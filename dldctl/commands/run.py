@@ -198,8 +198,20 @@ def down(
     for key, value in summary.items():
         if isinstance(value, float):
             value = f"{value:.4g}"
+        if key == "shards":  # a sharded syncer's shards: how each stopped, at which outer step
+            value = shard_words(value)
         table.add_row(key, str(value))
     console.print(table)
+
+
+def shard_words(rows: list[dict[str, Any]]) -> str:
+    """`0: 120 outer steps; 1: 118 outer steps (dead: its newest checkpoint)` (pure)."""
+    why = {"dead": " (dead: its newest checkpoint)", "unreachable": " (did not answer)", "killed": " (killed)"}
+    return "; ".join(
+        f"{r.get('shard')}: {r.get('outer_steps') if r.get('outer_steps') is not None else '?'} outer steps"
+        f"{why.get(str(r.get('state')), '')}"
+        for r in rows
+    )
 
 
 def _describe(run: rundir.RunDir) -> str:

@@ -17,12 +17,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dldctl import extras, inventory, rundir
-from dldctl.errors import DldError, RunError, UsageError
+from dldctl import extras, inventory, rundir, shards
+from dldctl.errors import RunError, UsageError
 from dldctl.hosts import ProcRef
 from dldctl.inventory import HostSpec, Inventory
-from dldctl.lifecycle import plan, provision, sites, wheel
-from dldctl.lifecycle.syncerctl import SyncerControl
+from dldctl.lifecycle import plan, provision, sites, syncerctl, wheel
 from dldctl.rundir import RunDir
 from dldctl.runstate import HostRecord, ProcStatus
 from dldctl.supervise import reconcile
@@ -40,13 +39,14 @@ def _save_inventory(run: RunDir, inv: Inventory) -> None:
 
 
 def _tell_syncer(run: RunDir, config: ResolvedConfig) -> None:
+    """The declared fleet to every shard of the syncer (one that is down reads it from config.json)."""
     state = run.read_state()
     ids = state.learners(live=True)
-    try:
-        with SyncerControl.for_run(config, run.path) as ctl:
-            ctl.control("fleet", learners=sorted(ids))
-    except DldError as exc:
-        run.event("fleet_update_failed", "syncer", f"{exc.line()} (it reads the fleet from config.json on restart)")
+    told = syncerctl.tell_every_shard(config, run.path, "fleet", 10.0, learners=sorted(ids))
+    for shard, exc in told.items():
+        if exc is not None:
+            why = f"{exc.line()} (it reads the fleet from config.json on restart)"
+            run.event("fleet_update_failed", shards.proc_name(shard), why)
 
 
 def adopt_host(run: RunDir, spec: HostSpec) -> None:
@@ -169,8 +169,13 @@ def converge(run: RunDir, inv: Inventory, console: Console) -> None:
     stored = stored_inventory(run)
     if inventory.to_dict(stored)["run"] != inventory.to_dict(inv)["run"]:
         console.print(
-            "[yellow]the [run] table differs from the live run's; settings cannot change on a live run "
+            "[yellow]the \\[run] table differs from the live run's; settings cannot change on a live run "
             "(`dldctl down`, then `dldctl up` for a new run). Converging the fleet only.[/]"
+        )
+    if stored.syncer.shards != inv.syncer.shards:
+        console.print(
+            f"[yellow]\\[syncer] shards = {inv.syncer.shards}, but the live run has {stored.syncer.shards}: "
+            "the syncer's shards cannot change on a live run (`dldctl down`, then `dldctl up`).[/]"
         )
     state = run.read_state()
     current: dict[str, list[str]] = {}

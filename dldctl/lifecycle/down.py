@@ -3,14 +3,18 @@
 Order matters: the supervisor and its watchdog first (so nothing is restarted: once the run is
 `stopping` neither restarts the other), then the learners with SIGTERM
 (each sends its due fragments and says bye), then the syncer, asked to close its open rounds,
-export the final model and checkpoint before it exits. Anything still alive after its grace
-period is killed by process group. Processes are found in `procs.jsonl` (every process ever
-started), so `down` works even when state.json is corrupt. Afterwards nothing of the run runs.
+export the final model and checkpoint before it exits. A sharded syncer (dldctl/shards.py) is
+stopped shard S-1 down to shard 1 first, each writing its final checkpoint as it exits (a shard
+that is down is skipped: its newest checkpoint stands in), then shard 0, which assembles the
+final model from every shard's newest checkpoint. Anything still alive after its grace period is
+killed by process group. Processes are found in `procs.jsonl` (every process ever started), so
+`down` works even when state.json is corrupt. Afterwards nothing of the run runs.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from dataclasses import replace
@@ -18,12 +22,14 @@ from typing import Any
 
 from rich.console import Console
 
+from dldctl import shards
 from dldctl.chaos import links
 from dldctl.errors import ChaosError, DldError, OperationError, RunError
 from dldctl.hosts import Host, ProcRef
 from dldctl.hosts.slurm import SlurmHost
 from dldctl.inventory import parse
 from dldctl.lifecycle import export as export_mod
+from dldctl.lifecycle import syncerctl
 from dldctl.lifecycle.provision import host_for
 from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.observe import mirror
@@ -34,6 +40,7 @@ from syncer.common.resolved import ResolvedConfig
 
 LEARNER_GRACE_S = 20.0
 SYNCER_GRACE_S = 20.0
+CHECKPOINT_NAME = re.compile(r"ckpt-\d+-(\d+)-\d+\.pt")  # syncer/checkpoint.py's names: epoch, outer step, ms
 
 
 class RunProcesses:
@@ -92,6 +99,15 @@ class RunProcesses:
                 self.host(record["host"]).signal(ProcRef(record["pid"], record["start_ticks"]), sig, group=True)
             except DldError as exc:
                 self.run.event("signal_failed", record["target"], exc.line())
+
+    def wait_gone(self, predicate: Any, timeout: float) -> list[dict[str, Any]]:
+        """Wait up to `timeout` for the processes to exit by themselves; those still alive."""
+        alive = self.alive(predicate)
+        deadline = time.monotonic() + timeout
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.3)
+            alive = self.alive(predicate)
+        return alive
 
     def stop(self, predicate: Any, grace: float) -> list[dict[str, Any]]:
         """SIGCONT + SIGTERM, wait up to `grace`, then SIGKILL; returns what had to be killed."""
@@ -180,16 +196,87 @@ def _syncer_snapshot(run: RunDir, config: ResolvedConfig | None) -> dict[str, An
 
 
 def _announce_ending(run: RunDir, config: ResolvedConfig | None) -> None:
-    """Tell the syncer the run is ending, so the rounds that close while the learners stop one by
-    one keep those already gone in the average (docs/algorithm.md, Fleet scale); a syncer that is
-    down, or too old to know the action, just misses the hint."""
-    if config is None:
-        return
+    """Tell every shard of the syncer the run is ending, so the rounds that close while the learners
+    stop one by one keep those already gone in the average (docs/algorithm.md, Fleet scale); a
+    shard that is down, or too old to know the action, just misses the hint."""
+    if config is not None:
+        syncerctl.tell_every_shard(config, run.path, "ending", 3.0)
+
+
+def _stop_shards(
+    run: RunDir, fleet: RunProcesses, config: ResolvedConfig | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Shards S-1 .. 1 of a sharded syncer, each asked to close its rounds and shut down (it writes
+    its final checkpoint as it exits: shard 0 assembles from it); (a row per shard, what had to be
+    killed). Any shard process procs.jsonl names still alive afterwards (a config that cannot be
+    read: all of them) is stopped by signal."""
+    rows: list[dict[str, Any]] = []
+    killed: list[dict[str, Any]] = []
+    for shard in range(config.syncer.shards - 1 if config is not None else 0, 0, -1):
+        assert config is not None
+        row, forced = _stop_shard(run, fleet, config, shard)
+        rows.insert(0, row)
+        killed += forced
+    killed += fleet.stop(lambda r: (shards.shard_of(r["target"]) or 0) > 0, SYNCER_GRACE_S)
+    return rows, killed
+
+
+def _stop_shard(
+    run: RunDir, fleet: RunProcesses, config: ResolvedConfig, shard: int
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One shard shut down (or skipped, if it is down) and waited for; (its row, what was killed).
+    Its row: `state` stopped (its final checkpoint written), dead (not running: its newest
+    checkpoint stands in), unreachable or killed (it did not shut down when asked)."""
+    name = shards.proc_name(shard)
+
+    def mine(record: dict[str, Any]) -> bool:
+        return bool(record["target"] == name)
+
+    row: dict[str, Any] = {"shard": shard, "outer_steps": None, "state": "dead"}
+    forced: list[dict[str, Any]] = []
+    if not fleet.alive(mine):
+        run.event("syncer_shard_down", name, "not running at down: its newest checkpoint goes into the final model")
+    else:
+        row.update(_shut_down_shard(run, config, shard))
+        gone = row["state"] == "stopped" and not fleet.wait_gone(mine, SYNCER_GRACE_S)
+        if not gone:  # it did not take the shutdown, or took longer than its grace: SIGTERM, then SIGKILL
+            forced = fleet.stop(mine, SYNCER_GRACE_S)
+            row["state"] = "killed" if forced else row["state"]
+    if row["outer_steps"] is None:
+        row["outer_steps"] = _checkpoint_step(run, config, shard)
+    return row, forced
+
+
+def _shut_down_shard(run: RunDir, config: ResolvedConfig, shard: int) -> dict[str, Any]:
+    """Close shard `shard`'s open rounds, read its outer steps, ask it to shut down (no export)."""
     try:
-        with SyncerControl.for_run(config, run.path) as ctl:
-            ctl.control("ending", timeout=3.0)
-    except DldError:
-        pass
+        with SyncerControl.for_run(config, run.path, shard) as ctl:
+            ctl.control("flush", timeout=10.0)
+            steps = ctl.status(timeout=3.0)["syncer"]["outer_steps"]
+            ctl.control("shutdown", timeout=10.0)
+            return {"outer_steps": steps, "state": "stopped"}
+    except DldError as exc:
+        run.event("syncer_unreachable", shards.proc_name(shard), f"during down: {exc.line()}")
+        return {"state": "unreachable"}
+
+
+def _checkpoint_step(run: RunDir, config: ResolvedConfig, shard: int) -> int | None:
+    """The outer step of shard `shard`'s newest checkpoint in this run directory (None: none here)."""
+    if config.syncer.host != "local":
+        return None
+    steps = [
+        int(m.group(1))
+        for p in (shards.local_dir(run.path, shard) / "checkpoints").glob("ckpt-*.pt")
+        if (m := CHECKPOINT_NAME.fullmatch(p.name))
+    ]
+    return max(steps, default=None)
+
+
+def _shard_zero(run: RunDir, config: ResolvedConfig, snap: dict[str, Any] | None) -> dict[str, Any]:
+    """Shard 0's row of `down`'s summary: its outer steps from its last snapshot (if it answered)."""
+    if snap is None:
+        return {"shard": 0, "outer_steps": _checkpoint_step(run, config, 0), "state": "unreachable"}
+    return {"shard": 0, "outer_steps": snap["syncer"]["outer_steps"], "state": "stopped"}
 
 
 def _final_syncer(run: RunDir, config: ResolvedConfig | None) -> tuple[dict[str, Any] | None, str]:
@@ -251,9 +338,10 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
         console.print("stopping learners (they send their last fragments)...")
         killed += fleet.stop(lambda r: r["target"].startswith("learner-"), LEARNER_GRACE_S)
         killed += fleet.sweep_jobs()  # nothing of the run left queued on a scheduler
+        rows, forced = _stop_shards(run, fleet, config)  # a sharded syncer's shards S-1 .. 1
         snap, exported = _final_syncer(run, config)
-        killed += fleet.stop(lambda r: r["target"] == "syncer", SYNCER_GRACE_S)
-        exported = _bring_home(run, fleet, exported)
+        killed += forced + fleet.stop(lambda r: r["target"] == "syncer", SYNCER_GRACE_S)
+        exported = _bring_home(run, fleet, exported, config)
         _drain_exports(run)
         left = fleet.alive()
         if left:
@@ -277,6 +365,8 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
     if snap and before:
         snap["loss"] = before["loss"]  # learners report losses while they run
     out = summary(run, snap or before, exported, killed)
+    if rows and config is not None:  # a sharded syncer: each shard's outer steps and how it stopped
+        out["shards"] = [_shard_zero(run, config, snap), *rows]
     out.update(export_mod.summary_files(run.path / EXPORT_DIR) if exported else {})  # the safetensors export
     try:
         state = run.read_state()
@@ -305,10 +395,14 @@ def _stopped(proc: Proc) -> Proc:
     return replace(proc, status=ProcStatus.STOPPED, proc=None, reason=proc.reason if done else DOWN_REASON)
 
 
-def _bring_home(run: RunDir, fleet: RunProcesses, exported: str) -> str:
+def _bring_home(run: RunDir, fleet: RunProcesses, exported: str, config: ResolvedConfig | None) -> str:
     """A remote syncer's last records and its final model (final_model.pt and the safetensors
-    export), copied to the run directory; the export's config.json completed (dldctl/lifecycle/export.py)."""
-    exported = _fetch_remote(run, fleet, exported)
+    export), copied to the run directory; the export's config.json completed (dldctl/lifecycle/export.py).
+    A sharded syncer's assembly can fail (a shard without a checkpoint: its event says why): no model then."""
+    count = config.syncer.shards if config else 1
+    exported = _fetch_remote(run, fleet, exported, count)
+    if exported and count > 1 and not run.final_model.is_file():
+        exported = ""
     if exported:
         problem = export_mod.finish(run.path / EXPORT_DIR)
         if problem:
@@ -316,7 +410,7 @@ def _bring_home(run: RunDir, fleet: RunProcesses, exported: str) -> str:
     return exported
 
 
-def _fetch_remote(run: RunDir, fleet: RunProcesses, exported: str) -> str:
+def _fetch_remote(run: RunDir, fleet: RunProcesses, exported: str, count: int) -> str:
     try:
         state = run.read_state()
     except RunError:
@@ -326,7 +420,7 @@ def _fetch_remote(run: RunDir, fleet: RunProcesses, exported: str) -> str:
         return exported
     host = fleet.host(where[0])
     try:
-        offsets = mirror.mirror(host, where[1], run, dict(state.mirror))
+        offsets = mirror.mirror(host, where[1], run, dict(state.mirror), count)
         with run.update() as edit:
             edit.state = replace(edit.state, mirror=offsets)
         if exported:

@@ -5,7 +5,9 @@ Where the tensors come from, first that exists (the result's `source` says which
 1. `<run>/export/` as the syncer wrote it when `dldctl down` stopped it: reused (no torch needed);
 2. `<run>/final_model.pt` (the syncer's torch export): converted, needs torch (`dldctl[train]`);
 3. the newest valid checkpoint in `<run>/checkpoints/` (a run whose syncer never exported, or a
-   live run: its newest checkpoint, not the state of this second): converted, needs torch.
+   live run: its newest checkpoint, not the state of this second): converted, needs torch. A
+   sharded syncer's model is assembled from every shard's newest valid checkpoint (each in its
+   own directory, dldctl/lifecycle/shardexport.py).
 
 `complete` (pure) adds the built-in preset's full GPT shape to a config (n_head is in the preset
 table, not in the tensor shapes; workload/presets.py is torch-free); `finish` applies it to the
@@ -15,7 +17,6 @@ so `dldctl` stays importable without torch. The layout is docs/model.md.
 
 from __future__ import annotations
 
-import io
 import shutil
 import time
 from dataclasses import asdict
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from dldctl import extras
 from dldctl.errors import OperationError, RunError
+from dldctl.lifecycle import shardexport
 from dldctl.rundir import RunDir
 from syncer.common import jsonl, modelexport, modelfile
 from syncer.common.modelexport import CONFIG, EXPORT_DIR, WEIGHTS
@@ -124,9 +126,12 @@ def _copy(src: Path, dest: Path) -> None:
 
 
 def _convert(run: RunDir, dest: Path, live: bool) -> str:
-    """Read the tensors from final_model.pt or the newest valid checkpoint, write the export; the source."""
+    """Read the tensors from final_model.pt or the newest valid checkpoint (of a sharded syncer:
+    every shard's, assembled), write the export; the source."""
     final = run.final_model
     use_final = not live and final.is_file()
+    config = run.read_config()
+    sharded = config.syncer.shards > 1
     candidates = [] if use_final else _checkpoint_files(run)
     if not use_final and not candidates:
         raise RunError(
@@ -134,13 +139,16 @@ def _convert(run: RunDir, dest: Path, live: bool) -> str:
             hint=f"`dldctl down --run {run.name}` exports the model while its syncer runs; "
             "a run that never merged has none to export",
         )
-    what = final.name if use_final else "its newest checkpoint"
+    what = final.name if use_final else "its newest checkpoint" + (" of every syncer shard" if sharded else "")
     extras.require("torch", f"`dldctl export {run.name}` converts {what} to safetensors and needs")
     if use_final:
         loaded, source = _from_final(final), str(final)
+    elif sharded:
+        source, loaded = shardexport.assemble(run, config.syncer.shards, config.run_id)
     else:
         path, loaded = _from_checkpoints(run, candidates)
-        source = f"checkpoint {path}" + (" (the run is live: its newest checkpoint)" if live else "")
+        source = f"checkpoint {path}"
+    source += " (the run is live: its newest checkpoint)" if live and not use_final else ""
     tensors, outer, merged, loss = loaded
     if loss is None:
         loss = _reported_loss(run, outer)
@@ -149,10 +157,9 @@ def _convert(run: RunDir, dest: Path, live: bool) -> str:
 
 
 def _checkpoint_files(run: RunDir) -> list[Path]:
-    """Checkpoint files, newest first (the syncer's own order: epoch, outer step, time in the name)."""
-    if not run.checkpoints.is_dir():
-        return []
-    return sorted((p for p in run.checkpoints.glob("ckpt-*.pt") if p.is_file()), key=lambda p: p.name, reverse=True)
+    """Checkpoint files (shard 0's, of a sharded syncer), newest first (the syncer's own order:
+    epoch, outer step, time in the name)."""
+    return shardexport.checkpoint_files(run.checkpoints)
 
 
 def _from_final(path: Path) -> Loaded:
@@ -185,8 +192,7 @@ def _from_checkpoint(path: Path) -> Loaded:
 
     from syncer.wire import fragments
 
-    body = modelexport.checkpoint_body(path.read_bytes(), path.name)
-    saved = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+    saved = shardexport.read_checkpoint(path)
     manifest = fragments.manifest_from_json(saved["manifest"])
     plan = fragments.plan(manifest, int(saved["fragments"]))
     tensors = {spec.name: torch.zeros(spec.shape, dtype=torch.float32) for spec in manifest}

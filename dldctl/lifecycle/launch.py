@@ -6,6 +6,7 @@ named in the resolved configuration.
 
 from __future__ import annotations
 
+from dldctl import shards
 from dldctl.hosts import Host, ProcRef
 from dldctl.lifecycle.provision import HostRuntime
 from syncer.common.resolved import LearnerEntry
@@ -21,8 +22,10 @@ def _env(runtime: HostRuntime, extra: dict[str, str] | None = None) -> dict[str,
     return env
 
 
-def syncer_argv(runtime: HostRuntime) -> list[str]:
-    return [runtime.python, "-m", "syncer", "--config", runtime.config]
+def syncer_argv(runtime: HostRuntime, shard: int = 0) -> list[str]:
+    """`python -m syncer --config ...`, with `--shard N` for shard N > 0 of a sharded syncer."""
+    argv = [runtime.python, "-m", "syncer", "--config", runtime.config]
+    return [*argv, "--shard", str(shard)] if shard else argv
 
 
 def learner_argv(runtime: HostRuntime, entry: LearnerEntry) -> list[str]:
@@ -57,10 +60,13 @@ def log_path(runtime: HostRuntime, target: str) -> str:
 SYNCER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 
 
-def start_syncer(host: Host, runtime: HostRuntime) -> ProcRef:
-    return host.start(
-        syncer_argv(runtime), cwd=runtime.run_dir, log=log_path(runtime, "syncer"), env=_env(runtime, SYNCER_MALLOC)
-    )
+def start_syncer(host: Host, runtime: HostRuntime, name: str = shards.SYNCER) -> ProcRef:
+    """Start the syncer process `name` (`syncer`, or shard N's `syncer-N`), logging to logs/NAME.log."""
+    shard = shards.shard_of(name)
+    if shard is None:
+        raise ValueError(f"{name!r} is not a syncer process name (syncer, syncer-1, ...)")
+    argv = syncer_argv(runtime, shard)
+    return host.start(argv, cwd=runtime.run_dir, log=log_path(runtime, name), env=_env(runtime, SYNCER_MALLOC))
 
 
 def learner_env(runtime: HostRuntime, entry: LearnerEntry, restarts: int) -> dict[str, str]:

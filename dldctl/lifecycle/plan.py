@@ -11,6 +11,7 @@ import secrets
 import socket
 from dataclasses import dataclass
 
+from dldctl import shards
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.lifecycle import initmodel
 from dldctl.rundir import RunDir
@@ -58,23 +59,37 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def free_ports(count: int, taken: set[int]) -> tuple[int, ...]:
+    """`count` free ports, none of them in `taken` nor twice (a port just let go may come back)."""
+    out: list[int] = []
+    while len(out) < count:
+        port = free_port()
+        if port not in taken and port not in out:
+            out.append(port)
+    return tuple(out)
+
+
 def syncer_section(inv: Inventory, advertise: str) -> SyncerSection:
-    """Bind address, ports and the address learners dial."""
+    """Bind address, ports (two more per shard after the first: free ones) and the address learners dial."""
     # a site's jobs run on its compute nodes, even with login "local": they dial in from elsewhere
     all_local = all(h.local and not h.site for h in inv.hosts) and inv.syncer.host == "local"
     bind = inv.syncer.bind or ("127.0.0.1" if all_local else "0.0.0.0")
     control = "127.0.0.1"
     if inv.syncer.host != "local":  # the syncer runs on an inventory host: dial that host
         advertise = control = inv.syncer.advertise or inv.host(inv.syncer.host).address
+    port = inv.syncer.port or free_port()
+    control_port = inv.syncer.control_port or free_ports(1, {port})[0]
     # "dir" is relative to config.json, so it is the run directory on whichever host reads it
     return SyncerSection(
         host=inv.syncer.host,
         bind_host=bind,
-        port=inv.syncer.port or free_port(),
-        control_port=inv.syncer.control_port or free_port(),
+        port=port,
+        control_port=control_port,
         advertise=inv.syncer.advertise or advertise,
         control_address=control,
         dir=".",
+        shards=inv.syncer.shards,
+        shard_ports=free_ports(2 * (inv.syncer.shards - 1), {port, control_port}),
     )
 
 
@@ -124,13 +139,18 @@ def _site_words(h: HostSpec) -> str:
     return ", ".join([f"a {h.scheduler} job of {h.nodes} node(s) via {via}", *asks])
 
 
+def _shard_words(count: int) -> str:
+    """`, 2 shards (syncer, syncer-1), each its own process` for a sharded syncer; "" for one."""
+    return f", {count} shards ({', '.join(shards.names(count))}), each its own process" if count > 1 else ""
+
+
 def describe(inv: Inventory) -> list[str]:
     """Human-readable lines of what `up` would do (for --dry-run)."""
     lines = [
         f"run {inv.run.name}: model {inv.run.model}, data {inv.run.data}, H={inv.run.H}, "
         f"fragments={inv.run.fragments}, quorum={inv.run.quorum}, compression={inv.run.compression}, "
         f"merge={inv.run.merge}{', INSECURE' if inv.run.insecure else ''}",
-        f"syncer on {inv.syncer.host} (port {inv.syncer.port or 'auto'})",
+        f"syncer on {inv.syncer.host} (port {inv.syncer.port or 'auto'}){_shard_words(inv.syncer.shards)}",
     ]
     for plan in learner_plans(inv):
         h = plan.host

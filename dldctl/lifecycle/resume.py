@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from dldctl import shards
 from dldctl.errors import DldError, OperationError, UsageError
 from dldctl.inventory import Inventory
 from dldctl.lifecycle import converge, plan
@@ -46,7 +47,7 @@ def resume(run: RunDir, console: Console, timeout: float) -> tuple[RunDir, list[
     config = run.read_config()
     _require_checkpoint(run, config)
     inv = converge.stored_inventory(run)
-    names = [h.name for h in inv.hosts] + ["syncer", *config.learner_ids]
+    names = [h.name for h in inv.hosts] + [*shards.names(config.syncer.shards), *config.learner_ids]
     console.print(f"resuming run [bold]{run.name}[/] in {run.path}", highlight=False)
     with up_mod.Board(console, names) as board:
         config, runtimes, errors = up_mod.prepare_fleet(inv, run, board, lambda a: _new_ports(run, inv, config, a))
@@ -75,15 +76,18 @@ def _refuse_if_running(run: RunDir) -> None:
 
 
 def _require_checkpoint(run: RunDir, config: ResolvedConfig) -> None:
-    """A local syncer's checkpoints must exist (a remote one's are checked by the syncer itself)."""
+    """A local syncer's checkpoints must exist, each shard's in its own directory (a remote one's
+    are checked by the syncer itself)."""
     if config.syncer.host != "local":
         return
-    directory = run.checkpoints
-    if not any(Path(directory).glob(CHECKPOINT_NAME)):
-        raise OperationError(
-            f"run {run.name} has no syncer checkpoint in {directory}: there is nothing to resume",
-            hint="`dldctl up` starts a new run (`[run] init_from` can start it from a model file)",
-        )
+    for shard in range(config.syncer.shards):
+        directory = shards.local_dir(run.path, shard) / "checkpoints"
+        if not any(Path(directory).glob(CHECKPOINT_NAME)):
+            which = f"syncer shard {shard} " if config.syncer.shards > 1 else "syncer "
+            raise OperationError(
+                f"run {run.name} has no {which}checkpoint in {directory}: there is nothing to resume",
+                hint="`dldctl up` starts a new run (`[run] init_from` can start it from a model file)",
+            )
 
 
 def _new_ports(run: RunDir, inv: Inventory, config: ResolvedConfig, advertise: str) -> ResolvedConfig:

@@ -11,6 +11,7 @@ from typing import Any
 
 import zmq
 
+from dldctl import shards
 from dldctl.errors import SyncerError
 from syncer.common import keys
 from syncer.common.resolved import ResolvedConfig
@@ -20,8 +21,9 @@ from syncer.wire.protocol import Message, ProtocolError, control, decode, encode
 class SyncerControl:
     """One DEALER socket to a run's syncer; use as a context manager."""
 
-    def __init__(self, address: str, keys_dir: Path | None) -> None:
+    def __init__(self, address: str, keys_dir: Path | None, name: str = "syncer") -> None:
         self.address = address
+        self.name = name  # its process (`syncer`, a shard's `syncer-N`): where `dldctl logs` looks
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -35,9 +37,10 @@ class SyncerControl:
         self.sock.connect(address)
 
     @classmethod
-    def for_run(cls, config: ResolvedConfig, run_path: Path) -> SyncerControl:
-        """The control client of a run (the operator's copy of the config is in `run_path`)."""
-        return cls(config.syncer.control, config.keys_dir(run_path))
+    def for_run(cls, config: ResolvedConfig, run_path: Path, shard: int = 0) -> SyncerControl:
+        """The control client of a run's syncer (of shard `shard` of a sharded one; the operator's
+        copy of the config is in `run_path`). Every shard admits the operator's key alike."""
+        return cls(config.syncer.shard(shard).control, config.keys_dir(run_path), shards.proc_name(shard))
 
     def __enter__(self) -> SyncerControl:
         return self
@@ -54,7 +57,7 @@ class SyncerControl:
         if not self.sock.poll(int(timeout * 1000)):
             raise SyncerError(
                 f"the syncer at {self.address} did not answer within {timeout:g} s",
-                hint="`dldctl logs syncer` shows why; the supervisor restarts a dead syncer",
+                hint=f"`dldctl logs {self.name}` shows why; the supervisor restarts a dead syncer",
             )
         try:
             return decode(self.sock.recv_multipart())
@@ -69,3 +72,19 @@ class SyncerControl:
         if not reply["ok"]:
             raise SyncerError(f"the syncer refused {action!r}: {reply['detail']}")
         return str(reply["detail"])
+
+
+def tell_every_shard(
+    config: ResolvedConfig, run_path: Path, action: str, timeout: float, **args: Any
+) -> dict[int, SyncerError | None]:
+    """The control `action` sent to every shard of the run's syncer, one after the other (each
+    within `timeout`); shard -> None (done) or the SyncerError of a shard that did not take it."""
+    out: dict[int, SyncerError | None] = {}
+    for shard in range(config.syncer.shards):
+        try:
+            with SyncerControl.for_run(config, run_path, shard) as ctl:
+                ctl.control(action, timeout=timeout, **args)
+            out[shard] = None
+        except SyncerError as exc:
+            out[shard] = exc
+    return out

@@ -29,7 +29,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from dldctl import extras, inventory, rundir
+from dldctl import extras, inventory, rundir, shards
 from dldctl.errors import DldError, OperationError
 from dldctl.hosts import Host, LocalHost
 from dldctl.hosts.slurm import SlurmHost
@@ -177,9 +177,10 @@ def initial_state(
     runtimes: dict[str, provision.HostRuntime],
     errors: dict[str, DldError],
 ) -> RunState:
-    """Every process pending (the supervisor starts them); unreachable hosts' learners stopped."""
+    """Every process pending (the supervisor starts them): every syncer shard (`syncer`, `syncer-1`,
+    ...: dldctl/shards.py) on the syncer's host, the learners; unreachable hosts' learners stopped."""
     syncer_host = inv.syncer.host if inv.syncer.host != "local" else "local"
-    procs = {"syncer": reconcile.new_proc("syncer", syncer_host)}
+    procs = {name: reconcile.new_proc("syncer", syncer_host) for name in shards.names(config.syncer.shards)}
     for entry in config.learners:
         proc = reconcile.new_proc("learner", entry.host)
         if entry.host in errors:
@@ -288,8 +289,8 @@ def report_start(
 
 
 def fleet_names(inv: Inventory) -> list[str]:
-    """The lines of the progress board: the hosts, the syncer, the learners."""
-    return [h.name for h in inv.hosts] + ["syncer"] + [p.id for p in plan.learner_plans(inv)]
+    """The lines of the progress board: the hosts, the syncer (each shard), the learners."""
+    return [h.name for h in inv.hosts] + shards.names(inv.syncer.shards) + [p.id for p in plan.learner_plans(inv)]
 
 
 def up(inv: Inventory, source: str | None, console: Console, timeout: float = 180.0) -> RunDir:

@@ -1,12 +1,14 @@
-"""Bringing a remote syncer's records home: its events.jsonl and metrics.jsonl are appended to
-the run directory on the operator machine (whole lines only, from remembered offsets), so
-status, report and chaos verdicts work the same wherever the syncer runs."""
+"""Bringing a remote syncer's records home: its events.jsonl and metrics.jsonl (and those of
+every other shard of a sharded syncer, in `shard-N/`) are appended to the run directory on the
+operator machine (whole lines only, from remembered offsets), so status, report and chaos
+verdicts work the same wherever the syncer runs."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
+from dldctl import shards
 from dldctl.hosts import Host
 from dldctl.lifecycle.provision import HostRuntime
 from dldctl.rundir import RunDir
@@ -16,26 +18,36 @@ FILES = ("events.jsonl", "metrics.jsonl")
 CHUNK = 1 << 20
 
 
-def mirror(host: Host, runtime: HostRuntime, run: RunDir, offsets: dict[str, int]) -> dict[str, int]:
-    """Append what the remote files gained since `offsets`; returns the new offsets."""
+def mirror(host: Host, runtime: HostRuntime, run: RunDir, offsets: dict[str, int], count: int = 1) -> dict[str, int]:
+    """Append what the remote files gained since `offsets` (of every one of `count` syncer shards:
+    shard s's into `shard-s/`, dldctl/shards.py); returns the new offsets."""
     out = dict(offsets)
-    for name in FILES:
-        remote = f"{runtime.run_dir}/{name}"
-        size = host.size(remote)
-        if size is None:
-            continue
-        offset = out.get(name, 0)
-        if size < offset:  # replaced (a new syncer run): start over
-            offset = 0
-        while offset < size:
-            data = host.read_bytes(remote, offset, min(CHUNK, size - offset))
-            whole = data[: data.rfind(b"\n") + 1]
-            if not whole:
-                break  # a line still being written
-            _append(run.path / name, whole)
-            offset += len(whole)
-        out[name] = offset
+    for shard in range(count):
+        if shard:
+            (run.path / shards.subdir(shard)).mkdir(exist_ok=True)
+        for name in FILES:
+            rel = f"{shards.subdir(shard)}/{name}" if shard else name  # offsets' key: the path in the run dir
+            offset = _copy_new(host, f"{runtime.run_dir}/{rel}", run.path / rel, out.get(rel, 0))
+            if offset is not None:
+                out[rel] = offset
     return out
+
+
+def _copy_new(host: Host, remote: str, local: Any, offset: int) -> int | None:
+    """Append the whole lines `remote` gained past `offset` to `local`; the new offset (None: no such file)."""
+    size = host.size(remote)
+    if size is None:
+        return None
+    if size < offset:  # replaced (a new syncer run): start over
+        offset = 0
+    while offset < size:
+        data = host.read_bytes(remote, offset, min(CHUNK, size - offset))
+        whole = data[: data.rfind(b"\n") + 1]
+        if not whole:
+            break  # a line still being written
+        _append(local, whole)
+        offset += len(whole)
+    return offset
 
 
 def _append(path: Any, data: bytes) -> None:

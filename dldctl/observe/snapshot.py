@@ -2,7 +2,9 @@
 
 The syncer knows progress (steps, tokens, weights, heartbeats, goodput, bytes); the run state
 knows processes (hosts, pids, restarts, faults); the events log knows what happened. When the
-syncer does not answer, the snapshot still comes back, with `syncer.alive` false.
+syncer does not answer, the snapshot still comes back, with `syncer.alive` false. A sharded
+syncer's progress is shard 0's, as an unsharded one's; `shards` has a row per shard
+(dldctl/observe/shardrows.py).
 
 The state file is only as fresh as the supervisor that writes it: a process on this machine is
 checked against its live pid (and start time), so a dead pid reads `dead` even while no
@@ -19,7 +21,7 @@ from typing import Any
 
 from dldctl.errors import DldError
 from dldctl.lifecycle.syncerctl import SyncerControl
-from dldctl.observe import runs
+from dldctl.observe import runs, shardrows
 from dldctl.rundir import RunDir
 from dldctl.runstate import Daemon, Fault, Proc, ProcStatus, RunState
 from dldctl.supervise import reconcile, watchdog
@@ -135,7 +137,10 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     config = run.read_config()
     state = run.read_state()
-    snap = syncer_status(run, config) or _syncer_down(run, config)
+    answered = syncer_status(run, config)  # shard 0: the fleet, quorum, goodput and throughput
+    alive = _local_pids_alive(run, state.procs)
+    shard_rows = shardrows.rows(run, config, state, answered, alive, now)  # before `snap` changes them
+    snap = answered or _syncer_down(run, config)
     snap["schema"] = SCHEMA
     snap["run"] = run.name
     snap["now"] = now
@@ -151,13 +156,13 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     snap["syncer"]["restarts"] = syncer_proc.restarts if syncer_proc else 0
     if not snap["syncer"].get("alive"):
         snap["syncer"]["pid"] = syncer_proc.proc.pid if syncer_proc and syncer_proc.proc else None
-    alive = _local_pids_alive(run, procs)
     snap["learners"] = _learner_rows(
         procs, snap.get("learners", []), list(state.faults), config, snap.pop("stale_learners", {}), alive
     )
     snap["supervisor"] = supervisor_status(run, state, now)
     snap["faults"] = [f.to_json() for f in state.faults if not f.undone]
     snap["spares"] = sorted(state.spares)  # hosts with a warm spare ready
+    snap["shards"] = shard_rows  # one per syncer shard (dldctl/observe/shardrows.py); one row unsharded
     snap["events"] = jsonl.tail(run.events, EVENTS)
     return snap
 

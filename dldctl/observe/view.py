@@ -65,6 +65,7 @@ from dldctl.observe.view_panels import (
     quorum_panel,
     throughput_panel,
 )
+from dldctl.observe.view_shards import shard_text, sharded, shards_panel
 
 __all__ = [
     "STATE_STYLES",
@@ -207,11 +208,13 @@ def learners_panel(
 # ---------------------------------------------------------------- the live layout
 
 
-def plan_sections(height: int, learner_count: int) -> dict[str, int]:
+def plan_sections(height: int, learner_count: int, shard_count: int = 0) -> dict[str, int]:
     """Rows per section for a screen `height` rows high, in order of importance: header, quorum
-    row, learners, throughput row, events. What does not fit is left out."""
+    row, syncer shards (a line each, when sharded), learners, throughput row, events. What does
+    not fit is left out."""
     budget, plan = height, {}
-    for name, want in (("header", 3), ("row1", 5), ("learners", learner_count + 4), ("row2", 5), ("events", 3)):
+    wanted = [("header", 3), ("row1", 5), ("shards", shard_count + 2 if shard_count > 1 else 0)]
+    for name, want in (*wanted, ("learners", learner_count + 4), ("row2", 5), ("events", 3)):
         if name == "learners":  # leave room for row2 and a few events unless the learners need it
             want = learner_count + 4 if learner_count else 3
             spare = budget - 8
@@ -244,9 +247,10 @@ def build_layout(
     learners = len(dicts(snapshot.get("learners")))
     body = height - 1 if ui is not None else height
     overlay = ui is not None and (ui.panel == "help" or (ui.panel == "detail" and ui.selected is not None))
-    plan = _overlay_plan(body, learners) if overlay else plan_sections(body, learners)
+    count = len(sharded(snapshot))
+    plan = _overlay_plan(body, learners) if overlay else plan_sections(body, learners, count)
     sections = []
-    for name in ("header", "row1", "row2", "learners", "events", "overlay"):
+    for name in ("header", "row1", "shards", "row2", "learners", "events", "overlay"):
         if name in plan:
             region = Layout(name=name, size=plan[name])
             _fill(region, snapshot, history, now, width, ui, log)
@@ -277,6 +281,8 @@ def _fill(
     elif name == "row2":
         panels = [throughput_panel(snapshot, history)] + ([] if narrow else [bandwidth_panel(snapshot, history)])
         region.split_row(*(Layout(p) for p in panels))
+    elif name == "shards":
+        region.update(shards_panel(snapshot))
     elif name == "learners":
         compact = 2 if narrow else 1 if width < 90 else 0
         region.update(learners_panel(snapshot, history, now, region.size, compact, ui))
@@ -388,6 +394,7 @@ def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
             f"train {fmt_float(loss.get('train'))}  eval {fmt_float(loss.get('eval'))}"
             f"  global {fmt_float(loss.get('global'))}",
         ),
+        *[("shard", shard_text(row)) for row in sharded(snapshot)],
         *[("warning", str(w)) for w in (s.get("warnings") or []) + (s.get("risks") or [])],
     ]
 
@@ -404,6 +411,7 @@ def render_plain(snapshot: dict, now: float, max_events: int = 10) -> Renderable
             "red"
             if (key == "syncer" and not syncer_alive(snapshot))
             or (key == "quorum" and quorum_colour(snapshot) == "red")
+            or (key == "shard" and not value.startswith("●"))
             else ""
         )
         if key == "supervisor":

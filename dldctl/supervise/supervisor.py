@@ -24,6 +24,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from dldctl import shards
 from dldctl.chaos import faults, links
 from dldctl.errors import DldError, HostError
 from dldctl.hosts import Host, ProcRef
@@ -135,7 +136,10 @@ class Supervisor:
         entry = state.procs[name]
         runtime = self.runtime(state, entry.host)
         syncer = entry.kind == "syncer"
-        workdir = runtime.run_dir if syncer else launch.learner_workdir(runtime, name)
+        if syncer:  # each shard's marker is in its own directory (dldctl/shards.py)
+            workdir = shards.remote_dir(runtime.run_dir, shards.shard_of(name) or 0)
+        else:
+            workdir = launch.learner_workdir(runtime, name)
         refused = f"{workdir}/{'syncer.refused' if syncer else 'refused'}"  # syncer: syncer/checkpoint.py REFUSED
         host = self.host(entry.host)
         try:
@@ -232,7 +236,8 @@ class Supervisor:
         if where is None:
             return
         try:
-            offsets = mirror.mirror(self.host(where[0]), where[1], self.run, dict(state.mirror))
+            count = self.config().syncer.shards
+            offsets = mirror.mirror(self.host(where[0]), where[1], self.run, dict(state.mirror), count)
         except DldError:
             return  # the host is marked unreachable by observe(); try again next time
         with self.run.update() as edit:
@@ -253,7 +258,7 @@ class Supervisor:
         how = ""
         try:
             if entry.kind == "syncer":
-                ref = launch.start_syncer(host, runtime)
+                ref = launch.start_syncer(host, runtime, name)
             else:
                 learner = self.config().learner(name)
                 wd = launch.learner_workdir(runtime, name)

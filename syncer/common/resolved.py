@@ -255,6 +255,12 @@ def _settings(data: dict[str, Any]) -> RunSettings:
     return settings
 
 
+def shard_subdir(shard: int) -> str:
+    """Where syncer shard `shard` keeps its checkpoints, metrics, events and epoch, relative to the
+    run directory: "" for shard 0 (an unsharded run's layout), `shard-N` for the others."""
+    return "" if shard == 0 else f"shard-{shard}"
+
+
 def _syncer(data: dict[str, Any], fragments: int) -> SyncerSection:
     """The syncer section, its shards checked against the ports and the run's fragments."""
     section = from_mapping(SyncerSection, data, "syncer")

@@ -10,10 +10,13 @@ Its welcome names the global fragments it owns; a learner that computed another 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from syncer.wire.fragments import FragmentPlan, TensorSpec, plan
+import torch
+
+from syncer.wire.fragments import FragmentPlan, TensorSpec, manifest_from_json, plan
 
 
 @dataclass(frozen=True)
@@ -66,3 +69,25 @@ def shard_plan(specs: Sequence[TensorSpec], count: int, shard: int = 0, shards: 
     of that shard's checkpoint vectors."""
     full = plan(specs, count)
     return full if shards == 1 else sub_plan(full, assign(full.sizes(), shards).owned(shard))
+
+
+def assemble(states: Sequence[Mapping[str, Any]]) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """The whole model of every shard's checkpoint state (shard s's at index s): each shard's
+    vectors scattered into the parameters by its plan, and the version of every global fragment.
+    ValueError when a state is not shard s of len(states) of the first one's run and model."""
+    count, first = len(states), states[0]
+    manifest = manifest_from_json(first["manifest"])
+    full = plan(manifest, int(first["fragments"]))
+    owner = assign(full.sizes(), count)
+    tensors = {spec.name: torch.zeros(spec.shape, dtype=torch.float32) for spec in manifest}
+    versions = [0] * full.count
+    for s, state in enumerate(states):
+        same = state["run_id"] == first["run_id"] and state["manifest"] == first["manifest"]
+        if not same or tuple(state.get("shard", (0, 1))) != (s, count):
+            raise ValueError(f"not the checkpoint of shard {s} of {count} of run {first['run_id']}'s model")
+        owned = owner.owned(s)
+        layout = sub_plan(full, owned)
+        for q, p in enumerate(owned):
+            layout.scatter(q, state["theta"][q], tensors)
+            versions[p] = int(state["versions"][q])
+    return tensors, versions

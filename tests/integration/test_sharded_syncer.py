@@ -179,5 +179,6 @@ def test_every_shard_crashed_at_once_resumes_from_its_own_newest_checkpoint(tmp_
                 if e["kind"] == "syncer_resume"
             ]
             assert resumes and "versions" in resumes[-1]["detail"], resumes  # what each shard resumed at
+            assert resumes[-1]["target"] == _name(s)  # shard 1's events name it as dldctl does
             before = snap["syncer"]["outer_steps"]
             run.wait_for(s, lambda x, b=before: x["syncer"]["outer_steps"] >= b + 4, 60, "merges after the restart")
