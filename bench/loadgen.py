@@ -2,7 +2,9 @@
 
 N synthetic learners (bench/loadgen_worker.py), spread over `--procs` worker processes, speak the
 real wire protocol to one real syncer process (`python -m syncer`, a resolved configuration and
-CURVE keys as `dldctl up` writes them): each has its own DEALER socket and key, says hello
+CURVE keys as `dldctl up` writes them), or to the `--shards` S processes of a sharded one (each
+learner then holds one link per shard, as the real learner does, and pushes each fragment to its
+owner shard): each has its own DEALER socket and key, says hello
 (learner-0 uploads the initial model of the chosen shape, the others fetch it in 4 MB chunks),
 heartbeats, answers the syncer's round calls at its next step boundary (`round_clock = "syncer"`,
 the default; `--set round_clock=learner` pushes on each learner's own schedule instead) with an
@@ -32,6 +34,11 @@ bench/loadgen_core.py):
     verdict        kept up: rounds/s >= --min-rate x offered, latency p99 <= --max-latency-s (default:
                    the round interval H/P x step), missed <= --max-missed
 
+With `--shards` S > 1 the table has a row per shard under each fleet size's total ("all": rates
+and Mparams/s summed, latency over every round, cores and memory of the shards summed); a
+shard's offered rate is its own fragments' share. loop / zmq: the cores of the syncer's main
+thread (its event loop and merges) and of libzmq's I/O threads (CURVE, TCP copies).
+
 The baseline is the offered load itself (same run): rate_ratio = achieved / offered rounds per second.
 `--search` grows one fleet on one syncer (2, 4, 8, ... up to --max-learners; after the first size
 it cannot sustain, bisects --refine times) and reports the largest size the syncer kept up with.
@@ -39,6 +46,7 @@ it cannot sustain, bisects --refine times) and reports the largest size the sync
     .venv/bin/python bench/loadgen.py --quick                       # gpt2-124m, 4 learners, 0.25 s steps, ~1.5 min
     .venv/bin/python bench/loadgen.py --learners 8 --model gpt2-350m
     .venv/bin/python bench/loadgen.py --search --model gpt2-124m --max-learners 16 --window-s 96
+    .venv/bin/python bench/loadgen.py --quick --shards 2                 # the same fleet on 2 syncer shards
 """
 
 from __future__ import annotations
@@ -109,6 +117,7 @@ def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the run directory (syncer log, metrics)")
     parser.add_argument("--tmp", default=None, help="where the run directory (and checkpoints) go, e.g. /dev/shm")
+    parser.add_argument("--shards", type=int, default=1, help="syncer processes (shards) of the run")
 
 
 def load_config(args: argparse.Namespace) -> LoadConfig:
@@ -133,13 +142,18 @@ def load_config(args: argparse.Namespace) -> LoadConfig:
         seed=args.seed,
         keep=args.keep,
         tmp=args.tmp,
+        shards=max(1, args.shards),
     )
 
 
-def level_row(level: dict[str, Any], cfg: LoadConfig) -> dict[str, Any]:
-    """The table's row of one measured fleet size."""
-    st, sy, gen = level["stats"], level["syncer"], level["generator"]
-    offered = cfg.schedule.offered_rate
+SHARD_COLUMNS = ["learners", "shard", *COLUMNS[1:15], "loop_cores", "zmq_cores", *COLUMNS[15:]]
+
+
+def level_row(level: dict[str, Any], cfg: LoadConfig, offered: float | None = None) -> dict[str, Any]:
+    """The table's row of one measured fleet size (or of one shard's part of it: no generator,
+    no join time, `offered` its own fragments' rate)."""
+    st, sy, gen = level["stats"], level["syncer"], level.get("generator")
+    offered = cfg.schedule.offered_rate if offered is None else offered
     return {
         "learners": level["learners"],
         "rounds": st["rounds"],
@@ -156,16 +170,41 @@ def level_row(level: dict[str, Any], cfg: LoadConfig) -> dict[str, Any]:
         "merge_p99_s": st["merge_s"]["p99"],
         "missed": f"{st['missed']}/{st['replies']}",
         "syncer_cpu": sy["cpu_cores"],
+        "loop_cores": sy["threads"]["loop"],
+        "zmq_cores": sy["threads"]["zmq"],
         "cpu_s/round": sy["cpu_s_per_round"],
         "rss_MB": sy["rss_mb_max"],
         "hwm_MB": sy["hwm_mb"],
         "ckpt_s": sy["checkpoints"]["share"] * cfg.window_s,
-        "gen_cpu": gen["cpu_cores"],
-        "gen_lag_p99_s": gen["lag"]["p99"],
-        "reconnects": gen["links"]["reconnects"],
-        "join_s": level["join_s"],
+        "gen_cpu": gen["cpu_cores"] if gen else "-",
+        "gen_lag_p99_s": gen["lag"]["p99"] if gen else "-",
+        "reconnects": gen["links"]["reconnects"] if gen else "-",
+        "join_s": level.get("join_s", "-"),
         "verdict": "kept up" if not level["problems"] else "BEHIND",
     }
+
+
+def level_rows(level: dict[str, Any], cfg: LoadConfig) -> list[dict[str, Any]]:
+    """One fleet size's rows: the whole syncer, then (sharded) each shard's own."""
+    if "shards" not in level:
+        return [level_row(level, cfg)]
+    rows = [{**level_row(level, cfg), "shard": "all"}]
+    for part in level["shards"]:
+        row = level_row({**part, "learners": level["learners"]}, cfg, shard_offered(cfg, part["fragments"]))
+        rows.append({**row, "shard": str(part["shard"])})
+    return rows
+
+
+def shard_offered(cfg: LoadConfig, owned: list[int]) -> float:
+    """Rounds per second a shard owning `owned` is offered: its fragments' share of the fleet's."""
+    return core.Schedule(cfg.H, len(owned), cfg.step_time).offered_rate
+
+
+def judge(level: dict[str, Any], cfg: LoadConfig, rule: core.StopRule) -> None:
+    """`problems` of the whole syncer and of each shard (against its own offered rate)."""
+    level["problems"] = rule.problems(core.WindowStats(**level["stats"]), cfg.schedule.offered_rate)
+    for part in level.get("shards", []):
+        part["problems"] = rule.problems(core.WindowStats(**part["stats"]), shard_offered(cfg, part["fragments"]))
 
 
 def run_level(fleet: LoadFleet, n: int, rule: core.StopRule) -> dict[str, Any]:
@@ -173,7 +212,7 @@ def run_level(fleet: LoadFleet, n: int, rule: core.StopRule) -> dict[str, Any]:
     join_s = fleet.resize(n)
     level = fleet.measure(n)
     level["join_s"] = join_s
-    level["problems"] = rule.problems(core.WindowStats(**level["stats"]), fleet.cfg.schedule.offered_rate)
+    judge(level, fleet.cfg, rule)
     row = level_row(level, fleet.cfg)
     print(
         f"  {n} learners: {row['rounds']} rounds, {row['rounds/s']:.4f}/s of {row['offered/s']:.4f} offered, "
@@ -205,12 +244,13 @@ def report(
     """The table, the search's answer, and the JSON (every level in full)."""
     sched = cfg.schedule
     params = core.param_count(core.manifest(cfg.shape))
-    rows = [level_row(level, cfg) for level in levels]
+    rows = [row for level in levels for row in level_rows(level, cfg)]
+    shards = f", {cfg.shards} syncer shards" if cfg.shards > 1 else ""
     title = (
         f"Syncer under load: {cfg.shape} ({params / 1e6:.0f} M params), H = {cfg.H}, P = {cfg.fragments}, "
-        f"step {cfg.step_time:g} s, window {cfg.window_s:g} s"
+        f"step {cfg.step_time:g} s, window {cfg.window_s:g} s{shards}"
     )
-    common.print_table(title, rows, COLUMNS)
+    common.print_table(title, rows, SHARD_COLUMNS if cfg.shards > 1 else COLUMNS)
     if best is not None:
         print(f"largest fleet the syncer kept up with: {best} learners (searched up to {cfg.declared})")
     payload = {
@@ -247,7 +287,8 @@ def main() -> None:
     load_before, began = os.getloadavg(), time.monotonic()
     with LoadFleet(cfg) as fleet:
         start = fleet.start()
-        print(f"  syncer up, blobs encoded in {start['blobs_s']:.1f} s (run directory {fleet.dir})", flush=True)
+        up = "syncer" if cfg.shards == 1 else f"{cfg.shards} syncer shards"
+        print(f"  {up} up, blobs encoded in {start['blobs_s']:.1f} s (run directory {fleet.dir})", flush=True)
         if args.search:
             levels, best = search(fleet, rule, args)
         else:

@@ -156,7 +156,9 @@ def achieved_rate(times: Iterable[float], start: float, end: float, interval: fl
 
 @dataclass(frozen=True)
 class Reply:
-    """A learner's push and the update that merged it, as the learner saw them (wall clock)."""
+    """A learner's push and the update that merged it, as the learner saw them (wall clock). A
+    round is (global fragment, version): versions count per fragment, so they are unique across
+    the shards of a sharded syncer too."""
 
     learner: str
     fragment: int
@@ -164,6 +166,7 @@ class Reply:
     pushed_at: float  # handed to the socket
     received_at: float  # the update came off the socket
     missed: int = 0  # rounds of the fragment that closed without this push after it left
+    shard: int = 0  # the syncer shard that merged it (`fragment` is the global index)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Reply:
@@ -174,6 +177,7 @@ class Reply:
             float(d["pushed_at"]),
             float(d["received_at"]),
             int(d.get("missed", 0)),
+            int(d.get("shard", 0)),
         )
 
 

@@ -1,14 +1,18 @@
 """The load generator's processes and one measurement (bench/loadgen.py drives them).
 
 `LoadFleet` writes a resolved configuration with CURVE keys for every learner it may run, starts
-one real syncer process (bench/loadgen_syncer.py: `python -m syncer --config ...`), encodes a few
-outer gradients per fragment once (`make_blobs`), and starts `procs` worker processes of
-synthetic learners (bench/loadgen_worker.py). `resize(n)` runs learners 0..n-1 (learner-0 joins
-first and uploads the initial model; the others fetch it) and waits until every one holds the
-global state; `measure(n)` waits `settle_s`, then measures a window of `window_s` seconds: the
-syncer's round records, the learners' replies, the syncer's CPU time (/proc/PID/stat, utime +
-stime) and memory (VmRSS sampled through the window, VmHWM), the workers' CPU time, and the
-syncer's counters.
+the real syncer (bench/loadgen_syncer.py: `python -m syncer --config ...`; with `shards` S > 1,
+S processes `--shard 0..S-1` of one run, each owning its share of the fragments as
+syncer/wire/shards.py assigns them), encodes a few outer gradients per fragment once
+(`make_blobs`), and starts `procs` worker processes of synthetic learners
+(bench/loadgen_worker.py; each learner links to every shard). `resize(n)` runs learners 0..n-1
+(learner-0 joins first and uploads the initial model to every shard; the others fetch it) and
+waits until every one holds the global state; `measure(n)` waits `settle_s`, then measures a
+window of `window_s` seconds: the shards' round records (their local fragment numbers mapped to
+global ones), the learners' replies, each shard's CPU time (bench/loadgen_measure.py: the
+process and its loop / libzmq / other threads) and memory (VmRSS sampled through the window,
+VmHWM), the workers' CPU time, and the shards' counters. Sharded, the level holds the totals
+(`stats`, `syncer`: the shards summed) and each shard's own (`shards`).
 """
 
 from __future__ import annotations
@@ -28,12 +32,21 @@ import torch
 
 from bench import loadgen_core as core
 from bench import loadgen_worker
+from bench.loadgen_link import Shard
+from bench.loadgen_measure import (
+    combine,
+    counter_delta,
+    machine_busy,
+    proc_cpu,
+    proc_memory,
+    thread_cpu,
+    thread_delta,
+)
 from bench.loadgen_syncer import SyncerProcess, write_run
-from bench.loadgen_worker import Shard, WorkerSpec
-from syncer.wire import codec, fragments
+from bench.loadgen_worker import WorkerSpec
+from syncer.wire import codec, fragments, shards
 from workload.presets import PRESETS
 
-CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 REPORT_EVERY_S = 2.0
 
 
@@ -55,6 +68,8 @@ class LoadConfig:
     seed: int = 0
     keep: bool = False  # keep the run directory
     tmp: str | None = None  # where the run directory goes (the syncer's checkpoints too); None: the system's
+    shards: int = 1  # syncer processes of the run, each owning a balanced share of the fragments
+    syncer_threads: int = 0  # torch's intra-op threads in each syncer process (OMP_NUM_THREADS); 0: torch's default
 
     @property
     def schedule(self) -> core.Schedule:
@@ -84,6 +99,27 @@ class LoadConfig:
         }
 
 
+@dataclass
+class Window:
+    """What one measurement window sampled (per shard where a list)."""
+
+    start: float  # wall clock
+    end: float
+    before: list[dict[str, Any]]  # each shard's status snapshot at the start ({} if it did not answer)
+    cpu: list[float]  # each shard's CPU seconds over the window
+    threads: list[dict[str, float]]  # each shard's cores per kind of thread (loadgen_measure.thread_cpu)
+    rss: list[list[float]]  # VmRSS samples (MB): one list of the shards' values per sample time
+    gen_cpu: float  # the workers' CPU seconds
+    busy: float  # CPU seconds the whole machine was busy (every process, ours and others')
+    own: float  # CPU seconds of this process (the fleet's parent)
+    lag: dict[str, float | None]  # how late the workers handled step boundaries
+    links: dict[str, int]  # the learners' link counters' change
+
+    @property
+    def span(self) -> float:
+        return self.end - self.start
+
+
 def make_blobs(
     directory: Path, sizes: list[int], variants: int, mode: str, block: int, seed: int
 ) -> dict[int, list[str]]:
@@ -107,39 +143,20 @@ def make_blobs(
     return out
 
 
-def proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of a process so far; 0 if it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": state is fields[0]
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICK
-
-
-def proc_memory(pid: int) -> dict[str, float]:
-    """VmRSS and VmHWM of a process, in MB (empty if it is gone)."""
-    out: dict[str, float] = {}
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            out[key] = int(value.split()[0]) / 1024
-    return out
-
-
 class LoadFleet:
-    """A real syncer and the synthetic learners' workers; always close() (a context manager)."""
+    """The real syncer (its shards) and the synthetic learners' workers; always close() (a context
+    manager)."""
 
     def __init__(self, cfg: LoadConfig) -> None:
         self.cfg = cfg
         self.dir = Path(tempfile.mkdtemp(prefix="dldctl-loadgen-", dir=cfg.tmp))
         self.specs = core.manifest(cfg.shape)
         self.sizes = fragments.plan(self.specs, cfg.fragments).sizes()
-        self.run = SyncerProcess(self.dir, write_run(self.dir, cfg.declared, cfg.run_settings()))
+        owner = shards.assign(self.sizes, cfg.shards)
+        self.owned = [owner.owned(s) for s in range(cfg.shards)]  # global fragments, each shard's local order
+        config = write_run(self.dir, cfg.declared, cfg.run_settings(), shards=cfg.shards)
+        env = {"OMP_NUM_THREADS": str(cfg.syncer_threads)} if cfg.syncer_threads > 0 else {}
+        self.syncers = [SyncerProcess(self.dir, config, s, env) for s in range(cfg.shards)]
         self.workers: list[tuple[BaseProcess, Connection]] = []
         self.replies: list[core.Reply] = []
         self.learners: dict[str, dict[str, Any]] = {}
@@ -153,22 +170,29 @@ class LoadFleet:
         self.close()
 
     @property
+    def run(self) -> SyncerProcess:
+        """Shard 0: the whole syncer when unsharded."""
+        return self.syncers[0]
+
+    @property
     def syncer_pid(self) -> int:
         return self.run.pid
 
     # -- start -------------------------------------------------------------------------------
     def start(self) -> dict[str, float]:
-        """Start the syncer, encode the blobs (meanwhile), start the workers; seconds each took."""
+        """Start the shards, encode the blobs (meanwhile), start the workers; seconds each took."""
         t0 = time.monotonic()
-        self.run.start()
+        for syncer in self.syncers:
+            syncer.start()
         s = self.run.cfg.run
         blobs = make_blobs(self.dir / "blobs", self.sizes, self.cfg.variants, s.compression, s.block, self.cfg.seed)
         t1 = time.monotonic()
-        self.run.wait_up(60.0)
+        for syncer in self.syncers:
+            syncer.wait_up(60.0)
         spec = WorkerSpec(
             worker=0,
             procs=self.cfg.procs,
-            shards=(Shard(self.run.address, tuple(range(self.cfg.fragments))),),
+            shards=tuple(Shard(x.address, self.owned[x.shard]) for x in self.syncers),
             keys_dir=None if s.insecure else str(self.dir / "keys"),
             run_id=self.run.cfg.run_id,
             settings=s.to_dict(),
@@ -188,21 +212,28 @@ class LoadFleet:
         return {"blobs_s": t1 - t0, "start_s": time.monotonic() - t0}
 
     # -- the fleet ---------------------------------------------------------------------------
-    def resize(self, n: int, timeout: float | None = None) -> float:
+    def resize(self, n: int, timeout: float | None = None, hold: bool = False) -> float:
         """Run learners 0..n-1 and wait until each holds the global state; seconds it took. The
-        first learner ever joins alone (it uploads the initial model), the rest together."""
+        first learner ever joins alone (it uploads the initial model), the rest together. With
+        `hold`, the new learners take their first step only once all of them are ready (no merge
+        competes with their fetches)."""
         if n > self.cfg.declared:
             raise ValueError(f"{n} learners, but the run has keys for {self.cfg.declared}")
         t0 = time.monotonic()
         mb = 4 * sum(self.sizes) / 1e6
+        self._send(("hold", hold))
         if self.size == 0 and n > 1:
             self._resize(1, 60.0 + mb / 20.0)
         self._resize(n, timeout or 60.0 + max(1, n - self.size) * mb / 20.0)
+        self._send(("hold", False))
         return time.monotonic() - t0
 
-    def _resize(self, n: int, timeout: float) -> None:
+    def _send(self, cmd: tuple[Any, ...]) -> None:
         for _, conn in self.workers:
-            conn.send(("set", n))
+            conn.send(cmd)
+
+    def _resize(self, n: int, timeout: float) -> None:
+        self._send(("set", n))
         self.size = n
         deadline = time.monotonic() + timeout
         while True:
@@ -213,7 +244,8 @@ class LoadFleet:
             fatal = [f"{lid}: {st['fatal']}" for lid, st in self.learners.items() if st["fatal"]]
             if fatal or time.monotonic() > deadline:
                 why = "; ".join(fatal) or f"{ready} of {n} ready after {timeout:.0f} s"
-                raise RuntimeError(f"the learners did not join: {why}\n{self.run.log()[-2000:]}")
+                logs = "\n".join(x.log()[-2000:] for x in self.syncers)
+                raise RuntimeError(f"the learners did not join: {why}\n{logs}")
             time.sleep(0.5)
 
     def collect(self) -> None:
@@ -232,74 +264,118 @@ class LoadFleet:
         self.learners = {lid: st for lid, st in self.learners.items() if _index(lid) < self.size}
 
     # -- measuring ---------------------------------------------------------------------------
-    def status(self, tries: int = 3) -> dict[str, Any]:
-        """The syncer's status snapshot; empty if it does not answer in `tries` x 10 s (a
+    def status(self, shard: int = 0, tries: int = 3) -> dict[str, Any]:
+        """A shard's status snapshot; empty if it does not answer in `tries` x 10 s (a
         checkpoint holds its loop for seconds at the size of real models)."""
         for _ in range(tries):
             try:
-                return self.run.status(timeout=10.0)
+                return self.syncers[shard].status(timeout=10.0)
             except TimeoutError:
                 continue
         return {}
 
-    def _wait(self, seconds: float, rss: list[float] | None = None) -> None:
-        """Sleep `seconds`, collecting reports (and sampling the syncer's RSS) every REPORT_EVERY_S."""
+    def rounds(self, shard: int) -> list[dict[str, Any]]:
+        """A shard's `round` records, their fragments numbered globally (and the shard named)."""
+        owned = self.owned[shard]
+        return [
+            {**r, "fragment": owned[int(r["fragment"])], "shard": shard} for r in self.syncers[shard].metrics("round")
+        ]
+
+    def _rss(self) -> list[float]:
+        return [proc_memory(x.pid).get("VmRSS", 0.0) for x in self.syncers]
+
+    def _wait(self, seconds: float, rss: list[list[float]] | None = None) -> None:
+        """Sleep `seconds`, collecting reports (and sampling the shards' RSS) every REPORT_EVERY_S."""
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
             time.sleep(min(REPORT_EVERY_S, left))
             self.collect()
             if rss is not None:
-                rss.append(proc_memory(self.syncer_pid).get("VmRSS", 0.0))
+                rss.append(self._rss())
 
     def measure(self, n: int) -> dict[str, Any]:
         """Settle, then one window of the fleet at its current size: the level's record."""
         self._wait(self.cfg.settle)
+        w = self._sample()
+        self._wait(min(2.0, self.cfg.window_s))  # replies of the window's last rounds, still in the workers
+        parts: list[dict[str, Any]] = []
+        records: list[dict[str, Any]] = []
+        stalls: list[tuple[float, float]] = []
+        for s in range(self.cfg.shards):
+            recs, st, stats = self._shard_window(s, w.start, w.end)
+            records, stalls = records + recs, stalls + st
+            numbers = self._syncer_numbers(s, w, st, stats.rounds)
+            parts.append({"shard": s, "fragments": list(self.owned[s]), "stats": asdict(stats), "syncer": numbers})
+        total = core.window_stats(records, self.replies, self.sizes, w.start, w.end, self.cfg.schedule, stalls)
+        syncers = [p["syncer"] for p in parts]
+        others = max(0.0, w.busy - sum(w.cpu) - w.gen_cpu - w.own)  # every other process on the machine
+        level: dict[str, Any] = {
+            "learners": n,
+            "window": {"start": w.start, "end": w.end},
+            "stats": asdict(total),
+            "syncer": syncers[0] if len(parts) == 1 else combine(syncers, w.rss, total.rounds, w.span),
+            "generator": {"cpu_cores": w.gen_cpu / w.span, "lag": w.lag, "links": w.links},
+            "machine": {"busy_cores": w.busy / w.span, "others_cores": others / w.span, "parent_cores": w.own / w.span},
+        }
+        if len(parts) > 1:
+            level["shards"] = parts
+        return level
+
+    def _sample(self) -> Window:
+        """One window of `window_s`: what the processes and the learners counted over it."""
         self.lag.clear()
-        before, links0 = self.status(), self._link_counts()
-        cpu0, gen0 = proc_cpu(self.syncer_pid), self._gen_cpu()
-        start, rss = time.time(), [proc_memory(self.syncer_pid).get("VmRSS", 0.0)]
+        before, links0 = [self.status(s) for s in range(self.cfg.shards)], self._link_counts()
+        cpu0, threads0, gen0 = self._cpu(), [thread_cpu(x.pid) for x in self.syncers], self._gen_cpu()
+        busy0, own0 = machine_busy(), proc_cpu(os.getpid())
+        start, rss = time.time(), [self._rss()]
         self._wait(self.cfg.window_s, rss)
         end = time.time()
-        cpu, gen = proc_cpu(self.syncer_pid) - cpu0, self._gen_cpu() - gen0
-        lag, links = core.spread(self.lag), self._link_delta(links0)
-        self._wait(min(2.0, self.cfg.window_s))  # replies of the window's last rounds, still in the workers
-        stalls = core.checkpoint_stalls(self.run.log(), start, end)
-        stats = core.window_stats(
-            self.run.metrics("round"), self.replies, self.sizes, start, end, self.cfg.schedule, stalls
+        return Window(
+            start=start,
+            end=end,
+            before=before,
+            cpu=[c - c0 for c, c0 in zip(self._cpu(), cpu0, strict=True)],
+            threads=[thread_delta(t0, thread_cpu(x.pid), end - start) for t0, x in zip(threads0, self.syncers)],
+            rss=rss,
+            gen_cpu=self._gen_cpu() - gen0,
+            busy=machine_busy() - busy0,
+            own=proc_cpu(os.getpid()) - own0,
+            lag=core.spread(self.lag),
+            links=self._link_delta(links0),
         )
-        return {
-            "learners": n,
-            "window": {"start": start, "end": end},
-            "stats": asdict(stats),
-            "syncer": self._syncer_numbers(cpu, rss, before, stalls, stats.rounds, (start, end)),
-            "generator": {"cpu_cores": gen / (end - start), "lag": lag, "links": links},
-        }
 
-    def _syncer_numbers(
-        self,
-        cpu: float,
-        rss: list[float],
-        before: dict[str, Any],
-        stalls: list[tuple[float, float]],
-        rounds: int,
-        window: tuple[float, float],
-    ) -> dict[str, Any]:
-        """The syncer process over a window: CPU, memory, its counters' change, its checkpoints
-        (`share`: how much of the window they held the loop)."""
-        span = window[1] - window[0]
+    def _shard_window(
+        self, s: int, start: float, end: float
+    ) -> tuple[list[dict[str, Any]], list[tuple[float, float]], core.WindowStats]:
+        """Shard s over [start, end): its round records, its checkpoints, its window's stats (the
+        replies it sent; the offered rate of its own fragments)."""
+        records = self.rounds(s)
+        stalls = core.checkpoint_stalls(self.syncers[s].log(), start, end)
+        schedule = core.Schedule(self.cfg.H, len(self.owned[s]), self.cfg.step_time)
+        replies = [r for r in self.replies if r.shard == s]
+        return records, stalls, core.window_stats(records, replies, self.sizes, start, end, schedule, stalls)
+
+    def _syncer_numbers(self, s: int, w: Window, stalls: list[tuple[float, float]], rounds: int) -> dict[str, Any]:
+        """Shard s's process over the window: CPU (and per kind of thread), memory, its counters'
+        change, its checkpoints (`share`: how much of the window they held the loop)."""
+        rss = [sample[s] for sample in w.rss]
         return {
-            "cpu_cores": cpu / span,
-            "cpu_s_per_round": cpu / rounds if rounds else None,
+            "cpu_cores": w.cpu[s] / w.span,
+            "threads": w.threads[s],
+            "cpu_s_per_round": w.cpu[s] / rounds if rounds else None,
             "rss_mb_max": max(rss),
             "rss_mb_end": rss[-1],
-            "hwm_mb": proc_memory(self.syncer_pid).get("VmHWM", 0.0),
-            "counters": _counter_delta(before, self.status()),
+            "hwm_mb": proc_memory(self.syncers[s].pid).get("VmHWM", 0.0),
+            "counters": counter_delta(w.before[s], self.status(s)),
             "checkpoints": {
                 "count": len(stalls),
-                "seconds": [s for _, s in stalls],
-                "share": core.stalled_seconds(stalls, *window) / span,
+                "seconds": [sec for _, sec in stalls],
+                "share": core.stalled_seconds(stalls, w.start, w.end) / w.span,
             },
         }
+
+    def _cpu(self) -> list[float]:
+        return [proc_cpu(x.pid) for x in self.syncers]
 
     def _gen_cpu(self) -> float:
         pids = [p.pid for p, _ in self.workers if p.pid is not None]
@@ -321,19 +397,19 @@ class LoadFleet:
 
     # -- stop --------------------------------------------------------------------------------
     def close(self) -> None:
-        """Quit the workers (killed if they do not), stop the syncer, remove the run directory."""
-        for _, conn in self.workers:
-            try:
-                conn.send(("quit",))
-            except OSError:
-                pass
+        """Quit the workers (killed if they do not), stop the shards, remove the run directory."""
+        try:
+            self._send(("quit",))
+        except OSError:
+            pass
         for proc, _ in self.workers:
             proc.join(timeout=5.0)
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5.0)
         self.workers.clear()
-        self.run.close()
+        for syncer in self.syncers:
+            syncer.close()
         if not self.cfg.keep:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -344,15 +420,3 @@ def _with_worker(spec: WorkerSpec, worker: int) -> WorkerSpec:
 
 def _index(lid: str) -> int:
     return int(lid.rsplit("-", 1)[1])
-
-
-def _counter_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """What the syncer counted during the window: dropped sends and pushes, rejections, disconnects."""
-    if not before or not after:
-        return {"unknown": "the syncer did not answer a status request in time"}
-    b, a = before["syncer"], after["syncer"]
-    out: dict[str, Any] = {k: a.get(k, 0) - b.get(k, 0) for k in ("dropped_sends", "dropped_pushes", "disconnects")}
-    out["rejected"] = sum(a.get("rejected", {}).values()) - sum(b.get("rejected", {}).values())
-    out["live"] = after["quorum"]["live"]
-    out["open_rounds"] = after["quorum"]["open_rounds"]
-    return out

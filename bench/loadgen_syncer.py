@@ -1,15 +1,18 @@
-"""One real syncer process for bench/loadgen.py, without dldctl: its configuration, keys, process,
-status and records.
+"""One real syncer process (or one shard of a sharded syncer) for bench/loadgen.py, without
+dldctl: its configuration, keys, process, status and records.
 
 `write_run` writes what `dldctl up` would (a resolved configuration, JSON, and CURVE keys for the
 syncer, the operator and every learner; tests/localrun.py `write_config` does the same for the
-integration tests); `SyncerProcess` starts `python -m syncer --config ...` in its own process
+integration tests), with `[syncer] shards` and two free ports per shard after the first when
+sharded; `SyncerProcess` starts `python -m syncer --config ... [--shard N]` in its own process
 group (dldctl.testing.Processes: stopped in close(), whatever happens), asks its control socket for
-status with the operator's key, and reads its metrics and log.
+status with the operator's key, and reads its metrics (shard N > 0: `shard-N/` in the run
+directory, syncer/config.py `shard_dir`) and log (`syncer.log`, `syncer-N.log`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -17,54 +20,69 @@ from typing import Any
 
 import zmq
 
+from dldctl.lifecycle.plan import free_port
 from dldctl.testing import Processes, local_config, read_jsonl, wait_until
 from syncer.common import keys, resolved
+from syncer.config import shard_dir
 from syncer.wire.protocol import Message, decode, encode
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def write_run(directory: Path, learners: int, run: dict[str, Any], run_id: str = "loadgen") -> Path:
-    """A resolved configuration for `learners` learners (learner-0 ...) plus every key it names."""
+def write_run(directory: Path, learners: int, run: dict[str, Any], run_id: str = "loadgen", shards: int = 1) -> Path:
+    """A resolved configuration for `learners` learners (learner-0 ...) and a syncer of `shards`
+    shards (ports of shards 1.. in `shard_ports`), plus every key it names. The shards share the
+    syncer's key pair, as `dldctl up` writes them."""
     entries = [{"id": f"learner-{i}", "shard": i, "shards": learners} for i in range(learners)]
-    return local_config(directory, run, entries, run_id)
+    path = local_config(directory, run, entries, run_id)
+    if shards > 1:
+        data = json.loads(path.read_text())
+        data["syncer"].update(shards=shards, shard_ports=[free_port() for _ in range(2 * (shards - 1))])
+        path.write_text(json.dumps(data, indent=1))
+    return path
 
 
 class SyncerProcess:
-    """The syncer of one load generator run; always close() it."""
+    """The syncer (shard `shard`) of one load generator run; always close() it."""
 
-    def __init__(self, directory: Path, config: Path) -> None:
+    def __init__(self, directory: Path, config: Path, shard: int = 0, env: dict[str, str] | None = None) -> None:
         self.dir = directory
+        self.env = dict(env or {})  # added to the process's environment (e.g. OMP_NUM_THREADS)
         self.config = config
         self.cfg = resolved.load(config)
+        self.shard = shard
+        self.section = self.cfg.syncer.shard(shard)  # its own ports
+        self.name = "syncer" if shard == 0 else f"syncer-{shard}"
         self.procs = Processes()
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._ctl: zmq.Socket[bytes] | None = None
 
     @property
     def address(self) -> str:
-        return f"tcp://127.0.0.1:{self.cfg.syncer.port}"
+        return f"tcp://127.0.0.1:{self.section.port}"
 
     @property
     def pid(self) -> int:
-        return int(self.procs["syncer"].pid)
+        return int(self.procs[self.name].pid)
 
     def start(self) -> None:
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
-        env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", **self.env)
         argv = [sys.executable, "-m", "syncer", "--config", str(self.config)]
-        self.procs.spawn("syncer", argv, log=self.dir / "syncer.log", env=env, cwd=ROOT)
+        if self.cfg.syncer.shards > 1:
+            argv += ["--shard", str(self.shard)]
+        self.procs.spawn(self.name, argv, log=self.dir / f"{self.name}.log", env=env, cwd=ROOT)
 
     def wait_up(self, timeout: float) -> None:
         def up() -> bool:
-            if self.procs["syncer"].poll() is not None:
-                raise RuntimeError(f"the syncer exited: {self.log()[-2000:]}")
+            if self.procs[self.name].poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.log()[-2000:]}")
             try:
                 return bool(self.status(timeout=2.0))
             except TimeoutError:
                 return False
 
-        wait_until(up, timeout, "the syncer to answer", every=0.25, describe=lambda: self.log()[-2000:])
+        wait_until(up, timeout, f"{self.name} to answer", every=0.25, describe=lambda: self.log()[-2000:])
 
     def status(self, timeout: float = 5.0) -> dict[str, Any]:
         """The syncer's status snapshot; TimeoutError if it does not answer in time (busy)."""
@@ -85,15 +103,17 @@ class SyncerProcess:
                 keydir = self.dir / "keys"
                 sock.curve_publickey, sock.curve_secretkey = keys.load_pair(keydir / "operator.key_secret")
                 sock.curve_serverkey = keys.load_public(keydir / "syncer.key")
-            sock.connect(f"tcp://127.0.0.1:{self.cfg.syncer.control_port}")
+            sock.connect(f"tcp://127.0.0.1:{self.section.control_port}")
             self._ctl = sock
         return self._ctl
 
     def metrics(self, kind: str) -> list[dict[str, Any]]:
-        return [r for r in read_jsonl(self.dir / "metrics.jsonl") if r.get("kind") == kind]
+        """This shard's records of `kind` (its fragments in its local numbering)."""
+        path = shard_dir(self.dir, self.shard) / "metrics.jsonl"
+        return [r for r in read_jsonl(path) if r.get("kind") == kind]
 
     def log(self) -> str:
-        path = self.dir / "syncer.log"
+        path = self.dir / f"{self.name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
     def close(self) -> None:

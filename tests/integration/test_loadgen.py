@@ -1,7 +1,8 @@
 """bench/loadgen.py end to end, small: a real syncer process and 3 synthetic learners in 2 worker
 processes (real DEALER sockets, the run's CURVE keys, the real learner link) on gpt-tiny shapes.
 Rounds are merged on the syncer's clock, every learner's pushes come back as replies, and the
-window's latencies, rates and the syncer's CPU and memory are measured."""
+window's latencies, rates and the syncer's CPU and memory are measured. Then the same against two
+real shard processes of one run: every learner links to both, and both merge its pushes."""
 
 from __future__ import annotations
 
@@ -43,3 +44,41 @@ def test_synthetic_learners_drive_a_real_syncer(tmp_path: Path) -> None:
     assert gen["cpu_cores"] > 0
     assert gen["links"]["bad_messages"] == 0
     assert not list(tmp_path.iterdir()), "the run directory is removed"
+
+
+def test_synthetic_learners_drive_two_real_shards(tmp_path: Path) -> None:
+    cfg = LoadConfig(
+        shape="gpt-tiny",
+        H=8,
+        fragments=4,
+        step_time=0.05,
+        procs=1,
+        decode="none",
+        variants=1,
+        window_s=4.0,
+        settle_s=1.0,
+        declared=2,
+        tmp=str(tmp_path),
+        shards=2,
+    )
+    with LoadFleet(cfg) as fleet:
+        fleet.start()
+        assert sorted(p for owned in fleet.owned for p in owned) == [0, 1, 2, 3] and all(fleet.owned)
+        fleet.resize(2)
+        level = fleet.measure(2)
+        for s, syncer in enumerate(fleet.syncers):
+            assert syncer.status()["syncer"]["owned"] == list(fleet.owned[s]), "the shard owns what the map says"
+    parts = level["shards"]
+    assert [p["shard"] for p in parts] == [0, 1]
+    for part in parts:
+        st = part["stats"]
+        assert st["rounds"] >= 3 and st["replies"] >= st["rounds"], part  # both shards merge and reply
+        assert part["syncer"]["cpu_cores"] > 0 and part["syncer"]["rss_mb_max"] > 0
+    replied = {(r.shard, r.fragment) for r in fleet.replies}
+    assert {s for s, _ in replied} == {0, 1}
+    assert all(p in fleet.owned[s] for s, p in replied), "each shard replies for its own fragments (global numbers)"
+    total = level["stats"]
+    assert total["rounds"] == sum(p["stats"]["rounds"] for p in parts)
+    assert total["params_per_s"] == pytest.approx(sum(p["stats"]["params_per_s"] for p in parts))
+    assert level["syncer"]["cpu_cores"] == pytest.approx(sum(p["syncer"]["cpu_cores"] for p in parts))
+    assert level["generator"]["links"]["bad_messages"] == 0

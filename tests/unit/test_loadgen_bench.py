@@ -1,10 +1,12 @@
 """bench/loadgen.py's pure parts (the run itself starts a syncer and worker processes: it is a
 benchmark, and tests/integration/test_loadgen.py runs it small): the model shapes' manifests, the
 push schedule, the latency and rate definitions, the search's stop rule and its next fleet size,
-and the versions-only replica of the synthetic learners."""
+the versions-only replica of the synthetic learners, the shards they link to, and how the
+shards' numbers add up."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -12,7 +14,8 @@ import pytest
 import torch
 
 from bench import loadgen_core as core
-from bench.loadgen_worker import LeanReplica, Shard, one_shard
+from bench import loadgen_measure as measure
+from bench.loadgen_link import LeanReplica, Shard, check_shards
 from syncer.wire import codec, fragments
 from workload.presets import param_shapes
 
@@ -190,8 +193,101 @@ def test_the_lean_replica_tracks_versions_without_holding_values() -> None:
         r.on_update(0, 4, 5, codec.encode(torch.ones(3)))  # a blob of the wrong size is caught by decoding
 
 
-def test_one_syncer_owns_every_fragment_until_the_protocol_has_shards() -> None:
-    whole = Shard("tcp://127.0.0.1:1", (0, 1, 2, 3))
-    assert one_shard((whole,), 4) is whole
-    with pytest.raises(NotImplementedError, match="sharded"):
-        one_shard((Shard("tcp://127.0.0.1:1", (0, 1)), Shard("tcp://127.0.0.1:2", (2, 3))), 4)
+def test_the_shards_must_own_every_fragment_once() -> None:
+    check_shards((Shard("tcp://127.0.0.1:1", (0, 1, 2, 3)),), 4)  # unsharded
+    check_shards((Shard("tcp://127.0.0.1:1", (0, 3)), Shard("tcp://127.0.0.1:2", (1, 2))), 4)
+    for bad in [
+        (Shard("tcp://127.0.0.1:1", (0, 1)), Shard("tcp://127.0.0.1:2", (1, 2, 3))),  # 1 twice
+        (Shard("tcp://127.0.0.1:1", (0, 1)), Shard("tcp://127.0.0.1:2", (2,))),  # 3 nowhere
+        (),
+    ]:
+        with pytest.raises(ValueError, match="own fragments"):
+            check_shards(bad, 4)
+
+
+def test_a_reply_names_its_shard_and_rounds_are_global() -> None:
+    r = core.Reply.from_dict(
+        {"learner": "learner-0", "fragment": 3, "version": 2, "pushed_at": 1.0, "received_at": 2.0}
+    )
+    assert r.shard == 0  # replies of an unsharded syncer
+    s1 = core.Reply.from_dict({**vars(r), "shard": 1, "fragment": 1})
+    assert s1.shard == 1
+    assert set(core.round_timings([r, s1])) == {(3, 2), (1, 2)}  # global fragments: no clash between shards
+
+
+def _numbers(cpu: float, loop: float, rss: float, hwm: float, ckpt: list[float], share: float) -> dict[str, object]:
+    return {
+        "cpu_cores": cpu,
+        "threads": {"loop": loop, "zmq": cpu - loop, "other": 0.0},
+        "rss_mb_max": rss,
+        "rss_mb_end": rss,
+        "hwm_mb": hwm,
+        "counters": {"dropped_sends": 1, "dropped_pushes": 0, "disconnects": 2, "rejected": 0, "live": 4},
+        "checkpoints": {"count": len(ckpt), "seconds": ckpt, "share": share},
+    }
+
+
+def test_the_shards_numbers_add_up_to_the_syncers() -> None:
+    parts = [_numbers(1.0, 0.9, 1000.0, 1500.0, [2.0], 0.1), _numbers(0.5, 0.4, 800.0, 900.0, [], 0.0)]
+    rss = [[900.0, 500.0], [1000.0, 800.0], [950.0, 790.0]]  # samples at the same times: (shard 0, shard 1)
+    total = measure.combine(parts, rss, rounds=30, span=10.0)
+    assert total["cpu_cores"] == 1.5 and total["threads"]["loop"] == pytest.approx(1.3)
+    assert total["cpu_s_per_round"] == pytest.approx(0.5)  # 15 CPU seconds over 30 rounds
+    assert total["rss_mb_max"] == 1800.0 and total["rss_mb_end"] == 1740.0 and total["hwm_mb"] == 2400.0
+    assert total["counters"]["disconnects"] == 4 and total["counters"]["live"] == 8
+    assert total["checkpoints"] == {"count": 1, "seconds": [2.0], "share": 0.05}
+    unknown = {**parts[1], "counters": {"unknown": "no answer"}}
+    assert measure.combine([parts[0], unknown], rss, 30, 10.0)["counters"][1] == {"unknown": "no answer"}
+
+
+def test_threads_are_told_apart_and_this_process_is_measured() -> None:
+    assert measure.thread_kind(10, 10, "python") == "loop"
+    assert measure.thread_kind(10, 11, "ZMQbg/IO/0") == "zmq"
+    assert measure.thread_kind(10, 12, "python") == "other"
+    t0 = measure.thread_cpu(os.getpid())
+    sum(i * i for i in range(300_000))  # some CPU on the main thread
+    cores = measure.thread_delta(t0, measure.thread_cpu(os.getpid()), 1.0)
+    assert cores["loop"] > 0 and set(cores) == {"loop", "zmq", "other"}
+    assert measure.proc_cpu(os.getpid()) >= cores["loop"]
+    assert measure.thread_cpu(2**22 + 12345) == {} and measure.proc_cpu(2**22 + 12345) == 0.0
+
+
+def _stats(rounds: int, rate: float) -> dict[str, object]:
+    spread = {"p50": 0.1, "p99": 0.2, "max": 0.3, "n": 4.0}
+    return vars(
+        core.WindowStats(rounds, rate, 1e6 * rounds, 2e6 * rounds, 2.0, spread, spread, spread, spread, 8, 0, 0.0)
+    )
+
+
+def _syncer(cores: float) -> dict[str, object]:
+    return {
+        "cpu_cores": cores,
+        "threads": {"loop": cores / 2, "zmq": cores / 4, "other": 0.0},
+        "cpu_s_per_round": 1.0,
+        "rss_mb_max": 100.0,
+        "hwm_mb": 120.0,
+        "checkpoints": {"count": 0, "seconds": [], "share": 0.0},
+    }
+
+
+def test_a_sharded_level_has_a_row_for_the_whole_syncer_then_one_per_shard() -> None:
+    from bench import loadgen
+    from bench.loadgen_fleet import LoadConfig
+
+    cfg = LoadConfig(H=8, fragments=4, step_time=0.5, window_s=10.0, shards=2)  # 1 round/s offered
+    part = {"stats": _stats(5, 0.5), "syncer": _syncer(0.4)}
+    level = {
+        "learners": 3,
+        "stats": _stats(10, 1.0),
+        "syncer": _syncer(0.8),
+        "generator": {"cpu_cores": 0.1, "lag": {"p99": 0.01}, "links": {"reconnects": 0}},
+        "join_s": 2.0,
+        "shards": [{**part, "shard": 0, "fragments": [0, 3]}, {**part, "shard": 1, "fragments": [1, 2]}],
+    }
+    loadgen.judge(level, cfg, core.StopRule(max_latency_s=1.0))
+    rows = loadgen.level_rows(level, cfg)
+    assert [r["shard"] for r in rows] == ["all", "0", "1"]
+    assert [r["offered/s"] for r in rows] == [1.0, 0.5, 0.5]  # a shard is offered its fragments' share
+    assert all(r["verdict"] == "kept up" for r in rows)
+    assert rows[0]["gen_cpu"] == 0.1 and rows[1]["gen_cpu"] == "-" and rows[1]["loop_cores"] == 0.2
+    assert "shard" not in loadgen.level_rows({k: v for k, v in level.items() if k != "shards"}, cfg)[0]
