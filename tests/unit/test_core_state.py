@@ -249,7 +249,7 @@ def test_duplicated_init_chunk_does_not_complete_the_fragment_early() -> None:
 def test_a_transfer_keeps_its_version_while_a_merge_lands() -> None:
     """Chunks asked for version v are served from v even after v+1 was published (one back),
     as long as a transfer of that fragment is under way."""
-    h = Harness(make_settings(quorum=1))
+    h = Harness(make_settings(quorum=1), manifest=tensor_manifest())  # fragments of many chunks
     h.join_all()
     old = h.core.model.theta[0].clone()
     old_crc = h.core.model.crc(0)
@@ -296,10 +296,29 @@ def test_a_served_chunk_is_a_view_that_no_merge_writes() -> None:
     assert bytes(latest.payloads[0]) == m.theta[0][: latest["numel"]].numpy().tobytes()
 
 
+def test_a_finished_transfer_keeps_no_previous_version() -> None:
+    """Once a learner was served the last chunk of a fragment, its transfer is done: the next merge
+    keeps no copy of the version it replaces (it did for 30 s after every join)."""
+    h = Harness(make_settings(quorum=1), manifest=tensor_manifest())
+    h.join_all()
+    total, chunk = h.core.model.theta[0].numel(), h.core.chunk_numel()
+    assert total > chunk
+    for offset in range(0, total, chunk):
+        h.send("b", Message("state_req", {"fragment": 0, "offset": offset, "version": 0}), 2.0)
+    h.beat_all(2.0)
+    h.push("a", 0, h.delta(0, 1), now=2.0)
+    h.tick(2.0 + h.core.rounds[0].grace_s + 1.0)
+    assert h.core.model.versions[0] == 1 and 0 not in h.core._previous
+    h.send("b", Message("state_req", {"fragment": 0, "offset": 0, "version": 1}), 4.0)  # another under way
+    h.push("a", 0, h.delta(0, 2), now=4.0)
+    h.tick(4.0 + h.core.rounds[0].grace_s + 1.0)
+    assert h.core._previous[0][0] == 1
+
+
 def test_chunks_of_the_kept_version_are_served_across_several_merges() -> None:
     """A transfer pinned to version v keeps getting v's bytes while v+1 lands (v is the kept
     previous); once v+2 lands, v is gone and the chunk comes from the current version."""
-    h = Harness(make_settings(quorum=1))
+    h = Harness(make_settings(quorum=1), manifest=tensor_manifest())  # fragments of many chunks
     h.join_all()
     v0 = h.core.model.theta[0].clone()
 
