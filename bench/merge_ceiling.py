@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from bench import loadgen_core as core
-from bench.syncer_throughput import KERNEL, outer_gradient
+from bench.syncer_throughput import KERNEL, hello, outer_gradient
 from syncer.common.settings import RunSettings
 from syncer.core import SyncerCore
 from syncer.globalmodel import Outbox
@@ -40,28 +40,12 @@ class CeilingResult:
     cpu_cores: list[float]  # each process's CPU seconds / its wall seconds while merging
 
 
-def _hello(lid: str, specs: list[fragments.TensorSpec], count: int) -> Message:
-    meta = {
-        "learner": lid,
-        "incarnation": "i1",
-        "run": "ceiling",
-        "pid": 1,
-        "host": "local",
-        "device": "cpu",
-        "batch_size": 16,
-        "codecs": list(codec.MODES),
-        "manifest": fragments.manifest_to_json(specs),
-        "fragments": count,
-    }
-    return Message("hello", meta)
-
-
 def build(specs: list[fragments.TensorSpec], settings: RunSettings, learners: list[str]) -> SyncerCore:
     """A SyncerCore with `learners` live and the model's random initial values uploaded."""
     sc = SyncerCore(settings, "ceiling", learners, now=0.0, kernel=KERNEL)
     out = Outbox()
     for lid in learners:
-        sc.handle(lid, _hello(lid, specs, settings.fragments), 0.5, out)
+        sc.handle(lid, hello(lid, specs, settings.fragments, "ceiling"), 0.5, out)
     g, chunk = torch.Generator().manual_seed(0), sc.chunk_numel()
     for p, n in enumerate(fragments.plan(specs, settings.fragments).sizes()):
         values = (torch.randn(n, generator=g) * 0.02).numpy()

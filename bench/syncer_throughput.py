@@ -74,6 +74,23 @@ def manifest(model: str) -> list[fragments.TensorSpec]:
     return [fragments.TensorSpec(n, s, "embedding" if n in EMBEDDINGS else "dense") for n, s in param_shapes(model)]
 
 
+def hello(lid: str, specs: list[fragments.TensorSpec], count: int, run: str = "bench") -> Message:
+    """A learner's hello for a model of `specs` cut into `count` fragments (the benches' joins)."""
+    meta = {
+        "learner": lid,
+        "incarnation": "i1",
+        "run": run,
+        "pid": 1,
+        "host": "local",
+        "device": "cpu",
+        "batch_size": 16,
+        "codecs": list(codec.MODES),
+        "manifest": fragments.manifest_to_json(specs),
+        "fragments": count,
+    }
+    return Message("hello", meta)
+
+
 def build_core(
     model: str, settings: RunSettings, kernel: native.Kernel | None = KERNEL, learners: Sequence[str] = LEARNERS
 ) -> SyncerCore:
@@ -82,26 +99,7 @@ def build_core(
     specs = manifest(model)
     out = Outbox()
     for lid in learners:
-        core.handle(
-            lid,
-            Message(
-                "hello",
-                {
-                    "learner": lid,
-                    "incarnation": "i1",
-                    "run": "bench",
-                    "pid": 1,
-                    "host": "local",
-                    "device": "cpu",
-                    "batch_size": 16,
-                    "codecs": list(codec.MODES),
-                    "manifest": fragments.manifest_to_json(specs),
-                    "fragments": settings.fragments,
-                },
-            ),
-            0.5,
-            out,
-        )
+        core.handle(lid, hello(lid, specs, settings.fragments), 0.5, out)
     plan = fragments.plan(specs, settings.fragments)
     g = torch.Generator().manual_seed(0)
     chunk = core.chunk_numel()
