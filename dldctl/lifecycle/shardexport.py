@@ -72,12 +72,12 @@ def assemble(run: RunDir, count: int, run_id: str) -> tuple[str, Loaded]:
     from syncer.wire import shards as wire_shards
 
     found = [newest(shards.local_dir(run.path, s) / "checkpoints", s, count, run_id) for s in range(count)]
-    states = [state for _, state in found]
+    states = [saved for _, saved in found]  # checkpoint states (not the run's state.json)
     try:
         tensors, _ = wire_shards.assemble(states)
     except ValueError as exc:
         raise RunError(f"run {run.name}: {exc}", hint="restore each shard's own checkpoints") from None
-    outer = sum(int(state["outer_steps"]) for state in states)
+    outer = sum(int(saved["outer_steps"]) for saved in states)
     merged = int((states[0].get("fleet") or {}).get("merged_tokens", 0))
     names = [f"{shards.subdir(s) or '.'}/checkpoints/{path.name}" for s, (path, _) in enumerate(found)]
     return f"the newest checkpoints of {count} syncer shards ({', '.join(names)})", (tensors, outer, merged, None)
