@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
+from dldctl import shards
 from dldctl.errors import UsageError
 from dldctl.inventory import Inventory
 
@@ -50,8 +51,10 @@ def require(module: str, needed_by: str) -> None:
 
 
 def syncer_here(inv: Inventory) -> bool:
-    """Whether the run's syncer runs on this machine ("local", or a host whose address is local)."""
-    return inv.syncer.host == "local" or inv.host(inv.syncer.host).local
+    """Whether the run's syncer, or any of its shards, runs on this machine ("local", or a host
+    whose address is local)."""
+    where = shards.hosts_of(inv.syncer.host, inv.syncer.shard_hosts, inv.syncer.shards)
+    return any(h == "local" or inv.host(h).local for h in where)
 
 
 def torch_users(inv: Inventory) -> list[str]:

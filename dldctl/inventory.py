@@ -96,7 +96,8 @@ class SyncerSpec:
     control_port: int = 0
     bind: str = ""  # "" = 127.0.0.1 if every learner is local, else 0.0.0.0
     advertise: str = ""  # address learners dial; "" = worked out per run
-    shards: int = 1  # syncer processes on `host`, each owning a balanced subset of the fragments
+    shards: int = 1  # syncer processes, each owning a balanced subset of the fragments
+    shard_hosts: tuple[str, ...] = ()  # where shards 1..S-1 run ("local" or [[hosts]] names); () = on `host`
 
 
 @dataclass(frozen=True)
@@ -316,10 +317,7 @@ def validate(inv: Inventory) -> None:
     _validate_model(inv)
     _validate_ssh(inv)
     shards.check_count(path, inv.syncer.shards, inv.run.fragments)
-    if inv.syncer.host != "local" and inv.host(inv.syncer.host).site:
-        raise ConfigError(
-            path, "syncer.host", f"{inv.syncer.host!r} is a scheduler site", "run the syncer on a [[hosts]] machine"
-        )
+    shards.check_hosts(path, inv.syncer.host, inv.syncer.shard_hosts, inv.syncer.shards, {h.name: h for h in inv.hosts})
     if inv.ssh.proxy_jump and inv.syncer.host == "local" and not inv.syncer.advertise:
         raise ConfigError(
             path,

@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None, guard_stdio: bool = False) -> int:
         return 2
     if guard_stdio:
         jsonl.guard_stdio(cfg.settings.max_log_bytes, source="syncer")
-    if cfg.shards > 1:  # the shards share the host's cores: torch's threads of each, its share of them
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.shards))
+    if cfg.neighbours > 1:  # the shards on a host share its cores: torch's threads of each, its share of them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.neighbours))
     server = SyncerServer(cfg)
 
     def stop(signum: int, _frame: object) -> None:

@@ -25,6 +25,7 @@ class SyncerConfig:
     keys_dir: Path | None
     shard: int = 0  # this process is shard `shard` of `shards` (syncer/wire/shards.py)
     shards: int = 1
+    neighbours: int = 1  # shards of the run on this shard's host, itself included (they share its cores)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -55,4 +56,5 @@ def load(path: Path, shard: int = 0) -> SyncerConfig:
         cfg.keys_dir(base),
         shard,
         cfg.syncer.shards,
+        len(cfg.syncer.on_host(section.host)),
     )

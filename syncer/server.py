@@ -30,6 +30,7 @@ from syncer.core import Outbox, SyncerCore
 from syncer.evaluator import GlobalEvaluator, Scoring
 from syncer.oplog import OpLog, fresh, resumed, say, stamp
 from syncer.status import sample_record, snapshot
+from syncer.usage import own_usage
 from syncer.wire.protocol import Message, Payload, ProtocolError, decode, encode
 
 SAMPLE_EVERY_S = 2.0
@@ -412,7 +413,7 @@ class SyncerServer:
     def status(self, now: float) -> dict[str, Any]:
         snap = snapshot(self.core, now)
         snap["syncer"]["address"] = self.cfg.bind
-        snap["syncer"]["pid"] = os.getpid()
+        snap["syncer"].update(pid=os.getpid(), **own_usage())
         snap["syncer"]["disconnects"] = self.disconnects
         snap["syncer"].update(shard=self.cfg.shard, shards=self.cfg.shards, owned=list(self.core.owned))
         if self.keyring is not None:

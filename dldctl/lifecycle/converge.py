@@ -102,17 +102,15 @@ def add(run: RunDir, host_name: str, count: int, console: Console, wait_s: float
 
 
 def _push_keys_to_remote_syncer(run: RunDir, inv: Inventory, config: ResolvedConfig) -> None:
-    """A syncer on another host must learn the new learners' public keys (and config)."""
-    name = config.syncer.host
-    if name == "local":
-        return
-    runtime = provision.HostRuntime.from_dict(dict(run.read_state().runtime_of(name)))
-    host = provision.open_host(inv.host(name), inv.ssh)
-    try:
-        host.put_bytes(run.config.read_bytes(), runtime.config, 0o600)
-        provision.push_syncer_keys(host, run, runtime.run_dir, config)
-    finally:
-        host.close()
+    """A syncer (or shard) on another host must learn the new learners' public keys (and config)."""
+    for name in sorted(set(config.syncer.hosts) - {"local"}):
+        runtime = provision.HostRuntime.from_dict(dict(run.read_state().runtime_of(name)))
+        host = provision.open_host(inv.host(name), inv.ssh)
+        try:
+            host.put_bytes(run.config.read_bytes(), runtime.config, 0o600)
+            provision.push_syncer_keys(host, run, runtime.run_dir, config)
+        finally:
+            host.close()
 
 
 def _wait(run: RunDir, ids: list[str], timeout: float, console: Console) -> None:

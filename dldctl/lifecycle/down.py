@@ -29,12 +29,12 @@ from dldctl.hosts import Host, ProcRef
 from dldctl.hosts.slurm import SlurmHost
 from dldctl.inventory import parse
 from dldctl.lifecycle import export as export_mod
-from dldctl.lifecycle import syncerctl
+from dldctl.lifecycle import shardgather, syncerctl
 from dldctl.lifecycle.provision import host_for
 from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.observe import mirror
 from dldctl.rundir import RunDir
-from dldctl.runstate import DOWN_REASON, Proc, ProcStatus
+from dldctl.runstate import DOWN_REASON, Proc, ProcStatus, RunState
 from syncer.common.modelexport import CONFIG, EXPORT_DIR, WEIGHTS
 from syncer.common.resolved import ResolvedConfig
 
@@ -247,6 +247,18 @@ def _stop_shard(
     return row, forced
 
 
+def _gather_shards(run: RunDir, fleet: RunProcesses, config: ResolvedConfig | None) -> None:
+    """Shards on other hosts than shard 0's: their newest checkpoints into shard 0's run directory."""
+    if config is None or not shardgather.to_gather(config):
+        return
+    try:
+        state = run.read_state()
+    except RunError as exc:
+        run.event("shard_gather_failed", "syncer", f"no run state to find the shards' hosts: {exc.line()}")
+        return
+    shardgather.gather(run, config, state, fleet.host)
+
+
 def _shut_down_shard(run: RunDir, config: ResolvedConfig, shard: int) -> dict[str, Any]:
     """Close shard `shard`'s open rounds, read its outer steps, ask it to shut down (no export)."""
     try:
@@ -262,7 +274,7 @@ def _shut_down_shard(run: RunDir, config: ResolvedConfig, shard: int) -> dict[st
 
 def _checkpoint_step(run: RunDir, config: ResolvedConfig, shard: int) -> int | None:
     """The outer step of shard `shard`'s newest checkpoint in this run directory (None: none here)."""
-    if config.syncer.host != "local":
+    if config.syncer.host_of(shard) != "local":
         return None
     steps = [
         int(m.group(1))
@@ -339,6 +351,7 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
         killed += fleet.stop(lambda r: r["target"].startswith("learner-"), LEARNER_GRACE_S)
         killed += fleet.sweep_jobs()  # nothing of the run left queued on a scheduler
         rows, forced = _stop_shards(run, fleet, config)  # a sharded syncer's shards S-1 .. 1
+        _gather_shards(run, fleet, config)  # shards on other hosts: their checkpoints to shard 0
         snap, exported = _final_syncer(run, config)
         killed += forced + fleet.stop(lambda r: r["target"] == "syncer", SYNCER_GRACE_S)
         exported = _bring_home(run, fleet, exported, config)
@@ -400,7 +413,7 @@ def _bring_home(run: RunDir, fleet: RunProcesses, exported: str, config: Resolve
     export), copied to the run directory; the export's config.json completed (dldctl/lifecycle/export.py).
     A sharded syncer's assembly can fail (a shard without a checkpoint: its event says why): no model then."""
     count = config.syncer.shards if config else 1
-    exported = _fetch_remote(run, fleet, exported, count)
+    exported = _fetch_remote(run, fleet, exported)
     if exported and count > 1 and not run.final_model.is_file():
         exported = ""
     if exported:
@@ -410,19 +423,30 @@ def _bring_home(run: RunDir, fleet: RunProcesses, exported: str, config: Resolve
     return exported
 
 
-def _fetch_remote(run: RunDir, fleet: RunProcesses, exported: str, count: int) -> str:
+def _mirror_shards(run: RunDir, fleet: RunProcesses, state: RunState) -> None:
+    """The last records of every syncer shard on another host, brought home."""
+    offsets = dict(state.mirror)
+    for name, runtime, which in mirror.remote_shards(state, run):
+        try:
+            offsets = mirror.mirror(fleet.host(name), runtime, run, offsets, which)
+        except DldError as exc:
+            run.event("fetch_failed", "syncer", f"final records from {name}: {exc.line()}")
+    if offsets != dict(state.mirror):
+        with run.update() as edit:
+            edit.state = replace(edit.state, mirror=offsets)
+
+
+def _fetch_remote(run: RunDir, fleet: RunProcesses, exported: str) -> str:
     try:
         state = run.read_state()
     except RunError:
         return exported
+    _mirror_shards(run, fleet, state)
     where = mirror.remote_syncer(state)
-    if where is None:
+    if where is None or where[1].run_dir == str(run.path):  # here already
         return exported
     host = fleet.host(where[0])
     try:
-        offsets = mirror.mirror(host, where[1], run, dict(state.mirror), count)
-        with run.update() as edit:
-            edit.state = replace(edit.state, mirror=offsets)
         if exported:
             host.get_file(f"{where[1].run_dir}/final_model.pt", run.final_model)
             exported = str(run.final_model)

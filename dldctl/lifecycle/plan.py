@@ -72,9 +72,11 @@ def free_ports(count: int, taken: set[int]) -> tuple[int, ...]:
 def syncer_section(inv: Inventory, advertise: str) -> SyncerSection:
     """Bind address, ports (two more per shard after the first: free ones) and the address learners dial."""
     # a site's jobs run on its compute nodes, even with login "local": they dial in from elsewhere
-    all_local = all(h.local and not h.site for h in inv.hosts) and inv.syncer.host == "local"
+    where = shards.hosts_of(inv.syncer.host, inv.syncer.shard_hosts, inv.syncer.shards)
+    all_local = all(h.local and not h.site for h in inv.hosts) and all(h == "local" for h in where)
     bind = inv.syncer.bind or ("127.0.0.1" if all_local else "0.0.0.0")
     control = "127.0.0.1"
+    others = [_shard_address(inv, h, advertise) for h in inv.syncer.shard_hosts]  # this machine's, not shard 0's
     if inv.syncer.host != "local":  # the syncer runs on an inventory host: dial that host
         advertise = control = inv.syncer.advertise or inv.host(inv.syncer.host).address
     port = inv.syncer.port or free_port()
@@ -90,7 +92,17 @@ def syncer_section(inv: Inventory, advertise: str) -> SyncerSection:
         dir=".",
         shards=inv.syncer.shards,
         shard_ports=free_ports(2 * (inv.syncer.shards - 1), {port, control_port}),
+        shard_hosts=tuple(inv.syncer.shard_hosts),
+        shard_addresses=tuple(others),
     )
+
+
+def _shard_address(inv: Inventory, host: str, advertise: str) -> str:
+    """The address learners and the operator dial for a shard on `host` (`[syncer] shard_hosts`):
+    this machine's `advertise` for "local" or a local [[hosts]] entry, else the host's address."""
+    if host == "local" or inv.host(host).local:
+        return advertise
+    return inv.host(host).address
 
 
 def resolved_config(inv: Inventory, advertise: str) -> ResolvedConfig:
@@ -139,9 +151,15 @@ def _site_words(h: HostSpec) -> str:
     return ", ".join([f"a {h.scheduler} job of {h.nodes} node(s) via {via}", *asks])
 
 
-def _shard_words(count: int) -> str:
-    """`, 2 shards (syncer, syncer-1), each its own process` for a sharded syncer; "" for one."""
-    return f", {count} shards ({', '.join(shards.names(count))}), each its own process" if count > 1 else ""
+def _shard_words(count: int, shard_hosts: tuple[str, ...] = ()) -> str:
+    """`, 2 shards (syncer, syncer-1), each its own process` for a sharded syncer (`syncer-1 on h1`
+    where shards run on other hosts); "" for one."""
+    if count < 2:
+        return ""
+    names = shards.names(count)
+    if shard_hosts:
+        names = [names[0], *(f"{n} on {h}" for n, h in zip(names[1:], shard_hosts, strict=True))]
+    return f", {count} shards ({', '.join(names)}), each its own process"
 
 
 def describe(inv: Inventory) -> list[str]:
@@ -150,7 +168,8 @@ def describe(inv: Inventory) -> list[str]:
         f"run {inv.run.name}: model {inv.run.model}, data {inv.run.data}, H={inv.run.H}, "
         f"fragments={inv.run.fragments}, quorum={inv.run.quorum}, compression={inv.run.compression}, "
         f"merge={inv.run.merge}{', INSECURE' if inv.run.insecure else ''}",
-        f"syncer on {inv.syncer.host} (port {inv.syncer.port or 'auto'}){_shard_words(inv.syncer.shards)}",
+        f"syncer on {inv.syncer.host} (port {inv.syncer.port or 'auto'})"
+        + _shard_words(inv.syncer.shards, inv.syncer.shard_hosts),
     ]
     for plan in learner_plans(inv):
         h = plan.host

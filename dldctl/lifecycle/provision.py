@@ -117,7 +117,7 @@ def prepare(
     progress(spec.name, "copy config and keys")
     remote_run = f"{base}/runs/{config.run_id}"
     push_run_files(host, run, remote_run, learner_ids, config)
-    if config.syncer.host == spec.name:
+    if spec.name in config.syncer.hosts:  # a syncer shard runs here
         push_syncer_keys(host, run, remote_run, config)
     return HostRuntime(spec.name, python, site, remote_run, f"{remote_run}/config.json")
 

@@ -78,9 +78,7 @@ def _refuse_if_running(run: RunDir) -> None:
 def _require_checkpoint(run: RunDir, config: ResolvedConfig) -> None:
     """A local syncer's checkpoints must exist, each shard's in its own directory (a remote one's
     are checked by the syncer itself)."""
-    if config.syncer.host != "local":
-        return
-    for shard in range(config.syncer.shards):
+    for shard in config.syncer.on_host("local"):
         directory = shards.local_dir(run.path, shard) / "checkpoints"
         if not any(Path(directory).glob(CHECKPOINT_NAME)):
             which = f"syncer shard {shard} " if config.syncer.shards > 1 else "syncer "

@@ -100,7 +100,8 @@ def _open_remote(inv: Inventory, board: Board) -> tuple[dict[str, Host], dict[st
             board(spec.name, f"failed: {exc.line()}")
             host.close()
 
-    remote = [h for h in inv.hosts if not h.local and (h.learners > 0 or h.name == inv.syncer.host)]
+    syncers = shards.hosts_of(inv.syncer.host, inv.syncer.shard_hosts, inv.syncer.shards)
+    remote = [h for h in inv.hosts if not h.local and (h.learners > 0 or h.name in syncers)]
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(connect, remote))
     for spec in inv.hosts:
@@ -137,6 +138,17 @@ def _check_quorum(inv: Inventory, errors: dict[str, DldError]) -> None:
             f"only {reachable} learners are on reachable hosts, fewer than quorum {inv.run.quorum}: {lines}",
             hint="fix the hosts above (`dldctl check` tells more) or lower [run] quorum",
         )
+
+
+def _check_syncer_hosts(config: ResolvedConfig, errors: dict[str, DldError]) -> None:
+    """Every syncer shard's host must be set up: a run cannot merge a fragment whose shard cannot start."""
+    for shard, host in enumerate(config.syncer.hosts):
+        if host in errors:
+            what = f"syncer shard {shard} ({shards.proc_name(shard)})" if config.syncer.shards > 1 else "the syncer"
+            raise OperationError(
+                f"{what} runs on host {host}, which could not be set up: {errors[host].line()}",
+                hint="fix the host (`dldctl check` tells more) or move it in [syncer] host / shard_hosts",
+            )
 
 
 def _provision_all(
@@ -178,9 +190,9 @@ def initial_state(
     errors: dict[str, DldError],
 ) -> RunState:
     """Every process pending (the supervisor starts them): every syncer shard (`syncer`, `syncer-1`,
-    ...: dldctl/shards.py) on the syncer's host, the learners; unreachable hosts' learners stopped."""
-    syncer_host = inv.syncer.host if inv.syncer.host != "local" else "local"
-    procs = {name: reconcile.new_proc("syncer", syncer_host) for name in shards.names(config.syncer.shards)}
+    ...: dldctl/shards.py) on its host, the learners; unreachable hosts' learners stopped."""
+    names = shards.names(config.syncer.shards)
+    procs = {name: reconcile.new_proc("syncer", host) for name, host in zip(names, config.syncer.hosts, strict=True)}
     for entry in config.learners:
         proc = reconcile.new_proc("learner", entry.host)
         if entry.host in errors:
@@ -251,6 +263,7 @@ def prepare_fleet(
         config = make_config(advertise_address(hosts, board.console))
         runtimes = _provision_all(inv, run, config, hosts, errors, board)
         _check_quorum(inv, errors)
+        _check_syncer_hosts(config, errors)
     finally:
         for host in hosts.values():
             host.close()

@@ -1,11 +1,12 @@
 """Bringing a remote syncer's records home: its events.jsonl and metrics.jsonl (and those of
-every other shard of a sharded syncer, in `shard-N/`) are appended to the run directory on the
-operator machine (whole lines only, from remembered offsets), so status, report and chaos
-verdicts work the same wherever the syncer runs."""
+every other shard of a sharded syncer, in `shard-N/`, from whichever host each shard runs on)
+are appended to the run directory on the operator machine (whole lines only, from remembered
+offsets), so status, report and chaos verdicts work the same wherever the syncer runs."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from dldctl import shards
@@ -18,11 +19,14 @@ FILES = ("events.jsonl", "metrics.jsonl")
 CHUNK = 1 << 20
 
 
-def mirror(host: Host, runtime: HostRuntime, run: RunDir, offsets: dict[str, int], count: int = 1) -> dict[str, int]:
-    """Append what the remote files gained since `offsets` (of every one of `count` syncer shards:
-    shard s's into `shard-s/`, dldctl/shards.py); returns the new offsets."""
+def mirror(
+    host: Host, runtime: HostRuntime, run: RunDir, offsets: dict[str, int], which: int | Iterable[int] = 1
+) -> dict[str, int]:
+    """Append what the remote files gained since `offsets` (of the syncer shards `which` runs on
+    `host`, or shards 0..which-1: shard s's into `shard-s/`, dldctl/shards.py); returns the new
+    offsets (keyed by path in the run directory, so one dict serves every host)."""
     out = dict(offsets)
-    for shard in range(count):
+    for shard in range(which) if isinstance(which, int) else which:
         if shard:
             (run.path / shards.subdir(shard)).mkdir(exist_ok=True)
         for name in FILES:
@@ -59,8 +63,24 @@ def _append(path: Any, data: bytes) -> None:
 
 
 def remote_syncer(state: RunState) -> tuple[str, HostRuntime] | None:
-    """(host name, runtime) of the syncer if it runs on another host, else None."""
+    """(host name, runtime) of the syncer (shard 0) if it runs on another host, else None."""
     proc = state.procs.get("syncer")
     if not proc or proc.host == "local":
         return None
     return proc.host, HostRuntime.from_dict(dict(state.runtime_of(proc.host)))
+
+
+def remote_shards(state: RunState, run: RunDir) -> list[tuple[str, HostRuntime, tuple[int, ...]]]:
+    """(host name, runtime, the shards on it) of every other host a syncer shard runs on (a
+    [[hosts]] entry for this machine whose run directory is this one has nothing to bring home)."""
+    by_host: dict[str, list[int]] = {}
+    for name, proc in state.procs.items():
+        shard = shards.shard_of(name)
+        if proc.kind == "syncer" and shard is not None and proc.host != "local":
+            by_host.setdefault(proc.host, []).append(shard)
+    out = []
+    for host, found in sorted(by_host.items()):
+        runtime = HostRuntime.from_dict(dict(state.runtime_of(host)))
+        if runtime.run_dir != str(run.path):
+            out.append((host, runtime, tuple(sorted(found))))
+    return out

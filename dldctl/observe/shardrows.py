@@ -128,8 +128,9 @@ def shard_row(shard: int, answer: Mapping[str, Any] | None, proc: Proc | None, s
         "checkpoint_outer_step": said.get("checkpoint_outer_step", ckpt_step),
         "merges_per_s": merge_rate(seen.samples) if up else 0.0,
         "checkpoint_age_s": max(0.0, seen.now - ckpt_t) if ckpt_t is not None else None,
-        "cpu_s": seen.usage[0] if seen.usage and up else None,
-        "rss_bytes": seen.usage[1] if seen.usage and up else None,
+        # its own answer first (a shard on another host reports them itself), else /proc here
+        "cpu_s": said.get("cpu_s", seen.usage[0] if seen.usage else None) if up else None,
+        "rss_bytes": said.get("rss_bytes", seen.usage[1] if seen.usage else None) if up else None,
         "restarts": proc.restarts if proc is not None else 0,
     }
 

@@ -232,16 +232,15 @@ class Supervisor:
             return
         self._mirrored = now
         state = self.run.read_state()
-        where = mirror.remote_syncer(state)
-        if where is None:
-            return
-        try:
-            count = self.config().syncer.shards
-            offsets = mirror.mirror(self.host(where[0]), where[1], self.run, dict(state.mirror), count)
-        except DldError:
-            return  # the host is marked unreachable by observe(); try again next time
-        with self.run.update() as edit:
-            edit.state = replace(edit.state, mirror=offsets)
+        offsets = dict(state.mirror)
+        for host, runtime, which in mirror.remote_shards(state, self.run):
+            try:
+                offsets = mirror.mirror(self.host(host), runtime, self.run, offsets, which)
+            except DldError:
+                continue  # the host is marked unreachable by observe(); try again next time
+        if offsets != state.mirror:
+            with self.run.update() as edit:
+                edit.state = replace(edit.state, mirror=offsets)
 
     def act(self, action: reconcile.Action) -> None:
         if action.kind == "start":

@@ -11,7 +11,9 @@ On disk (keys as dldctl has always written them; "version" is the schema version
 
     { "version": 1, "run_id": str, "run": {RunSettings},
       "syncer": {"host", "bind_host", "port", "control_port", "advertise", "control_address", "dir",
-                 "shards", "shard_ports" (two per shard after the first)},
+                 "shards", "shard_ports" (two per shard after the first),
+                 "shard_hosts", "shard_addresses" (only where shards run on other hosts: the host
+                 and the address learners and the operator dial, one each per shard after the first)},
       "learners": [{"id": "learner-0", "host", "device", "batch_size", "throttle", "nproc",
                     "island" (only if not "ddp"), "threads", "env", "shard", "shards"}, ...],
       "keys": {"dir": str}, "inventory": str, "init_model": str (only with [run] init_from) }
@@ -58,20 +60,43 @@ class SyncerSection:
     dir: str = "."  # the run directory, relative to the configuration file
     shards: int = 1  # syncer processes, each owning a balanced subset of the fragments (syncer/wire/shards.py)
     shard_ports: tuple[int, ...] = ()  # shards 1..S-1: learner port, control port, learner port, ...
+    shard_hosts: tuple[str, ...] = ()  # shards 1..S-1: the host each runs on (empty: all on `host`)
+    shard_addresses: tuple[str, ...] = ()  # shards 1..S-1: the address learners and the operator dial
 
     def shard(self, s: int) -> SyncerSection:
-        """The section as shard `s` sees it: its own two ports (shard 0: `port`, `control_port`)."""
+        """The section as shard `s` sees it: its own two ports (shard 0: `port`, `control_port`),
+        and its own host and address where it runs on another host than shard 0."""
         if not 0 <= s < self.shards:
             raise ValueError(f"syncer shard {s} does not exist: the run has {self.shards} (0..{self.shards - 1})")
         if s == 0:
             return self
-        return replace(self, port=self.shard_ports[2 * s - 2], control_port=self.shard_ports[2 * s - 1])
+        out = replace(self, port=self.shard_ports[2 * s - 2], control_port=self.shard_ports[2 * s - 1])
+        if self.shard_hosts:
+            address = self.shard_addresses[s - 1]
+            out = replace(out, host=self.shard_hosts[s - 1], advertise=address, control_address=address)
+        return out
+
+    def host_of(self, s: int) -> str:
+        """The host shard `s` runs on: an inventory host or "local"."""
+        return self.shard(s).host
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """Every shard's host, shard 0 first."""
+        return tuple(self.host_of(s) for s in range(self.shards))
+
+    def on_host(self, host: str) -> tuple[int, ...]:
+        """The shards that run on `host`."""
+        return tuple(s for s in range(self.shards) if self.host_of(s) == host)
 
     def to_json(self) -> dict[str, Any]:
-        """Its JSON; an unsharded syncer's as dldctl has always written it (no shard keys)."""
+        """Its JSON; an unsharded syncer's as dldctl has always written it (no shard keys), and a
+        sharded one on one host's without the per-shard hosts."""
         out = dataclasses.asdict(self)
         if self.shards == 1:
             del out["shards"], out["shard_ports"]
+        if not self.shard_hosts:
+            del out["shard_hosts"], out["shard_addresses"]
         return out
 
     @property
@@ -270,6 +295,11 @@ def _syncer(data: dict[str, Any], fragments: int) -> SyncerSection:
         raise SettingsError(
             "syncer.shard_ports", f"needs two ports per shard after the first: {2 * (section.shards - 1)}"
         )
+    for key in ("shard_hosts", "shard_addresses"):
+        if len(getattr(section, key)) not in (0, section.shards - 1):
+            raise SettingsError(f"syncer.{key}", f"needs one entry per shard after the first: {section.shards - 1}")
+    if len(section.shard_hosts) != len(section.shard_addresses):
+        raise SettingsError("syncer.shard_addresses", "needs one address per entry of shard_hosts")
     return section
 
 
