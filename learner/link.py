@@ -56,6 +56,7 @@ class PushItem:
     c_time: float
     step_time: float
     base_epoch: int = 0  # the syncer epoch in which base_version was applied
+    last: bool = False  # the partial window of a learner stopped by a signal (kept out at `down`)
 
 
 def coalesce(older: PushItem | None, newer: PushItem) -> PushItem:
@@ -65,7 +66,8 @@ def coalesce(older: PushItem | None, newer: PushItem) -> PushItem:
     so the sum, with the counters summed, is exactly the outer gradient of all the steps since
     that base: the work of a learner cut off from the syncer reaches the model when it is back
     (the fragment "stays due", ALGORITHM.md). If a global value was applied in between (another
-    base), the older one is dropped: newest wins. An outer gradient already encoded on a GPU
+    base), the older one is dropped: newest wins (a sum is never `last`: it holds earlier work).
+    An outer gradient already encoded on a GPU
     enters the sum as the values the syncer would have decoded (one quantization more: rare, a
     push waits only while the link is down)."""
     if older is None or (older.base_version, older.base_epoch) != (newer.base_version, newer.base_epoch):
@@ -191,6 +193,7 @@ def push_meta(send: Send) -> dict[str, Any]:
         "c_tokens": item.c_tokens,
         "c_time": item.c_time,
         "step_time": item.step_time,
+        **({"last": True} if item.last else {}),
     }
 
 

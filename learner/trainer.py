@@ -336,14 +336,15 @@ class Trainer:
             if not self.s.overlap:
                 self._wait_for_merge(client, p, pushed_at)
 
-    def _send_outer(self, client: SyncerLink, outer: OuterState, p: int) -> None:
-        """Take fragment p's outer gradient and queue it (encoded on a GPU there: learner/offload.py)."""
+    def _send_outer(self, client: SyncerLink, outer: OuterState, p: int, last: bool = False) -> None:
+        """Take fragment p's outer gradient and queue it (encoded on a GPU there: learner/offload.py);
+        `last`: the partial window of a learner stopped by a signal."""
         local, c = outer.take_outer_gradient(p, self.params)
         delta = self.outer_full(p, local)
         assert delta is not None, "rank 0 holds the gathered outer gradient"
         sent = offload.take(delta, self.s.compression, self.s.block)
         item = PushItem(p, sent, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0)
-        client.push(dataclasses.replace(item, base_epoch=outer.base_epoch[p]))
+        client.push(dataclasses.replace(item, base_epoch=outer.base_epoch[p], last=last))
 
     def _bound_lag(self, client: SyncerLink, outer: OuterState) -> None:
         """max_lag > 0 (bounded staleness): wait for a reply that is max_lag steps late (steps
@@ -458,9 +459,9 @@ class Trainer:
     def _finish(self, client: SyncerLink, outer: OuterState | None) -> int:
         """Send the due fragments, say bye, stop the sender."""
         if outer is not None and (client.fatal is None or self.layout is not None):  # FSDP: the others gather too
-            for p in range(self.plan.count):
+            for p in range(self.plan.count):  # stopped by a signal: at `down` the syncer keeps these out
                 if outer.counters[p].steps:
-                    self._send_outer(client, outer, p)
+                    self._send_outer(client, outer, p, last=self.stop.is_set())
         client.stop(flush_s=3.0, finished=client.fatal is None and not self.stop.is_set())
         if outer is not None:
             files.save_replica(client.replica_snapshot(), self.cfg.workdir / "replica.pt")

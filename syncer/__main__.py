@@ -64,9 +64,12 @@ def start_line(cfg: config.SyncerConfig, server: SyncerServer) -> str:
     s, core = cfg.settings, server.core
     shard = f" shard {cfg.shard} of {cfg.shards}" if cfg.shards > 1 else ""
     model = f"{core.model.numel} parameters" if core.model is not None else "parameters from the first learner"
+    frags = f"{s.fragments} fragments"
+    if cfg.shards > 1:  # a shard's own part of them (known once the model is: the map needs its sizes)
+        frags = f"fragments {list(core.owned)} of {s.fragments}" if core.owned else f"its share of {frags}"
     return (
         f"{stamp(server.wall())} syncer{shard}: serving run {cfg.run_id} on {cfg.bind} (control {cfg.control_bind}), "
-        f"epoch {core.epoch}, {s.fragments} fragments, {model}, {len(cfg.learners)} learners declared, "
+        f"epoch {core.epoch}, {frags}, {model}, {len(cfg.learners)} learners declared, "
         f"quorum {s.quorum}, {'INSECURE (no CURVE)' if s.insecure else 'CURVE'}, pid {os.getpid()}"
     )
 

@@ -312,6 +312,9 @@ class SyncerCore(OuterStep):
         if problem:
             self.reject(problem[0], learner, problem[1], now, out)
             return
+        if msg.get("last") is True and self.fleet.ending:
+            self._keep_out(learner, p, int(msg["c_tokens"]), now, out)
+            return
         contribution = Contribution(
             learner,
             delta,
@@ -329,6 +332,14 @@ class SyncerCore(OuterStep):
         self.counters["push_raw_bytes"] += 4 * delta.numel
         self.counters["push_wire_bytes"] += len(blob)
         self._bound_queue(now, out)
+
+    def _keep_out(self, learner: str, p: int, tokens: int, now: float, out: Outbox) -> None:
+        """`dldctl down`: a stopping learner's last, partial windows stay out of the final model
+        (docs/algorithm.md, "The end of a run"); their tokens count as trained, not merged."""
+        if not self.counters[f"kept_out:{learner}"]:  # one event per learner, not per fragment
+            out.event(now, "last_windows_kept_out", learner, "its last partial windows at down (not merged)")
+        self.counters[f"kept_out:{learner}"] += 1
+        self.counters["last_tokens_kept_out"] += tokens
 
     def _push_problem(self, learner: str, p: int, msg: Message) -> tuple[str, str] | None:
         """Replayed pushes (sequence not increasing within one incarnation) and versions from

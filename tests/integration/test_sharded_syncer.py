@@ -120,6 +120,9 @@ def test_a_killed_shard_restarts_from_its_checkpoint_while_the_others_merge(tmp_
         assert resumed["syncer"]["outer_steps"] >= 2, "shard 1 did not resume from its checkpoint"
         events = (tmp_path / "shard-1" / "events.jsonl").read_text()
         assert "syncer_resume" in events
+        owned = resumed["syncer"]["owned"]
+        assert "syncer shard 1 of 2: serving run" in run.main.log("syncer-1")
+        assert f"epoch 2, fragments {owned} of 4," in run.main.log("syncer-1")  # its own part, from its checkpoint
         run.main.wait_log("learner-2", "joined at versions", 60)
         before = _outer(run, 1)
         run.wait_for(1, lambda s: s["syncer"]["outer_steps"] >= before + 4, 60, "merges after the restart")

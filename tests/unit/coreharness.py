@@ -185,6 +185,7 @@ class Harness:
         step_time: float = 1.0,
         base_version: int | None = None,
         blob: bytes | None = None,
+        last: bool = False,
     ) -> Outbox:
         assert self.core.model is not None
         if base_version is None:
@@ -204,6 +205,7 @@ class Harness:
                     "c_tokens": c_tokens,
                     "c_time": c_steps * step_time,
                     "step_time": step_time,
+                    **({"last": True} if last else {}),
                 },
                 [blob],
             ),
