@@ -8,11 +8,13 @@ adds the tests' small, fast `[run]` table and readers of a `status --json` snaps
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from dldctl.testing import DldctlHome, inventory_text
+from tests.sshfleet import FleetHost
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,3 +61,16 @@ def learner(snap: dict[str, Any], lid: str) -> dict[str, Any]:
 def kinds(snap: dict[str, Any], target: str | None = None) -> list[str]:
     """The kinds of a snapshot's events (of one target)."""
     return [e["kind"] for e in snap["events"] if target is None or e["target"] == target]
+
+
+def host_entry(name: str, host: FleetHost, workdir: Path, learners: int = 1) -> str:
+    """A [[hosts]] entry with `learners` learners on a test sshd host, its files under workdir/<name>."""
+    return f"""
+[[hosts]]
+name = "{name}"
+address = "{host.address}"
+port = {host.port}
+learners = {learners}
+python = "{sys.executable}"
+workdir = "{workdir / name}"
+"""

@@ -10,7 +10,6 @@ supervisor restarts it there from its own checkpoint; `down` brings its final ch
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import torch
 
 from dldctl.testing import DldctlHome
 from syncer.common import jsonl
-from tests.e2e.fleetutil import run_table
+from tests.e2e.fleetutil import host_entry, run_table
 from tests.sshfleet import SSHFleet
 
 pytestmark = [pytest.mark.timeout(400)]
@@ -47,14 +46,8 @@ address = "local"
 learners = 2
 threads = 1
 
-[[hosts]]
-name = "h0"
-address = "{h0.address}"
-port = {h0.port}
-learners = 0
-python = "{sys.executable}"
-workdir = "{work / "h0"}"
 """
+        + host_entry("h0", h0, work, learners=0)
     )
 
 

@@ -21,8 +21,8 @@ import pytest
 
 from dldctl.testing import DldctlHome
 from syncer.common import jsonl
-from tests.e2e.fleetutil import learner, run_table
-from tests.sshfleet import FleetHost, SSHFleet, free_port
+from tests.e2e.fleetutil import host_entry, learner, run_table
+from tests.sshfleet import SSHFleet, free_port
 
 pytestmark = [pytest.mark.timeout(400)]
 
@@ -42,19 +42,6 @@ use_ssh_config = false
     for i, host in enumerate(fleet.hosts):
         text += host_entry(f"h{i}", host, workdir)
     return text + extra_hosts
-
-
-def host_entry(name: str, host: FleetHost, workdir: Path) -> str:
-    """A [[hosts]] entry with one learner on a test sshd host, its files under workdir/<name>."""
-    return f"""
-[[hosts]]
-name = "{name}"
-address = "{host.address}"
-port = {host.port}
-learners = 1
-python = "{sys.executable}"
-workdir = "{workdir / name}"
-"""
 
 
 @pytest.fixture(scope="module")
