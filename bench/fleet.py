@@ -46,10 +46,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.fleet_summary import budget_reached, finished_learners, summarize_run
-from dldctl.inventory import outer_for_h
 from dldctl.testing import DldctlHome
 from dldctl.testing import local_host as local_host  # the benchmarks import these two from here
 from dldctl.testing import read_jsonl as read_jsonl
+from syncer.common.settings import RunSettings
 
 # --------------------------------------------------------------------------- shared settings
 
@@ -81,12 +81,11 @@ def diloco_run(
 ) -> dict[str, Any]:
     """The `[run]` table of a benchmark fleet: WORKLOAD plus the DiLoCo settings.
 
-    4 fragments, dldctl's default outer optimizer for this H (`dldctl.inventory.outer_for_h`:
-    plain averaging below H = 64, Nesterov from there), a 0.5 s restart delay (the default
+    4 fragments, dldctl's default outer optimizer (`RunSettings.outer_lr`, `outer_momentum`),
+    a 0.5 s restart delay (the default
     is 2 s: the failure benchmarks measure the algorithm, not a conservative supervisor), and
     `extra` on top.
     """
-    lr, momentum = outer_for_h(H)
     run = {
         **WORKLOAD,
         "H": H,
@@ -94,8 +93,8 @@ def diloco_run(
         "quorum": quorum,
         "overlap": overlap,
         "compression": compression,
-        "outer_lr": lr,
-        "outer_momentum": momentum,
+        "outer_lr": RunSettings.outer_lr,
+        "outer_momentum": RunSettings.outer_momentum,
         "restart_delay_s": 0.5,
         "steps": steps,
     }

@@ -184,7 +184,7 @@ OVERRIDES: dict[str, Any] = {}  # --set
 
 def base_run() -> dict[str, Any]:
     return {
-        **diloco_run(16, lr_schedule="constant", global_eval_every=8, outer_lr=1.0, outer_momentum=0.0),
+        **diloco_run(16, lr_schedule="constant", global_eval_every=8),  # dldctl's default outer optimizer
         **OVERRIDES,
     }
 

@@ -4,8 +4,7 @@ dldctl's defaults (issues 9 and 17).
 The strategies train the same model on the same data with the same per-worker batch, inner
 optimizer (AdamW, cosine learning rate to 10% at the budget, `--set` to change) and token budget
 (4 workers x `steps` x batch x seq_len); the Decoupled fleets use dldctl's default outer
-optimizer for the H (plain averaging below H = 64, DiLoCo's Nesterov 0.7/0.9 from there), the
-synchronous one DiLoCo's Nesterov, which is the better of the two for it:
+optimizer (Nesterov 0.6 / 0.8), the synchronous one DiLoCo's Nesterov (0.7 / 0.9):
 
 - **data-parallel**: torchrun + gloo, 4 workers, `steps` steps of the 4 x batch global batch
   (`bench.ddp_baseline.run_ddp`);
@@ -54,7 +53,6 @@ from bench.dprun import run_dp
 from bench.evaluate import relative_gap
 from bench.fleet import OuterOptimizer, Plan, diloco_run, local_host, run_diloco
 from bench.fleet_summary import tokens_per_step
-from dldctl.inventory import outer_for_h
 
 LEARNERS = 4
 TARGET_SYNC, TARGET_CLEAN, TARGET_CHAOS = 0.01, 0.03, 0.05
@@ -98,13 +96,6 @@ DEFAULTS_NAME = "Decoupled DiLoCo, dldctl defaults"
 SYNC_NAME = "synchronous DiLoCo"
 
 
-# dldctl's own outer optimizer (bench.fleet.diloco_run otherwise picks plain averaging)
-def dldctl_outer(H: int) -> OuterOptimizer:
-    """dldctl's default outer optimizer for this H (plain averaging below 64, Nesterov from there)."""
-    lr, momentum = outer_for_h(H)
-    return {"outer_lr": lr, "outer_momentum": momentum}
-
-
 # synchronous DiLoCo with the paper's outer Nesterov: the stronger baseline here (1.586 against 1.594
 # with plain averaging at 8000 steps)
 SYNC_OUTER: OuterOptimizer = {"outer_lr": 0.7, "outer_momentum": 0.9}
@@ -117,7 +108,7 @@ def plans(args: argparse.Namespace, steps: int) -> list[tuple[str, Plan]]:
     monkey, then (--tuned) the tuned fleet of the previous benchmark, (--legacy) the defaults of
     before the round clock, and the --extra fleets."""
     hosts = [local_host("here", LEARNERS)]
-    base = {**dldctl_outer(args.H), **overrides(args.set)}
+    base = overrides(args.set)  # diloco_run: dldctl's default outer optimizer
     sync = diloco_run(args.H, quorum=LEARNERS, overlap=False, steps=steps, **{**base, **SYNC_OUTER})
     dec = diloco_run(args.H, steps=steps, **base)
     budget = LEARNERS * steps * tokens_per_step(dec)
@@ -241,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     args = common.parse_args("quality", __doc__, _extra, argv)
     steps = args.steps or (400 if args.quick else 8000)
     todo = plans(args, steps)
-    settings = diloco_run(args.H, steps=steps, **dldctl_outer(args.H), **overrides(args.set))
+    settings = diloco_run(args.H, steps=steps, **overrides(args.set))
     budget = LEARNERS * steps * tokens_per_step(settings)
     dp = run_dp(settings, LEARNERS, budget_tokens=budget, checkpoint_every_s=600)
     dp_loss = dp["eval_loss_shared"]

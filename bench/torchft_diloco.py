@@ -10,7 +10,7 @@ two syncs of a fragment, 4 fragments) as a real torchft job on this machine, 127
 - one replica group per learner (4 groups, 1 rank each): `bench/torchft_worker.py`, a
   `torchft.Manager` with `ProcessGroupGloo` and `torchft.local_sgd.DiLoCo(sync_every=H)` over the
   fragments, outer SGD(lr 0.7, momentum 0.9, Nesterov) per fragment (torchft's example; note
-  that the project's own fleets use (1.0, 0.0) at H = 32, see `dldctl.inventory.outer_for_h`), each
+  that dldctl's own default is (0.6, 0.8), `RunSettings.outer_lr` / `outer_momentum`), each
   group in its own session, one torch thread; group g trains on data shard g of 4;
 - the kill schedule of `bench.ddp_baseline.failure_schedule(D, mtbf, seed)` (a Poisson process)
   with victims drawn by `random.Random(seed)` as the other baselines draw them; at each time the

@@ -9,7 +9,8 @@ a Poisson process, mean 20 s; victims drawn with `random.Random(seed)`), counted
 the whole fleet trains:
 
 - **Decoupled DiLoCo, dldctl defaults** (quorum 1, overlap, the syncer's round clock, rebase) and
-  **synchronous DiLoCo** (quorum 4, overlap off), both with dldctl's outer Nesterov (0.7, 0.9):
+  **synchronous DiLoCo** (quorum 4, overlap off, DiLoCo's outer Nesterov 0.7 / 0.9), the
+  defaults with dldctl's default outer optimizer (Nesterov 0.6 / 0.8):
   `dldctl chaos kill learner-<i> --signal KILL`; the supervisor restarts the learner after 0.5 s;
 - **data-parallel + restarts** (torchrun + gloo; the job restarts from its last checkpoint, every 5 s);
 - **torchft DiLoCo** (`bench.torchft_diloco`: torchft 0.2.0's Lighthouse, one replica group per
@@ -45,7 +46,7 @@ from bench import common, evaluate
 from bench.ddp_baseline import failure_schedule
 from bench.dprun import run_dp
 from bench.fleet import BenchRun, Plan, diloco_run, local_host, run_diloco
-from bench.quality import SYNC_OUTER, dldctl_outer
+from bench.quality import SYNC_OUTER
 from syncer import checkpoint
 from syncer.wire import fragments
 
@@ -69,7 +70,7 @@ def _extra(parser: argparse.ArgumentParser) -> None:
 def settings(H: int) -> dict[str, Any]:
     """The [run] table every strategy shares: the bench workload, dldctl's outer optimizer, a
     checkpoint every 10 merges (all kept, for the curve), an evaluation every 200 steps."""
-    return diloco_run(H, **dldctl_outer(H), checkpoint_every=10, keep_checkpoints=100000, eval_every=200)
+    return diloco_run(H, checkpoint_every=10, keep_checkpoints=100000, eval_every=200)
 
 
 def checkpoint_curve(fleet: BenchRun, run: dict[str, Any], start: float) -> list[dict[str, Any]]:

@@ -44,29 +44,6 @@ OWN_SBATCH += ("--no-requeue", "--chdir", "-o", "-e", "-J", "-D", "--open-mode",
 # ... and the ones a site sets with its own keys (so `check` judges what sbatch will get)
 SITE_SBATCH = {"--partition": "partition", "-p": "partition", "--account": "account", "-A": "account"}
 SITE_SBATCH |= {"--time": "time", "-t": "time", "--nodes": "nodes", "-N": "nodes", "--gpus-per-node": "gpus_per_node"}
-# The outer optimizer a run gets when its [run] table sets neither outer_lr nor outer_momentum:
-# plain averaging below H = 64, DiLoCo's Nesterov from there. Measured on gpt-tiny, 4 learners at
-# dldctl's defaults: at H = 32 plain averaging 1.599-1.615 against Nesterov's 1.651 (8,000 steps),
-# at H = 64 Nesterov 1.707 against 1.732 on average (4,000 steps, five runs each); docs/tuning.md.
-NESTEROV_FROM_H = 64
-PLAIN_AVERAGING = (1.0, 0.0)
-NESTEROV = (0.7, 0.9)
-
-
-def outer_for_h(H: int) -> tuple[float, float]:
-    """(outer_lr, outer_momentum) by default for this H."""
-    return NESTEROV if H >= NESTEROV_FROM_H else PLAIN_AVERAGING
-
-
-def with_default_outer(run: Any) -> Any:
-    """The [run] table as written, plus the outer optimizer for its H when it sets neither key."""
-    if not isinstance(run, dict) or "outer_lr" in run or "outer_momentum" in run:
-        return run
-    H = run.get("H", RunSettings.H)
-    if not isinstance(H, int) or isinstance(H, bool):
-        return run  # from_mapping names the bad H
-    lr, momentum = outer_for_h(H)
-    return {**run, "outer_lr": lr, "outer_momentum": momentum}
 
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -228,7 +205,7 @@ def parse(data: dict[str, Any], path: str) -> Inventory:
                 path, key, "unknown table", f"did you mean [{close}]?" if close else f"tables are {', '.join(TABLES)}"
             )
     try:
-        run = from_mapping(RunSettings, with_default_outer(data.get("run", {})), "run")
+        run = from_mapping(RunSettings, data.get("run", {}), "run")
         ssh = from_mapping(SSHSpec, data.get("ssh", {}), "ssh")
         syncer = from_mapping(SyncerSpec, data.get("syncer", {}), "syncer")
         raw_hosts = data.get("hosts", [])

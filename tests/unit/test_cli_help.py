@@ -129,7 +129,8 @@ def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path) -> None:
     assert "WARNING" not in proc.stdout + proc.stderr  # the defaults carry no known risk
     risky = tmp_path / "risky.toml"
     risky.write_text(
-        "[run]\nH = 16\nouter_lr = 0.7\nouter_momentum = 0.9\n[[hosts]]\nname = 'a'\naddress = 'local'\nlearners = 4\n"
+        "[run]\nH = 16\nround_clock = 'learner'\nquorum = 4\nouter_momentum = 0.9\n"
+        "[[hosts]]\nname = 'a'\naddress = 'local'\nlearners = 4\n"
     )
     proc = subprocess.run(
         [sys.executable, "-m", "dldctl", "up", str(risky), "--dry-run"],

@@ -160,11 +160,10 @@ def _default(f: dataclasses.Field[object]) -> object:
 
 
 def test_example_shows_the_defaults_it_says_it_shows() -> None:
-    """The header: in [run], [ssh] and [syncer] the value shown is the default, but for `name` and
-    the outer pair (whose default follows H)."""
+    """The header: in [run], [ssh] and [syncer] the value shown is the default, but for `name`."""
     data = tomllib.loads((ROOT / "inventory.example.toml").read_text())
     tables = {"run": RunSettings, "ssh": inventory.SSHSpec, "syncer": inventory.SyncerSpec}
-    named = {"name", "outer_lr", "outer_momentum"}
+    named = {"name"}
     for table, cls in tables.items():
         defaults = {f.name: _default(f) for f in dataclasses.fields(cls)}
         shown = {k: tuple(v) if isinstance(v, list) else v for k, v in data[table].items()}  # TOML has no tuples
@@ -175,19 +174,18 @@ def test_example_shows_the_defaults_it_says_it_shows() -> None:
 @pytest.mark.parametrize(
     ("run", "expected"),
     [
-        ("H = 32", (1.0, 0.0)),  # plain averaging below H = 64
-        ("H = 16", (1.0, 0.0)),
-        ("H = 64", (0.7, 0.9)),  # DiLoCo's Nesterov from H = 64 (docs/algorithm.md)
-        ("H = 128", (0.7, 0.9)),
-        ("", (0.7, 0.9)),  # the default H is 64
-        ("H = 64\nouter_lr = 1.0", (1.0, 0.0)),  # either key set: the user's optimizer, other key default
-        ("H = 16\nouter_momentum = 0.3", (1.0, 0.3)),
+        ("H = 16", (0.6, 0.8)),  # one outer Nesterov for every H (docs/tuning.md)
+        ("H = 64", (0.6, 0.8)),
+        ('lr_schedule = "constant"', (0.6, 0.8)),
+        ("H = 64\nouter_lr = 1.0", (1.0, 0.8)),  # a key set is the user's; the other keeps its default
+        ("H = 16\nouter_momentum = 0.0", (0.6, 0.0)),
     ],
 )
-def test_outer_optimizer_follows_h_unless_set(tmp_path: Path, run: str, expected: tuple[float, float]) -> None:
+def test_outer_optimizer_defaults_unless_set(tmp_path: Path, run: str, expected: tuple[float, float]) -> None:
     inv = inventory.load(write(tmp_path, GOOD.replace("[run]\n", f"[run]\n{run}\n")))
     assert (inv.run.outer_lr, inv.run.outer_momentum) == expected
-    assert inventory.default_inventory().run.H == 32 and inventory.default_inventory().run.outer_momentum == 0.0
+    default = inventory.default_inventory().run
+    assert default.H == 32 and (default.outer_lr, default.outer_momentum) == (0.6, 0.8)
 
 
 def test_init_from_is_taken_from_the_inventory_files_directory(tmp_path: Path) -> None:
