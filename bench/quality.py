@@ -3,8 +3,9 @@ dldctl's defaults (issues 9 and 17).
 
 The strategies train the same model on the same data with the same per-worker batch, inner
 optimizer (AdamW, cosine learning rate to 10% at the budget, `--set` to change) and token budget
-(4 workers x `steps` x batch x seq_len); the Decoupled fleets use dldctl's default outer
-optimizer (Nesterov 0.6 / 0.8), the synchronous one DiLoCo's Nesterov (0.7 / 0.9):
+(4 workers x `steps` x batch x seq_len); every DiLoCo fleet, the synchronous one too, uses
+dldctl's default outer optimizer (Nesterov 0.6 / 0.8: the synchronous fleet's best measured, 1.622
+against 1.692 with DiLoCo's 0.7 / 0.9 at H = 32, three seeds, BENCHMARKS.md):
 
 - **data-parallel**: torchrun + gloo, 4 workers, `steps` steps of the 4 x batch global batch
   (`bench.ddp_baseline.run_ddp`);
@@ -96,11 +97,10 @@ DEFAULTS_NAME = "Decoupled DiLoCo, dldctl defaults"
 SYNC_NAME = "synchronous DiLoCo"
 
 
-# synchronous DiLoCo with the paper's outer Nesterov: the stronger baseline here (1.586 against 1.594
-# with plain averaging at 8000 steps)
-SYNC_OUTER: OuterOptimizer = {"outer_lr": 0.7, "outer_momentum": 0.9}
+# the outer optimizer of the defaults before 2026-12-04 (DiLoCo's), kept for --legacy
+LEGACY_OUTER: OuterOptimizer = {"outer_lr": 0.7, "outer_momentum": 0.9}
 # the defaults before the syncer called the rounds: each learner on its own clock, overwrite
-LEGACY = {"round_clock": "learner", "rebase": False, "max_backlog": 0.0, **SYNC_OUTER}
+LEGACY = {"round_clock": "learner", "rebase": False, "max_backlog": 0.0, **LEGACY_OUTER}
 
 
 def plans(args: argparse.Namespace, steps: int) -> list[tuple[str, Plan]]:
@@ -109,7 +109,7 @@ def plans(args: argparse.Namespace, steps: int) -> list[tuple[str, Plan]]:
     before the round clock, and the --extra fleets."""
     hosts = [local_host("here", LEARNERS)]
     base = overrides(args.set)  # diloco_run: dldctl's default outer optimizer
-    sync = diloco_run(args.H, quorum=LEARNERS, overlap=False, steps=steps, **{**base, **SYNC_OUTER})
+    sync = diloco_run(args.H, quorum=LEARNERS, overlap=False, steps=steps, **base)
     dec = diloco_run(args.H, steps=steps, **base)
     budget = LEARNERS * steps * tokens_per_step(dec)
 

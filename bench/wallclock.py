@@ -9,8 +9,8 @@ a Poisson process, mean 20 s; victims drawn with `random.Random(seed)`), counted
 the whole fleet trains:
 
 - **Decoupled DiLoCo, dldctl defaults** (quorum 1, overlap, the syncer's round clock, rebase) and
-  **synchronous DiLoCo** (quorum 4, overlap off, DiLoCo's outer Nesterov 0.7 / 0.9), the
-  defaults with dldctl's default outer optimizer (Nesterov 0.6 / 0.8):
+  **synchronous DiLoCo** (quorum 4, overlap off), both with dldctl's default outer optimizer
+  (Nesterov 0.6 / 0.8, the synchronous fleet's best measured too):
   `dldctl chaos kill learner-<i> --signal KILL`; the supervisor restarts the learner after 0.5 s;
 - **data-parallel + restarts** (torchrun + gloo; the job restarts from its last checkpoint, every 5 s);
 - **torchft DiLoCo** (`bench.torchft_diloco`: torchft 0.2.0's Lighthouse, one replica group per
@@ -46,7 +46,6 @@ from bench import common, evaluate
 from bench.ddp_baseline import failure_schedule
 from bench.dprun import run_dp
 from bench.fleet import BenchRun, Plan, diloco_run, local_host, run_diloco
-from bench.quality import SYNC_OUTER
 from syncer import checkpoint
 from syncer.wire import fragments
 
@@ -194,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     duration = args.duration or (60.0 if args.quick else 120.0)
     schedule = failure_schedule(duration, MTBF, args.seed)
     dec = settings(args.H)
-    sync = {**dec, "quorum": LEARNERS, "overlap": False, **SYNC_OUTER}
+    sync = {**dec, "quorum": LEARNERS, "overlap": False}
     runs: dict[str, Any] = {
         DEFAULTS: run_fleet("wc-dec", dec, duration, schedule, args.seed),
         f"{DEFAULTS}, clean": run_fleet("wc-dec-clean", dec, duration, [], args.seed),
