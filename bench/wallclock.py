@@ -28,6 +28,7 @@ data-parallel + restarts and torchft, and keep a larger share of their clean thr
 
     .venv/bin/python bench/wallclock.py            # D = 120 s, ~16 min on 2 cores
     .venv/bin/python bench/wallclock.py --quick    # D = 60 s, ~9 min
+    .venv/bin/python bench/wallclock.py --set lr=0.001   # the issue's learning rate, further from the plateau
 """
 
 from __future__ import annotations
@@ -64,12 +65,19 @@ def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=None, help="window D in seconds (default 120, quick 60)")
     parser.add_argument("--seed", type=int, default=1, help="kill schedule and victim seed")
     parser.add_argument("--H", type=int, default=32)
+    parser.add_argument(
+        "--set",
+        default="",
+        metavar="KEY=VALUE,...",
+        help="[run] overrides for every strategy, e.g. lr=0.001 or model=gpt-small (default: none)",
+    )
 
 
-def settings(H: int) -> dict[str, Any]:
+def settings(H: int, spec: str = "") -> dict[str, Any]:
     """The [run] table every strategy shares: the bench workload, dldctl's outer optimizer, a
-    checkpoint every 10 merges (all kept, for the curve), an evaluation every 200 steps."""
-    return diloco_run(H, checkpoint_every=10, keep_checkpoints=100000, eval_every=200)
+    checkpoint every 10 merges (all kept, for the curve), an evaluation every 200 steps, and
+    the `--set` overrides `spec` on top."""
+    return diloco_run(H, checkpoint_every=10, keep_checkpoints=100000, eval_every=200, **common.overrides(spec))
 
 
 def checkpoint_curve(fleet: BenchRun, run: dict[str, Any], start: float) -> list[dict[str, Any]]:
@@ -192,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     args = common.parse_args("wallclock", __doc__, _extra, argv)
     duration = args.duration or (60.0 if args.quick else 120.0)
     schedule = failure_schedule(duration, MTBF, args.seed)
-    dec = settings(args.H)
+    dec = settings(args.H, args.set)
     sync = {**dec, "quorum": LEARNERS, "overlap": False}
     runs: dict[str, Any] = {
         DEFAULTS: run_fleet("wc-dec", dec, duration, schedule, args.seed),
@@ -210,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         if "skipped" not in runs[name]
     ]
     common.print_table(
-        f"Equal wall time: {LEARNERS} learners/workers, gpt-tiny, H={args.H}, window {duration:g} s, "
+        f"Equal wall time: {LEARNERS} learners/workers, {dec['model']}, lr {dec['lr']:g}, H={args.H}, "
+        f"window {duration:g} s, "
         f"kills at {schedule} (mean every {MTBF:g} s, seed {args.seed})",
         rows,
     )
