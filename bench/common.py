@@ -231,7 +231,13 @@ def overrides(spec: str) -> dict[str, Any]:
     defaults = RunSettings().to_dict()
     out: dict[str, Any] = {}
     for item in filter(None, spec.split(",")):
-        key, _, value = item.partition("=")
+        key, eq, value = item.partition("=")
+        if not eq or key not in defaults:
+            known = ", ".join(defaults)
+            raise SystemExit(f"bench: override {item!r}: expected KEY=VALUE with a [run] key; known: {known}")
         kind = type(defaults[key])
-        out[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+        try:
+            out[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+        except ValueError:
+            raise SystemExit(f"bench: override {item!r}: {key} takes a {kind.__name__}, not {value!r}") from None
     return out

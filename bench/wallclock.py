@@ -219,8 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     common.print_table(
         f"Equal wall time: {LEARNERS} learners/workers, {dec['model']}, lr {dec['lr']:g}, H={args.H}, "
-        f"window {duration:g} s, "
-        f"kills at {schedule} (mean every {MTBF:g} s, seed {args.seed})",
+        f"window {duration:g} s, kills at {schedule} (mean every {MTBF:g} s, seed {args.seed})",
         rows,
     )
     result = verdict(rows)

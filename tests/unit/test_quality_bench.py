@@ -63,3 +63,12 @@ def test_a_dp_job_that_died_after_its_final_model_is_measured(monkeypatch: pytes
         assert res["train_window_s"] == 10.0
     else:
         assert not res["ok"] and res["eval_loss_shared"] is None and "log_tail" in res
+
+
+def test_run_overrides_are_typed_and_bad_ones_name_the_item() -> None:
+    from bench.common import overrides
+
+    assert overrides("H=64,outer_lr=0.7,rebase=true") == {"H": 64, "outer_lr": 0.7, "rebase": True}
+    for bad, says in (("nosuchkey=1", "'nosuchkey=1'"), ("H", "'H'"), ("H=sixty", "takes a int")):
+        with pytest.raises(SystemExit, match=says):
+            overrides(bad)
