@@ -192,6 +192,7 @@ def run_ddp(
     kill_from: str = "launch",
     timeout_s: float | None = None,
     reducer: str = "ddp",
+    throttle: float = 1.0,
 ) -> dict:
     """Run one data-parallel job to completion and summarise it (see the module docstring).
 
@@ -199,6 +200,7 @@ def run_ddp(
     at which one worker, a rank drawn with `seed`, is SIGKILLed; a kill due while no worker is up
     waits for the next one. `out_dir` receives the job's files (a previous job's are removed).
     `reducer`: "ddp" (DistributedDataParallel) or "flat" (explicit bucketed all-reduce after backward).
+    `throttle` > 1: every rank waits (throttle - 1) x its step's compute, as a learner host's throttle.
     """
     if kill_from not in ("launch", "train"):
         raise ValueError(f"kill_from must be 'launch' or 'train', got {kill_from!r}")
@@ -220,6 +222,7 @@ def run_ddp(
                 "threads": threads,
                 "device": device,
                 "reducer": reducer,
+                "throttle": throttle,
             },
             indent=1,
         )

@@ -65,6 +65,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bench.ddp_comm import CommCounter, FlatAllReduce, counting_allreduce_hook, ring_wire_bytes
+from learner.files import Slowdown
 from learner.schedule import learning_rate
 from syncer.common.settings import settings_from_dict
 from workload import Workload, WorkloadContext, build_workload
@@ -90,6 +91,7 @@ class JobConfig:
     reducer: str = "ddp"  # ddp | flat (see the module docstring)
     bucket_mb: float = 25.0  # "flat": bucket size (DDP's default bucket_cap_mb is 25 too)
     pg_timeout_s: float = 120.0
+    throttle: float = 1.0  # > 1: each step waits (throttle - 1) x its compute, as a learner's host throttle
 
 
 @dataclass
@@ -168,6 +170,7 @@ class Job:
             self.opt.load_state_dict(ckpt["optimizer"])
         self._agree_on_step()
         self.pending_blocked = 0.0
+        self.slowdown = Slowdown()
         self.last_checkpoint = time.monotonic()
         _BOOT["job_ready"] = time.time()
 
@@ -256,6 +259,9 @@ class Job:
         self.opt.step()
         value = float(loss.detach())
         compute = time.perf_counter() - t0 - exposed
+        if (wait := self.slowdown.wait_s(compute, self.cfg.throttle)) > 0:
+            time.sleep(wait)  # an emulated slower device (bench/wallclock.py --throttle)
+            compute += wait
         ctrl = torch.tensor(
             [self.wl.tokens(batch), compute, exposed + self.pending_blocked, value, float(self._out_of_time())],
             dtype=torch.float64,

@@ -18,13 +18,14 @@ def run_dp(
     kill_schedule: list[float] | None = None,
     seed: int = 0,
     checkpoint_every_s: float = 5.0,
+    throttle: float = 1.0,
 ) -> dict[str, Any]:
     """`bench.ddp_baseline.run_ddp` (gloo, torchrun, explicit all-reduce) plus the shared evaluation.
 
     With a kill schedule, kills count from the job's first training step (`kill_from="train"`)
     and torchrun may restart the job once per kill. Adds `eval_loss` (bench.evaluate on the
     job's final checkpoint), the training window (first step of the first incarnation to the
-    final model) and goodput/tokens per second over that window.
+    final model) and goodput/tokens per second over that window. `throttle`: as a host's, per rank.
     """
     from bench import ddp_baseline, evaluate
 
@@ -43,6 +44,7 @@ def run_dp(
             kill_from="train",
             checkpoint_every_s=checkpoint_every_s,
             reducer="flat",
+            throttle=throttle,
         )
         ckpt = workdir / "job" / "checkpoint.pt"
         progress = ddp_baseline.read_progress(workdir / "job")

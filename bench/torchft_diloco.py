@@ -209,6 +209,7 @@ def write_config(
     fragments: int,
     eval_every_s: float,
     outer: tuple[float, float],
+    throttle: float = 1.0,
 ) -> Path:
     config = out_dir / "config.json"
     config.write_text(
@@ -223,6 +224,7 @@ def write_config(
                 "outer_lr": outer[0],
                 "outer_momentum": outer[1],
                 "min_replicas": LIGHTHOUSE_OPTS["min_replicas"],
+                "throttle": throttle,
             },
             indent=1,
         )
@@ -317,18 +319,20 @@ def run_torchft(
     timeout_s: float | None = None,
     fragments: int | None = None,
     outer: tuple[float, float] = (OUTER_LR, OUTER_MOMENTUM),
+    throttle: float = 1.0,
 ) -> dict:
     """Run torchft DiLoCo for a window of `duration_s` under `kill_schedule` (see the module docstring).
 
     `settings`: a `[run]` table (bench.fleet.diloco_run); `fragments` defaults to its "fragments".
-    `out_dir` receives the run's files (a previous run's are removed). Every process started here
-    is stopped before this returns or raises (also on Ctrl-C).
+    `out_dir` receives the run's files (a previous run's are removed). `throttle` > 1: each
+    replica waits (throttle - 1) x its step's compute, as a dldctl learner host's throttle. Every
+    process started here is stopped before this returns or raises (also on Ctrl-C).
     """
     out_dir = Path(out_dir).resolve()
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     fragments = int(fragments or settings.get("fragments") or 1)
-    config = write_config(out_dir, settings, replicas, fragments, eval_every_s, outer)
+    config = write_config(out_dir, settings, replicas, fragments, eval_every_s, outer, throttle)
     launched = time.time()
     deadline = launched + (timeout_s if timeout_s is not None else duration_s + BOOT_TIMEOUT_S + 120)
     job = Job(out_dir, config, replicas)

@@ -64,6 +64,7 @@ from torchft.checkpointing import HTTPTransport
 from torchft.local_sgd import DiLoCo
 
 from bench.evaluate import eval_loss
+from learner.files import Slowdown
 from learner.schedule import learning_rate
 from syncer.common.settings import settings_from_dict
 from workload import Workload, WorkloadContext, build_workload
@@ -91,6 +92,7 @@ class WorkerConfig:
     connect_timeout_s: float = 10.0
     pg_timeout_s: float = 10.0  # ProcessGroupGloo
     threads: int = 1
+    throttle: float = 1.0  # > 1: each step waits (throttle - 1) x its compute, as a learner's host throttle
 
 
 def load_config(text_or_path: str) -> WorkerConfig:
@@ -176,6 +178,7 @@ class Replica:
         self.eval_model: nn.Module | None = None
         self._diloco: DiLoCo | None = None
         self.loss: float | None = None
+        self.slowdown = Slowdown()
         self._event(
             "boot",
             boot_s=time.time() - _PROCESS_T0,
@@ -261,6 +264,7 @@ class Replica:
         )
 
     def _train_step(self) -> None:
+        t0 = time.perf_counter()
         for group in self.inner.param_groups:
             group["lr"] = self._lr()
         batch = self.wl.next_batch()
@@ -269,6 +273,8 @@ class Replica:
         loss.backward()
         if float(self.s["grad_clip"]) > 0:
             torch.nn.utils.clip_grad_norm_(self.wl.model.parameters(), float(self.s["grad_clip"]))
+        if (wait := self.slowdown.wait_s(time.perf_counter() - t0, self.cfg.throttle)) > 0:
+            time.sleep(wait)  # an emulated slower device (bench/wallclock.py --throttle); AdamW's own time not counted
         before = self.manager.current_step()
         self.inner.step()  # DiLoCo's hook: every H/fragments steps a quorum, an all-reduce, the outer step
         tokens = self.wl.tokens(batch)

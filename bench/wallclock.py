@@ -26,14 +26,25 @@ data-parallel's model at its evaluations (a restart rolls it back to its checkpo
 torchft's replica 0 at its evaluations. Target: the defaults end below synchronous DiLoCo,
 data-parallel + restarts and torchft, and keep a larger share of their clean throughput than torchft.
 
-    .venv/bin/python bench/wallclock.py            # D = 120 s, ~16 min on 2 cores
-    .venv/bin/python bench/wallclock.py --quick    # D = 60 s, ~9 min
-    .venv/bin/python bench/wallclock.py --set lr=0.001   # the issue's learning rate, further from the plateau
+One device per learner (`--throttle`): a real fleet gives each learner its own accelerator, so a
+learner that waits (for a synchronous round, for a restarting peer, for an all-reduce) leaves that
+device idle. Four CPU-bound learners on two cores do not: a waiting learner hands its core to the
+others, and the fleet that waits most loses least. Every learner, data-parallel rank and torchft
+replica therefore waits (F - 1) x its step's compute after each step (a `[[hosts]]` `throttle`;
+the same `learner.files.Slowdown` rule in the workers), F = 3 by default on a machine with fewer
+than LEARNERS + 2 cores: they then use 1.33 of 2 cores and each computes at its own speed.
+`--throttle 1` is the shared-core measurement.
+
+    .venv/bin/python bench/wallclock.py --set lr=0.001   # D = 120 s, ~11 min on 2 cores, the issue's lr
+    .venv/bin/python bench/wallclock.py --quick          # D = 60 s
+    .venv/bin/python bench/wallclock.py --throttle 1     # the learners share the cores
+    .venv/bin/python bench/wallclock_seeds.py bench/results/wallclock_*.json   # several seeds together
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -66,11 +77,26 @@ def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1, help="kill schedule and victim seed")
     parser.add_argument("--H", type=int, default=32)
     parser.add_argument(
+        "--throttle",
+        type=float,
+        default=None,
+        help="every learner/worker waits (F - 1) x its step's compute, so that a wait is lost time as on "
+        "one device per learner, not a core handed to the others (default: 1 with a core per learner "
+        "and two spare, else 3; 1 = the learners share the cores)",
+    )
+    parser.add_argument(
         "--set",
         default="",
         metavar="KEY=VALUE,...",
         help="[run] overrides for every strategy, e.g. lr=0.001 or model=gpt-small (default: none)",
     )
+
+
+def dedicated_throttle(cores: int | None) -> float:
+    """The default `--throttle`: 1 where every learner has its own core and two are left (the
+    syncer, the kill and the restart), else 3: four learners at a third of a core each use 1.33 of
+    2 cores, so each computes at its own speed and a learner that waits leaves its core idle."""
+    return 1.0 if (cores or 1) >= LEARNERS + 2 else 3.0
 
 
 def settings(H: int, spec: str = "") -> dict[str, Any]:
@@ -105,7 +131,9 @@ def checkpoint_curve(fleet: BenchRun, run: dict[str, Any], start: float) -> list
     return curve
 
 
-def run_fleet(name: str, run: dict[str, Any], duration: float, schedule: list[float], seed: int) -> dict[str, Any]:
+def run_fleet(
+    name: str, run: dict[str, Any], duration: float, schedule: list[float], seed: int, throttle: float = 1.0
+) -> dict[str, Any]:
     """One DiLoCo fleet for the window, kills on `schedule` (none if empty), with its curve."""
     box: dict[str, float] = {}
 
@@ -117,20 +145,32 @@ def run_fleet(name: str, run: dict[str, Any], duration: float, schedule: list[fl
         return checkpoint_curve(fleet, run, box.get("start", 0.0))
 
     res = run_diloco(
-        Plan(name, run, [local_host("here", LEARNERS)], LEARNERS, duration_s=duration, chaos=kills, inspect=curve)
+        Plan(
+            name,
+            run,
+            [local_host("here", LEARNERS, throttle=throttle)],
+            LEARNERS,
+            duration_s=duration,
+            chaos=kills,
+            inspect=curve,
+        )
     )
     res["curve"] = res.pop("inspect")
     return res
 
 
-def run_torchft_or_skip(run: dict[str, Any], duration: float, schedule: list[float], seed: int) -> dict[str, Any]:
+def run_torchft_or_skip(
+    run: dict[str, Any], duration: float, schedule: list[float], seed: int, throttle: float = 1.0
+) -> dict[str, Any]:
     """bench.torchft_diloco.run_torchft, or {"skipped": why} where torchft is missing."""
     try:
         from bench.torchft_diloco import run_torchft
     except ImportError as exc:
         return {"skipped": f"torchft is not installed ({exc}); pip install torchft==0.2.0"}
     with tempfile.TemporaryDirectory(prefix="dld-tft-") as out:
-        return run_torchft(run, LEARNERS, Path(out), duration_s=duration, kill_schedule=schedule, seed=seed)
+        return run_torchft(
+            run, LEARNERS, Path(out), duration_s=duration, kill_schedule=schedule, seed=seed, throttle=throttle
+        )
 
 
 def row(strategy: str, res: dict[str, Any], clean: dict[str, Any] | None, merged_per_s: float | None) -> dict[str, Any]:
@@ -202,15 +242,18 @@ def main(argv: list[str] | None = None) -> int:
     schedule = failure_schedule(duration, MTBF, args.seed)
     dec = settings(args.H, args.set)
     sync = {**dec, "quorum": LEARNERS, "overlap": False}
+    f = args.throttle if args.throttle is not None else dedicated_throttle(os.cpu_count())
+    if f < 1.0:
+        raise SystemExit(f"wallclock: --throttle must be >= 1 (1 = full speed), got {f:g}")
     runs: dict[str, Any] = {
-        DEFAULTS: run_fleet("wc-dec", dec, duration, schedule, args.seed),
-        f"{DEFAULTS}, clean": run_fleet("wc-dec-clean", dec, duration, [], args.seed),
-        SYNC: run_fleet("wc-sync", sync, duration, schedule, args.seed),
-        DP: run_dp(dec, LEARNERS, duration_s=duration + DP_BOOT_S, kill_schedule=schedule, seed=args.seed),
-        TORCHFT: run_torchft_or_skip(dec, duration, schedule, args.seed),
+        DEFAULTS: run_fleet("wc-dec", dec, duration, schedule, args.seed, f),
+        f"{DEFAULTS}, clean": run_fleet("wc-dec-clean", dec, duration, [], args.seed, f),
+        SYNC: run_fleet("wc-sync", sync, duration, schedule, args.seed, f),
+        DP: run_dp(dec, LEARNERS, duration_s=duration + DP_BOOT_S, kill_schedule=schedule, seed=args.seed, throttle=f),
+        TORCHFT: run_torchft_or_skip(dec, duration, schedule, args.seed, f),
     }
     runs[f"{TORCHFT}, clean"] = (
-        run_torchft_or_skip(dec, duration, [], args.seed) if "skipped" not in runs[TORCHFT] else runs[TORCHFT]
+        run_torchft_or_skip(dec, duration, [], args.seed, f) if "skipped" not in runs[TORCHFT] else runs[TORCHFT]
     )
     rows = [
         row(name, runs[name], runs.get(f"{name}, clean"), _rate(name, runs[name]))
@@ -218,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         if "skipped" not in runs[name]
     ]
     common.print_table(
-        f"Equal wall time: {LEARNERS} learners/workers, {dec['model']}, lr {dec['lr']:g}, H={args.H}, "
+        f"Equal wall time: {LEARNERS} learners/workers, {dec['model']}, lr {dec['lr']:g}, H={args.H}, throttle {f:g}, "
         f"window {duration:g} s, kills at {schedule} (mean every {MTBF:g} s, seed {args.seed})",
         rows,
     )
@@ -236,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             "duration_s": duration,
             "mtbf_s": MTBF,
             "seed": args.seed,
+            "throttle": f,
             "schedule": schedule,
             "settings": dec,
             "rows": rows,

@@ -1,7 +1,7 @@
 """The data-parallel baseline (bench/ddp_baseline.py + bench/ddp_worker.py) on real torchrun jobs.
 
 gpt-tiny, seq_len 32, batch 8, 2 gloo workers on this machine:
-- a clean run (DDP): the eval loss falls, the bytes all-reduced equal the closed-form count
+- a clean run (DDP, throttled x1.5 as bench/wallclock.py --throttle does): the eval loss falls, the bytes all-reduced equal the closed-form count
   (steps x 4 bytes x parameters handed to all-reduce; a ring sends 2(N-1)/N of that per worker),
   the checkpoint holds the final step;
 - a run (explicit all-reduce) with one worker SIGKILLed mid-way and --max-restarts=1: torchrun restarts the job, which
@@ -19,7 +19,7 @@ import torch
 
 from bench.ddp_baseline import failure_schedule, run_ddp
 from bench.ddp_comm import ring_wire_bytes
-from bench.ddp_worker import fast_forward
+from bench.ddp_worker import fast_forward, load_config
 from workload import data as data_mod
 from workload import gpt as model_mod
 
@@ -76,8 +76,11 @@ def test_resume_draws_the_batches_an_uninterrupted_run_would() -> None:
 
 def test_clean_run_learns_counts_bytes_and_checkpoints(tmp_path: Path) -> None:
     out = tmp_path / "clean"
-    s = run_ddp(SETTINGS, 2, out, budget_tokens=50_000, duration_s=None, checkpoint_every_s=0.5, timeout_s=150)
+    s = run_ddp(
+        SETTINGS, 2, out, budget_tokens=50_000, duration_s=None, checkpoint_every_s=0.5, timeout_s=150, throttle=1.5
+    )
     assert s["ok"], s.get("log_tail")
+    assert load_config(str(out / "config.json")).throttle == 1.5  # the emulated slower device reached the ranks
     assert_cleaned_up(s, out)
     steps, n = s["steps"], tiny_params()
     assert s["tokens"] == steps * 2 * 8 * 32 >= 50_000 > (steps - 1) * 2 * 8 * 32
