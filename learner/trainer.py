@@ -159,11 +159,9 @@ class Trainer:
         restarted learner continues its own step, so a phase for a counter at 0 put its first
         push on another fragment than the fleet's, and the synchronous fleet stalled until
         the run ended (goodput 0.10 instead of 0.62 after one kill, in 2 of 3 runs)."""
-        if self.s.syncer_clock:
-            return 0  # the syncer calls the rounds: no schedule of its own
-        if not self.s.overlap or self.s.max_lag:
+        if self.s.lockstep:
             return (outer.lockstep_phase() - self.step) % outer.H
-        return 0
+        return 0  # the syncer calls the rounds, or nothing waits on the order
 
     def optimizer(self) -> torch.optim.Optimizer:
         return recipe.optimizer(self.recipe, self.workload.model.parameters(), self.s.lr, self.s.weight_decay)

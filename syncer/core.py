@@ -2,9 +2,8 @@
 
 `SyncerCore.handle(learner, message, now, out)` and `SyncerCore.tick(now, out)` are the whole
 interface: what must be sent, logged as an event or recorded as a metric is put into the
-`Outbox`, and the ZeroMQ server (syncer/server.py) carries it out. Wall-clock `now` is passed in;
-merge durations are measured with an injected monotonic clock. The merge and outer step of a
-closing round are in syncer/outerstep.py (a mixin).
+`Outbox`, and the ZeroMQ server (syncer/server.py) carries it out. Wall-clock `now` is passed in,
+merges are timed by an injected monotonic clock; merge and outer step: syncer/outerstep.py.
 
 Publishing (ALGORITHM.md, Compression): the new global fragment is defined as
     old + dequantize(quantize(new - old + residual)),   residual' = (new - old + residual) - that
@@ -26,7 +25,7 @@ from syncer.fleet import Ledger, Membership
 from syncer.globalmodel import GlobalModel, Outbox
 from syncer.guard import QualityGuard
 from syncer.outerstep import OuterStep
-from syncer.rounds import Contribution, GraceFn, Round
+from syncer.rounds import Contribution, GraceFn, Round, withdraw
 from syncer.wire import codec, fragments, shards
 from syncer.wire.protocol import Message, ProtocolError, check_fragment_index, check_raw_fragment
 
@@ -131,6 +130,8 @@ class SyncerCore(OuterStep):
             learner,
             f"pid {info.pid} on {info.host} ({info.device})",
         )
+        for p in withdraw(self.rounds.values(), learner, self.s.quorum, now) if fresh and self.s.lockstep else []:
+            out.event(now, "drop", learner, f"fragment {p}: the previous incarnation's unmerged push (lock-step)")
         owner = self._claim_init(learner, manifest, now)
         out.send(
             learner,
@@ -415,14 +416,13 @@ class SyncerCore(OuterStep):
         """Close every round that holds anything, quorum or not (the run is going down)."""
         if self.model is None:
             return 0
-        closed = 0
-        for p in sorted(p for p, r in self.rounds.items() if r.contributions):
+        ready = sorted(p for p, r in self.rounds.items() if r.contributions)
+        for p in ready:
             # once: draining carried backlogs here would apply them all at once, the giant step the
             # bound exists to prevent (a 30 s outage's backlog took the final model from 1.87 to 3.34)
             self._close(self.rounds[p], now, out)
-            closed += 1
         self.rounds.clear()
-        return closed
+        return len(ready)
 
     def _replace(self, p: int, carried: list[Contribution]) -> None:
         """After a close: fragment p's next round, holding what the close carried over, if anything."""

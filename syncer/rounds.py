@@ -10,6 +10,7 @@ ALGORITHM.md, counted from quorum, ends it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -159,6 +160,25 @@ class Round:
 
     def oldest(self) -> Contribution | None:
         return min(self.contributions.values(), key=lambda c: c.arrived, default=None)
+
+
+def withdraw(rounds: Iterable[Round], learner: str, quorum: int, now: float) -> list[int]:
+    """Take `learner`'s pushes out of the open rounds; the fragments they were in.
+
+    For a lock-step fleet when a new incarnation of `learner` joins: it pushes in the fleet's
+    fragment order from the versions it fetches, which do not count its previous incarnation's
+    unmerged push. Left in, that push closed the round of fragment p just after the new
+    incarnation fetched p as not yet merged; the new one then pushed p again while the others
+    waited for its p + 1, and the fleet stood still until the run ended (a synchronous fleet,
+    two learners killed within a second). One fragment's window of the dead learner's work is
+    lost, as the rest of its unsent work is."""
+    out = []
+    for rnd in rounds:
+        if rnd.contributions.pop(learner, None) is not None:
+            rnd.answered.discard(learner)
+            rnd.recount(quorum, now)
+            out.append(rnd.fragment)
+    return out
 
 
 def backlog_factor(c_steps: int, period_steps: float, max_backlog: float) -> float:

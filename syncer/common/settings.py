@@ -221,6 +221,14 @@ class RunSettings:
         return self.round_clock == "syncer" and self.overlap
 
     @property
+    def lockstep(self) -> bool:
+        """Whether learners push on their own counters and wait on the fleet's fragment order
+        (overlap = false, or `max_lag` on the learners' clocks): a rejoining learner must then
+        take up that order (`OuterState.lockstep_phase`) and the syncer withdraw its previous
+        incarnation's unmerged pushes (`rounds.withdraw`)."""
+        return not self.syncer_clock and (not self.overlap or self.max_lag > 0)
+
+    @property
     def max_log_bytes(self) -> int:
         """`max_log_mb` in bytes (0 = never rotate)."""
         return int(self.max_log_mb * (1 << 20))

@@ -3,6 +3,8 @@ learner's step counter resumes, learner_lost / learner_back and quorum events.""
 
 from __future__ import annotations
 
+import torch
+
 from syncer import status
 from tests.unit.coreharness import Harness, events_of, make_settings, sent_of
 
@@ -60,3 +62,38 @@ def test_learner_lost_and_back_but_not_for_a_quick_rejoin() -> None:
     assert not events_of(out, "learner_lost") and not events_of(out, "learner_back")
     h.beat("b", 6.0)
     assert not events_of(h.tick(6.0), "learner_back")
+
+
+def _rejoin_during_a_round(**settings: object) -> Harness:
+    """a and b push fragment 0; b dies and its new incarnation joins before the round closed."""
+    h = Harness(make_settings(quorum=3, fragments=2, **settings))  # type: ignore[arg-type]
+    h.join_all(now=1.0)
+    delta = torch.full((h.plan.sizes()[0],), 0.01)
+    h.push("a", 0, delta, 1.1)
+    h.push("b", 0, delta, 1.2)
+    h.hello("b", 1.3, incarnation="i2")
+    return h
+
+
+def test_a_lockstep_rejoiner_takes_its_old_push_out_of_the_open_round() -> None:
+    """Left in, the old push closed round 0 with c's; the new b, which fetched fragment 0 as not
+    merged yet, then pushed 0 again while a and c waited for its 1: the fleet stood still."""
+    h = _rejoin_during_a_round(overlap=False)
+    assert set(h.core.rounds[0].contributions) == {"a"}
+    assert [e["detail"] for e in events_of(h.outs[-1], "drop")] == [
+        "fragment 0: the previous incarnation's unmerged push (lock-step)"
+    ]
+    delta = torch.full((h.plan.sizes()[0],), 0.01)
+    h.push("c", 0, delta, 1.4)
+    h.tick(1.5)
+    assert h.core.model is not None and h.core.model.versions[0] == 0  # waits for the new b
+    h.push("b", 0, delta, 1.6)
+    h.tick(1.7)
+    assert h.core.model.versions[0] == 1  # a, c and the new b: one round, nobody waits on another
+
+
+def test_a_decoupled_rejoiner_keeps_its_old_push() -> None:
+    """Nothing waits on the fragment order off lock-step: the dead incarnation's work is merged."""
+    h = _rejoin_during_a_round(overlap=True, round_clock="learner")
+    assert set(h.core.rounds[0].contributions) == {"a", "b"}
+    assert not events_of(h.outs[-1], "drop")
