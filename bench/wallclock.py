@@ -217,21 +217,27 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def plot(runs: dict[str, Any], path: Path) -> None:
+    """Held-out loss against wall time (left) and against the tokens that reached the model (right)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 4))
+    fig = Figure(figsize=(11, 4))
     FigureCanvasAgg(fig)
-    ax = fig.subplots()
+    by_time, by_tokens = fig.subplots(1, 2, sharey=True)
+    lowest = float("inf")
     for name, res in runs.items():
-        points = [
-            (c["t"], c["eval_loss"]) for c in res.get("curve") or [] if c.get("eval_loss") is not None and c["t"] >= 0
-        ]
+        points = [c for c in res.get("curve") or [] if c.get("eval_loss") is not None and c["t"] >= 0]
         if points and "clean" not in name:
-            ax.plot(*zip(*points), marker=".", label=name)
-    ax.set_xlabel("seconds since the whole fleet trains (kills every 20 s on average)")
-    ax.set_ylabel("held-out loss of the global model")
-    ax.legend(fontsize=8)
+            by_time.plot([c["t"] for c in points], [c["eval_loss"] for c in points], marker=".", label=name)
+            tokens = [(c["tokens"] / 1e6, c["eval_loss"]) for c in points if c.get("tokens") is not None]
+            by_tokens.plot(*zip(*tokens), marker=".", label=name)
+            lowest = min(lowest, *(c["eval_loss"] for c in points))
+    if lowest < float("inf"):  # the end is what differs: keep the first seconds' steep start out of scale
+        by_time.set_ylim(lowest - 0.05, lowest * 1.4)
+    by_time.set_xlabel("seconds since the whole fleet trains (kills every 20 s on average)")
+    by_time.set_ylabel("held-out loss of the global model")
+    by_tokens.set_xlabel("tokens in the model (millions; DiLoCo: merged)")
+    by_time.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
