@@ -36,6 +36,7 @@ data-parallel under the monkey.
     .venv/bin/python bench/quality.py --quick    # 400 steps, ~2 min
     .venv/bin/python bench/quality.py --steps 2000 --repeats 3 --legacy   # ~10 min
     .venv/bin/python bench/quality.py --H 64 --set lr_schedule=cosine,model=gpt-small   # another H and model
+    .venv/bin/python bench/quality.py --H 16 --chaos-only --set lr_schedule=cosine,model=gpt-small   # DP + monkey
 """
 
 from __future__ import annotations
@@ -84,6 +85,11 @@ def _extra(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--extra-only", action="store_true", help="DP and the --extra fleets only (a tuning sweep)")
     parser.add_argument(
+        "--chaos-only",
+        action="store_true",
+        help="DP and the defaults under the chaos monkey only (the 5%% cell at another H or model)",
+    )
+    parser.add_argument(
         "--set",
         default="lr_schedule=cosine",
         metavar="KEY=VALUE,...",
@@ -131,6 +137,8 @@ def plans(args: argparse.Namespace, steps: int) -> list[tuple[str, Plan]]:
     ]
     if args.extra_only:
         return extras
+    if args.chaos_only:
+        return [pair(DEFAULTS_NAME, "dec", dec)[1], *extras]
     out = [(SYNC_NAME, Plan("q-sync", sync, hosts, LEARNERS)), *pair(DEFAULTS_NAME, "dec", dec)]
     if args.tuned:
         out += pair(TUNED_NAME, "tuned", {**dec, **TUNED})
@@ -201,6 +209,14 @@ def verdict(rows: list[dict[str, Any]], budget: int) -> dict[str, Any]:
     }
 
 
+def chaos_verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """`--chaos-only`: the defaults under the chaos monkey within 5% of data-parallel."""
+    gap = next(r for r in rows if r["strategy"] == f"{DEFAULTS_NAME} + chaos monkey")["vs DP"]
+    met = gap <= TARGET_CHAOS
+    text = f"chaos monkey: {100 * gap:+.1f}% vs DP (target <= +5%: {'MET' if met else 'MISSED'})"
+    return {"chaos_met": met, "text": text}
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -268,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.extra_only:
         result = {"text": "tuning sweep: no verdict"}
+    elif args.chaos_only and dp_loss is not None:
+        result = chaos_verdict(rows)
     elif dp_loss is None:
         result = {"text": "no verdict: the data-parallel baseline has no eval loss (see its log_tail)"}
     else:

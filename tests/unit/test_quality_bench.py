@@ -72,3 +72,17 @@ def test_run_overrides_are_typed_and_bad_ones_name_the_item() -> None:
     for bad, says in (("nosuchkey=1", "'nosuchkey=1'"), ("H", "'H'"), ("H=sixty", "takes a int")):
         with pytest.raises(SystemExit, match=says):
             overrides(bad)
+
+
+def test_chaos_only_plans_the_monkey_run_alone_and_judges_it_on_its_own() -> None:
+    args = quality.common.parse_args("quality", "", quality._extra, ["--chaos-only", "--H", "16"])
+    todo = quality.plans(args, steps=100)
+    assert [name for name, _ in todo] == [f"{quality.DEFAULTS_NAME} + chaos monkey"]
+    assert todo[0][1].chaos is not None and todo[0][1].run["H"] == 16 and todo[0][1].budget_tokens
+    rows = [
+        quality.row("data-parallel (gloo)", 100, 1.6, 1.6, {}),
+        quality.row(f"{quality.DEFAULTS_NAME} + chaos monkey", 100, 1.7, 1.6, {}),
+    ]
+    assert quality.chaos_verdict(rows)["chaos_met"] is False  # +6.25%
+    rows[1] = quality.row(f"{quality.DEFAULTS_NAME} + chaos monkey", 100, 1.65, 1.6, {})
+    assert quality.chaos_verdict(rows) == {"chaos_met": True, "text": "chaos monkey: +3.1% vs DP (target <= +5%: MET)"}
