@@ -9,11 +9,17 @@
 #   3. bench/quality.py, a sweep with one CPU core per learner (the 2-core VM shares 2 cores among
 #      4 learners and the syncer): does the Decoupled fleet's asynchrony cost shrink when the
 #      learners do not wait for each other's CPU time?
+#   4. (not in the default STAGES: ~6 min alone) the sharded syncer with cores to spare (issue 20):
+#      bench/shard_scaling.py --quick (1 against 2 shards, the load generator on other cores) and
+#      bench/shard_transfer.py --quick with CURVE (a joiner fetching from 1, 2, 4 shards). On the
+#      2-core VM both are core-bound (BENCHMARKS.md, "Sharded syncer"); here each shard, the
+#      generator and the joiner's link threads get their own cores.
 # then a compact summary of what the stages wrote.
 #
 #   bench/gpu_check.sh OUT_DIR            (each stage writes its log and JSON there)
 #   QUICK=1 bench/gpu_check.sh OUT_DIR    (short stages; cpu where cuda is absent: a dry run)
 #   STAGES="1 2" T1=90 T2=120 bench/gpu_check.sh OUT_DIR   (only those stages, with those limits in s)
+#   STAGES=4 TOTAL=420 bench/gpu_check.sh OUT_DIR           (the sharded syncer alone)
 #   TOTAL=480 bench/gpu_check.sh OUT_DIR  (the whole script's budget, default 510 s: a stage gets
 #                                          the lesser of its limit and what is left; stage 3 is
 #                                          skipped when under 150 s are left)
@@ -77,6 +83,15 @@ if [[ $stages == *" 3 "* ]]; then
     fi
 fi
 
+if [[ $stages == *" 4 "* ]]; then
+    t4=$(limit "${T4:-400}")
+    stage "4. sharded syncer with cores to spare (limit $t4 s)"
+    timeout -k 20 -s ABRT "$((t4 * 2 / 3))" $py bench/shard_scaling.py --quick \
+        --out "$out/shard_scaling_cores.json" 2>&1 | tee "$out/shard_scaling.log" | tail -12
+    timeout -k 20 -s ABRT "$(limit $((t4 / 3)))" $py bench/shard_transfer.py --quick \
+        --out "$out/shard_transfer_cores.json" 2>&1 | tee "$out/shard_transfer.log" | tail -12
+fi
+
 stage "summary"
 $PYTHON - "$out" "$stages" <<'EOF'
 """One line per result the stages left in OUT_DIR (missing files are said, not fatal)."""
@@ -121,5 +136,14 @@ q = load("quality_cores.json")
 print("3. quality, one core per learner:", ("(no results)" if "3" in stages else "(not run)") if q is None else "")
 for r in (q or {}).get("rows", []):
     print(f"   {str(r.get('strategy')):<48} eval loss {r.get('eval loss')}  vs DP {r.get('vs DP')}")
+sc, st = load("shard_scaling_cores.json"), load("shard_transfer_cores.json")
+none = "(no results)" if "4" in stages else "(not run)"
+v = (sc or {}).get("verdict") or {}
+print("4. sharded syncer: scaling", none if sc is None else f"2 / 1 shards {num(v.get('ratio'), '.2f')}x "
+      f"(target {v.get('target')}), per loop core {num(v.get('per_loop_core_ratio'), '.2f')}, "
+      f"merge alone {num(v.get('merge_alone_ratio'), '.2f')}")
+v = (st or {}).get("verdict") or {}
+print("   state transfer", none if st is None else f"worst shard {num(v.get('worst_shard_vs_tcp'), '.0%')} of raw TCP "
+      f"(target 30%), best aggregate {num(v.get('best_aggregate_MBs'), ',.0f')} MB/s from {v.get('best_aggregate_shards')} shards")
 EOF
 stage "done"
