@@ -331,11 +331,23 @@ def _bytes(raw: memoryview) -> torch.Tensor:
     """A uint8 tensor viewing `raw` (no copy; a read-only buffer is never written through it)."""
     if not len(raw):  # torch.frombuffer refuses an empty buffer (a 0-value tensor is legal)
         return torch.empty(0, dtype=torch.uint8)
-    if not raw.readonly:
+    if not raw.readonly or _readonly_warned:
         return torch.frombuffer(raw, dtype=torch.uint8)
-    with warnings.catch_warnings():  # torch warns that it cannot mark a tensor read-only
+    return _first_readonly(raw)
+
+
+_readonly_warned = False  # torch warns once per process (TORCH_WARN_ONCE) that it cannot mark a tensor read-only
+
+
+def _first_readonly(raw: memoryview) -> torch.Tensor:
+    """The first read-only view, with torch's one warning about it silenced (catch_warnings is
+    costly: every later push of every round would pay it for a warning torch no longer gives)."""
+    global _readonly_warned
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(raw, dtype=torch.uint8)
+        t = torch.frombuffer(raw, dtype=torch.uint8)
+    _readonly_warned = True
+    return t
 
 
 def _decompress(payload: memoryview, raw_len: int) -> torch.Tensor:

@@ -572,3 +572,27 @@ def test_decoded_stored_payload_views_the_blob_and_never_writes_it() -> None:
     y = codec.dequantize(q)  # a new tensor: the blob's bytes stay as they were
     y.add_(1.0)
     assert stored == before and torch.equal(codec.decode(stored), codec.roundtrip(x, "int8", 128))
+
+
+def test_decoding_read_only_payloads_leaves_the_warning_filters_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the first read-only view is taken under catch_warnings (torch warns once per process);
+    every later push must not swap the process's warning filters (costly, and racy for the
+    syncer's other threads), and no UserWarning escapes either way."""
+    import warnings
+
+    blob = codec.encode(torch.randn(4096), "int4")
+    codec.decode_quantized(blob, expect_numel=4096)  # the first may take torch's one warning
+    entered = []
+    real = warnings.catch_warnings
+
+    def counting(*args: object, **kwargs: object) -> warnings.catch_warnings:
+        entered.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(warnings, "catch_warnings", counting)
+    with real(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(5):
+            q = codec.decode_quantized(blob, expect_numel=4096)
+    assert entered == [] and [w for w in caught if issubclass(w.category, UserWarning)] == []
+    assert torch.equal(codec.dequantize(q), codec.decode(blob, expect_numel=4096))
