@@ -55,7 +55,7 @@ def _extra(parser: argparse.ArgumentParser) -> None:
         help="one more int4 fleet at H = --ref-h with these settings on top (repeatable)",
     )
     parser.add_argument("--extra-only", action="store_true", help="DP and the --extra fleets only")
-    parser.add_argument("--set", default="", metavar="KEY=VALUE,...", help="settings for every fleet and DP")
+    common.add_set_option(parser, "settings for every fleet and DP")
 
 
 def fleets(args: argparse.Namespace, steps: int) -> list[tuple[str, dict[str, Any]]]:

@@ -224,13 +224,23 @@ def write_json(path: Path | str, payload: Mapping[str, Any]) -> Path:
     return path
 
 
-def overrides(spec: str) -> dict[str, Any]:
-    """ "H=64,outer_lr=0.7" -> {"H": 64, "outer_lr": 0.7}, typed like the RunSettings defaults."""
+def add_set_option(parser: argparse.ArgumentParser, help: str, default: Sequence[str] = ()) -> None:
+    """`--set KEY=VALUE,...`, repeatable: every occurrence counts, a later key wins (`overrides`).
+    A plain option kept only the last `--set` and dropped the others without a word."""
+    parser.add_argument(
+        "--set", action="append", default=list(default), metavar="KEY=VALUE,...", help=f"{help} (repeatable)"
+    )
+
+
+def overrides(spec: str | Sequence[str]) -> dict[str, Any]:
+    """ "H=64,outer_lr=0.7" -> {"H": 64, "outer_lr": 0.7}, typed like the RunSettings defaults; a
+    list (a repeated `--set`) is read in order, a later key winning."""
     from syncer.common.settings import RunSettings
 
     defaults = RunSettings().to_dict()
     out: dict[str, Any] = {}
-    for item in filter(None, spec.split(",")):
+    items = spec.split(",") if isinstance(spec, str) else [i for part in spec for i in part.split(",")]
+    for item in filter(None, items):
         key, eq, value = item.partition("=")
         if not eq or key not in defaults:
             known = ", ".join(defaults)

@@ -106,7 +106,7 @@ def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settle-s", type=float, default=None, help="wait after joining (default: a round interval)")
     parser.add_argument("--decode", choices=("one", "all", "none"), default="one", help="who decodes the updates")
     parser.add_argument("--variants", type=int, default=None, help="encoded outer gradients per fragment (4, quick 2)")
-    parser.add_argument("--set", default="", help="[run] overrides, e.g. checkpoint_every=1000,merge=mean")
+    common.add_set_option(parser, "[run] overrides, e.g. checkpoint_every=1000,merge=mean")
     parser.add_argument("--search", action="store_true", help="find the largest fleet the syncer sustains")
     parser.add_argument("--start-learners", type=int, default=2, help="search: the first fleet size")
     parser.add_argument("--max-learners", type=int, default=None, help="search: the largest (default 16, quick 8)")

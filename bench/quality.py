@@ -89,11 +89,10 @@ def _extra(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="DP and the defaults under the chaos monkey only (the 5%% cell at another H or model)",
     )
-    parser.add_argument(
-        "--set",
-        default="lr_schedule=cosine",
-        metavar="KEY=VALUE,...",
-        help="[run] overrides for every strategy, data-parallel included, e.g. lr_schedule=cosine",
+    common.add_set_option(
+        parser,
+        "[run] overrides for every strategy, data-parallel included (default: lr_schedule=cosine)",
+        default=["lr_schedule=cosine"],
     )
 
 

@@ -83,7 +83,7 @@ def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shards", default="1,2", help="shard counts to run, in order")
     parser.add_argument("--repeat", type=int, default=1, help="run the shard counts this many times, alternating")
     parser.add_argument("--decode", choices=("one", "all", "none"), default="none", help="who decodes the updates")
-    parser.add_argument("--set", default="", help="[run] overrides (of the settings above too)")
+    common.add_set_option(parser, "[run] overrides (of the settings above too)")
     parser.add_argument("--tmp", default=None, help="where the run directories go, e.g. /dev/shm")
     parser.add_argument("--keep", action="store_true", help="keep the run directories (logs, metrics)")
     parser.add_argument(

@@ -68,7 +68,7 @@ def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fragments", type=int, default=8, help="P (at least the most shards)")
     parser.add_argument("--shards", default="1,2,4", help="shard counts, in order")
     parser.add_argument("--transfers", type=int, default=None, help="fetches per shard count (default 5, quick 3)")
-    parser.add_argument("--set", default="", help="[run] overrides, e.g. insecure=true,state_chunk_mb=1")
+    common.add_set_option(parser, "[run] overrides, e.g. insecure=true,state_chunk_mb=1")
     parser.add_argument("--tmp", default=None, help="where the run directories go")
 
 

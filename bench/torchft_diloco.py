@@ -386,7 +386,9 @@ def _extra(parser: Any) -> None:
     parser.add_argument("--mtbf", type=float, default=20.0, help="mean seconds between kills (0 = no kills)")
     parser.add_argument("--seed", type=int, default=1, help="kill schedule and victim seed")
     parser.add_argument("--replicas", type=int, default=REPLICAS)
-    parser.add_argument("--set", default="", metavar="KEY=VALUE,...", help="[run] overrides, e.g. fragments=1")
+    from bench import common
+
+    common.add_set_option(parser, "[run] overrides, e.g. fragments=1")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the runs' files here")
 
 

@@ -47,6 +47,7 @@ import argparse
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,12 +85,7 @@ def _extra(parser: argparse.ArgumentParser) -> None:
         "one device per learner, not a core handed to the others (default: 1 with a core per learner "
         "and two spare, else 3; 1 = the learners share the cores)",
     )
-    parser.add_argument(
-        "--set",
-        default="",
-        metavar="KEY=VALUE,...",
-        help="[run] overrides for every strategy, e.g. lr=0.001 or model=gpt-small (default: none)",
-    )
+    common.add_set_option(parser, "[run] overrides for every strategy, e.g. lr=0.001 or model=gpt-small")
 
 
 def dedicated_throttle(cores: int | None) -> float:
@@ -99,7 +95,7 @@ def dedicated_throttle(cores: int | None) -> float:
     return 1.0 if (cores or 1) >= LEARNERS + 2 else 3.0
 
 
-def settings(H: int, spec: str = "") -> dict[str, Any]:
+def settings(H: int, spec: str | Sequence[str] = "") -> dict[str, Any]:
     """The [run] table every strategy shares: the bench workload, dldctl's outer optimizer, a
     checkpoint every 10 merges (all kept, for the curve), an evaluation every 200 steps, and
     the `--set` overrides `spec` on top."""

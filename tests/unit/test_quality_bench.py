@@ -86,3 +86,16 @@ def test_chaos_only_plans_the_monkey_run_alone_and_judges_it_on_its_own() -> Non
     assert quality.chaos_verdict(rows)["chaos_met"] is False  # +6.25%
     rows[1] = quality.row(f"{quality.DEFAULTS_NAME} + chaos monkey", 100, 1.65, 1.6, {})
     assert quality.chaos_verdict(rows) == {"chaos_met": True, "text": "chaos monkey: +3.1% vs DP (target <= +5%: MET)"}
+
+
+def test_a_repeated_set_keeps_every_occurrence_and_the_later_key_wins() -> None:
+    from bench import loadgen
+    from bench.common import overrides, parse_args
+
+    argv = ["--set", "checkpoint_every=1000000", "--set", "checkpoint_s=0,H=32", "--set", "H=16"]
+    args = parse_args("loadgen", "", loadgen._extra, argv)
+    assert overrides(args.set) == {"checkpoint_every": 1000000, "checkpoint_s": 0.0, "H": 16}
+    # a default stays unless a --set names its key
+    q = parse_args("quality", "", quality._extra, ["--set", "H=16"])
+    assert overrides(q.set) == {"lr_schedule": "cosine", "H": 16}
+    assert overrides(parse_args("quality", "", quality._extra, []).set) == {"lr_schedule": "cosine"}
