@@ -66,6 +66,7 @@ import torch
 from bench import common
 from bench import loadgen_core as core
 from bench.loadgen_fleet import LoadConfig, LoadFleet
+from bench.loadgen_syncer import SyncerDied
 
 COLUMNS = [
     "learners",
@@ -223,15 +224,24 @@ def run_level(fleet: LoadFleet, n: int, rule: core.StopRule) -> dict[str, Any]:
     return level
 
 
-def search(fleet: LoadFleet, rule: core.StopRule, args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:
-    """Levels 2, 4, 8, ... until the syncer falls behind, then bisect; the largest size it sustained."""
+def search(
+    fleet: LoadFleet, rule: core.StopRule, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], int, dict[str, Any] | None]:
+    """Levels 2, 4, 8, ... until the syncer falls behind, then bisect: the levels, the largest size
+    it sustained, and why the search stopped early (a shard died at that size: the levels before
+    it are kept and reported, and that size counts as not sustained)."""
     history: list[tuple[int, bool]] = []
     levels: list[dict[str, Any]] = []
     while (n := core.next_learners(history, args.start_learners, fleet.cfg.declared, args.refine)) is not None:
-        level = run_level(fleet, n, rule)
+        try:
+            level = run_level(fleet, n, rule)
+        except SyncerDied as exc:
+            print(f"  {n} learners: stopped: {exc}", flush=True)
+            history.append((n, False))
+            return levels, core.sustained(history), {"learners": n, "error": str(exc).splitlines()[0]}
         levels.append(level)
         history.append((n, not level["problems"]))
-    return levels, core.sustained(history)
+    return levels, core.sustained(history), None
 
 
 def _s(value: float | None) -> str:
@@ -253,6 +263,8 @@ def report(
     common.print_table(title, rows, SHARD_COLUMNS if cfg.shards > 1 else COLUMNS)
     if best is not None:
         print(f"largest fleet the syncer kept up with: {best} learners (searched up to {cfg.declared})")
+    if extra.get("stopped"):
+        print(f"the search stopped at {extra['stopped']['learners']} learners: {extra['stopped']['error']}")
     payload = {
         "benchmark": "loadgen",
         "quick": args.quick,
@@ -290,9 +302,13 @@ def main() -> None:
         up = "syncer" if cfg.shards == 1 else f"{cfg.shards} syncer shards"
         print(f"  {up} up, blobs encoded in {start['blobs_s']:.1f} s (run directory {fleet.dir})", flush=True)
         if args.search:
-            levels, best = search(fleet, rule, args)
+            levels, best, stopped = search(fleet, rule, args)
         else:
-            levels, best = [run_level(fleet, args.learners, rule)], None
+            try:
+                levels, best, stopped = [run_level(fleet, args.learners, rule)], None, None
+            except SyncerDied as exc:
+                print(exc, file=sys.stderr)
+                raise SystemExit(f"bench/loadgen.py: {args.learners} learners: {str(exc).splitlines()[0]}") from None
         sizes = fleet.sizes
     extra = {
         "fragment_sizes": sizes,
@@ -300,6 +316,7 @@ def main() -> None:
         "start": start,
         "load_average": {"before": load_before, "after": os.getloadavg()},
         "wall_s": time.monotonic() - began,
+        "stopped": stopped,
     }
     report(args, cfg, levels, best, extra)
 

@@ -249,7 +249,10 @@ class LoadFleet:
             time.sleep(0.5)
 
     def collect(self) -> None:
-        """A report from every worker: learner states, replies and step-boundary delays."""
+        """A report from every worker: learner states, replies and step-boundary delays.
+        SyncerDied if a shard has ended: nothing would ever join or merge again."""
+        for syncer in self.syncers:
+            syncer.check_alive()
         for proc, conn in self.workers:
             if not proc.is_alive():
                 raise RuntimeError(f"load generator worker {proc.pid} died (exit code {proc.exitcode})")

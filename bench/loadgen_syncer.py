@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,10 @@ def write_run(directory: Path, learners: int, run: dict[str, Any], run_id: str =
         data["syncer"].update(shards=shards, shard_ports=[free_port() for _ in range(2 * (shards - 1))])
         path.write_text(json.dumps(data, indent=1))
     return path
+
+
+class SyncerDied(RuntimeError):
+    """A shard's process ended while the load generator needed it (a crash, the OOM killer)."""
 
 
 class SyncerProcess:
@@ -73,10 +78,29 @@ class SyncerProcess:
             argv += ["--shard", str(self.shard)]
         self.procs.spawn(self.name, argv, log=self.dir / f"{self.name}.log", env=env, cwd=ROOT)
 
+    def exited(self) -> str | None:
+        """None while the process runs; else how it ended, in words (a SIGKILL nobody here sent
+        is most often the kernel's OOM killer)."""
+        code = self.procs[self.name].poll()
+        if code is None:
+            return None
+        if code < 0:
+            how = f"was killed by {signal.Signals(-code).name}"
+            if -code == signal.SIGKILL:
+                how += " (the kernel's OOM killer? `dmesg | grep -i oom`; fewer learners or a smaller model)"
+        else:
+            how = f"exited with status {code}"
+        return f"{self.name} (pid {self.procs[self.name].pid}) {how}; its log: {self.dir / f'{self.name}.log'}"
+
+    def check_alive(self) -> None:
+        """SyncerDied, with the end of its log, if the process has ended."""
+        why = self.exited()
+        if why is not None:
+            raise SyncerDied(f"{why}\n{self.log()[-2000:]}")
+
     def wait_up(self, timeout: float) -> None:
         def up() -> bool:
-            if self.procs[self.name].poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.log()[-2000:]}")
+            self.check_alive()
             try:
                 return bool(self.status(timeout=2.0))
             except TimeoutError:

@@ -82,3 +82,35 @@ def test_synthetic_learners_drive_two_real_shards(tmp_path: Path) -> None:
     assert total["params_per_s"] == pytest.approx(sum(p["stats"]["params_per_s"] for p in parts))
     assert level["syncer"]["cpu_cores"] == pytest.approx(sum(p["syncer"]["cpu_cores"] for p in parts))
     assert level["generator"]["links"]["bad_messages"] == 0
+
+
+def test_a_syncer_that_dies_stops_the_search_at_once_and_keeps_what_was_measured(tmp_path: Path) -> None:
+    """A shard killed under the generator (the OOM killer, in a 774M search) used to leave the
+    search waiting for joins that could never come, for up to an hour; now the next report
+    from the workers names the shard and how it ended, and the search returns what it has."""
+    import os
+    import signal
+    import time
+
+    from bench import loadgen
+    from bench.common import parse_args
+    from bench.loadgen_core import StopRule
+    from bench.loadgen_syncer import SyncerDied
+
+    cfg = LoadConfig(
+        shape="gpt-tiny", H=8, fragments=4, step_time=0.05, procs=1, variants=1, window_s=2.0,
+        settle_s=0.5, declared=4, tmp=str(tmp_path),
+    )  # fmt: skip
+    args = parse_args("loadgen", "", loadgen._extra, ["--search", "--start-learners", "2", "--max-learners", "4"])
+    with LoadFleet(cfg) as fleet:
+        fleet.start()
+        fleet.resize(2)
+        os.kill(fleet.syncer_pid, signal.SIGKILL)  # the process this test's fleet started
+        t0 = time.monotonic()
+        with pytest.raises(SyncerDied, match=r"syncer \(pid \d+\) was killed by SIGKILL .*OOM"):
+            fleet.resize(3)
+        levels, best, stopped = loadgen.search(fleet, StopRule(10.0, 0.5, 0.05), args)
+        assert time.monotonic() - t0 < 20, "noticed at the next report, not at the join deadline"
+    assert levels == [] and best == 0
+    assert stopped is not None and stopped["learners"] == 2 and "SIGKILL" in stopped["error"]
+    assert not list(tmp_path.iterdir()), "the run directory is removed"
