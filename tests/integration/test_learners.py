@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import statistics
 import time
 from pathlib import Path
 
@@ -233,14 +234,24 @@ def test_the_syncer_calls_rounds_that_gather_the_whole_fleet(tmp_path: Path) -> 
     """At the defaults (quorum 1, overlap, the syncer's round clock) rounds gather every live
     learner; on each learner's own clock (round_clock = learner) most pushes close a round alone."""
 
-    def mean_contributors(lr: LocalRun) -> float:
-        rounds = lr.metrics("round")[4:]  # the first calls may find a learner still joining
-        return sum(len(r["contributors"]) for r in rounds) / max(1, len(rounds))
+    def contributors(lr: LocalRun) -> list[int]:
+        """Contributors per round from the round after every learner's first push of that
+        fragment on: before it, a round may find a learner still joining (on a loaded machine a
+        learner's start can take several rounds)."""
+        rounds, seen, after = lr.metrics("round"), set(), []
+        for r in rounds:
+            if len(seen) == 3 * 4:  # (learner, fragment) pairs: 3 learners, 4 fragments
+                after.append(len(r["contributors"]))
+            seen |= {(c, r["fragment"]) for c in r["contributors"]}
+        return after
+
+    def merged_after_join(lr: LocalRun, merges: int) -> list[int]:
+        lr.wait_for(lambda s: len(contributors(lr)) >= merges, 150, f"{merges} merges after the fleet joined")
+        return contributors(lr)
 
     with run_of(tmp_path / "syncer", [{}, {}, {}], H=16, quorum=1) as lr:
-        lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 40, 150, "40 merges")
-        gathered = mean_contributors(lr)
+        gathered = merged_after_join(lr, 36)
     with run_of(tmp_path / "learner", [{}, {}, {}], H=16, quorum=1, round_clock="learner") as lr:
-        lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 40, 150, "40 merges")
-        alone = mean_contributors(lr)
-    assert gathered >= 2.5 > alone + 0.5, (gathered, alone)
+        alone = merged_after_join(lr, 36)
+    mean = statistics.fmean
+    assert mean(gathered) >= 2.5 > mean(alone) + 0.5, (gathered, alone)
