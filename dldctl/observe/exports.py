@@ -22,6 +22,7 @@ from typing import Any
 
 from dldctl.errors import ConfigError
 from dldctl.inventory import Inventory
+from dldctl.metricspec import MetricsSpec
 from dldctl.observe.metricpoints import Point, Points
 from dldctl.supervise.feeds import Sink
 
@@ -77,15 +78,30 @@ class TensorBoardSink(PointSink):
         self.writer.close()
 
 
+def _prometheus(m: MetricsSpec, run: str, t0: float) -> Sink:
+    """The Prometheus exporter, imported only when it is on: prometheus_client is an extra
+    (`dldctl[prometheus]`) that the README's install leaves out; a run without it never imports it."""
+    from dldctl.observe import export_prom
+
+    return export_prom.PrometheusSink(m, run, t0)
+
+
+def _wandb(m: MetricsSpec, run_path: Path, t0: float) -> Sink:
+    """The W&B exporter, imported only when it is on (as `_prometheus`)."""
+    from dldctl.observe import export_wandb
+
+    return export_wandb.WandbSink(m, run_path, t0)
+
+
 def build_sinks(inv: Inventory, run_path: Path, t0: float, report: Report) -> list[Sink]:
     """The exporters `inv`'s [metrics] turns on, for the run in `run_path` (created at `t0`)."""
-    from dldctl.observe import alertsend, export_prom, export_wandb
+    from dldctl.observe import alertsend
 
     m = inv.metrics
     makers: list[tuple[bool, str, Callable[[], Sink]]] = [
         (m.tensorboard, "tensorboard", lambda: TensorBoardSink(run_path / "tensorboard", t0)),
-        (m.prometheus_port > 0, "prometheus", lambda: export_prom.PrometheusSink(m, run_path.name, t0)),
-        (m.wandb, "wandb", lambda: export_wandb.WandbSink(m, run_path, t0)),
+        (m.prometheus_port > 0, "prometheus", lambda: _prometheus(m, run_path.name, t0)),
+        (m.wandb, "wandb", lambda: _wandb(m, run_path, t0)),
         (inv.alerts.active, "alerts", lambda: alertsend.AlertSink(inv.alerts, run_path)),  # docs/alerts.md
     ]
     sinks: list[Sink] = []

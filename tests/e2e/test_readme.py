@@ -1,7 +1,9 @@
 """The README's commands, exactly as written.
 
 The first command (set up, then `dldctl up` on the built-in default) runs in a real pseudo-
-terminal: the live view opens, the loss falls, Ctrl-C leaves the view but not the run, and
+terminal, with every library it does not install refused at import (this suite's venv has the
+dev extras: a supervisor that imported prometheus_client on every run crashed in a fresh
+checkout while this test passed): the live view opens, the loss falls, Ctrl-C leaves the view but not the run, and
 `dldctl down` then stops everything. The second command is what `.ci/run` runs (CI exercises
 it); here we check that it is so, and that the README opens with exactly those two commands.
 """
@@ -15,6 +17,7 @@ import re
 import select
 import signal
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,21 @@ from dldctl.testing import DldctlHome
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.timeout(600)]
+# the modules of each optional extra, and of the test tools the dev install adds
+EXTRA_MODULES = {"tensorboard": ["tensorboard"], "prometheus": ["prometheus_client"], "wandb": ["wandb"]}
+NOT_EXTRAS = {"dev": ["pytest", "hypothesis"], "bench": ["torchft"], "all": []}
+REFUSER = """
+import importlib.machinery, sys
+
+class _NotInstalled(importlib.machinery.PathFinder):  # as if their packages were not on sys.path
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.partition(".")[0] in {refused!r}:
+            return None  # importlib.util.find_spec says None, `import` raises ModuleNotFoundError
+        return super().find_spec(name, path, target)
+
+sys.meta_path[:] = [_NotInstalled if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+"""
 
 
 def readme_commands() -> list[str]:
@@ -41,6 +59,21 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_second() -> None:
     assert os.access(ROOT / second, os.X_OK)
     script = (ROOT / second).read_text()
     assert "openssh-server" in script and "pytest" in script and "constraints.txt" in script
+
+
+def not_installed_by(command: str) -> set[str]:
+    """The modules of every extra in pyproject.toml that `command`'s `pip install .[...]` leaves out."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    installed = set(re.search(r"\.\[([a-z,]+)\]", command).group(1).split(","))  # type: ignore[union-attr]
+    unknown = set(extras) - installed - set(EXTRA_MODULES) - set(NOT_EXTRAS)
+    assert not unknown, f"name the modules of the extras {sorted(unknown)} in EXTRA_MODULES"
+    left_out = {e: m for e, m in {**EXTRA_MODULES, **NOT_EXTRAS}.items() if e not in installed}
+    return {module for modules in left_out.values() for module in modules}
+
+
+def test_the_refused_modules_are_the_extras_the_first_command_leaves_out() -> None:
+    refused = not_installed_by(readme_commands()[0])
+    assert {"prometheus_client", "wandb", "tensorboard", "pytest"} <= refused and "torch" not in refused
 
 
 def read_until(fd: int, pattern: bytes, timeout: float, seen: bytearray) -> bool:
@@ -63,11 +96,15 @@ def read_until(fd: int, pattern: bytes, timeout: float, seen: bytearray) -> bool
 def test_first_command_shows_a_learning_run_and_ctrl_c_leaves_it_running(tmp_path: Path) -> None:
     first = readme_commands()[0]
     dl = DldctlHome(tmp_path / "home")
+    site = tmp_path / "site"  # every process of the run starts with the refuser (PYTHONPATH)
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(REFUSER.format(refused=sorted(not_installed_by(first))))
     pid, fd = pty.fork()
     if pid == 0:  # the child: a login-like shell in the repo, in a real terminal
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # as a terminal's shell has it, however this suite was started
         os.chdir(ROOT)
-        os.execvpe("bash", ["bash", "-c", first], dict(dl.env, TERM="xterm-256color", LINES="30", COLUMNS="100"))
+        env = dict(dl.env, TERM="xterm-256color", LINES="30", COLUMNS="100", PYTHONPATH=str(site))
+        os.execvpe("bash", ["bash", "-c", first], env)
     seen = bytearray()
     try:
         # the live view's goodput panel (up's progress board also names learner-3, before the run's
