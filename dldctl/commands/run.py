@@ -12,12 +12,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dldctl import extras, inventory, rundir
+from dldctl import extras, inventory, rundir, syncermem
 from dldctl.commands.options import duration, output_console
 from dldctl.errors import DldError, OperationError, UsageError
 from dldctl.inventory import Inventory
 from dldctl.lifecycle import check as check_mod
-from dldctl.lifecycle import converge, kernel, plan
+from dldctl.lifecycle import converge, kernel, memcheck, plan
 from dldctl.lifecycle import down as down_mod
 from dldctl.lifecycle import resume as resume_mod
 from dldctl.lifecycle import up as up_mod
@@ -50,6 +50,9 @@ def up(
         False, "--wait", help="Return once the quorum is live and merges happened (up to --timeout more); implies -d."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the run id and endpoints as JSON; implies -d."),
+    no_memory_check: bool = typer.Option(
+        False, "--no-memory-check", help="Start even where a syncer host's free memory is below its shards' need."
+    ),
 ) -> None:
     """Provision the hosts, start the syncer and every learner, keep them alive.
 
@@ -66,7 +69,7 @@ def up(
                 console.print(line)
             console.print("[dim](dry run: nothing was touched)[/]")
             return
-        run = _start_or_converge(inv, inventory_file, out, wait_s)
+        run = _start_or_converge(inv, inventory_file, out, wait_s, memory_check=not no_memory_check)
     merging = _wait_merging(run, wait_s, out) if wait else None
     if json_out:
         print(strictjson.dumps(up_record(run, merging)))
@@ -85,7 +88,9 @@ def up(
     live_view(run, interval=1.0)
 
 
-def _start_or_converge(inv: Inventory, inventory_file: Path | None, out: Console, wait_s: float) -> rundir.RunDir:
+def _start_or_converge(
+    inv: Inventory, inventory_file: Path | None, out: Console, wait_s: float, memory_check: bool = True
+) -> rundir.RunDir:
     """A new run, or the live run of this name converged to the inventory (an orphan restarted)."""
     extras.require_for_run(inv)  # no torch here for a local learner or syncer: one line, nothing touched
     for risk in inv.run.risks(len(plan.learner_plans(inv))):
@@ -99,7 +104,7 @@ def _start_or_converge(inv: Inventory, inventory_file: Path | None, out: Console
     if live is not None:
         converge.converge(live, inv, out)
         return live
-    return up_mod.up(inv, str(inventory_file) if inventory_file else None, out, wait_s)
+    return up_mod.up(inv, str(inventory_file) if inventory_file else None, out, wait_s, memory_check)
 
 
 def _resume(name: str, inventory_file: Path | None, dry_run: bool, out: Console, wait_s: float) -> rundir.RunDir:
@@ -237,26 +242,37 @@ def check(
     inv = load_inventory(inventory_file)
     results = check_mod.check(inv)
     native = kernel.for_syncer(inv)
+    memory = memcheck.assess(inv)
     if json_out:
-        print(strictjson.dumps(check_record(inv, results, native)))
+        print(strictjson.dumps(check_record(inv, results, native, memory)))
     else:
         _print_check(inv, results, native)
+        _print_memory(memory)
     bad = [r.name for r in results if not r.ok]
     if bad:
         raise DldError(f"{len(bad)} of {len(results)} hosts failed the check: {', '.join(bad)}")
     if not native.runnable:
         raise DldError(native.line())
+    short = [m for m in memory or [] if not m.ok]
+    if short:
+        raise DldError(f"host {short[0].need.host}: {short[0].line}", hint=memcheck.HINT)
 
 
 CHECK_COLUMNS = ["ssh", "python", "torch", "device", "port"]
 
 
-def check_record(inv: Inventory, results: list[check_mod.HostCheck], native: kernel.KernelStatus) -> dict[str, Any]:
-    """What `check --json` prints: per host and item, passed and the detail."""
+def check_record(
+    inv: Inventory,
+    results: list[check_mod.HostCheck],
+    native: kernel.KernelStatus,
+    memory: list[memcheck.HostMemory] | None = None,
+) -> dict[str, Any]:
+    """What `check --json` prints: per host and item, passed and the detail; the syncer hosts'
+    memory (null for a model from a user's factory: counted only when learners join)."""
     return {
         "schema": "dldctl.check/1",
         "inventory": str(inv.path),
-        "ok": all(r.ok for r in results) and native.runnable,
+        "ok": all(r.ok for r in results) and native.runnable and all(m.ok for m in memory or []),
         "hosts": [
             {
                 "name": r.name,
@@ -266,7 +282,20 @@ def check_record(inv: Inventory, results: list[check_mod.HostCheck], native: ker
             for r in results
         ],
         "syncer_kernel": {"ok": native.ok, "detail": native.line()},
+        "syncer_memory": None if memory is None else [m.to_dict() for m in memory],
     }
+
+
+def _print_memory(memory: list[memcheck.HostMemory] | None) -> None:
+    """One line per syncer host: its shards' memory against what the host has free."""
+    if memory is None:
+        console.print("[dim]syncer memory: a model from a factory is counted when the first learner joins[/]")
+        return
+    colour = {syncermem.FITS: "green", syncermem.MAY_NOT_FIT: "yellow", syncermem.DOES_NOT_FIT: "red"}
+    for m in memory:
+        console.print(
+            f"[{colour[m.status]}]syncer memory ({escape(m.need.host)}):[/] {escape(m.line)}", highlight=False
+        )
 
 
 def _print_check(inv: Inventory, results: list[check_mod.HostCheck], native: kernel.KernelStatus) -> None:

@@ -34,7 +34,7 @@ from dldctl.errors import DldError, OperationError
 from dldctl.hosts import Host, LocalHost
 from dldctl.hosts.slurm import SlurmHost
 from dldctl.inventory import HostSpec, Inventory
-from dldctl.lifecycle import initmodel, kernel, plan, provision, sites, wheel
+from dldctl.lifecycle import initmodel, kernel, memcheck, plan, provision, sites, wheel
 from dldctl.observe import exports
 from dldctl.rundir import RunDir
 from dldctl.runstate import HostRecord, ProcStatus, RunState
@@ -306,11 +306,15 @@ def fleet_names(inv: Inventory) -> list[str]:
     return [h.name for h in inv.hosts] + shards.names(inv.syncer.shards) + [p.id for p in plan.learner_plans(inv)]
 
 
-def up(inv: Inventory, source: str | None, console: Console, timeout: float = 180.0) -> RunDir:
+def up(
+    inv: Inventory, source: str | None, console: Console, timeout: float = 180.0, memory_check: bool = True
+) -> RunDir:
     """Bring a new run up; returns its directory (processes keep running after we return)."""
     initmodel.check(inv)  # [run] init_from: a bad model file fails here, before any host or run directory
     exports.preflight(inv)  # [metrics] prometheus_port in use: likewise
     sites.preflight(inv)  # a Slurm site's partition, account, time limit: before any job is queued
+    for warning in memcheck.preflight(inv) if memory_check else []:  # shards that cannot fit: refused
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     run = create_run(inv, source)
     console.print(f"run [bold]{run.name}[/] in {run.path}", highlight=False)
     with Board(console, fleet_names(inv)) as board:

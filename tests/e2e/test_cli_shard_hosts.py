@@ -1,6 +1,7 @@
 """A sharded syncer across hosts, through the real `dldctl` commands: `[syncer] shards = 2` with
 `shard_hosts = ["h0"]` runs shard 0 on this machine and shard 1 on a real sshd host (127.0.0.2).
-`up` sets h0 up for it (wheel, Python, the syncer's keys) although h0 runs no learner; the local
+`check` asks h0 over SSH for its free memory against shard 1's need; `up` sets h0 up for it
+(wheel, Python, the syncer's keys) although h0 runs no learner; the local
 learners dial both shards; `status --json` has shard 1's row with the CPU and memory it reports
 itself; its records come home into `shard-1/`; `chaos kill syncer-1` kills it over SSH, the
 supervisor restarts it there from its own checkpoint; `down` brings its final checkpoint to shard
@@ -74,6 +75,10 @@ def test_a_shard_on_an_ssh_host_trains_is_killed_restarted_and_goes_into_the_fin
     with DldctlHome(tmp_path / "home", name="shardhosts") as dl:
         dry = dl("up", str(inv), "--dry-run").stdout
         assert "syncer-1 on h0" in dry
+        # each shard's host answers for its own memory, h0 over SSH with its own Python
+        memory = json.loads(dl("check", str(inv), "--json").stdout)["syncer_memory"]
+        assert [(m["host"], m["shards"], m["status"]) for m in memory] == [("local", [0], "ok"), ("h0", [1], "ok")]
+        assert all(m["free_B"] > m["peak_B"] > 0 for m in memory), memory
         dl("up", str(inv), "-d", "--timeout", "180", timeout=300)
         state, config = dl.state(), dl.config()
         assert (state.procs["syncer"].host, state.procs["syncer-1"].host) == ("local", "h0")

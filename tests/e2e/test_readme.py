@@ -22,12 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from dldctl import extras
 from dldctl.testing import DldctlHome
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.timeout(600)]
-# the modules of each optional extra, and of the test tools the dev install adds
-EXTRA_MODULES = {"tensorboard": ["tensorboard"], "prometheus": ["prometheus_client"], "wandb": ["wandb"]}
+# the modules of each optional extra (dldctl/extras.py), and of the test tools the dev install adds
+EXTRA_MODULES = {extra: [module] for module, extra in extras.EXTRAS.items()}
 NOT_EXTRAS = {"dev": ["pytest", "hypothesis"], "bench": ["torchft"], "all": []}
 REFUSER = """
 import importlib.machinery, sys

@@ -1,0 +1,81 @@
+"""`dldctl check` and `dldctl up` against the syncer host's real memory: the console script in a
+real memory cgroup whose limit is below what the syncer's state needs (as in a container or a
+Slurm job with --mem), and outside it.
+
+gpt2-124m at GPT-2's vocabulary (a .bin corpus), one shard: 124.5 M parameters, whose three fp32
+vectors alone take 1.5 GB. In a 1.2 GB cgroup `check` says the syncer does not fit and fails,
+and `up` refuses before it creates a run; outside, the same inventory passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import memcgroup
+
+DLDCTL = str(Path(sys.executable).parent / "dldctl")
+INVENTORY = """
+[run]
+name = "memcheck"
+model = "gpt2-124m"
+data = "{data}"
+seq_len = 1024
+fragments = 8
+
+[[hosts]]
+name = "here"
+address = "local"
+learners = 4
+"""
+LIMIT = 1_200_000_000
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return dict(os.environ, DLDCTL_HOME=str(tmp_path / "home"), COLUMNS="200")
+
+
+@pytest.fixture
+def inventory(tmp_path: Path) -> Path:
+    path = tmp_path / "inventory.toml"
+    path.write_text(INVENTORY.format(data=tmp_path / "tokens.bin"))
+    return path
+
+
+def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180, check=False)
+
+
+@pytest.mark.skipif(memcgroup.unavailable() is not None, reason=str(memcgroup.unavailable()))
+def test_a_syncer_host_without_the_memory_is_refused_before_anything_starts(
+    inventory: Path, env: dict[str, str]
+) -> None:
+    with memcgroup.limited(LIMIT) as inside:
+        check = run([*inside, DLDCTL, "check", str(inventory), "--json"], env)
+        up = run([*inside, DLDCTL, "up", str(inventory), "-d"], env)
+    assert check.returncode == 1, check.stderr
+    [memory] = json.loads(check.stdout)["syncer_memory"]
+    assert memory["status"] == "fail" and memory["params"] == 124_475_904, memory
+    assert memory["free_B"] < LIMIT < memory["floor_B"] and "cgroup limit" in memory["detail"]
+    assert "error: host local: the syncer needs 1.7 GB" in check.stderr
+    assert up.returncode == 1, up.stdout + up.stderr
+    [line] = [x for x in up.stderr.splitlines() if x.strip()]
+    assert line.startswith("error: host local: the syncer needs 1.7 GB to ") and "(cgroup limit)" in line
+    assert "--no-memory-check" in line and "shard_hosts" in line
+    runs = run([DLDCTL, "runs", "--json"], env)
+    assert json.loads(runs.stdout)["runs"] == [], "a refused up must not leave a run behind"
+
+
+def test_the_same_inventory_fits_this_machine(inventory: Path, env: dict[str, str]) -> None:
+    check = run([DLDCTL, "check", str(inventory), "--json"], env)
+    [memory] = json.loads(check.stdout)["syncer_memory"]
+    assert memory["status"] in ("ok", "warn") and memory["free_B"] > memory["floor_B"], memory
+    assert check.returncode == 0, check.stdout + check.stderr
+    text = run([DLDCTL, "check", str(inventory)], env)
+    assert "syncer memory (local): the syncer needs 1.7 GB to 2.2 GB (3.7 GB while checkpointing)" in text.stdout

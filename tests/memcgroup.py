@@ -1,0 +1,68 @@
+"""A real memory cgroup for a test: a child of this process's own, with a limit, removed after.
+
+The kernel enforces and reports its limit: a process started in it (`command(...)`) sees it in
+/proc/self/cgroup and its memory files, as a process in a container or a Slurm job sees its own.
+cgroup v1 (a `memory` hierarchy) or v2 (where the parent delegates the memory controller); None
+from `unavailable()` when neither can be made here (not root, no memory controller).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def _own(version: str) -> tuple[Path, str] | None:
+    """(directory of this process's cgroup, limit file name) for cgroup `version` ("v1"/"v2")."""
+    mounts: dict[str, tuple[str, str]] = {}
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if rest and rest[0] == "cgroup2":
+            mounts.setdefault("v2", (fields[4], fields[3]))
+        elif rest and rest[0] == "cgroup" and "memory" in rest[2].split(","):
+            mounts.setdefault("v1", (fields[4], fields[3]))
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        key = "v2" if controllers == "" else ("v1" if "memory" in controllers.split(",") else "")
+        if key == version and key in mounts:
+            point, root = mounts[key]
+            rel = path[len(root) :] if root != "/" and path.startswith(root) else path
+            where = Path(point) / rel.lstrip("/")
+            name = "memory.max" if key == "v2" else "memory.limit_in_bytes"
+            if key == "v2" and "memory" not in (where / "cgroup.subtree_control").read_text().split():
+                return None
+            return where, name
+    return None
+
+
+def unavailable() -> str | None:
+    """Why no memory cgroup can be made here, or None."""
+    if os.geteuid() != 0:
+        return "a memory cgroup needs root"
+    for version in ("v1", "v2"):
+        try:
+            own = _own(version)
+        except OSError:
+            continue
+        if own is not None and os.access(own[0], os.W_OK):
+            return None
+    return "no writable memory cgroup (v1 memory hierarchy or v2 with the memory controller delegated)"
+
+
+@contextlib.contextmanager
+def limited(limit_bytes: int) -> Iterator[list[str]]:
+    """A child cgroup limited to `limit_bytes`; yields the argv prefix that runs a command in it.
+    Removed on exit (every process started in it must have exited by then)."""
+    own = next(o for v in ("v1", "v2") if (o := _own(v)) is not None and os.access(o[0], os.W_OK))
+    child = own[0] / f"dldctl-test-{os.getpid()}"
+    child.mkdir()
+    try:
+        (child / own[1]).write_text(str(limit_bytes))
+        procs = shlex.quote(str(child / "cgroup.procs"))
+        yield ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"]
+    finally:
+        child.rmdir()

@@ -1,0 +1,79 @@
+"""dldctl/syncermem.py: a syncer shard's memory against its host's (pure), and the measurements
+its constants come from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dldctl import syncermem as sm
+
+ROOT = Path(__file__).resolve().parents[2]
+MEMINFO = "MemTotal:       24683792 kB\nMemFree:         1000000 kB\nMemAvailable:   24160648 kB\n"
+
+
+def test_the_constants_are_the_measured_ones() -> None:
+    costs = json.loads((ROOT / "bench/results/capacity.json").read_text())["costs"]
+    assert pytest.approx(costs["state_B"], rel=0.01) == sm.STATE_B
+    assert pytest.approx(costs["base_B"], rel=0.05) == sm.BASE_B
+    # a pending int4 push as the syncer holds it: packed codes and block scales, more than its zstd wire bytes
+    assert sm.push_bytes("int4", 128) == pytest.approx(0.5 + 4 / 128) and sm.push_bytes("int4", 128) > costs["push_B"]
+    assert sm.push_bytes("int8", 64) == pytest.approx(1 + 4 / 64) and sm.push_bytes("none", 128) == 4.0
+
+
+def test_the_774m_search_lies_between_the_floor_and_the_full_estimate() -> None:
+    """gpt2-774m, 16 learners, one shard: measured 12.4-13.7 GB steady, 15.1 GB peak (BENCHMARKS.md)."""
+    floor, full, peak = sm.shard_need(774_030_080, 16, sm.push_bytes("int4", 128))
+    assert floor == pytest.approx(9.54e9, rel=0.01) and full == pytest.approx(17.4e9, rel=0.01)
+    assert floor < 12.4e9 and full > 13.7e9 and peak == pytest.approx(full + 12 * 774_030_080)
+
+
+def test_shards_on_one_host_add_up_and_other_hosts_stand_alone() -> None:
+    needs = sm.by_host(["local", "cpu-a", "local"], [100, 200, 300], 4, 0.5)
+    assert [(n.host, n.shards, n.params) for n in needs] == [("local", (0, 2), 400), ("cpu-a", (1,), 200)]
+    local = needs[0]
+    assert local.floor == pytest.approx(2 * sm.BASE_B + 400 * 12.0)
+    assert local.full == pytest.approx(2 * sm.BASE_B + 400 * (sm.STATE_B + 2.0))
+    assert local.peak == pytest.approx(local.full + 400 * sm.CHECKPOINT_B)
+
+
+def test_free_memory_is_the_smallest_limit_that_is_set() -> None:
+    assert sm.meminfo_available(MEMINFO) == 24160648 * 1024
+    assert sm.meminfo_available("MemTotal: 5 kB\n") is None
+    assert sm.cgroup_room("max\n", "123\n") is None  # v2, no limit
+    assert sm.cgroup_room("9223372036854771712\n", "23302144\n") is None  # v1, no limit
+    assert sm.cgroup_room("", "") is None  # the root of a v2 tree has no memory.max
+    assert sm.cgroup_room("1000000000\n", "300000000\n") == 700_000_000
+    assert sm.cgroup_room("1000\n", "5000\n") == 0  # over its limit (reclaimable cache): nothing left
+    assert sm.available(MEMINFO, [None, 700_000_000, None]) == (700_000_000, "cgroup limit")
+    assert sm.available(MEMINFO, [None]) == (24160648 * 1024, "MemAvailable")
+    assert sm.available("", []) == (None, "unknown")
+
+
+def test_only_a_floor_above_the_free_memory_fails() -> None:
+    need = sm.Need("local", (0,), 100_000_000, floor=1.45e9, full=2.0e9, peak=3.2e9)
+    status, line = sm.verdict(need, int(1.0e9), "cgroup limit", 1)
+    assert status == sm.DOES_NOT_FIT
+    assert line == (
+        "the syncer needs 1.4 GB to 2.0 GB (3.2 GB while checkpointing) for 100.0 M parameters; "
+        "1.0 GB free (cgroup limit)"
+    )
+    assert sm.verdict(need, int(1.5e9), "MemAvailable", 1)[0] == sm.MAY_NOT_FIT
+    assert "once every round" in sm.verdict(need, int(1.5e9), "MemAvailable", 1)[1]
+    assert "checkpoint may not fit" in sm.verdict(need, int(2.5e9), "MemAvailable", 1)[1]
+    assert sm.verdict(need, int(4e9), "MemAvailable", 1)[0] == sm.FITS
+    assert sm.verdict(need, None, "not asked: host down", 1) == (
+        sm.FITS,
+        "the syncer needs 1.4 GB to 2.0 GB (3.2 GB while checkpointing) for 100.0 M parameters; "
+        "free memory unknown (not asked: host down)",
+    )
+    two = sm.Need("local", (0, 1), 100, 1.0, 1.0, 1.0)
+    assert sm.verdict(two, 10, "MemAvailable", 2)[1].startswith("syncer shards 0,1 need ")
+    assert sm.verdict(sm.Need("h", (1,), 100, 1.0, 1.0, 1.0), 10, "x", 2)[1].startswith("syncer shard 1 needs ")
+
+
+def test_an_even_split_when_the_plan_is_not_at_hand() -> None:
+    assert sm.owned_even(10, 3) == [4, 3, 3] and sum(sm.owned_even(124_475_904, 4)) == 124_475_904
+    assert sm.total_params([("a", (3, 4)), ("b", (5,))]) == 17
