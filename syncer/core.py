@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from syncer.clock import RoundClock
+from syncer.common import memfit
 from syncer.common.settings import RunSettings
 from syncer.fleet import Ledger, Membership
 from syncer.globalmodel import GlobalModel, Outbox
@@ -57,6 +58,7 @@ class SyncerCore(OuterStep):
         self.clock = clock
         self.fleet = Ledger(declared, settings.liveness_s, now)
         self.model: GlobalModel | None = None
+        self.memory_free: tuple[int, str] | None = None  # bytes free here at the start, and which limit (the shell's)
         self.rounds: dict[int, Round] = {}
         self.round_clock = RoundClock(settings.H, settings.fragments)
         self.outer_steps = 0
@@ -159,6 +161,10 @@ class SyncerCore(OuterStep):
             return "learner's model has different parameter names/shapes than the run's global model"
         if len(manifest) < count:
             return f"model has {len(manifest)} parameter tensors, fewer than fragments={count}"
+        if self.model is None and self.memory_free is not None:  # nothing allocated yet: will it fit here?
+            n = sum(shards.shard_plan(manifest, count, self.shard, self.shards).sizes())
+            name = f"syncer shard {self.shard}" if self.shards > 1 else "the syncer"
+            return memfit.floor_problem(n, *self.memory_free, name)
         return None
 
     def _owned_of(self, manifest: list[fragments.TensorSpec]) -> tuple[int, ...]:
@@ -264,22 +270,8 @@ class SyncerCore(OuterStep):
         version, value, crc = self._version_of(p, msg.get("version"))
         # zero-copy: a view of a value never written again (GlobalModel.lend, `_keep_previous`)
         payload = value[offset : offset + n].numpy().data.cast("B")
-        out.send(
-            learner,
-            Message(
-                "state",
-                {
-                    "fragment": p,
-                    "version": version,
-                    "offset": offset,
-                    "numel": n,
-                    "total": total,
-                    "epoch": self.epoch,
-                    "crc": crc,
-                },
-                [payload],
-            ),
-        )
+        meta = {"fragment": p, "version": version, "offset": offset, "numel": n, "total": total}
+        out.send(learner, Message("state", {**meta, "epoch": self.epoch, "crc": crc}, [payload]))
         self.counters["state_chunks"] += 1
 
     def _version_of(self, p: int, wanted: Any) -> tuple[int, torch.Tensor, int]:

@@ -23,7 +23,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from syncer import checkpoint, ckptwriter, native, shardmodel
 from syncer.auth import Authenticator, Keyring, Provider
-from syncer.common import faultpoints, jsonl, keys
+from syncer.common import faultpoints, hostmem, jsonl, keys, memfit
 from syncer.common.atomic import atomic_write
 from syncer.config import SyncerConfig
 from syncer.core import Outbox, SyncerCore
@@ -96,11 +96,9 @@ class SyncerServer:
         checkpoint is valid and on_no_checkpoint = "refuse"."""
         (self.cfg.run_dir / checkpoint.REFUSED).unlink(missing_ok=True)  # a previous refusal's marker
         if self.kernel is None:
-            self.event(
-                "native_kernel",
-                "syncer",
-                f"not used ({native.problem}): merging with torch (slower; see BENCHMARKS.md)",
-            )
+            self.event("native_kernel", "syncer", f"not used ({native.problem}): merging with torch (slower)")
+        free, which = memfit.free(hostmem.probe())  # before any model: a first learner's must fit in it
+        self.core.memory_free = (free, which) if free is not None else None
         self._resume()
         if self.scoring.ev is not None:
             self.scoring.ev.start()

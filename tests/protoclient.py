@@ -90,6 +90,10 @@ class ProtoClient:
         return not self.sock.poll(int(timeout * 1000))
 
     def hello(self) -> Message:
+        self.send_hello()
+        return self.recv("welcome")
+
+    def send_hello(self) -> None:
         self.send(
             Message(
                 "hello",
@@ -107,7 +111,6 @@ class ProtoClient:
                 },
             )
         )
-        return self.recv("welcome")
 
     def upload_init(self, values: list[torch.Tensor]) -> None:
         for p, t in enumerate(values):

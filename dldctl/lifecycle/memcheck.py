@@ -4,9 +4,10 @@ by `dldctl check`.
 For a built-in model the shards' parameters are known before any learner joins: the preset's
 shapes, the run's fragment plan and its shard map (an even split where this machine has no
 torch). Each syncer host answers, through the same Host it is driven by (LocalHost here, SSH
-elsewhere), with its /proc/meminfo and its process's cgroup memory limits; dldctl/syncermem.py
-turns both into a verdict. A model from a user's factory is counted by the syncer only when the
-first learner joins: not checked here, and said so.
+elsewhere), running syncer/common/hostmem.py with its own Python: its /proc/meminfo and its
+process's cgroup memory limits; syncer/common/memfit.py and dldctl/syncermem.py turn that into a
+verdict. A model from a user's factory is not counted here (its size is known when the first
+learner joins, and the syncer checks it then: syncer/core.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import shlex
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from dldctl import shards, syncermem
 from dldctl.errors import DldError, OperationError
@@ -22,39 +24,10 @@ from dldctl.hosts import Host, LocalHost
 from dldctl.inventory import Inventory
 from dldctl.lifecycle import plan
 from dldctl.lifecycle.provision import open_host
+from syncer.common import hostmem, memfit
 
-# runs on the syncer's host with its Python (stdlib only): /proc/meminfo, and the memory limit and
-# usage of the process's cgroup and of every cgroup above it (v2 and v1), as found
-PROBE = r"""
-import json, os
-def read(p):
-    try:
-        with open(p) as f:
-            return f.read()
-    except OSError:
-        return ""
-mounts, rooms = {}, []
-for line in read("/proc/self/mountinfo").splitlines():
-    left, _, right = line.partition(" - ")
-    fields, rest = left.split(), right.split()
-    if len(fields) > 4 and len(rest) > 2 and rest[0] in ("cgroup", "cgroup2"):
-        key = "v2" if rest[0] == "cgroup2" else ("v1" if "memory" in rest[2].split(",") else "")
-        if key:
-            mounts.setdefault(key, (fields[4], fields[3]))
-for line in read("/proc/self/cgroup").splitlines():
-    _, controllers, path = line.split(":", 2)
-    key = "v2" if controllers == "" else ("v1" if "memory" in controllers.split(",") else "")
-    if key not in mounts:
-        continue
-    point, root = mounts[key]
-    rel = path[len(root):] if root != "/" and path.startswith(root) else path
-    names = ("memory.max", "memory.current") if key == "v2" else ("memory.limit_in_bytes", "memory.usage_in_bytes")
-    parts = [p for p in rel.split("/") if p]
-    for i in range(len(parts), -1, -1):
-        where = os.path.join(point, *parts[:i])
-        rooms.append([read(os.path.join(where, names[0])), read(os.path.join(where, names[1]))])
-print(json.dumps({"meminfo": read("/proc/meminfo"), "rooms": rooms}))
-"""
+# runs on each syncer host with its Python: the same file the syncer reads its own memory with
+PROBE = Path(hostmem.__file__).read_text()
 
 
 HINT = 'run shards on other hosts ([syncer] shards, shard_hosts; docs/operations.md, "Syncer memory"), or free memory'
@@ -110,9 +83,8 @@ def owned(inv: Inventory, shapes: list[tuple[str, tuple[int, ...]]]) -> list[int
         from syncer.wire import shards as shard_map
     except ImportError:
         return syncermem.owned_even(syncermem.total_params(shapes), count)
-    full = fragments.plan([fragments.TensorSpec(n, s) for n, s in shapes], inv.run.fragments)
-    mapping = shard_map.assign(full.sizes(), count)
-    return [sum(full.numel(p) for p in mapping.owned(s)) for s in range(count)]
+    specs = [fragments.TensorSpec(n, s) for n, s in shapes]
+    return [sum(shard_map.shard_plan(specs, inv.run.fragments, s, count).sizes()) for s in range(count)]
 
 
 def probe(host: Host, python: str) -> tuple[int | None, str]:
@@ -124,10 +96,8 @@ def probe(host: Host, python: str) -> tuple[int | None, str]:
     if out.status != 0:
         return None, f"not asked: {python} failed"
     try:
-        facts = json.loads(out.stdout.strip().splitlines()[-1])
-        rooms = [syncermem.cgroup_room(limit, usage) for limit, usage in facts["rooms"]]
-        return syncermem.available(facts["meminfo"], rooms)
-    except (ValueError, KeyError, IndexError, TypeError):
+        return memfit.free(json.loads(out.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
         return None, "not asked: unreadable answer"
 
 
@@ -137,7 +107,7 @@ def assess(inv: Inventory) -> list[HostMemory] | None:
     if shapes is None:
         return None
     learners = len(plan.learner_plans(inv))
-    push_b = syncermem.push_bytes(inv.run.compression, inv.run.block)
+    push_b = memfit.push_bytes(inv.run.compression, inv.run.block)
     hosts = shards.hosts_of(inv.syncer.host, inv.syncer.shard_hosts, inv.syncer.shards)
     specs = {h.name: h for h in inv.hosts}
     result = []

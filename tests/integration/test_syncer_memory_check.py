@@ -5,6 +5,10 @@ Slurm job with --mem), and outside it.
 gpt2-124m at GPT-2's vocabulary (a .bin corpus), one shard: 124.5 M parameters, whose three fp32
 vectors alone take 1.5 GB. In a 1.2 GB cgroup `check` says the syncer does not fit and fails,
 and `up` refuses before it creates a run; outside, the same inventory passes.
+
+A model from a user's factory is counted by the syncer itself, from the first learner's hello: a
+real syncer process refuses a learner whose model (a trillion parameters) it cannot hold, with
+one line, allocates nothing, and goes on serving the run's real model.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from syncer.wire import fragments
 from tests import memcgroup
+from tests.localrun import LocalRun, write_config
+from tests.protoclient import ProtoClient, initial_values
 
 DLDCTL = str(Path(sys.executable).parent / "dldctl")
 INVENTORY = """
@@ -79,3 +86,29 @@ def test_the_same_inventory_fits_this_machine(inventory: Path, env: dict[str, st
     assert check.returncode == 0, check.stdout + check.stderr
     text = run([DLDCTL, "check", str(inventory)], env)
     assert "syncer memory (local): the syncer needs 1.7 GB to 2.2 GB (3.7 GB while checkpointing)" in text.stdout
+
+
+def test_a_real_syncer_refuses_a_model_it_cannot_hold_and_serves_the_next(tmp_path: Path) -> None:
+    config = write_config(tmp_path, [{}, {}], run={"round_clock": "learner"})
+    with LocalRun(tmp_path, config) as lr:
+        lr.start_syncer()
+        lr.wait_for(lambda s: s["syncer"]["alive"], 20, "syncer up")
+        address = f"tcp://127.0.0.1:{lr.cfg.syncer.port}"
+        huge = [fragments.TensorSpec(f"w{i}", (1_000_000, 250_000)) for i in range(4)]  # 10^12 parameters
+        big = ProtoClient(address, "learner-0", lr.cfg.run_id, lr.dir / "keys", manifest=huge)
+        try:
+            big.send_hello()
+            error = big.recv("error", timeout=10)
+        finally:
+            big.close()
+        assert error["fatal"] and error["reason"].startswith("the syncer cannot hold this model: its 1,000,000.0 M")
+        assert "GB free at its start (" in error["reason"] and "shard_hosts" in error["reason"]
+        status = lr.status()
+        assert status["syncer"]["alive"] and status["syncer"]["rejected"] == {"manifest": 1}
+        ok = ProtoClient(address, "learner-1", lr.cfg.run_id, lr.dir / "keys")
+        try:
+            assert ok.hello()["init_owner"], "the refused model claimed nothing"
+            ok.upload_init(initial_values(ok.plan))
+            assert ok.recv("ack", timeout=10)["initialized"]
+        finally:
+            ok.close()
