@@ -58,7 +58,7 @@ class SyncerCore(OuterStep):
         self.clock = clock
         self.fleet = Ledger(declared, settings.liveness_s, now)
         self.model: GlobalModel | None = None
-        self.memory_free: tuple[int, str] | None = None  # bytes free here at the start, and which limit (the shell's)
+        self.memory_free: tuple[int, str] | None = None  # bytes free here, which limit (the shell: at hellos)
         self.rounds: dict[int, Round] = {}
         self.round_clock = RoundClock(settings.H, settings.fragments)
         self.outer_steps = 0

@@ -97,8 +97,7 @@ class SyncerServer:
         (self.cfg.run_dir / checkpoint.REFUSED).unlink(missing_ok=True)  # a previous refusal's marker
         if self.kernel is None:
             self.event("native_kernel", "syncer", f"not used ({native.problem}): merging with torch (slower)")
-        free, which = memfit.free(hostmem.probe())  # before any model: a first learner's must fit in it
-        self.core.memory_free = (free, which) if free is not None else None
+        self._memory()
         self._resume()
         if self.scoring.ev is not None:
             self.scoring.ev.start()
@@ -116,12 +115,13 @@ class SyncerServer:
         self.learner_sock = self._bind(self.cfg.bind, "learners", server_keys)
         self.monitor = self.learner_sock.get_monitor_socket(WATCHED)
         self.control_sock = self._bind(self.cfg.control_bind, "control", server_keys)
-        self.event(
-            "syncer_start",
-            "syncer",
-            f"epoch {self.core.epoch}, pid {os.getpid()}, "
-            f"{'INSECURE (no CURVE)' if self.cfg.settings.insecure else 'CURVE'} on {self.cfg.bind}",
-        )
+        security = f"{'INSECURE (no CURVE)' if self.cfg.settings.insecure else 'CURVE'} on {self.cfg.bind}"
+        self.event("syncer_start", "syncer", f"epoch {self.core.epoch}, pid {os.getpid()}, {security}")
+
+    def _memory(self) -> None:
+        """What this host has free now, for a first learner's model (the core checks it at hello)."""
+        free, which = memfit.free(hostmem.probe())
+        self.core.memory_free = (free, which) if free is not None else None
 
     def _bind(self, address: str, domain: str, server_keys: tuple[bytes, bytes] | None) -> zmq.Socket[bytes]:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -283,6 +283,8 @@ class SyncerServer:
             learner = self._identify(rid, frames[1], msg)
             if learner is None:
                 return
+            if msg.kind == "hello" and self.core.model is None:
+                self._memory()  # learners built theirs first: on a shared host, what is left now
             out = Outbox()
             self.core.handle(learner, msg, now, out)
             self._flush(out)

@@ -3,8 +3,9 @@ usage of this process's cgroup and of every cgroup above it (v2 and v1), as foun
 
 Standard library only, and runnable on its own (`python hostmem.py` prints the JSON): `dldctl up`
 and `check` send this file to each syncer host and run it there with the host's Python
-(dldctl/lifecycle/memcheck.py), a syncer calls `probe()` on itself at its start
-(syncer/server.py). syncer/common/memfit.py (pure) reads the answer: `free(probe())`.
+(dldctl/lifecycle/memcheck.py); a syncer calls `probe()` on itself at its start and at each hello
+before it has a model (syncer/server.py). syncer/common/memfit.py (pure) reads the answer:
+`free(probe())`.
 """
 
 from __future__ import annotations

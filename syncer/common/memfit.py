@@ -97,6 +97,6 @@ def floor_problem(params: int, free: int, which: str, shard: str = "the syncer")
         return None
     return (
         f"{shard} cannot hold this model: its {params / 1e6:,.1f} M parameters need {gb(need)} "
-        f"(three fp32 vectors) and its host had {gb(free)} free at its start ({which}); run more "
+        f"(three fp32 vectors) and its host has {gb(free)} free ({which}); run more "
         "shards on other hosts ([syncer] shards, shard_hosts) or give the syncer's host memory"
     )

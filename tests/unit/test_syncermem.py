@@ -97,7 +97,7 @@ def test_a_syncer_that_cannot_hold_the_model_says_why_in_one_line() -> None:
     line = mf.floor_problem(500_000_000, 2 * 10**9, "cgroup limit", "syncer shard 1")
     assert line == (
         "syncer shard 1 cannot hold this model: its 500.0 M parameters need 6.2 GB (three fp32 vectors) "
-        "and its host had 2.0 GB free at its start (cgroup limit); run more shards on other hosts "
+        "and its host has 2.0 GB free (cgroup limit); run more shards on other hosts "
         "([syncer] shards, shard_hosts) or give the syncer's host memory"
     )
 
