@@ -1,5 +1,6 @@
 """What this host says a new process may have in memory: /proc/meminfo, and the memory limit and
-usage of this process's cgroup and of every cgroup above it (v2 and v1), as found.
+usage (and memory.stat) of this process's cgroup and of every cgroup above it (v2 and v1),
+as found.
 
 Standard library only, and runnable on its own (`python hostmem.py` prints the JSON): `dldctl up`
 and `check` send this file to each syncer host and run it there with the host's Python
@@ -36,7 +37,8 @@ def _mounts() -> dict[str, tuple[str, str]]:
 
 
 def probe() -> dict[str, object]:
-    """{"meminfo": /proc/meminfo's text, "rooms": [[limit, usage] of each cgroup up to the root]}."""
+    """{"meminfo": /proc/meminfo's text, "rooms": [[limit, usage, memory.stat] of each cgroup up
+    to the root]}."""
     mounts, rooms = _mounts(), []
     for line in _read("/proc/self/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
@@ -49,7 +51,7 @@ def probe() -> dict[str, object]:
         parts = [p for p in rel.split("/") if p]
         for i in range(len(parts), -1, -1):
             where = os.path.join(point, *parts[:i])
-            rooms.append([_read(os.path.join(where, names[0])), _read(os.path.join(where, names[1]))])
+            rooms.append([_read(os.path.join(where, name)) for name in (*names, "memory.stat")])
     return {"meminfo": _read("/proc/meminfo"), "rooms": rooms}
 
 

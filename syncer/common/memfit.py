@@ -56,13 +56,24 @@ def meminfo_available(text: str) -> int | None:
     return None
 
 
-def cgroup_room(limit: str, usage: str) -> int | None:
-    """Bytes a cgroup still allows (its limit less its usage, from memory.max / memory.current or
-    memory.limit_in_bytes / memory.usage_in_bytes); None when it sets no limit or says nothing."""
+def cgroup_room(limit: str, usage: str, stat: str = "") -> int | None:
+    """Bytes a cgroup still allows: its limit less what it uses (memory.max / memory.current, or
+    memory.limit_in_bytes / memory.usage_in_bytes) but for the inactive page cache its memory.stat
+    counts (reclaimed before anything is killed; a container that read its dataset is not full);
+    None when it sets no limit or says nothing."""
     limit, usage = limit.strip(), usage.strip()
     if not limit or limit == "max" or not limit.isdigit() or int(limit) >= UNLIMITED:
         return None
-    return max(0, int(limit) - (int(usage) if usage.isdigit() else 0))
+    used = int(usage) if usage.isdigit() else 0
+    return max(0, int(limit) - max(0, used - inactive_file(stat)))
+
+
+def inactive_file(stat: str) -> int:
+    """The inactive page cache of a cgroup's memory.stat: v1's hierarchical total_inactive_file,
+    else inactive_file (v2, or v1 without totals); 0 if neither is there."""
+    fields = dict(line.split(maxsplit=1) for line in stat.splitlines() if len(line.split()) == 2)
+    value = fields.get("total_inactive_file", fields.get("inactive_file", "0")).strip()
+    return int(value) if value.isdigit() else 0
 
 
 def available(meminfo: str, rooms: Sequence[int | None]) -> tuple[int | None, str]:
@@ -79,7 +90,7 @@ def available(meminfo: str, rooms: Sequence[int | None]) -> tuple[int | None, st
 def free(answer: Mapping[str, Any]) -> tuple[int | None, str]:
     """`available` from syncer/common/hostmem.py's `probe()` answer (ValueError if malformed)."""
     try:
-        rooms = [cgroup_room(str(limit), str(usage)) for limit, usage in answer["rooms"]]
+        rooms = [cgroup_room(*(str(part) for part in room)) for room in answer["rooms"]]
         return available(str(answer["meminfo"]), rooms)
     except (KeyError, TypeError) as exc:
         raise ValueError(f"not a memory probe's answer: {exc}") from None

@@ -50,7 +50,16 @@ def test_free_memory_is_the_smallest_limit_that_is_set() -> None:
     assert mf.cgroup_room("9223372036854771712\n", "23302144\n") is None  # v1, no limit
     assert mf.cgroup_room("", "") is None  # the root of a v2 tree has no memory.max
     assert mf.cgroup_room("1000000000\n", "300000000\n") == 700_000_000
-    assert mf.cgroup_room("1000\n", "5000\n") == 0  # over its limit (reclaimable cache): nothing left
+    assert mf.cgroup_room("1000\n", "5000\n") == 0  # over its limit: nothing left
+    # the inactive page cache is reclaimed before anything is killed: not counted as used
+    v1 = "cache 900\ninactive_file 100\ntotal_inactive_file 600000000\ntotal_active_file 5\n"
+    assert mf.cgroup_room("1000000000", "800000000", v1) == 800_000_000
+    assert mf.cgroup_room("1000000000", "800000000", "anon 5\nfile 700000000\ninactive_file 300000000\n") == 500_000_000
+    assert mf.cgroup_room("1000", "50", "inactive_file 900\n") == 1000  # never more than the limit
+    assert mf.free({"meminfo": MEMINFO, "rooms": [["1000000000", "800000000", v1], ["max", "1", ""]]}) == (
+        800_000_000,
+        "cgroup limit",
+    )
     assert mf.available(MEMINFO, [None, 700_000_000, None]) == (700_000_000, "cgroup limit")
     assert mf.available(MEMINFO, [None]) == (24160648 * 1024, "MemAvailable")
     assert mf.available("", []) == (None, "unknown")
