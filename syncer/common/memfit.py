@@ -102,8 +102,9 @@ def gb(n: float) -> str:
 
 
 def floor_problem(params: int, free: int, which: str, shard: str = "the syncer") -> str | None:
-    """The one line of a shard that cannot hold `params` parameters in `free` bytes; else None."""
-    need = BASE_B + params * VECTORS_B
+    """The one line of a running shard that cannot hold `params` parameters in `free` bytes (the
+    three vectors it would allocate: the process itself is already counted as used); else None."""
+    need = params * VECTORS_B
     if need <= free:
         return None
     return (

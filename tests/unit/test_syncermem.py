@@ -105,7 +105,7 @@ def test_a_syncer_that_cannot_hold_the_model_says_why_in_one_line() -> None:
     assert mf.floor_problem(1_000_000, 10**10, "MemAvailable") is None
     line = mf.floor_problem(500_000_000, 2 * 10**9, "cgroup limit", "syncer shard 1")
     assert line == (
-        "syncer shard 1 cannot hold this model: its 500.0 M parameters need 6.2 GB (three fp32 vectors) "
+        "syncer shard 1 cannot hold this model: its 500.0 M parameters need 6.0 GB (three fp32 vectors) "
         "and its host has 2.0 GB free (cgroup limit); run more shards on other hosts "
         "([syncer] shards, shard_hosts) or give the syncer's host memory"
     )
@@ -113,7 +113,7 @@ def test_a_syncer_that_cannot_hold_the_model_says_why_in_one_line() -> None:
 
 def test_a_syncer_refuses_a_first_learner_whose_model_it_cannot_hold_and_allocates_nothing() -> None:
     h = Harness(make_settings())
-    h.core.memory_free = (10**6, "cgroup limit")  # less than the empty process: nothing fits
+    h.core.memory_free = (1000, "cgroup limit")  # less than three vectors of even this model
     out = h.hello("a", 1.0)
     [(to, error)] = sent_of(out, "error")
     assert to == ["a"] and error["fatal"] and error["reason"].startswith("the syncer cannot hold this model: its ")
@@ -128,8 +128,8 @@ def test_a_shard_counts_its_own_fragments_only() -> None:
     h = Harness(make_settings(fragments=4), manifest)
     h.core.shard, h.core.shards = 1, 2
     own = sum(shards.shard_plan(manifest, 4, 1, 2).sizes())
-    h.core.memory_free = (int(mf.BASE_B + 12 * own) - 1, "MemAvailable")  # one byte short of its floor
+    h.core.memory_free = (12 * own - 1, "MemAvailable")  # one byte short of its three vectors
     [(_, error)] = sent_of(h.hello("a", 1.0), "error")
     assert error["reason"].startswith(f"syncer shard 1 cannot hold this model: its {own / 1e6:,.1f} M parameters")
-    h.core.memory_free = (int(mf.BASE_B + 12 * own) + 1, "MemAvailable")
+    h.core.memory_free = (12 * own, "MemAvailable")
     assert sent_of(h.hello("a", 2.0), "welcome")
