@@ -29,7 +29,7 @@ from dldctl.rundir import RunDir
 from dldctl.runstate import Fault, Proc, ProcStatus
 
 Confirm = Callable[[str], bool]
-DOWN_STATES = ("dead", "restarting", "stopped", "starting", "queued", "paused", "partitioned")
+DOWN_STATES = ("dead", "restarting", "stopped", "refused", "starting", "queued", "paused", "partitioned")
 
 
 class Chaos:

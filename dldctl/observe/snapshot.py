@@ -108,8 +108,8 @@ def learner_state(
         return "queued"  # a scheduler's job waiting for its nodes: it counts against goodput as a dead one
     if status is ProcStatus.DEAD:
         return "restarting" if proc.next_start else "dead"
-    if status in (ProcStatus.STOPPED, ProcStatus.FINISHED):
-        return "stopped"
+    if status in (ProcStatus.STOPPED, ProcStatus.FINISHED):  # the syncer refused it: it will not come back alone
+        return "refused" if (proc.reason or "").startswith("refused") else "stopped"
     if status in (ProcStatus.PENDING, ProcStatus.STARTING):
         return "starting"
     if status is ProcStatus.UNREACHABLE:
@@ -231,7 +231,7 @@ def _learner_rows(
             "device": devices.get(lid, "cpu"),
             "state": state,
             "pid": None
-            if state == "stopped" or alive.get(lid) is False or proc.proc is None or proc.job
+            if state in ("stopped", "refused") or alive.get(lid) is False or proc.proc is None or proc.job
             else proc.proc.pid,
             "step": 0,
             "tokens": 0,

@@ -29,6 +29,7 @@ STATE_STYLES = {
     "starting": "yellow",
     "partitioned": "bold magenta",
     "dead": "bold red",
+    "refused": "red",
     "restarting": "cyan",
     "queued": "cyan",
     "degraded": "yellow",

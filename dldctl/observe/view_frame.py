@@ -20,8 +20,9 @@ from typing import Any
 
 from dldctl.observe.view_data import dicts, num, section, syncer_alive, text_of
 
-NO_RATE = ("dead", "stopped", "restarting", "queued")
-NOT_LIVE = ("dead", "restarting", "stopped", "starting", "queued", "paused", "partitioned")  # as dldctl/chaos/inject.py
+NO_RATE = ("dead", "stopped", "refused", "restarting", "queued")
+# the states that cannot train (as dldctl/chaos/inject.py's DOWN_STATES)
+NOT_LIVE = ("dead", "restarting", "stopped", "refused", "starting", "queued", "paused", "partitioned")
 
 
 def consistent(snapshot: Any) -> dict:
@@ -58,6 +59,7 @@ def consistent(snapshot: Any) -> dict:
 
 STATE_RANK = {
     "dead": 0,
+    "refused": 0,
     "restarting": 1,
     "queued": 1,
     "partitioned": 2,

@@ -122,10 +122,10 @@ def _died(
                 "training): restore a checkpoint or set on_no_checkpoint, then start it again",
             )
         )
-        return replace(e, status=ProcStatus.STOPPED)
+        return replace(e, status=ProcStatus.STOPPED, reason=obs.finished)
     if obs.finished:
         events.append(("refused", name, f"{obs.finished}; not restarted (fix the cause, then `dldctl learner add`)"))
-        return replace(e, status=ProcStatus.STOPPED)
+        return replace(e, status=ProcStatus.STOPPED, reason=obs.finished)  # status: `refused`
     lived = now - (e.started_at if e.started_at is not None else now)
     killed = e.chaos_kill  # killed on purpose: its log says nothing about why
     if killed:

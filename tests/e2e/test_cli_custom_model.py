@@ -116,5 +116,7 @@ def test_a_factory_model_the_syncer_cannot_hold_is_refused_with_one_line(tmp_pat
         )
         assert "(cgroup limit)" in refused["detail"] and "not restarted" in refused["detail"]
         assert snap["syncer"]["alive"] and snap["syncer"]["rejected"] == {"manifest": 1}
+        row = dl.wait(lambda s: s["learners"][0]["state"] == "refused", 30, "the learner's row: refused")
+        assert row["learners"][0]["pid"] is None and row["quorum"]["live"] == 0
         dl("down")
         assert dl.leftovers() == []

@@ -78,6 +78,7 @@ def test_finished_and_refused_learners_are_not_restarted() -> None:
         60.0,
     )
     assert (st.procs["learner-0"].status, st.procs["learner-1"].status) == ("finished", "stopped")
+    assert st.procs["learner-1"].reason == "refused: model mismatch"  # `status` shows it as `refused`
     assert actions == [] and [k for k, _, _ in events] == ["finished", "refused"]
     assert decide(st, {}, 1000.0, 2.0, 60.0)[1] == []
 

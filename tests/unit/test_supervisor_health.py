@@ -75,6 +75,13 @@ def test_a_dead_pid_is_dead_never_running_or_partitioned() -> None:
     assert learner_state(dead, None, [], pid_alive=False) == "restarting"
 
 
+def test_a_learner_the_syncer_refused_says_so_and_a_stopped_one_does_not() -> None:
+    refused = Proc("learner", "a", ProcStatus.STOPPED, reason="refused: the syncer cannot hold this model: ...")
+    assert learner_state(refused, None, []) == "refused"
+    assert learner_state(replace(refused, reason="stopped by down"), None, []) == "stopped"
+    assert learner_state(replace(refused, reason=None), None, []) == "stopped"
+
+
 def test_resume_adopts_a_recorded_start_and_starts_an_unrecorded_one_again() -> None:
     starting = replace(new_proc("learner", "a"), status=ProcStatus.STARTING)
     old, _ = started(new_proc("learner", "a"), PidRecord(1, 1), 50.0)
