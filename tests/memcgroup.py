@@ -14,28 +14,19 @@ import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
+from syncer.common import hostmem
+
 
 def _own(version: str) -> tuple[Path, str] | None:
-    """(directory of this process's cgroup, limit file name) for cgroup `version` ("v1"/"v2")."""
-    mounts: dict[str, tuple[str, str]] = {}
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        fields, rest = left.split(), right.split()
-        if rest and rest[0] == "cgroup2":
-            mounts.setdefault("v2", (fields[4], fields[3]))
-        elif rest and rest[0] == "cgroup" and "memory" in rest[2].split(","):
-            mounts.setdefault("v1", (fields[4], fields[3]))
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        key = "v2" if controllers == "" else ("v1" if "memory" in controllers.split(",") else "")
-        if key == version and key in mounts:
-            point, root = mounts[key]
-            rel = path[len(root) :] if root != "/" and path.startswith(root) else path
-            where = Path(point) / rel.lstrip("/")
-            name = "memory.max" if key == "v2" else "memory.limit_in_bytes"
-            if key == "v2" and "memory" not in (where / "cgroup.subtree_control").read_text().split():
-                return None
-            return where, name
+    """(directory of this process's cgroup, limit file name) for cgroup `version` ("v1"/"v2"),
+    as the syncer finds it (syncer/common/hostmem.py); None where v2 does not delegate memory."""
+    for key, point, parts in hostmem.own_cgroups():
+        if key != version:
+            continue
+        where = Path(point, *parts)
+        if key == "v2" and "memory" not in (where / "cgroup.subtree_control").read_text().split():
+            return None
+        return where, "memory.max" if key == "v2" else "memory.limit_in_bytes"
     return None
 
 

@@ -36,10 +36,10 @@ def _mounts() -> dict[str, tuple[str, str]]:
     return mounts
 
 
-def probe() -> dict[str, object]:
-    """{"meminfo": /proc/meminfo's text, "rooms": [[limit, usage, memory.stat] of each cgroup up
-    to the root]}."""
-    mounts, rooms = _mounts(), []
+def own_cgroups() -> list[tuple[str, str, list[str]]]:
+    """This process's memory cgroup in each hierarchy mounted here: (version "v1" or "v2", the
+    hierarchy's mount point, the cgroup's path below it as parts)."""
+    mounts, found = _mounts(), []
     for line in _read("/proc/self/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
         key = "v2" if controllers == "" else ("v1" if "memory" in controllers.split(",") else "")
@@ -47,8 +47,16 @@ def probe() -> dict[str, object]:
             continue
         point, root = mounts[key]
         rel = path[len(root) :] if root != "/" and path.startswith(root) else path
+        found.append((key, point, [p for p in rel.split("/") if p]))
+    return found
+
+
+def probe() -> dict[str, object]:
+    """{"meminfo": /proc/meminfo's text, "rooms": [[limit, usage, memory.stat] of each cgroup up
+    to the root]}."""
+    rooms = []
+    for key, point, parts in own_cgroups():
         names = ("memory.max", "memory.current") if key == "v2" else ("memory.limit_in_bytes", "memory.usage_in_bytes")
-        parts = [p for p in rel.split("/") if p]
         for i in range(len(parts), -1, -1):
             where = os.path.join(point, *parts[:i])
             rooms.append([_read(os.path.join(where, name)) for name in (*names, "memory.stat")])
