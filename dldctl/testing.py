@@ -403,8 +403,9 @@ class DldctlHome:
             last.update(self.status())
             return last if predicate(last) else None
 
-        def describe() -> str:
-            shown = {k: last.get(k) for k in ("syncer", "quorum", "learners", "events")}
+        def describe() -> str:  # what a wait is usually about last: a CI log keeps the tail
+            shown = {"events": (last.get("events") or [])[-6:]}
+            shown |= {k: last.get(k) for k in ("syncer", "quorum", "faults", "learners")}
             return "last snapshot:\n" + json.dumps(shown, indent=1)[-6000:]
 
         return wait_until(check, timeout, what, describe=describe)

@@ -106,10 +106,10 @@ class Chaos:
             raise ChaosError(f"{target} is not running (status {entry.status}); nothing to kill")
         hold = down_for if down_for is not None else self.settings.restart_delay_s
         now = time.time()
+        self.held.add(target)
         with self.run.update() as edit:
             e = replace(edit.state.procs[target], hold_until=now + hold, chaos_kill=True)
             edit.state = edit.state.with_proc(target, e)
-        self.held.add(target)
         signum = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM}[sig.upper()]
         if not host.signal(ProcRef(ref.pid, ref.start_ticks), signum, group=True):
             raise ChaosError(f"{target} ({'job' if host.scheduler else 'pid'} {ref.pid}) was already gone")
@@ -131,11 +131,11 @@ class Chaos:
             raise ChaosError(f"{target} has no job queued or running (status {entry.status}); nothing to preempt")
         hold = down_for if down_for is not None else self.settings.restart_delay_s
         now = time.time()
+        self.held.add(target)
         with self.run.update() as edit:
             edit.state = edit.state.with_proc(
                 target, replace(edit.state.procs[target], hold_until=now + hold, chaos_kill=True)
             )
-        self.held.add(target)
         if not host.cancel(ProcRef(ref.pid, ref.start_ticks)):
             raise ChaosError(f"{target}'s job {ref.pid} had already ended")
         detail = (
@@ -158,9 +158,9 @@ class Chaos:
             raise ChaosError(f"{target} is not running (status {entry.status})")
         now = time.time()
         record = Fault(secrets.token_hex(4), action, target, now + duration, now, factor)
+        self.started.add(record.id)  # ours before it is in state.json: no moment when heal(own) misses it
         with self.run.update() as edit:  # registered first: the undo survives our death
             edit.state = edit.state.with_fault(record)
-        self.started.add(record.id)
         try:
             ok = faults.apply(action, host, runtime, target, ProcRef(ref.pid, ref.start_ticks), duration, factor)
         except DldError as exc:
@@ -229,9 +229,9 @@ class Chaos:
         entry = self.run.read_state().procs[target]
         now = time.time()
         record = Fault(secrets.token_hex(4), "link", target, now + duration, now, rate=rate)
+        self.started.add(record.id)  # ours before it is in state.json: no moment when heal(own) misses it
         with self.run.update() as edit:  # registered first: the undo survives our death
             edit.state = edit.state.with_fault(record)
-        self.started.add(record.id)
         try:
             where = links.cap(ends, bits)
         except (DldError, linkcap.LinkCapError) as exc:

@@ -11,11 +11,8 @@ when an abort check fires, and ends with a verdict and a report written to the r
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +24,7 @@ from dldctl.chaos.inject import Chaos
 from dldctl.chaos.plan import Experiment, Fault, Result
 from dldctl.chaos.records import Injection
 from dldctl.errors import DldError
+from dldctl.interrupts import interruptible
 from dldctl.observe.snapshot import collect
 from dldctl.rundir import RunDir
 from syncer.common import jsonl, strictjson
@@ -58,23 +56,6 @@ def inject(chaos: Chaos, fault: Fault, *, force: bool) -> Injection:
     return chaos.fault(fault.action, fault.target, fault.duration, fault.factor)
 
 
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """Inside, SIGTERM raises KeyboardInterrupt as Ctrl-C does (main thread only; restored after)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def monkey(
     chaos: Chaos, schedule: list[Fault], console: Console, *, force: bool, sleep: Sleep = time.sleep, emit: Emit = drop
 ) -> MonkeyOutcome:
@@ -82,21 +63,27 @@ def monkey(
     start = time.monotonic()
     outcome = MonkeyOutcome()
     try:
-        with sigterm_interrupts():
+        with interruptible() as interrupts:
             for fault in schedule:
                 sleep(max(0.0, start + fault.at - time.monotonic()))
-                try:
-                    done = inject(chaos, fault, force=force)
-                    outcome.injected += 1
-                    console.print(f"[red]{fault.describe()}[/]  {done.detail}", highlight=False)
-                    emit(records.fault_line(chaos.run.name, fault, done, None, done.t))
-                except DldError as exc:
-                    console.print(f"[yellow]{fault.describe()}  skipped: {exc.line()}[/]", highlight=False)
-                    emit(records.fault_line(chaos.run.name, fault, None, exc.line(), time.time()))
+                with interrupts.atomic():  # recorded, applied and reported, or none: so healed if interrupted
+                    _monkey_one(chaos, fault, console, emit, outcome, force)
     except KeyboardInterrupt:
         outcome.healed = chaos.heal(own=True)
         console.print(f"monkey interrupted; healed its faults: {', '.join(outcome.healed) or 'nothing'}")
     return outcome
+
+
+def _monkey_one(chaos: Chaos, fault: Fault, console: Console, emit: Emit, outcome: MonkeyOutcome, force: bool) -> None:
+    try:
+        done = inject(chaos, fault, force=force)
+    except DldError as exc:
+        console.print(f"[yellow]{fault.describe()}  skipped: {exc.line()}[/]", highlight=False)
+        emit(records.fault_line(chaos.run.name, fault, None, exc.line(), time.time()))
+        return
+    outcome.injected += 1
+    console.print(f"[red]{fault.describe()}[/]  {done.detail}", highlight=False)
+    emit(records.fault_line(chaos.run.name, fault, done, None, done.t))
 
 
 def run_experiment(
@@ -110,12 +97,13 @@ def run_experiment(
     aborted = None
     pending = list(enumerate(exp.faults))
     try:
-        with sigterm_interrupts():
+        with interruptible() as interrupts:
             while time.time() - t0 < exp.duration:
                 elapsed = time.time() - t0
                 while pending and pending[0][1].at <= elapsed:
                     i, fault = pending.pop(0)
-                    aborted = _inject_one(chaos, fault, console, emit) or aborted
+                    with interrupts.atomic():
+                        aborted = _inject_one(chaos, fault, console, emit) or aborted
                     injected[i] = time.time()
                 sleep(exp.sample_every)
                 samples.append(collect(run))

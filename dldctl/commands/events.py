@@ -9,8 +9,8 @@ import time
 import typer
 
 from dldctl import rundir
-from dldctl.chaos.runner import sigterm_interrupts
 from dldctl.commands.options import duration
+from dldctl.interrupts import interruptible
 from dldctl.observe import events as events_mod
 from syncer.common import strictjson
 
@@ -47,7 +47,7 @@ def events(
         for record in shown:
             emit(record)
         if follow:
-            with sigterm_interrupts():  # a script stops it with `kill`
+            with interruptible():  # a script stops it with `kill`
                 for record in events_mod.follow(path, lambda: False, where):
                     if keep(record):
                         emit(record)

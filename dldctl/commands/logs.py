@@ -22,10 +22,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from dldctl import inventory, rundir
-from dldctl.chaos.runner import sigterm_interrupts
 from dldctl.commands.options import duration
 from dldctl.errors import DldError, UsageError
 from dldctl.hosts import Host, LocalHost, ProcRef
+from dldctl.interrupts import interruptible
 from dldctl.lifecycle.provision import HostRuntime, host_for
 from dldctl.observe import logmerge
 from dldctl.runstate import JOB_TICKS
@@ -87,7 +87,7 @@ def logs(
     for note in filter(None, map(job_note, sources)):
         err_console.print(escape(note))
     try:
-        with sigterm_interrupts():  # a script stops `-f` with `kill`
+        with interruptible():  # a script stops `-f` with `kill`
             if follow:
                 _follow(sources, lines, width, start)
             else:

@@ -12,10 +12,10 @@ from rich.console import Console
 
 from dldctl import extras, rundir
 from dldctl.chaos.inject import Chaos
-from dldctl.chaos.runner import sigterm_interrupts
 from dldctl.commands.logs import log_location as _log_location
 from dldctl.commands.options import duration, output_console
 from dldctl.errors import DldError
+from dldctl.interrupts import interruptible
 from dldctl.observe import snapshot
 from dldctl.observe.view import render_plain
 from dldctl.observe.view_keys import Command
@@ -33,7 +33,7 @@ def live_view(run: RunDir, interval: float = 1.0) -> None:
     logs = _LogTails(run)
     sources = Sources(collect=lambda: snapshot.collect(run), log=logs.lines, act=lambda c: _act(run, c))
     try:
-        with sigterm_interrupts(), KeyReader() as keys:
+        with interruptible(), KeyReader() as keys:
             drive(sources, interval, console, keys)
     except KeyboardInterrupt:
         pass
@@ -117,7 +117,7 @@ def stream(run: RunDir, interval: float, as_json: bool) -> None:
     """A snapshot every `interval` s (JSON lines, or plain text blocks) until Ctrl-C or SIGTERM."""
     console = plain_console()
     try:
-        with sigterm_interrupts():  # a script stops it with `kill`, and SIGINT may be ignored there
+        with interruptible():  # a script stops it with `kill`, and SIGINT may be ignored there
             _stream_loop(run, interval, as_json, console)
     except (KeyboardInterrupt, BrokenPipeError):
         # Stopped, or the reader left (`| head`): drop what is still buffered, so the flush at exit

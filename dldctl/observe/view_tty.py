@@ -2,7 +2,7 @@
 
 `KeyReader` puts the terminal in cbreak mode (keys arrive one by one, unechoed; Ctrl-C still
 interrupts) and always restores it: on leaving the `with`, on an exception, and on SIGTERM, which
-the caller turns into KeyboardInterrupt (`dldctl.chaos.runner.sigterm_interrupts`). `drive` is the
+the caller turns into KeyboardInterrupt (`dldctl.interrupts.interruptible`). `drive` is the
 loop: a snapshot every `interval` s, keys handled as they come (`dldctl.observe.view_keys.press`),
 a redraw after each. What it reads and does goes through callables, so the run directory, the
 hosts and chaos stay in the command (`dldctl.commands.status.live_view`).
