@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from tests.ports import unused_port
+
 MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
@@ -83,13 +85,6 @@ def available() -> str | None:
     return None
 
 
-def free_port() -> int:
-    """A TCP port that nothing listens on right now at 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class SlurmCluster:
     """Start/stop a private munged + slurmctld + slurmd under `workdir`; see the module docstring.
 
@@ -142,7 +137,7 @@ class SlurmCluster:
 
     def _write_conf(self) -> None:
         w = str(self.workdir)
-        text = CONF_TEMPLATE.format(host=self.hostname, w=w, ctld_port=free_port(), slurmd_port=free_port())
+        text = CONF_TEMPLATE.format(host=self.hostname, w=w, ctld_port=unused_port(), slurmd_port=unused_port())
         self.conf.write_text(text + "".join(f"{line}\n" for line in self.extra_conf))
 
     def _start_munged(self) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -18,14 +17,9 @@ import pytest
 
 from dldctl.testing import DldctlHome, alive, inventory_text, local_host, read_jsonl, wait_until
 from tests.e2e.fleetutil import run_table
+from tests.ports import unused_port
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(port: int) -> dict[str, list[Any]]:
@@ -58,7 +52,7 @@ def tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_prometheus_tensorboard_and_wandb_see_the_run(tmp_path: Path) -> None:
-    port = free_port()
+    port = unused_port()
     inv = tmp_path / "inv.toml"
     inv.write_text(
         run_table("exports", quorum=1)

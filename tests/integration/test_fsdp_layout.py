@@ -17,24 +17,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.ports import unused_port
+
 pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 WORLD = 2
 LIMIT_S = 120
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rank_env(rank: int, port: int) -> dict[str, str]:
@@ -53,7 +48,7 @@ def rank_env(rank: int, port: int) -> dict[str, str]:
 
 def run_ranks(out_dir: Path) -> list[dict[str, str]]:
     """Start both ranks, wait for them (killing both on any failure or timeout), read their results."""
-    port = free_port()
+    port = unused_port()
     procs: list[subprocess.Popen[str]] = []
     try:
         for rank in range(WORLD):
