@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,7 +49,8 @@ def unavailable() -> str | None:
 @contextlib.contextmanager
 def limited(limit_bytes: int) -> Iterator[list[str]]:
     """A child cgroup limited to `limit_bytes`; yields the argv prefix that runs a command in it.
-    Removed on exit (every process started in it must have exited by then)."""
+    Removed on exit, after SIGKILL to any process still in it (only ours can be: a test's command
+    and what it started, say a fleet the test expected to be refused)."""
     own = next(o for v in ("v1", "v2") if (o := _own(v)) is not None and os.access(o[0], os.W_OK))
     child = own[0] / f"dldctl-test-{os.getpid()}"
     child.mkdir()
@@ -56,4 +59,17 @@ def limited(limit_bytes: int) -> Iterator[list[str]]:
         procs = shlex.quote(str(child / "cgroup.procs"))
         yield ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"]
     finally:
+        _empty(child)
         child.rmdir()
+
+
+def _empty(child: Path) -> None:
+    """SIGKILL what is left in `child` and wait (up to 10 s) until the kernel has moved it out."""
+    deadline = time.monotonic() + 10
+    while pids := [int(p) for p in (child / "cgroup.procs").read_text().split()]:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)

@@ -61,7 +61,7 @@ def up(
     wait_s = duration("--timeout", timeout)
     out = output_console(stderr=True) if json_out else console
     if resume is not None:
-        run = _resume(resume, inventory_file, dry_run, out, wait_s)
+        run = _resume(resume, inventory_file, dry_run, out, wait_s, memory_check=not no_memory_check)
     else:
         inv = load_inventory(inventory_file)
         if dry_run:
@@ -107,7 +107,9 @@ def _start_or_converge(
     return up_mod.up(inv, str(inventory_file) if inventory_file else None, out, wait_s, memory_check)
 
 
-def _resume(name: str, inventory_file: Path | None, dry_run: bool, out: Console, wait_s: float) -> rundir.RunDir:
+def _resume(
+    name: str, inventory_file: Path | None, dry_run: bool, out: Console, wait_s: float, memory_check: bool = True
+) -> rundir.RunDir:
     if inventory_file is not None or dry_run:
         raise UsageError(
             "--resume continues a run with its own inventory and settings",
@@ -118,7 +120,7 @@ def _resume(name: str, inventory_file: Path | None, dry_run: bool, out: Console,
         out.print(f"run {target.name} is up already")
         return target
     extras.require_for_run(converge.stored_inventory(target))
-    run, _ = resume_mod.resume(target, out, wait_s)
+    run, _ = resume_mod.resume(target, out, wait_s, memory_check)
     return run
 
 

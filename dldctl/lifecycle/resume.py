@@ -2,6 +2,7 @@
 
     check     nothing of the run still runs; a syncer checkpoint exists (a run that never
               checkpointed has nothing to continue: `dldctl up` starts a new one)
+    memory    each syncer host still has the memory its shards need (memcheck.py, as at `up`)
     hosts     the run's own inventory (inventory.json, hosts adopted by `learner add` included),
               every host set up again (idempotent), fresh ports unless the inventory fixed them
     start     the processes `down` stopped (or that had crashed) pending again; removed and
@@ -19,11 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from dldctl import shards
 from dldctl.errors import DldError, OperationError, UsageError
 from dldctl.inventory import Inventory
-from dldctl.lifecycle import converge, plan
+from dldctl.lifecycle import converge, memcheck, plan
 from dldctl.lifecycle import down as down_mod
 from dldctl.lifecycle import up as up_mod
 from dldctl.lifecycle.provision import HostRuntime
@@ -34,8 +36,9 @@ from syncer.common.resolved import ResolvedConfig
 CHECKPOINT_NAME = "ckpt-*.pt"  # syncer/checkpoint.py's file names
 
 
-def resume(run: RunDir, console: Console, timeout: float) -> tuple[RunDir, list[str]]:
-    """Bring a run that is not live back up; (the run, the names still not running)."""
+def resume(run: RunDir, console: Console, timeout: float, memory_check: bool = True) -> tuple[RunDir, list[str]]:
+    """Bring a run that is not live back up; (the run, the names still not running). A syncer
+    host that cannot hold its shards now is refused first, as `up` does (memcheck.py)."""
     state = run.read_state()
     if run.live():
         raise UsageError(f"run {run.name} is up already", hint="`dldctl status --run " + run.name + "` shows it")
@@ -47,6 +50,8 @@ def resume(run: RunDir, console: Console, timeout: float) -> tuple[RunDir, list[
     config = run.read_config()
     _require_checkpoint(run, config)
     inv = converge.stored_inventory(run)
+    for warning in memcheck.preflight(inv) if memory_check else []:  # the host may have less now
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     names = [h.name for h in inv.hosts] + [*shards.names(config.syncer.shards), *config.learner_ids]
     console.print(f"resuming run [bold]{run.name}[/] in {run.path}", highlight=False)
     with up_mod.Board(console, names) as board:

@@ -20,6 +20,7 @@ import pytest
 
 from dldctl.testing import DLDCTL, DldctlHome
 from syncer import checkpoint
+from tests import memcgroup
 from tests.e2e.fleetutil import kinds, learner, run_table, steps_logged_between
 from tests.e2e.ptyscreen import read_until
 
@@ -503,6 +504,21 @@ def test_down_stops_everything_with_a_summary(fleet: tuple[DldctlHome, Path]) ->
     assert (dl.run_dir / "events.jsonl").read_text() == events_before
 
 
+def _resume_refused_where_the_syncer_no_longer_fits(dl: DldctlHome) -> None:
+    """In a 0.35 GB memory cgroup, of which `dldctl` itself holds ~0.17 GB when it asks (0.26 GB at
+    its peak), the syncer's 0.25 GB floor does not fit: one line, and the run stays down as it was."""
+    if memcgroup.unavailable() is not None:
+        return
+    before = dl.state()
+    with memcgroup.limited(350_000_000) as inside:
+        argv = [*inside, DLDCTL, "up", "--resume", dl.run_dir.name, "--json"]
+        refused = subprocess.run(argv, env=dl.env, capture_output=True, text=True, timeout=120, check=False)
+    [line] = [x for x in refused.stderr.splitlines() if x.strip()]
+    assert refused.returncode == 1 and line.startswith("error: host local: the syncer needs 0.3 GB"), refused.stderr
+    assert "(cgroup limit)" in line and "--no-memory-check" in line and refused.stdout == ""
+    assert dl.state() == before and dl.live_runs() == []
+
+
 def test_runs_lists_the_run_and_resume_continues_it_from_its_checkpoint(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet  # after the test above: the run is down
     listed = json.loads(dl("runs", "--json").stdout)
@@ -515,6 +531,7 @@ def test_runs_lists_the_run_and_resume_continues_it_from_its_checkpoint(fleet: t
     checkpointed = max(int(p.name.split("-")[2]) for p in (dl.run_dir / "checkpoints").glob("ckpt-*.pt"))
     final, _ = checkpoint.load_latest(dl.run_dir / "checkpoints")
     assert final is not None and final["closed"] is True  # `down` closed it: its time down is not lost work
+    _resume_refused_where_the_syncer_no_longer_fits(dl)
     # resume: the same run directory, the outer steps go on from the checkpoint, learner-4 (removed) stays out
     up = json.loads(dl("up", "--resume", dl.run_dir.name, "--wait", "--json", "--timeout", "2m", timeout=300).stdout)
     assert up["schema"] == "dldctl.up/1" and up["dir"] == str(dl.run_dir) and up["not_running"] == []
