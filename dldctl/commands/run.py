@@ -22,7 +22,7 @@ from dldctl.lifecycle import down as down_mod
 from dldctl.lifecycle import resume as resume_mod
 from dldctl.lifecycle import up as up_mod
 from dldctl.observe import snapshot
-from syncer.common import strictjson
+from syncer.common import jsonl, strictjson
 
 console = output_console()
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -138,7 +138,8 @@ def _wait_merging(run: rundir.RunDir, wait_s: float, out: Console) -> dict[str, 
             out.print(f"merging: outer step {steps}, {live} learners live (quorum {need})")
             return {"outer_steps": steps, "live": live, "quorum": need}
         if time.monotonic() >= deadline:
-            raise OperationError(f"run {run.name}: {why_not_merging(snap, first)} after {wait_s:.0f} s", hint=WAIT_HINT)
+            why = why_not_merging(snap, first, last_syncer_death(run))
+            raise OperationError(f"run {run.name}: {why} after {wait_s:.0f} s", hint=WAIT_HINT)
         time.sleep(0.5)
         snap = snapshot.collect(run)
 
@@ -146,10 +147,19 @@ def _wait_merging(run: rundir.RunDir, wait_s: float, out: Console) -> dict[str, 
 WAIT_HINT = "`dldctl status` shows the fleet and `dldctl logs learner-N` why a learner is not up; the run keeps going"
 
 
-def why_not_merging(snap: dict[str, Any], first: int | None) -> str:
-    """The reason `up --wait` gave up, from a status snapshot (pure)."""
+def last_syncer_death(run: rundir.RunDir) -> str | None:
+    """How the syncer last died: the end of its log, as its `syncer_death` event quotes it."""
+    for event in reversed(jsonl.tail(run.events, 500)):
+        if event.get("kind") == "syncer_death":
+            detail = str(event.get("detail", ""))
+            return detail.partition("its log ends: ")[2] or detail
+    return None
+
+
+def why_not_merging(snap: dict[str, Any], first: int | None, died: str | None = None) -> str:
+    """The reason `up --wait` gave up, from a status snapshot and how the syncer last died (pure)."""
     if not snap["syncer"].get("alive"):
-        return "the syncer is not answering"
+        return "the syncer is not answering" + (f" (it died: {died.strip()})" if died else "")
     live, need = snap["quorum"]["live"], snap["quorum"]["min"]
     if live < need:
         down = [

@@ -12,6 +12,7 @@ import socket
 from dataclasses import dataclass
 
 from dldctl import shards
+from dldctl.errors import ConfigError
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.lifecycle import initmodel
 from dldctl.rundir import RunDir
@@ -71,10 +72,7 @@ def free_ports(count: int, taken: set[int]) -> tuple[int, ...]:
 
 def syncer_section(inv: Inventory, advertise: str) -> SyncerSection:
     """Bind address, ports (two more per shard after the first: free ones) and the address learners dial."""
-    # a site's jobs run on its compute nodes, even with login "local": they dial in from elsewhere
-    where = shards.hosts_of(inv.syncer.host, inv.syncer.shard_hosts, inv.syncer.shards)
-    all_local = all(h.local and not h.site for h in inv.hosts) and all(h == "local" for h in where)
-    bind = inv.syncer.bind or ("127.0.0.1" if all_local else "0.0.0.0")
+    bind = syncer_bind(inv)
     control = "127.0.0.1"
     others = [_shard_address(inv, h, advertise) for h in inv.syncer.shard_hosts]  # this machine's, not shard 0's
     if inv.syncer.host != "local":  # the syncer runs on an inventory host: dial that host
@@ -95,6 +93,36 @@ def syncer_section(inv: Inventory, advertise: str) -> SyncerSection:
         shard_hosts=tuple(inv.syncer.shard_hosts),
         shard_addresses=tuple(others),
     )
+
+
+def syncer_bind(inv: Inventory) -> str:
+    """The address the syncer binds: [syncer] bind, else loopback when every process is on this machine."""
+    where = shards.hosts_of(inv.syncer.host, inv.syncer.shard_hosts, inv.syncer.shards)
+    # a site's jobs run on its compute nodes, even with login "local": they dial in from elsewhere
+    all_local = all(h.local and not h.site for h in inv.hosts) and all(h == "local" for h in where)
+    return inv.syncer.bind or ("127.0.0.1" if all_local else "0.0.0.0")
+
+
+def check_fixed_ports(inv: Inventory) -> None:
+    """Before a run starts: a port the inventory fixed for a syncer on this machine can be bound
+    (else ConfigError naming the key); one in use would only show as a syncer that never answers."""
+    if inv.syncer.host != "local":
+        return  # its host binds it; the syncer's log says so there
+    bind = syncer_bind(inv)
+    for key, port in (("syncer.port", inv.syncer.port), ("syncer.control_port", inv.syncer.control_port)):
+        if port <= 0:
+            continue
+        with socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as libzmq's listener does
+            try:
+                probe.bind((bind, port))
+            except OSError as exc:
+                raise ConfigError(
+                    inv.path,
+                    key,
+                    f"the syncer cannot listen on {bind}:{port} ({exc.strerror})",
+                    "stop what listens there (another run? `dldctl runs`), or pick another port, or 0 for a free one",
+                ) from None
 
 
 def _shard_address(inv: Inventory, host: str, advertise: str) -> str:

@@ -2,7 +2,8 @@
 
     check     nothing of the run still runs; a syncer checkpoint exists (a run that never
               checkpointed has nothing to continue: `dldctl up` starts a new one)
-    memory    each syncer host still has the memory its shards need (memcheck.py, as at `up`)
+    ports     the syncer ports the inventory fixed are free here; each syncer host still has the
+              memory its shards need (memcheck.py): as at `up`
     hosts     the run's own inventory (inventory.json, hosts adopted by `learner add` included),
               every host set up again (idempotent), fresh ports unless the inventory fixed them
     start     the processes `down` stopped (or that had crashed) pending again; removed and
@@ -50,6 +51,7 @@ def resume(run: RunDir, console: Console, timeout: float, memory_check: bool = T
     config = run.read_config()
     _require_checkpoint(run, config)
     inv = converge.stored_inventory(run)
+    plan.check_fixed_ports(inv)  # the ports it fixed, taken while it was down
     for warning in memcheck.preflight(inv) if memory_check else []:  # the host may have less now
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     names = [h.name for h in inv.hosts] + [*shards.names(config.syncer.shards), *config.learner_ids]

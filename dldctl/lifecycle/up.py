@@ -312,6 +312,7 @@ def up(
     """Bring a new run up; returns its directory (processes keep running after we return)."""
     initmodel.check(inv)  # [run] init_from: a bad model file fails here, before any host or run directory
     exports.preflight(inv)  # [metrics] prometheus_port in use: likewise
+    plan.check_fixed_ports(inv)  # [syncer] port, control_port in use: likewise
     sites.preflight(inv)  # a Slurm site's partition, account, time limit: before any job is queued
     for warning in memcheck.preflight(inv) if memory_check else []:  # shards that cannot fit: refused
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)

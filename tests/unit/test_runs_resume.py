@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dldctl import rundir
-from dldctl.commands.run import why_not_merging
+from dldctl.commands.run import last_syncer_death, why_not_merging
 from dldctl.errors import OperationError
 from dldctl.lifecycle import down, resume
 from dldctl.lifecycle.provision import HostRuntime
@@ -81,6 +81,10 @@ def test_a_run_downed_by_an_older_dldctl_resumes_every_process() -> None:
 def test_why_up_wait_gave_up() -> None:
     snap: dict[str, Any] = {"syncer": {"alive": False}, "quorum": {"live": 0, "min": 2}, "learners": []}
     assert why_not_merging(snap, None) == "the syncer is not answering"
+    died = "syncer: error: cannot bind tcp://127.0.0.1:5555: Address already in use\n"
+    assert why_not_merging(snap, None, died) == (
+        "the syncer is not answering (it died: syncer: error: cannot bind tcp://127.0.0.1:5555: Address already in use)"
+    )
     snap = {
         "syncer": {"alive": True, "outer_steps": 3},
         "quorum": {"live": 1, "min": 2},
@@ -133,3 +137,15 @@ def test_runs_finds_the_last_sample_behind_hundreds_of_round_records(
     _write_run(tmp_path, "busy", "down", [{"kind": "sample", "outer_steps": 7, "goodput": 0.9}, *rounds])
     (row,) = runs.collect()["runs"]
     assert row["outer_steps"] == 7 and row["goodput"] == 0.9
+
+
+def test_the_syncers_last_death_is_quoted_from_the_run_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DLDCTL_HOME", str(tmp_path))
+    run = _write_run(tmp_path, "r", "up", [])
+    assert last_syncer_death(run) is None
+    run.event("syncer_death", "syncer", "process gone after 2.0 s; restart 1 in 2.0 s; its log ends: first")
+    run.event("syncer_death", "syncer", "process gone after 2.0 s; restart 2 in 4.0 s; its log ends: error: second")
+    run.event("restart", "syncer", "pid 7 on local (restart 2)")
+    assert last_syncer_death(run) == "error: second"
+    run.event("syncer_death", "syncer", "process gone")  # no log quoted: the event's own words
+    assert last_syncer_death(run) == "process gone"
