@@ -59,5 +59,5 @@ def interruptible() -> Iterator[Interrupts]:
         yield guard
     finally:
         for sig, before in previous.items():
-            if before is not signal.SIG_IGN:
-                signal.signal(sig, before)
+            if before is not signal.SIG_IGN:  # None: a handler set outside Python, restored as the default
+                signal.signal(sig, signal.SIG_DFL if before is None else before)
