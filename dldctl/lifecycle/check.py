@@ -18,6 +18,7 @@ from dldctl import extras
 from dldctl.errors import DldError
 from dldctl.hosts.slurm import SlurmHost
 from dldctl.inventory import HostSpec, Inventory
+from dldctl.lifecycle import plan
 from dldctl.lifecycle.provision import open_host
 
 PROBE = r"""
@@ -59,10 +60,10 @@ class HostCheck:
 class _Listener:
     """A throwaway TCP listener standing in for the syncer's port during the check."""
 
-    def __init__(self, bind: str) -> None:
+    def __init__(self, bind: str, port: int = 0) -> None:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((bind, 0))
+        self.sock.bind((bind, port))
         self.sock.listen(16)
         self.port = self.sock.getsockname()[1]
         self._thread = threading.Thread(target=self._accept, daemon=True)
@@ -152,9 +153,11 @@ def check_host(inv: Inventory, spec: HostSpec, advertise: str | None, port: int)
 
 
 def check(inv: Inventory, advertise: str | None = None) -> list[HostCheck]:
-    """Check every host in parallel."""
-    remote = any(not h.local for h in inv.hosts)
-    listener = _Listener("0.0.0.0" if remote else "127.0.0.1")
+    """Check every host in parallel. The port the hosts dial is the syncer's own where the
+    inventory fixed it (the one a firewall was opened for); one taken here is a ConfigError, as
+    at `up`."""
+    plan.check_fixed_ports(inv)
+    listener = _Listener(plan.syncer_bind(inv), inv.syncer.port if inv.syncer.host == "local" else 0)
     address = advertise or inv.syncer.advertise or None
     try:
         with ThreadPoolExecutor(max_workers=8) as pool:
