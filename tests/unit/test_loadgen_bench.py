@@ -245,7 +245,9 @@ def test_threads_are_told_apart_and_this_process_is_measured() -> None:
     assert measure.thread_kind(10, 11, "ZMQbg/IO/0") == "zmq"
     assert measure.thread_kind(10, 12, "python") == "other"
     t0 = measure.thread_cpu(os.getpid())
-    sum(i * i for i in range(300_000))  # some CPU on the main thread
+    busy_until = time.thread_time() + 0.2  # 0.2 s of this thread's CPU: ~20 of /proc's 10 ms ticks
+    while time.thread_time() < busy_until:  # (a fixed loop took under one tick on a fast core once)
+        sum(i * i for i in range(10_000))
     cores = measure.thread_delta(t0, measure.thread_cpu(os.getpid()), 1.0)
     assert cores["loop"] > 0 and set(cores) == {"loop", "zmq", "other"}
     assert measure.proc_cpu(os.getpid()) >= cores["loop"]
