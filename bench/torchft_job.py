@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dldctl.lifecycle.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "bench" / "torchft_worker.py"
 HOST = "127.0.0.1"
@@ -55,12 +57,6 @@ class Proc:
         self.popen.wait(timeout=30)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
 def lighthouse_bin() -> str:
     exe = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent)) or shutil.which(
         "torchft_lighthouse"
@@ -72,7 +68,7 @@ def lighthouse_bin() -> str:
 
 def start_lighthouse(out_dir: Path, env: dict[str, str]) -> tuple[Proc, str]:
     """torchft's Lighthouse on 127.0.0.1; (process, address) once it accepts connections."""
-    port = free_port()
+    port = free_port(HOST)
     opts = [f"--{k}={v}" for k, v in LIGHTHOUSE_OPTS.items()]
     proc = Proc([lighthouse_bin(), f"--bind={HOST}:{port}", *opts], env, out_dir / "lighthouse.log")
     deadline = time.monotonic() + 15

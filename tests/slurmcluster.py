@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from tests.ports import unused_port
+from dldctl.lifecycle.ports import free_port
 
 MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"
@@ -137,7 +137,7 @@ class SlurmCluster:
 
     def _write_conf(self) -> None:
         w = str(self.workdir)
-        text = CONF_TEMPLATE.format(host=self.hostname, w=w, ctld_port=unused_port(), slurmd_port=unused_port())
+        text = CONF_TEMPLATE.format(host=self.hostname, w=w, ctld_port=free_port(), slurmd_port=free_port())
         self.conf.write_text(text + "".join(f"{line}\n" for line in self.extra_conf))
 
     def _start_munged(self) -> None:

@@ -15,6 +15,7 @@ from dldctl import shards
 from dldctl.errors import ConfigError
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.lifecycle import initmodel
+from dldctl.lifecycle.ports import free_port
 from dldctl.rundir import RunDir
 from syncer.common import keys, modelfile
 from syncer.common.resolved import KeysSection, LearnerEntry, ResolvedConfig, SyncerSection
@@ -52,19 +53,11 @@ def learner_plans(inv: Inventory) -> list[LearnerPlan]:
     return [LearnerPlan(lid, host, learner_entry(lid, host, i, len(pairs))) for i, (lid, host) in enumerate(pairs)]
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port at `host` that nothing listened on a moment ago (the tests' harnesses use it too)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def free_ports(count: int, taken: set[int]) -> tuple[int, ...]:
-    """`count` free ports, none of them in `taken` nor twice (a port just let go may come back)."""
+def free_ports(count: int, taken: set[int], host: str = "127.0.0.1") -> tuple[int, ...]:
+    """`count` free ports at `host`, none of them in `taken` nor twice (a port just let go may come back)."""
     out: list[int] = []
     while len(out) < count:
-        port = free_port()
+        port = free_port(host)
         if port not in taken and port not in out:
             out.append(port)
     return tuple(out)
@@ -77,8 +70,9 @@ def syncer_section(inv: Inventory, advertise: str) -> SyncerSection:
     others = [_shard_address(inv, h, advertise) for h in inv.syncer.shard_hosts]  # this machine's, not shard 0's
     if inv.syncer.host != "local":  # the syncer runs on an inventory host: dial that host
         advertise = control = inv.syncer.advertise or inv.host(inv.syncer.host).address
-    port = inv.syncer.port or free_port()
-    control_port = inv.syncer.control_port or free_ports(1, {port})[0]
+    probe = bind if inv.syncer.host == "local" else "127.0.0.1"  # a remote host's ports cannot be probed here
+    port = inv.syncer.port or free_port(probe)
+    control_port = inv.syncer.control_port or free_ports(1, {port}, probe)[0]
     # "dir" is relative to config.json, so it is the run directory on whichever host reads it
     return SyncerSection(
         host=inv.syncer.host,
@@ -89,7 +83,7 @@ def syncer_section(inv: Inventory, advertise: str) -> SyncerSection:
         control_address=control,
         dir=".",
         shards=inv.syncer.shards,
-        shard_ports=free_ports(2 * (inv.syncer.shards - 1), {port, control_port}),
+        shard_ports=free_ports(2 * (inv.syncer.shards - 1), {port, control_port}, probe),
         shard_hosts=tuple(inv.syncer.shard_hosts),
         shard_addresses=tuple(others),
     )

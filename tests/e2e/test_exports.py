@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from dldctl.lifecycle.ports import free_port
 from dldctl.testing import DldctlHome, alive, inventory_text, local_host, read_jsonl, wait_until
 from tests.e2e.fleetutil import run_table
-from tests.ports import unused_port
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -52,7 +52,7 @@ def tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_prometheus_tensorboard_and_wandb_see_the_run(tmp_path: Path) -> None:
-    port = unused_port()
+    port = free_port()
     inv = tmp_path / "inv.toml"
     inv.write_text(
         run_table("exports", quorum=1)

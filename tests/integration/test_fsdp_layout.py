@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ports import unused_port
+from dldctl.lifecycle.ports import free_port
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]
 
@@ -48,7 +48,7 @@ def rank_env(rank: int, port: int) -> dict[str, str]:
 
 def run_ranks(out_dir: Path) -> list[dict[str, str]]:
     """Start both ranks, wait for them (killing both on any failure or timeout), read their results."""
-    port = unused_port()
+    port = free_port()
     procs: list[subprocess.Popen[str]] = []
     try:
         for rank in range(WORLD):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from dldctl.lifecycle.ports import free_port
 from dldctl.testing import DLDCTL
-from tests.ports import unused_port
 
 HOST = '[[hosts]]\nname = "a"\naddress = "local"\n'
 
@@ -41,7 +41,7 @@ def test_check_dials_the_fixed_port_and_refuses_it_when_taken(tmp_path: Path) ->
     not a throwaway one; taken, it says what `up` would."""
     env = dict(os.environ, DLDCTL_HOME=str(tmp_path / "home"), COLUMNS="200")
     inv = tmp_path / "inventory.toml"
-    port = unused_port()
+    port = free_port()
     inv.write_text(f'[run]\nmodel = "gpt-tiny"\n\n[syncer]\nport = {port}\n\n' + HOST)
     check = [DLDCTL, "check", str(inv), "--json"]
     ok = subprocess.run(check, env=env, capture_output=True, text=True, timeout=180)

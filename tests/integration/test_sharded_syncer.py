@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from dldctl.lifecycle.plan import free_port
+from dldctl.lifecycle.ports import free_port
 from syncer.wire import fragments, shards
 from tests.localrun import LocalRun, write_config
 
