@@ -51,13 +51,21 @@ def limited(limit_bytes: int) -> Iterator[list[str]]:
     """A child cgroup limited to `limit_bytes`; yields the argv prefix that runs a command in it.
     Removed on exit, after SIGKILL to any process still in it (only ours can be: a test's command
     and what it started, say a fleet the test expected to be refused)."""
+    with cgroup(limit_bytes) as child:
+        procs = shlex.quote(str(child / "cgroup.procs"))
+        yield ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"]
+
+
+@contextlib.contextmanager
+def cgroup(limit_bytes: int) -> Iterator[Path]:
+    """The directory of a child cgroup limited to `limit_bytes` (write a pid to its cgroup.procs
+    to move that process in); removed on exit as `limited`'s is."""
     own = next(o for v in ("v1", "v2") if (o := _own(v)) is not None and os.access(o[0], os.W_OK))
     child = own[0] / f"dldctl-test-{os.getpid()}"
     child.mkdir()
     try:
         (child / own[1]).write_text(str(limit_bytes))
-        procs = shlex.quote(str(child / "cgroup.procs"))
-        yield ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"]
+        yield child
     finally:
         _empty(child)
         child.rmdir()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from dldctl.errors import HostError, UsageError
+from dldctl.errors import DldError, HostError, UsageError
 from dldctl.hosts.slurmjobs import JobInfo
 
 
@@ -126,6 +126,15 @@ def parse_started(host: str, argv: list[str], result: CommandResult) -> ProcRef:
     raise HostError(host, f"could not start `{shlex.join(argv)}`: {why.strip()}")
 
 
+def parse_oom_kills(vmstat: bytes) -> int | None:
+    """The `oom_kill` counter of a /proc/vmstat text (Linux 4.13 and newer); None without one."""
+    for line in vmstat.decode("ascii", "replace").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
 def output_tail(result: CommandResult, lines: int = 20) -> str:
     """The last lines of stderr (or of stdout when stderr is empty), for error messages."""
     text = result.stderr if result.stderr.strip() else result.stdout
@@ -211,6 +220,17 @@ class Host(ABC):
     @abstractmethod
     def proc_state(self, ref: ProcRef) -> str | None:
         """'R', 'S', 'T' (stopped), 'Z', ... or None if the process is gone (or pid reused)."""
+
+    def oom_kills(self) -> int | None:
+        """How many processes the kernel's OOM killer has killed on this machine since it booted
+        (/proc/vmstat `oom_kill`, any cgroup's or the whole machine's); None where that cannot be
+        read, or on a scheduler's site (its jobs run on nodes of their own)."""
+        if self.scheduler:
+            return None
+        try:
+            return parse_oom_kills(self.read_bytes("/proc/vmstat", 0, 1 << 16))
+        except (DldError, OSError):
+            return None
 
     def describe(self, refs: list[ProcRef], max_age: float = 0.0) -> dict[int, JobInfo]:
         """What a scheduler says of each job (pending, running, why it waits), at most `max_age`

@@ -37,6 +37,7 @@ class Observation:
     last_words: str = ""  # a dead process's last log line (its error, when it crashed)
     job: JobInfo | None = None  # on a scheduler site: what the scheduler says of its job now
     job_id: int | None = None  # ... and which job was looked up (None: not a scheduler's job)
+    ooms: int = 0  # a dead process: what the kernel's OOM killer killed on its host since the last look
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,8 @@ def _died(
     said = f"; its log ends: {obs.last_words}" if obs.last_words and not killed else ""
     restart_in = (e.next_start or now) - now
     gone = f"job {e.job.job_id} ended {e.job.describe()}" if e.job is not None else "process gone"
-    events.append((kind, name, f"{gone} after {lived:.1f} s{death_cause(e, killed, restart_in)}{said}"))
+    cause = death_cause(e, killed, restart_in, 0 if killed else obs.ooms)
+    events.append((kind, name, f"{gone} after {lived:.1f} s{cause}{said}"))
     return e
 
 
@@ -148,9 +150,16 @@ def _gone(job_id: int, last: JobInfo | None) -> JobInfo:
     return JobInfo(job_id, "ENDED", reason)
 
 
-def death_cause(e: Proc, killed: bool, restart_in: float) -> str:
-    """Why it died as far as the supervisor knows, and when it restarts (the backoff said)."""
+def death_cause(e: Proc, killed: bool, restart_in: float, ooms: int = 0) -> str:
+    """Why it died as far as the supervisor knows (`ooms`: processes the kernel's OOM killer
+    killed on its host meanwhile), and when it restarts (the backoff said)."""
     why = " (killed by `dldctl chaos`)" if killed else ""
+    if ooms:
+        fix = "its shards on other hosts" if e.kind == "syncer" else "fewer learners or a smaller batch_size there"
+        why = (
+            f" (out of memory? the kernel's OOM killer killed {ooms} process{'es' if ooms > 1 else ''} "
+            f"on host {e.host} meanwhile: {fix}; docs/troubleshooting.md)"
+        )
     backoff = (
         f"; died within {FAST_DEATH_S:.0f} s of its start {e.fast_deaths} time(s) in a row: backing off"
         if e.fast_deaths

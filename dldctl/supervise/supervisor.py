@@ -57,6 +57,7 @@ class Supervisor:
         self.inv = self._read_inventory()
         self.hosts: dict[str, Host] = {}
         self._host_retry: dict[str, float] = {}
+        self._ooms: dict[str, int | None] = {}  # host -> its OOM-kill count at the last look
         self._spare_after: dict[str, float] = {}  # host -> monotonic time before which no new spare
         self._born = time.monotonic()  # the first spares wait until the fleet has started
         self._mirrored = 0.0
@@ -102,13 +103,23 @@ class Supervisor:
                 self._host_retry[host_name] = time.monotonic() + HOST_RETRY_S
                 seen.update({n: reconcile.Observation(None) for n, _ in items})
                 continue
+            ooms = self._new_ooms(host_name, any(not alive[r.pid] and n in state.procs for n, r in items))
             for name, ref in items:
                 dead = not alive[ref.pid] and name in state.procs
                 finished = self._finished(state, name) if dead else None
                 last = self._last_words(state, name) if dead and not finished else ""
                 job, asked = (jobs.get(ref.pid), ref.pid) if jobs is not None else (None, None)
-                seen[name] = reconcile.Observation(alive[ref.pid], finished, last, job, asked)
+                seen[name] = reconcile.Observation(alive[ref.pid], finished, last, job, asked, ooms if dead else 0)
         return seen
+
+    def _new_ooms(self, host_name: str, death: bool) -> int:
+        """OOM kills on the host since the last look, read when one of its processes died (and
+        once at the first look, as the baseline); 0 where the count is unknown."""
+        if host_name in self._ooms and not death:
+            return 0
+        before, now = self._ooms.get(host_name), self.host(host_name).oom_kills()
+        self._ooms[host_name] = now
+        return now - before if now is not None and before is not None and now > before else 0
 
     @staticmethod
     def _look(host: Host, refs: list[ProcRef]) -> tuple[dict[int, bool], dict[int, JobInfo] | None]:

@@ -155,6 +155,34 @@ def test_kill_a_learner_and_a_warm_spare_takes_its_place(fleet: tuple[DldctlHome
     dl.wait(lambda s: "a" in s["spares"], 60, "a new spare on host a")
 
 
+def test_a_learner_the_kernel_kills_for_memory_dies_out_of_memory(fleet: tuple[DldctlHome, Path]) -> None:
+    """A real OOM kill: host b's warm spare is moved into a memory cgroup of 1 MB, learner-2 dies,
+    and the spare, taking its place, is killed by the kernel at its first allocations. That death
+    says out of memory (a SIGKILL leaves no words of its own)."""
+    if (why := memcgroup.unavailable()) is not None:
+        pytest.skip(why)
+    dl, _ = fleet
+    deadline = time.monotonic() + 90
+    while not spare_ready(dl, "b") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert spare_ready(dl, "b"), "no warm spare on host b"
+    spare = int((dl.run_dir / "logs" / "spare-b.log.pid").read_text())
+
+    def oom_death() -> list[str]:
+        return [e["detail"] for e in dl.events("death") if e["target"] == "learner-2" and "OOM" in e["detail"]]
+
+    with memcgroup.cgroup(1 << 20) as group:
+        (group / "cgroup.procs").write_text(str(spare))
+        os.kill(learner(dl.status(), "learner-2")["pid"], signal.SIGKILL)  # a crash, not a chaos kill
+        dl.wait(lambda _: bool(oom_death()), 90, "the spare that took over learner-2 killed out of memory")
+    # the count is the machine's (a container's kernel is shared): at least this one
+    assert "out of memory? the kernel's OOM killer killed " in oom_death()[0], oom_death()
+    assert "on host b meanwhile: fewer learners or a smaller batch_size there" in oom_death()[0]
+    plain = next(e["detail"] for e in dl.events("death") if e["target"] == "learner-2")
+    assert "OOM" not in plain, plain  # the SIGKILL before it was no OOM kill
+    dl.wait(lambda s: learner(s, "learner-2")["state"] == "running", 90, "learner-2 training again")
+
+
 def test_pause_slow_partition_take_effect_and_undo_themselves(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
     # 20 s: each dldctl command takes seconds on a loaded 2-core host, and all three faults must

@@ -110,6 +110,8 @@ def test_files(host: SSHHost, tmp_path: Path, rdir: str) -> None:
     assert (tmp_path / "back" / "blob.bin").read_bytes() == src.read_bytes()
     host.put_bytes(b"s3cret", f"{base}/keys/k.key")
     assert host.read_bytes(f"{base}/keys/k.key") == b"s3cret"
+    # /proc/vmstat over SFTP (its size says 0): the same kernel's OOM-kill count as here
+    assert host.oom_kills() is not None and host.oom_kills() == LocalHost("here").oom_kills()
     modes = host.run(f"cd {base} && stat -c '%a %n' a/b/blob.bin private.bin keys/k.key").stdout
     assert modes.split("\n")[:3] == ["640 a/b/blob.bin", "600 private.bin", "600 keys/k.key"]
     host.mkdir(f"{base}/m/n/o")

@@ -232,3 +232,13 @@ def test_pure_helpers_of_the_host_layer() -> None:
     assert env_exports({"A": "x y'z"}) == "export A='x y'\"'\"'z'\n"
     with pytest.raises(UsageError, match="invalid environment variable name"):
         env_exports({"A;rm -rf /": "x"})
+
+
+def test_oom_kills_is_the_kernel_s_counter_and_none_where_unknown() -> None:
+    from dldctl.hosts.base import parse_oom_kills
+
+    assert parse_oom_kills(b"pgfault 10\noom_kill 7\nnr_foo 1\n") == 7
+    assert parse_oom_kills(b"pgfault 10\n") is None and parse_oom_kills(b"oom_kill x\n") is None
+    vmstat = Path("/proc/vmstat").read_bytes()
+    assert LocalHost("here").oom_kills() == parse_oom_kills(vmstat)
+    assert LocalHost("here").oom_kills() is not None  # Linux >= 4.13 counts them

@@ -110,3 +110,24 @@ def test_start_failure_backs_off() -> None:
     e, delay = reconcile.start_failed(new_proc("learner", "a"), 100.0, 2.0, 60.0)
     assert delay == 4.0
     assert e.status is ProcStatus.DEAD and e.next_start == 104.0
+
+
+def test_a_death_while_the_oom_killer_fired_on_its_host_says_out_of_memory() -> None:
+    st = state(
+        **{"learner-0": start(new_proc("learner", "a"), 1, 0.0), "syncer": start(new_proc("syncer", "s"), 2, 0.0)}
+    )
+    seen = {"learner-0": Observation(False, ooms=2), "syncer": Observation(False, ooms=1)}
+    _, _, events = decide(st, seen, 100.0, 2.0, 60.0)
+    said = {target: detail for _, target, detail in events}
+    assert "(out of memory? the kernel's OOM killer killed 2 processes on host a meanwhile: " in said["learner-0"]
+    assert "fewer learners or a smaller batch_size there" in said["learner-0"]
+    assert "killed 1 process on host s meanwhile: its shards on other hosts" in said["syncer"]
+
+
+def test_no_oom_kill_or_a_chaos_kill_says_nothing_of_memory() -> None:
+    st = state(**{"learner-0": start(new_proc("learner", "a"), 1, 0.0)})
+    _, _, events = decide(st, {"learner-0": Observation(False)}, 100.0, 2.0, 60.0)
+    assert "memory" not in events[0][2]
+    killed = st.with_proc("learner-0", replace(st.procs["learner-0"], chaos_kill=True))
+    _, _, events = decide(killed, {"learner-0": Observation(False, ooms=1)}, 100.0, 2.0, 60.0)
+    assert "killed by `dldctl chaos`" in events[0][2] and "memory" not in events[0][2]
