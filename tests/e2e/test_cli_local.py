@@ -171,9 +171,10 @@ def test_a_learner_the_kernel_kills_for_memory_dies_out_of_memory(fleet: tuple[D
     def oom_death() -> list[str]:
         return [e["detail"] for e in dl.events("death") if e["target"] == "learner-2" and "OOM" in e["detail"]]
 
+    victim = learner(dl.status(), "learner-2")["pid"]
     with memcgroup.cgroup(1 << 20) as group:
         (group / "cgroup.procs").write_text(str(spare))
-        os.kill(learner(dl.status(), "learner-2")["pid"], signal.SIGKILL)  # a crash, not a chaos kill
+        os.kill(victim, signal.SIGKILL)  # a crash, not a chaos kill; at once, before the idle spare allocates
         dl.wait(lambda _: bool(oom_death()), 90, "the spare that took over learner-2 killed out of memory")
     # the count is the machine's (a container's kernel is shared): at least this one
     assert "out of memory? the kernel's OOM killer killed " in oom_death()[0], oom_death()
