@@ -255,11 +255,12 @@ def check(
     results = check_mod.check(inv)
     native = kernel.for_syncer(inv)
     memory = memcheck.assess(inv)
+    learners = memcheck.assess_learners(inv, memory)
     if json_out:
-        print(strictjson.dumps(check_record(inv, results, native, memory)))
+        print(strictjson.dumps(check_record(inv, results, native, memory, learners)))
     else:
         _print_check(inv, results, native)
-        _print_memory(memory)
+        _print_memory(memory, learners)
     bad = [r.name for r in results if not r.ok]
     if bad:
         raise DldError(f"{len(bad)} of {len(results)} hosts failed the check: {', '.join(bad)}")
@@ -268,6 +269,9 @@ def check(
     short = [m for m in memory or [] if not m.ok]
     if short:
         raise DldError(f"host {short[0].need.host}: {short[0].line}", hint=memcheck.HINT)
+    crowded = [m for m in learners or [] if not m.ok]
+    if crowded:
+        raise DldError(f"host {crowded[0].need.machine}: {crowded[0].line}", hint=memcheck.LEARNER_HINT)
 
 
 CHECK_COLUMNS = ["ssh", "python", "torch", "device", "port"]
@@ -278,13 +282,16 @@ def check_record(
     results: list[check_mod.HostCheck],
     native: kernel.KernelStatus,
     memory: list[memcheck.HostMemory] | None = None,
+    learners: list[memcheck.LearnerMemory] | None = None,
 ) -> dict[str, Any]:
     """What `check --json` prints: per host and item, passed and the detail; the syncer hosts'
-    memory (null for a model from a user's factory: counted only when learners join)."""
+    and the CPU learners' memory (null for a model from a user's factory: counted only when
+    learners join)."""
+    fits = all(m.ok for m in memory or []) and all(m.ok for m in learners or [])
     return {
         "schema": "dldctl.check/1",
         "inventory": str(inv.path),
-        "ok": all(r.ok for r in results) and native.runnable and all(m.ok for m in memory or []),
+        "ok": all(r.ok for r in results) and native.runnable and fits,
         "hosts": [
             {
                 "name": r.name,
@@ -295,19 +302,21 @@ def check_record(
         ],
         "syncer_kernel": {"ok": native.ok, "detail": native.line()},
         "syncer_memory": None if memory is None else [m.to_dict() for m in memory],
+        "learner_memory": None if learners is None else [m.to_dict() for m in learners],
     }
 
 
-def _print_memory(memory: list[memcheck.HostMemory] | None) -> None:
-    """One line per syncer host: its shards' memory against what the host has free."""
+def _print_memory(memory: list[memcheck.HostMemory] | None, learners: list[memcheck.LearnerMemory] | None) -> None:
+    """One line per syncer host: its shards' memory against what the host has free; one per
+    machine with CPU learners: theirs."""
     if memory is None:
         console.print("[dim]syncer memory: a model from a factory is counted when the first learner joins[/]")
         return
     colour = {syncermem.FITS: "green", syncermem.MAY_NOT_FIT: "yellow", syncermem.DOES_NOT_FIT: "red"}
-    for m in memory:
-        console.print(
-            f"[{colour[m.status]}]syncer memory ({escape(m.need.host)}):[/] {escape(m.line)}", highlight=False
-        )
+    rows = [("syncer", m.need.host, m.status, m.line) for m in memory]
+    rows += [("learner", m.need.machine, m.status, m.line) for m in learners or []]
+    for who, where, status, line in rows:
+        console.print(f"[{colour[status]}]{who} memory ({escape(where)}):[/] {escape(line)}", highlight=False)
 
 
 def _print_check(inv: Inventory, results: list[check_mod.HostCheck], native: kernel.KernelStatus) -> None:

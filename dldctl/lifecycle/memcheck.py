@@ -1,5 +1,5 @@
-"""Will the syncer's shards fit in their hosts' memory? Asked at `up` (before anything starts) and
-by `dldctl check`.
+"""Will the syncer's shards, and the learners on the CPU, fit in their hosts' memory? Asked at
+`up` and `up --resume` (before anything starts) and by `dldctl check`.
 
 For a built-in model the shards' parameters are known before any learner joins: the preset's
 shapes, the run's fragment plan and its shard map (an even split where this machine has no
@@ -7,7 +7,9 @@ torch). Each syncer host answers, through the same Host it is driven by (LocalHo
 elsewhere), running syncer/common/hostmem.py with its own Python: its /proc/meminfo and its
 process's cgroup memory limits; syncer/common/memfit.py and dldctl/syncermem.py turn that into a
 verdict. A model from a user's factory is not counted here (its size is known when the first
-learner joins, and the syncer checks it then: syncer/core.py).
+learner joins, and the syncer checks it then: syncer/core.py). The learners' side: each machine's
+CPU learners by dldctl/learnermem.py's estimate, beside the syncer's floor where shards run there
+too; learners on a GPU hold their model in its memory and are not counted.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from dldctl import shards, syncermem
+from dldctl import learnermem, shards, syncermem
 from dldctl.errors import DldError, OperationError
 from dldctl.hosts import Host, LocalHost
-from dldctl.inventory import Inventory
+from dldctl.inventory import HostSpec, Inventory
 from dldctl.lifecycle import plan
 from dldctl.lifecycle.provision import open_host
 from syncer.common import hostmem, memfit
@@ -30,6 +33,7 @@ from syncer.common import hostmem, memfit
 PROBE = Path(hostmem.__file__).read_text()
 
 
+LEARNER_HINT = 'fewer learners or a smaller batch_size on that host (docs/operations.md, "Learner memory")'
 HINT = 'run shards on other hosts ([syncer] shards, shard_hosts; docs/operations.md, "Syncer memory"), or free memory'
 
 
@@ -123,13 +127,96 @@ def assess(inv: Inventory) -> list[HostMemory] | None:
     return result
 
 
+@dataclass(frozen=True)
+class LearnerMemory:
+    """One machine's CPU learners: their need, its free memory, the verdict."""
+
+    need: learnermem.MachineNeed
+    free: int | None
+    which: str
+    status: str
+    line: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status != syncermem.DOES_NOT_FIT
+
+    def to_dict(self) -> dict[str, object]:
+        n = self.need
+        return {
+            "host": n.machine,
+            "learners": n.learners,
+            "learner_B": [round(b) for b in n.each],
+            "syncer_B": round(n.beside),
+            "free_B": self.free,
+            "ok": self.ok,
+            "status": self.status,
+            "detail": self.line,
+        }
+
+
+def machine_of(inv: Inventory, name: str) -> str:
+    """Which machine an inventory host name (or "local") is: "local" or its address."""
+    spec = next((h for h in inv.hosts if h.name == name), None)
+    return "local" if spec is None or spec.local else spec.address
+
+
+def learner_needs(inv: Inventory, syncer: list[HostMemory]) -> list[tuple[HostSpec, learnermem.MachineNeed]]:
+    """Each machine's CPU learners (hosts that share an address are one machine), with the
+    syncer's floor where shards run beside them; the first host entry stands for the machine."""
+    from workload import presets
+
+    vocab = 50304 if inv.run.data.endswith(".bin") else 256
+    cfg = presets.config_for(inv.run.model, vocab_size=vocab, block_size=inv.run.seq_len)
+    params = syncermem.total_params(presets.param_shapes(inv.run.model, vocab_size=vocab, block_size=inv.run.seq_len))
+    groups: dict[str, list[HostSpec]] = {}
+    for h in inv.hosts:
+        if h.learners and not h.site and h.device == "cpu":
+            groups.setdefault(machine_of(inv, h.name), []).append(h)
+    out = []
+    for key, specs in groups.items():
+        beside = sum(m.need.floor for m in syncer if machine_of(inv, m.need.host) == key)
+        each = tuple(
+            learnermem.learner_need(cfg, params, h.batch_size or inv.run.batch_size, inv.run.seq_len)
+            for h in specs
+            for _ in range(h.learners * h.nproc)
+        )
+        out.append((specs[0], learnermem.MachineNeed(", ".join(h.name for h in specs), len(each), each, beside)))
+    return out
+
+
+def assess_learners(inv: Inventory, syncer: list[HostMemory] | None) -> list[LearnerMemory] | None:
+    """Every machine's CPU learners' verdict; None for a model from a user's factory."""
+    if syncer is None or ":" in inv.run.model:
+        return None
+
+    def one(item: tuple[HostSpec, learnermem.MachineNeed]) -> LearnerMemory:
+        spec, need = item
+        machine = open_host(spec, inv.ssh)
+        try:
+            free, which = probe(machine, sys.executable if spec.local else spec.python)
+        finally:
+            machine.close()
+        status, line = learnermem.verdict(need, free, which, inv.run.model)
+        return LearnerMemory(need, free, which, status, line)
+
+    needs = learner_needs(inv, syncer)
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(needs)))) as pool:  # one SSH round trip each, at once
+        return list(pool.map(one, needs))
+
+
 def preflight(inv: Inventory) -> list[str]:
-    """At `up`: OperationError naming every syncer host whose shards cannot fit; else the
-    warnings to print (a host that may not fit at full load or while checkpointing)."""
+    """At `up`: OperationError naming every host whose syncer shards or CPU learners cannot fit;
+    else the warnings to print (a host that may not fit at full load or while checkpointing)."""
     found = assess(inv)
     if found is None:
         return []
-    bad = [f"host {m.need.host}: {m.line}" for m in found if not m.ok]
+    learners = assess_learners(inv, found) or []
+    lines = [(m.ok, m.status, f"host {m.need.host}: {m.line}") for m in found]
+    lines += [(m.ok, m.status, f"host {m.need.machine}: {m.line}") for m in learners]
+    bad = [line for ok, _, line in lines if not ok]
     if bad:
-        raise OperationError("; ".join(bad), hint=HINT + ", or pass --no-memory-check")
-    return [f"host {m.need.host}: {m.line}" for m in found if m.status == syncermem.MAY_NOT_FIT]
+        hints = [HINT] if any(not m.ok for m in found) else []
+        hints += [LEARNER_HINT] if any(not m.ok for m in learners) else []
+        raise OperationError("; ".join(bad), hint="; ".join(hints) + ", or pass --no-memory-check")
+    return [line for _, status, line in lines if status == syncermem.MAY_NOT_FIT]

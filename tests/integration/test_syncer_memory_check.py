@@ -4,7 +4,8 @@ Slurm job with --mem), and outside it.
 
 gpt2-124m at GPT-2's vocabulary (a .bin corpus), one shard: 124.5 M parameters, whose three fp32
 vectors alone take 1.5 GB. In a 1.2 GB cgroup `check` says the syncer does not fit and fails,
-and `up` refuses before it creates a run; outside, the same inventory passes.
+and `up` refuses before it creates a run; outside, the same inventory passes. Four CPU learners
+of it at 16 x 1024 tokens do not fit this machine at all: refused the same way.
 
 A model from a user's factory is counted by the syncer itself, from the first learner's hello: a
 real syncer process refuses a learner whose model (a trillion parameters) it cannot hold, with
@@ -38,7 +39,8 @@ fragments = 8
 [[hosts]]
 name = "here"
 address = "local"
-learners = 4
+learners = {learners}
+batch_size = {batch}
 """
 LIMIT = 1_200_000_000
 
@@ -51,7 +53,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 @pytest.fixture
 def inventory(tmp_path: Path) -> Path:
     path = tmp_path / "inventory.toml"
-    path.write_text(INVENTORY.format(data=tmp_path / "tokens.bin"))
+    path.write_text(INVENTORY.format(data=tmp_path / "tokens.bin", learners=1, batch=1))
     return path
 
 
@@ -83,9 +85,34 @@ def test_the_same_inventory_fits_this_machine(inventory: Path, env: dict[str, st
     check = run([DLDCTL, "check", str(inventory), "--json"], env)
     [memory] = json.loads(check.stdout)["syncer_memory"]
     assert memory["status"] in ("ok", "warn") and memory["free_B"] > memory["floor_B"], memory
+    [learner] = json.loads(check.stdout)["learner_memory"]
+    assert learner["ok"] and learner["learners"] == 1 and 3e9 < learner["learner_B"][0] < 8e9, learner
     assert check.returncode == 0, check.stdout + check.stderr
     text = run([DLDCTL, "check", str(inventory)], env)
-    assert "syncer memory (local): the syncer needs 1.7 GB to 2.2 GB (3.7 GB while checkpointing)" in text.stdout
+    assert "syncer memory (local): the syncer needs 1.7 GB to 2.0 GB (3.5 GB while checkpointing)" in text.stdout
+    assert "learner memory (here): 1 CPU learner (gpt2-124m) need 5.2 GB, beside the syncer's 1.7 GB" in text.stdout
+
+
+def test_cpu_learners_the_machine_cannot_hold_are_refused_before_anything_starts(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """Four CPU learners of gpt2-124m at 16 x 1024 need ~25 GB each (bench/learner_memory.py): more
+    than this machine has. `check` and `up` say so in one line; the fleet is never started."""
+    path = tmp_path / "four.toml"
+    path.write_text(INVENTORY.format(data=tmp_path / "tokens.bin", learners=4, batch=16))
+    check = run([DLDCTL, "check", str(path), "--json"], env)
+    assert check.returncode == 1, check.stderr
+    record = json.loads(check.stdout)
+    [syncer] = record["syncer_memory"]
+    [learners] = record["learner_memory"]
+    assert syncer["ok"] and not learners["ok"] and learners["learners"] == 4 and learners["host"] == "here"
+    assert learners["syncer_B"] == syncer["floor_B"] and min(learners["learner_B"]) > 20e9, learners
+    assert 4 * learners["learner_B"][0] + learners["syncer_B"] > learners["free_B"]
+    up = run([DLDCTL, "up", str(path), "-d"], env)
+    [line] = [x for x in up.stderr.splitlines() if x.strip()]
+    assert up.returncode == 1 and line.startswith("error: host here: 4 CPU learners (gpt2-124m) need "), line
+    assert "beside the syncer's 1.7 GB" in line and "smaller batch_size" in line and "--no-memory-check" in line
+    assert json.loads(run([DLDCTL, "runs", "--json"], env).stdout)["runs"] == []
 
 
 def test_a_real_syncer_refuses_a_model_it_cannot_hold_and_serves_the_next(tmp_path: Path) -> None:
