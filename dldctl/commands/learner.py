@@ -73,6 +73,9 @@ def add(
     inventory_file: Path | None = typer.Option(
         None, "--inventory", help="An inventory that declares --host, for a host the run does not have yet."
     ),
+    no_memory_check: bool = typer.Option(
+        False, "--no-memory-check", help="Add them even where the host's free memory cannot hold them (CPU learners)."
+    ),
     run: str | None = RunOpt,
     json_out: bool = JsonOpt,
 ) -> None:
@@ -90,7 +93,8 @@ def add(
     spec = converge.stored_inventory(live).host(name)
     if site is not None and not spec.site:
         raise UsageError(f"{name} is a host, not a scheduler site", hint=f"use --host {name}")
-    ids = converge.add(live, name, count, err_console if json_out else console, wait_s=JOIN_TIMEOUT_S)
+    out = err_console if json_out else console
+    ids = converge.add(live, name, count, out, wait_s=JOIN_TIMEOUT_S, memory_check=not no_memory_check)
     if json_out:
         print(strictjson.dumps(added(live.name, name, ids, live.read_state(), time.time())), flush=True)
 

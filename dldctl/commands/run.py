@@ -51,7 +51,9 @@ def up(
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the run id and endpoints as JSON; implies -d."),
     no_memory_check: bool = typer.Option(
-        False, "--no-memory-check", help="Start even where a syncer host's free memory is below its shards' need."
+        False,
+        "--no-memory-check",
+        help="Start even where a host's memory is below its shards' or CPU learners' need.",
     ),
 ) -> None:
     """Provision the hosts, start the syncer and every learner, keep them alive.

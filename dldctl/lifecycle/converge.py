@@ -16,12 +16,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from dldctl import extras, inventory, rundir, shards
 from dldctl.errors import RunError, UsageError
 from dldctl.hosts import ProcRef
 from dldctl.inventory import HostSpec, Inventory
-from dldctl.lifecycle import plan, provision, sites, syncerctl, wheel
+from dldctl.lifecycle import memcheck, plan, provision, sites, syncerctl, wheel
 from dldctl.rundir import RunDir
 from dldctl.runstate import HostRecord, ProcStatus
 from dldctl.supervise import reconcile
@@ -65,8 +66,11 @@ def adopt_host(run: RunDir, spec: HostSpec) -> None:
     run.event("host_add", spec.name, f"{spec.address} joins run {run.name}")
 
 
-def add(run: RunDir, host_name: str, count: int, console: Console, wait_s: float = 120.0) -> list[str]:
-    """Add `count` learners on inventory host `host_name` to a live run; returns their ids."""
+def add(
+    run: RunDir, host_name: str, count: int, console: Console, wait_s: float = 120.0, memory_check: bool = True
+) -> list[str]:
+    """Add `count` learners on inventory host `host_name` to a live run; returns their ids.
+    `memory_check`: first refuse a host where they would not fit (memcheck.add_check)."""
     if count < 1:
         raise UsageError(f"--count must be >= 1, got {count}")
     if not run.live():
@@ -76,6 +80,8 @@ def add(run: RunDir, host_name: str, count: int, console: Console, wait_s: float
     if spec.local:
         extras.require("torch", f"learners on {spec.name} (this machine) need")
     sites.preflight(inv, [spec.name])  # a site whose scheduler would refuse the jobs: before any is queued
+    if memory_check and (warning := memcheck.add_check(inv, spec, count)) is not None:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     config, new_ids = plan.add_learners(run, run.read_config(), spec, count)
     host = provision.open_host(spec, inv.ssh)
     try:

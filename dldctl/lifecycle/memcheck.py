@@ -18,7 +18,7 @@ import json
 import shlex
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dldctl import learnermem, shards, syncermem
@@ -203,6 +203,23 @@ def assess_learners(inv: Inventory, syncer: list[HostMemory] | None) -> list[Lea
     needs = learner_needs(inv, syncer)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(needs)))) as pool:  # one SSH round trip each, at once
         return list(pool.map(one, needs))
+
+
+def add_check(inv: Inventory, spec: HostSpec, count: int) -> str | None:
+    """At `learner add`: OperationError when `count` more CPU learners do not fit in what the host
+    has free now (its running learners and syncer already hold theirs); else a warning or None."""
+    if ":" in inv.run.model or spec.site or spec.device != "cpu":
+        return None
+    [(_, one)] = learner_needs(replace(inv, hosts=(replace(spec, learners=count),)), [])
+    machine = open_host(spec, inv.ssh)
+    try:
+        free, which = probe(machine, sys.executable if spec.local else spec.python)
+    finally:
+        machine.close()
+    status, line = learnermem.verdict(one, free, which, inv.run.model)
+    if status == syncermem.DOES_NOT_FIT:
+        raise OperationError(f"host {spec.name}: {line}", hint=LEARNER_HINT + ", or pass --no-memory-check")
+    return f"host {spec.name}: {line}" if status == syncermem.MAY_NOT_FIT else None
 
 
 def preflight(inv: Inventory) -> list[str]:

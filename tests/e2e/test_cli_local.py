@@ -408,6 +408,12 @@ check = "syncer.alive == false"
 
 def test_learner_add_and_remove(fleet: tuple[DldctlHome, Path]) -> None:
     dl, _ = fleet
+    # 400 more CPU learners (0.35 GB each) cannot fit in what this machine has free: refused first
+    crowd = dl("learner", "add", "--host", "a", "--count", "400", "--json", check=False)
+    [line] = [x for x in crowd.stderr.splitlines() if x.strip()]
+    assert crowd.returncode == 1 and line.startswith("error: host a: 400 CPU learners (gpt-tiny) need "), line
+    assert "GB free (" in line and "--no-memory-check" in line and crowd.stdout == ""
+    assert dl.status()["quorum"]["total"] == 4 and "learner-4" not in dl.state().procs
     out = json.loads(dl("learner", "add", "--host", "a", "--count", "1", "--json").stdout)
     assert (out["schema"], out["action"], out["host"], out["added"]) == ("dldctl.learner/1", "add", "a", ["learner-4"])
     assert out["all_running"] is True and out["learners"][0]["running"] and out["learners"][0]["pid"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dldctl import learnermem, syncermem
+from dldctl.errors import OperationError
 from dldctl.inventory import HostSpec, Inventory, SSHSpec, SyncerSpec
 from dldctl.learnermem import MachineNeed, verdict
 from dldctl.lifecycle import memcheck
@@ -57,3 +58,12 @@ def test_hosts_that_share_an_address_are_one_machine_and_gpus_and_sites_are_not_
     here, there = needs["fast, slow"], needs["cpu-a, cpu-b"]
     assert here.learners == 3 and here.beside == 3e8 and here.each[0] == here.each[1] > here.each[2]
     assert there.learners == 3 and there.beside == 0  # learners x ranks; no syncer there
+
+
+def test_learner_add_asks_the_host_for_cpu_learners_only() -> None:
+    inv = _inv(HostSpec("here", "local", learners=1))
+    assert memcheck.add_check(inv, HostSpec("here", "local"), 1) is None  # 0.45 GB: this machine has it
+    with pytest.raises(OperationError, match=r"host here: 100000 CPU learners \(gpt-small\) need .* GB free \("):
+        memcheck.add_check(inv, HostSpec("here", "local"), 100_000)
+    gpu, site = HostSpec("g", "10.0.0.9", device="cuda"), HostSpec("s", "local", scheduler="slurm")
+    assert memcheck.add_check(inv, gpu, 100_000) is None and memcheck.add_check(inv, site, 100_000) is None
