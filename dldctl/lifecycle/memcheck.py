@@ -18,7 +18,7 @@ import json
 import shlex
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dldctl import learnermem, shards, syncermem
@@ -38,10 +38,9 @@ HINT = 'run shards on other hosts ([syncer] shards, shard_hosts; docs/operations
 
 
 @dataclass(frozen=True)
-class HostMemory:
-    """One syncer host: its shards' need, its free memory, the verdict."""
+class _Judged:
+    """What a host's verdict says beside its need: free memory, status and line."""
 
-    need: syncermem.Need
     free: int | None
     which: str  # the limit that set `free`: MemAvailable, cgroup limit, or why it is unknown
     status: str  # syncermem.FITS, MAY_NOT_FIT or DOES_NOT_FIT
@@ -50,6 +49,16 @@ class HostMemory:
     @property
     def ok(self) -> bool:
         return self.status != syncermem.DOES_NOT_FIT
+
+    def judged(self) -> dict[str, object]:
+        return {"free_B": self.free, "ok": self.ok, "status": self.status, "detail": self.line}
+
+
+@dataclass(frozen=True)
+class HostMemory(_Judged):
+    """One syncer host: its shards' need, its free memory, the verdict."""
+
+    need: syncermem.Need = field(kw_only=True)
 
     def to_dict(self) -> dict[str, object]:
         n = self.need
@@ -60,10 +69,7 @@ class HostMemory:
             "floor_B": round(n.floor),
             "full_B": round(n.full),
             "peak_B": round(n.peak),
-            "free_B": self.free,
-            "ok": self.ok,
-            "status": self.status,
-            "detail": self.line,
+            **self.judged(),
         }
 
 
@@ -105,6 +111,15 @@ def probe(host: Host, python: str) -> tuple[int | None, str]:
         return None, "not asked: unreadable answer"
 
 
+def ask(inv: Inventory, spec: HostSpec | None, name: str) -> tuple[int | None, str]:
+    """(free bytes, which limit) of an inventory host, or of this machine (`spec` None: "local")."""
+    machine = open_host(spec, inv.ssh) if spec is not None else LocalHost(name)
+    try:
+        return probe(machine, spec.python if spec is not None and not spec.local else sys.executable)
+    finally:
+        machine.close()
+
+
 def assess(inv: Inventory) -> list[HostMemory] | None:
     """Every syncer host's verdict; None for a model from a user's factory (not counted here)."""
     shapes = preset_shapes(inv)
@@ -117,29 +132,17 @@ def assess(inv: Inventory) -> list[HostMemory] | None:
     result = []
     for need in syncermem.by_host(hosts, owned(inv, shapes), learners, push_b):
         spec = specs.get(need.host)
-        machine = open_host(spec, inv.ssh) if spec is not None else LocalHost(need.host)
-        try:
-            free, which = probe(machine, spec.python if spec is not None and not spec.local else sys.executable)
-        finally:
-            machine.close()
+        free, which = ask(inv, spec, need.host)
         status, line = syncermem.verdict(need, free, which, inv.syncer.shards)
-        result.append(HostMemory(need, free, which, status, line))
+        result.append(HostMemory(free, which, status, line, need=need))
     return result
 
 
 @dataclass(frozen=True)
-class LearnerMemory:
+class LearnerMemory(_Judged):
     """One machine's CPU learners: their need, its free memory, the verdict."""
 
-    need: learnermem.MachineNeed
-    free: int | None
-    which: str
-    status: str
-    line: str
-
-    @property
-    def ok(self) -> bool:
-        return self.status != syncermem.DOES_NOT_FIT
+    need: learnermem.MachineNeed = field(kw_only=True)
 
     def to_dict(self) -> dict[str, object]:
         n = self.need
@@ -148,10 +151,7 @@ class LearnerMemory:
             "learners": n.learners,
             "learner_B": [round(b) for b in n.each],
             "syncer_B": round(n.beside),
-            "free_B": self.free,
-            "ok": self.ok,
-            "status": self.status,
-            "detail": self.line,
+            **self.judged(),
         }
 
 
@@ -192,13 +192,9 @@ def assess_learners(inv: Inventory, syncer: list[HostMemory] | None) -> list[Lea
 
     def one(item: tuple[HostSpec, learnermem.MachineNeed]) -> LearnerMemory:
         spec, need = item
-        machine = open_host(spec, inv.ssh)
-        try:
-            free, which = probe(machine, sys.executable if spec.local else spec.python)
-        finally:
-            machine.close()
+        free, which = ask(inv, spec, spec.name)
         status, line = learnermem.verdict(need, free, which, inv.run.model)
-        return LearnerMemory(need, free, which, status, line)
+        return LearnerMemory(free, which, status, line, need=need)
 
     needs = learner_needs(inv, syncer)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(needs)))) as pool:  # one SSH round trip each, at once
@@ -211,11 +207,7 @@ def add_check(inv: Inventory, spec: HostSpec, count: int) -> str | None:
     if ":" in inv.run.model or spec.site or spec.device != "cpu":
         return None
     [(_, one)] = learner_needs(replace(inv, hosts=(replace(spec, learners=count),)), [])
-    machine = open_host(spec, inv.ssh)
-    try:
-        free, which = probe(machine, sys.executable if spec.local else spec.python)
-    finally:
-        machine.close()
+    free, which = ask(inv, spec, spec.name)
     status, line = learnermem.verdict(one, free, which, inv.run.model)
     if status == syncermem.DOES_NOT_FIT:
         raise OperationError(f"host {spec.name}: {line}", hint=LEARNER_HINT + ", or pass --no-memory-check")

@@ -52,7 +52,7 @@ def test_hosts_that_share_an_address_are_one_machine_and_gpus_and_sites_are_not_
         HostSpec("cpu-b", "10.0.0.3", learners=1),
         HostSpec("site", "local", learners=3, scheduler="slurm"),
     )
-    syncer = [memcheck.HostMemory(syncermem.Need("local", (0,), 1, 3e8, 4e8, 5e8), None, "", "ok", "")]
+    syncer = [memcheck.HostMemory(None, "", "ok", "", need=syncermem.Need("local", (0,), 1, 3e8, 4e8, 5e8))]
     needs = {need.machine: need for _, need in memcheck.learner_needs(inv, syncer)}
     assert set(needs) == {"fast, slow", "cpu-a, cpu-b"}
     here, there = needs["fast, slow"], needs["cpu-a, cpu-b"]
