@@ -104,7 +104,7 @@ def _start_or_converge(
         up_mod.start_supervisor(orphan)
         live = orphan
     if live is not None:
-        converge.converge(live, inv, out)
+        converge.converge(live, inv, out, memory_check)
         return live
     return up_mod.up(inv, str(inventory_file) if inventory_file else None, out, wait_s, memory_check)
 

@@ -168,8 +168,9 @@ def remove(run: RunDir, lid: str, console: Console) -> Removed:
     return Removed(lid, host_name, ref.pid if ref else None, signalled)
 
 
-def converge(run: RunDir, inv: Inventory, console: Console) -> None:
-    """Bring a live run's fleet to the inventory's learner counts (settings cannot change live)."""
+def converge(run: RunDir, inv: Inventory, console: Console, memory_check: bool = True) -> None:
+    """Bring a live run's fleet to the inventory's learner counts (settings cannot change live);
+    learners added as `add` adds them (`memory_check`: refused where they would not fit)."""
     stored = stored_inventory(run)
     if inventory.to_dict(stored)["run"] != inventory.to_dict(inv)["run"]:
         console.print(
@@ -190,7 +191,7 @@ def converge(run: RunDir, inv: Inventory, console: Console) -> None:
         have = sorted(current.get(spec.name, []), key=lambda x: int(x.rsplit("-", 1)[1]))
         if spec.learners > len(have):
             adopt_host(run, spec)
-            add(run, spec.name, spec.learners - len(have), console)
+            add(run, spec.name, spec.learners - len(have), console, memory_check=memory_check)
             changed = True
         for lid in have[spec.learners :]:
             remove(run, lid, console)
