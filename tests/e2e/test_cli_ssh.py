@@ -61,6 +61,10 @@ def test_check_reports_every_host_ok(ssh_run: tuple[DldctlHome, Path, Path]) -> 
         assert name in out
     assert "FAIL" not in out and out.count("ok") >= 12
     assert "native merge kernel ready" in out  # the syncer's kernel, built here as a declared step
+    # each host's CPU learners against that host's own answer, asked over SSH with its Python
+    learners = json.loads(dl("check", str(inv), "--json").stdout)["learner_memory"]
+    assert sorted(m["host"] for m in learners) == ["h0", "h1", "h2"], learners
+    assert all(m["ok"] and m["free_B"] > 0 and "free memory unknown" not in m["detail"] for m in learners), learners
 
 
 def test_up_provisions_the_hosts_and_trains(ssh_run: tuple[DldctlHome, Path, Path]) -> None:

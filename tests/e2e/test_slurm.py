@@ -92,6 +92,7 @@ def test_check_sees_the_sites_scheduler(slurm_run: tuple[DldctlHome, Path]) -> N
     rows = {h["name"]: h["checks"] for h in report["hosts"]}
     assert rows["cluster"]["slurm"]["ok"] and "partition debug takes the jobs" in rows["cluster"]["slurm"]["detail"]
     assert rows["later"]["slurm"]["ok"]
+    assert not any(m["host"] in ("cluster", "later") for m in report["learner_memory"] or [])  # jobs: Slurm's --mem
 
 
 def test_up_submits_one_job_per_learner_and_they_train(
