@@ -186,13 +186,16 @@ def learner_needs(inv: Inventory, syncer: list[HostMemory]) -> list[tuple[HostSp
 
 
 def assess_learners(inv: Inventory, syncer: list[HostMemory] | None) -> list[LearnerMemory] | None:
-    """Every machine's CPU learners' verdict; None for a model from a user's factory."""
+    """Every machine's CPU learners' verdict (a machine that runs syncer shards too: its answer
+    for them, not a second question); None for a model from a user's factory."""
     if syncer is None or ":" in inv.run.model:
         return None
 
+    asked = {machine_of(inv, m.need.host): (m.free, m.which) for m in syncer}  # a syncer host's answer
+
     def one(item: tuple[HostSpec, learnermem.MachineNeed]) -> LearnerMemory:
         spec, need = item
-        free, which = ask(inv, spec, spec.name)
+        free, which = asked.get(machine_of(inv, spec.name)) or ask(inv, spec, spec.name)
         status, line = learnermem.verdict(need, free, which, inv.run.model)
         return LearnerMemory(free, which, status, line, need=need)
 

@@ -107,6 +107,7 @@ def test_cpu_learners_the_machine_cannot_hold_are_refused_before_anything_starts
     [learners] = record["learner_memory"]
     assert syncer["ok"] and not learners["ok"] and learners["learners"] == 4 and learners["host"] == "here"
     assert learners["syncer_B"] == syncer["floor_B"] and min(learners["learner_B"]) > 20e9, learners
+    assert learners["free_B"] == syncer["free_B"]  # one machine, one answer for both
     assert 4 * learners["learner_B"][0] + learners["syncer_B"] > learners["free_B"]
     up = run([DLDCTL, "up", str(path), "-d"], env)
     [line] = [x for x in up.stderr.splitlines() if x.strip()]
