@@ -73,15 +73,18 @@ class HostMemory(_Judged):
         }
 
 
+def vocab_of(inv: Inventory) -> int:
+    """The vocabulary as workload/data.py picks it: a uint16 .bin corpus 50304, bytes 256."""
+    return 50304 if inv.run.data.endswith(".bin") else 256
+
+
 def preset_shapes(inv: Inventory) -> list[tuple[str, tuple[int, ...]]] | None:
-    """The run's parameter shapes for a built-in model (vocabulary as workload/data.py picks it:
-    a uint16 .bin corpus 50304, bytes 256); None for a user's factory."""
+    """The run's parameter shapes for a built-in model; None for a user's factory."""
     from workload import presets
 
     if ":" in inv.run.model:
         return None
-    vocab = 50304 if inv.run.data.endswith(".bin") else 256
-    return presets.param_shapes(inv.run.model, vocab_size=vocab, block_size=inv.run.seq_len)
+    return presets.param_shapes(inv.run.model, vocab_size=vocab_of(inv), block_size=inv.run.seq_len)
 
 
 def owned(inv: Inventory, shapes: list[tuple[str, tuple[int, ...]]]) -> list[int]:
@@ -166,9 +169,8 @@ def learner_needs(inv: Inventory, syncer: list[HostMemory]) -> list[tuple[HostSp
     syncer's floor where shards run beside them; the first host entry stands for the machine."""
     from workload import presets
 
-    vocab = 50304 if inv.run.data.endswith(".bin") else 256
-    cfg = presets.config_for(inv.run.model, vocab_size=vocab, block_size=inv.run.seq_len)
-    params = syncermem.total_params(presets.param_shapes(inv.run.model, vocab_size=vocab, block_size=inv.run.seq_len))
+    cfg = presets.config_for(inv.run.model, vocab_size=vocab_of(inv), block_size=inv.run.seq_len)
+    params = syncermem.total_params(preset_shapes(inv) or [])
     groups: dict[str, list[HostSpec]] = {}
     for h in inv.hosts:
         if h.learners and not h.site and h.device == "cpu":
