@@ -74,10 +74,17 @@ def test_a_learner_joining_under_concurrent_pushes_gets_a_bit_identical_replica(
                     merged_mid += 1
                     go.set()
             assert merged_mid == 2
+            before = lr.status()["syncer"]["versions"]
             push_all()  # and one more round after it is ready
-            versions = lr.wait_for(lambda s: s["quorum"]["open_rounds"] == 0, 20, "every round closed")["syncer"][
-                "versions"
-            ]
+            # every fragment's round merged, not just "no round open": a status written before the
+            # last push arrived also has no open round
+            versions = lr.wait_for(
+                lambda s, b=before: (
+                    all(v > w for v, w in zip(s["syncer"]["versions"], b)) and s["quorum"]["open_rounds"] == 0
+                ),
+                20,
+                "every round closed",
+            )["syncer"]["versions"]
             assert min(versions) >= 3
             deadline = time.monotonic() + 20
             while client.versions() != versions:  # the updates of the last rounds reach the replica
