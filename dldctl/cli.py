@@ -7,26 +7,87 @@ its code (1 failed, 2 usage/configuration); anything else is a bug and keeps its
 
 from __future__ import annotations
 
-import importlib.metadata
+import importlib
 import sys
+from collections.abc import Iterator, MutableMapping
 from typing import Any, cast
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 
-from dldctl.commands import chaos as cli_chaos
-from dldctl.commands import events as cli_events
-from dldctl.commands import export as cli_export
-from dldctl.commands import learner as cli_learner
-from dldctl.commands import logs as cli_logs
-from dldctl.commands import run as cli_run
-from dldctl.commands import runs as cli_runs
-from dldctl.commands import simulate as cli_simulate
-from dldctl.commands import status as cli_status
 from dldctl.errors import DldError
 
+# command -> (module, attribute): a function is one command, a Typer a group. A module is imported
+# when its command runs (or a help page lists it): `dldctl status` does not pay for the simulator's
+# numpy or the SSH hosts' paramiko, and a command starts in about half the time.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("dldctl.commands.run", "up"),
+    "down": ("dldctl.commands.run", "down"),
+    "status": ("dldctl.commands.status", "status"),
+    "runs": ("dldctl.commands.runs", "runs"),
+    "logs": ("dldctl.commands.logs", "logs"),
+    "events": ("dldctl.commands.events", "events"),
+    "export": ("dldctl.commands.export", "export"),
+    "check": ("dldctl.commands.run", "check"),
+    "report": ("dldctl.commands.status", "report"),
+    "chaos": ("dldctl.commands.chaos", "app"),
+    "learner": ("dldctl.commands.learner", "app"),
+    "simulate": ("dldctl.commands.simulate", "app"),
+}
+
+
+def load_command(name: str) -> Any:
+    """The parser's command for `name` (COMMANDS), built from its module on first use."""
+    module, attribute = COMMANDS[name]
+    target = getattr(importlib.import_module(module), attribute)
+    if isinstance(target, typer.Typer):
+        command: Any = typer.main.get_group(target)  # a group, without the root's completion options
+    else:
+        single = typer.Typer(add_completion=False)
+        single.command(name=name)(target)
+        command = typer.main.get_command(single)
+    command.name = name
+    return command
+
+
+class _LazyCommands(MutableMapping[str, Any]):
+    """The root group's commands: the names of COMMANDS, each built when first looked up."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._built:
+            if name not in COMMANDS:
+                raise KeyError(name)
+            self._built[name] = load_command(name)
+        return self._built[name]
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        self._built[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        raise TypeError("dldctl's commands are fixed")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(COMMANDS)
+
+    def __len__(self) -> int:
+        return len(COMMANDS)
+
+
+class _RootGroup(typer.core.TyperGroup):
+    """typer's group, with its commands looked up in COMMANDS on demand."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.commands = _LazyCommands()
+
+
 app = typer.Typer(
+    cls=_RootGroup,
     name="dldctl",
     help="Operate Decoupled DiLoCo training runs: bring a fleet up, break it on purpose, watch it heal.",
     no_args_is_help=True,
@@ -37,6 +98,8 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
+        import importlib.metadata  # 30 ms that only --version needs
+
         try:
             version = importlib.metadata.version("dldctl")
         except importlib.metadata.PackageNotFoundError:  # run from a source tree without installing
@@ -52,20 +115,6 @@ def _root(
     ),
 ) -> None:
     """Operate Decoupled DiLoCo training runs: bring a fleet up, break it on purpose, watch it heal."""
-
-
-app.command()(cli_run.up)
-app.command()(cli_run.down)
-app.command()(cli_status.status)
-app.command()(cli_runs.runs)
-app.command()(cli_logs.logs)
-app.command()(cli_events.events)
-app.command()(cli_export.export)
-app.command()(cli_run.check)
-app.command()(cli_status.report)
-app.add_typer(cli_chaos.app, name="chaos")
-app.add_typer(cli_learner.app, name="learner")
-app.add_typer(cli_simulate.app, name="simulate")
 
 
 def _parser_error_class() -> type[Exception]:

@@ -27,8 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from workload.presets import PRESETS
 
 if TYPE_CHECKING:
@@ -61,6 +59,8 @@ class Workload:
 
 def batch_seed(seed: int, learner_index: int) -> int:
     """A well-mixed 63-bit seed for (seed, learner_index): different learners, unrelated streams."""
+    import numpy as np  # here: the operator's commands read workload.presets without numpy
+
     state = np.random.SeedSequence([int(seed) & (2**63 - 1), int(learner_index)]).generate_state(2)
     return int(state[0]) << 31 ^ int(state[1])
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dldctl.errors import RemoteCommandError, SetupError
-from dldctl.hosts import Host, LocalHost, SSHHost
+from dldctl.hosts import Host, LocalHost
 from dldctl.hosts.slurm import SlurmHost
 from dldctl.hosts.slurmjobs import SiteJob
 from dldctl.inventory import HostSpec, Inventory
@@ -55,6 +55,8 @@ def open_host(spec: HostSpec, inv_ssh: Any, known_hosts: str | None = None) -> H
         return SlurmHost(spec.name, open_host(machine, inv_ssh, known_hosts), site_job(spec), spec.env)
     if spec.local:
         return LocalHost(spec.name)
+    from dldctl.hosts.ssh import SSHHost  # paramiko only where a host needs it
+
     return SSHHost(
         spec.name,
         spec.address,

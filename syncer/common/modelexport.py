@@ -18,7 +18,6 @@ torch nor safetensors.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -109,6 +108,8 @@ def model_config(
 
 def version() -> str:
     """The installed dldctl distribution's version (metadata only: the syncer never imports dldctl)."""
+    import importlib.metadata  # here: 10 ms of every command's start otherwise
+
     try:
         return importlib.metadata.version("dldctl")
     except importlib.metadata.PackageNotFoundError:

@@ -1,4 +1,5 @@
-"""Wire protocol between learners, the syncer and the operator (a leaf: stdlib + numpy only).
+"""Wire protocol between learners, the syncer and the operator (a leaf: stdlib + numpy only;
+numpy imported where a raw chunk is checked, so that the operator's commands start without it).
 
 A message is a list of ZeroMQ frames: one small header frame, then zero or more payload frames
 (tensor bytes, codec blobs). `encode` and `decode` are pure and never touch a socket.
@@ -24,9 +25,10 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 MAGIC = b"DLDC"
 VERSION = 1
@@ -248,6 +250,8 @@ def check_raw_fragment(msg: Message, sizes: Sequence[int]) -> np.ndarray:
         raise ProtocolError("shape", f"{msg.kind}: chunk [{offset}, {offset + numel}) outside fragment {p}")
     if len(msg.payloads) != 1 or _nbytes(msg.payloads[0]) != 4 * numel:
         raise ProtocolError("shape", f"{msg.kind}: payload is not {numel} fp32 values")
+    import numpy as np  # a dict lookup once imported
+
     values = np.frombuffer(msg.payloads[0], dtype="<f4")  # read-only; a view of the frame where it was one
     if not np.isfinite(values).all():
         raise ProtocolError("nan", f"{msg.kind}: fragment {p} holds NaN or Inf")
