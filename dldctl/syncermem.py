@@ -25,18 +25,23 @@ class Need:
     floor: float
     full: float
     peak: float
+    scorer: float = 0.0  # of those, what shard 0 holds to score the whole model (sharded runs)
 
 
-def by_host(hosts: Sequence[str], owned: Sequence[int], learners: int, push_b: float) -> list[Need]:
-    """Each host's shards (`hosts[s]` runs shard s, which owns `owned[s]` parameters), summed."""
+def by_host(
+    hosts: Sequence[str], owned: Sequence[int], learners: int, push_b: float, scorer: float = 0.0
+) -> list[Need]:
+    """Each host's shards (`hosts[s]` runs shard s, which owns `owned[s]` parameters), summed;
+    shard 0's host holds `scorer` more (memfit.scorer_bytes)."""
     order: dict[str, list[int]] = {}
     for shard, host in enumerate(hosts):
         order.setdefault(host, []).append(shard)
     needs = []
     for host, ids in order.items():
         parts = [shard_need(owned[s], learners, push_b) for s in ids]
-        floor, full, peak = (sum(p[i] for p in parts) for i in range(3))
-        needs.append(Need(host, tuple(ids), sum(owned[s] for s in ids), floor, full, peak))
+        extra = scorer if 0 in ids else 0.0
+        floor, full, peak = (extra + sum(p[i] for p in parts) for i in range(3))
+        needs.append(Need(host, tuple(ids), sum(owned[s] for s in ids), floor, full, peak, extra))
     return needs
 
 
@@ -53,6 +58,8 @@ def verdict(need: Need, free: int | None, which: str, shards: int) -> tuple[str,
         f"{what} {gb(need.floor)} to {gb(need.full)} ({gb(need.peak)} while checkpointing) "
         f"for {need.params / 1e6:,.1f} M parameters"
     )
+    if need.scorer:
+        line += f" (of it {gb(need.scorer)} to score the whole model on shard 0; global_eval_every = 0: none)"
     if free is None:
         return FITS, f"{line}; free memory unknown ({which})"
     line += f"; {gb(free)} free ({which})"

@@ -11,6 +11,7 @@ large to score on the syncer's CPU, turn it off and rely on the learners' own ev
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -122,10 +123,17 @@ class GlobalEvaluator(threading.Thread):
         self, model: torch.nn.Module, plan: fragments.FragmentPlan, batches: list[Any], loss_fn: Any, snap: Snapshot
     ) -> float:
         params = {n: p.data for n, p in model.named_parameters()}
-        for p, theta in enumerate(snap.theta):
-            plan.scatter(p, theta, params)
+        if not self._load(params, plan, snap):
+            return math.nan  # nothing to score (a sharded syncer's: no new checkpoints)
         losses = [float(loss_fn(model, b)) for b in batches]
         return sum(losses) / max(1, len(losses))
+
+    def _load(self, params: dict[str, torch.Tensor], plan: fragments.FragmentPlan, snap: Snapshot) -> bool:
+        """Put the snapshot's model into the evaluator's parameters (a sharded syncer's scorer
+        reads it from the shards' checkpoints instead: syncer/shardscore.py); False: nothing to score."""
+        for p, theta in enumerate(snap.theta):
+            plan.scatter(p, theta, params)
+        return True
 
 
 class Scoring:
@@ -185,6 +193,11 @@ class Scoring:
                     self._held[snap.tag] = ckpt.state_dict(core, now, copy=True)
                 self.ev.submit(snap)
         return ready
+
+    def score(self, tensors: dict[str, torch.Tensor]) -> float | None:
+        """None: an unsharded syncer's export takes the guard's score of its own final state
+        (`final`); a sharded one's scores the assembled model (syncer/shardscore.py)."""
+        return None
 
     def final(self, core: SyncerCore, now: float, out: Outbox) -> None:
         """Score the state about to be exported, so an export is never of a state the guard flags

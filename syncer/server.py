@@ -27,8 +27,8 @@ from syncer.common import faultpoints, hostmem, jsonl, keys, memfit
 from syncer.common.atomic import atomic_write
 from syncer.config import SyncerConfig
 from syncer.core import Outbox, SyncerCore
-from syncer.evaluator import GlobalEvaluator, Scoring
 from syncer.oplog import OpLog, fresh, resumed, say, stamp
+from syncer.shardscore import scoring_for
 from syncer.status import sample_record, snapshot
 from syncer.usage import own_usage
 from syncer.wire.protocol import Message, Payload, ProtocolError, decode, encode
@@ -85,9 +85,7 @@ class SyncerServer:
         self.control_sock: zmq.Socket[bytes] | None = None
         self.monitor: zmq.Socket[bytes] | None = None
         self.disconnects = 0  # learner connections dropped, by a peer or by libzmq
-        # a shard holds part of the model: the global model is scored whole, by `report` or `down`
-        every = cfg.settings.global_eval_every if cfg.shards == 1 else 0
-        self.scoring = Scoring(GlobalEvaluator(cfg.settings.to_dict()) if every > 0 else None)
+        self.scoring = scoring_for(cfg)  # a sharded model: shard 0 scores the shards' checkpoints
 
     # -- set-up ------------------------------------------------------------------------------
     def open(self) -> None:
@@ -400,7 +398,7 @@ class SyncerServer:
             return None
         target = self._export_path(name)
         try:
-            directory, problem = shardmodel.export(self.core, self.cfg, target)
+            directory, problem = shardmodel.export(self.core, self.cfg, target, self.scoring.score)
         except (OSError, checkpoint.CheckpointError) as exc:  # a full disk: the checkpoints still hold the model
             self.event("export_failed", "syncer", f"cannot write {target}: {getattr(exc, 'strerror', None) or exc}")
             return None

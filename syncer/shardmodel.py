@@ -11,6 +11,7 @@ visible, never silent.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -57,23 +58,40 @@ class Assembled:
         return self.sources[0].merged_tokens
 
 
-def assemble(run_dir: Path, count: int) -> Assembled:
-    """The model of `count` shards' newest valid checkpoints under `run_dir`; CheckpointError
-    names the shard, its directory and why when one has none, or when they are of different runs."""
-    states = []
-    for s in range(count):
-        directory = shard_dir(run_dir, s) / "checkpoints"
-        state, problems = checkpoint.load_latest(directory)
-        if state is None:
-            why = "; ".join(problems) or "no checkpoint file"
-            raise checkpoint.CheckpointError(f"syncer shard {s}: no valid checkpoint in {directory} ({why})")
-        states.append(state)
+def assemble(run_dir: Path, count: int, into: dict[str, torch.Tensor] | None = None) -> Assembled:
+    """The model of `count` shards' newest valid checkpoints under `run_dir` (into `into`'s
+    tensors, else new ones), read one shard at a time; CheckpointError names the shard, its
+    directory and why when one has none, or when they are of different runs."""
+    sources: list[ShardSource] = []
+    run_id: list[str] = []
+
+    def states() -> Iterator[dict[str, Any]]:
+        for s in range(count):
+            directory = shard_dir(run_dir, s) / "checkpoints"
+            state, problems = checkpoint.load_latest(directory)
+            if state is None:
+                why = "; ".join(problems) or "no checkpoint file"
+                raise checkpoint.CheckpointError(f"syncer shard {s}: no valid checkpoint in {directory} ({why})")
+            sources.append(_source(s, state))
+            run_id[:] = run_id or [str(state["run_id"])]
+            yield state
+
     try:
-        tensors, versions = shards.assemble(states)
+        tensors, versions = shards.assemble(states(), count, into)
     except ValueError as exc:
         raise checkpoint.CheckpointError(f"{run_dir}: {exc}") from None
-    sources = [_source(s, state) for s, state in enumerate(states)]
-    return Assembled(str(states[0]["run_id"]), tensors, versions, sources)
+    return Assembled(run_id[0], tensors, versions, sources)
+
+
+def newest(run_dir: Path, count: int) -> tuple[str, ...] | None:
+    """The file name of each shard's newest checkpoint (None: a shard has none yet)."""
+    names = []
+    for s in range(count):
+        files = checkpoint.list_checkpoints(shard_dir(run_dir, s) / "checkpoints")
+        if not files:
+            return None
+        names.append(files[0].name)
+    return tuple(names)
 
 
 def _source(s: int, state: dict[str, Any]) -> ShardSource:
@@ -90,9 +108,12 @@ def _source(s: int, state: dict[str, Any]) -> ShardSource:
     )
 
 
-def write_final(model: Assembled, path: Path, settings: dict[str, Any], run: str) -> str | None:
-    """final_model.pt (what `init_from` reads, with each shard's source) and the safetensors
-    export beside it; None, or why the safetensors export failed (final_model.pt is written)."""
+def write_final(
+    model: Assembled, path: Path, settings: dict[str, Any], run: str, held_out_loss: float | None = None
+) -> str | None:
+    """final_model.pt (what `init_from` reads, with each shard's source and the model's held-out
+    loss where shard 0 scored it) and the safetensors export beside it; None, or why the
+    safetensors export failed (final_model.pt is written)."""
     with atomic_file(path) as fh:
         torch.save(
             {
@@ -101,7 +122,7 @@ def write_final(model: Assembled, path: Path, settings: dict[str, Any], run: str
                 "versions": model.versions,
                 "run_id": model.run_id,
                 "tokens_merged": model.merged_tokens,
-                "held_out_loss": None,  # a sharded syncer scores no global model of its own
+                "held_out_loss": held_out_loss,
                 "shards": [asdict(s) for s in model.sources],
             },
             fh,
@@ -112,7 +133,7 @@ def write_final(model: Assembled, path: Path, settings: dict[str, Any], run: str
         shapes={n: tuple(t.shape) for n, t in model.tensors.items()},
         outer_step=model.outer_steps,
         tokens_merged=model.merged_tokens,
-        held_out_loss=None,
+        held_out_loss=held_out_loss,
         source=f"the newest checkpoints of {len(model.sources)} syncer shards",
         created=time.time(),
     )
@@ -125,11 +146,16 @@ def write_final(model: Assembled, path: Path, settings: dict[str, Any], run: str
     return None
 
 
-def export(core: SyncerCore, cfg: SyncerConfig, target: Path) -> tuple[Path, str | None]:
+def export(
+    core: SyncerCore, cfg: SyncerConfig, target: Path, score: Callable[[dict[str, torch.Tensor]], float | None]
+) -> tuple[Path, str | None]:
     """`dldctl down`'s final model: this syncer's (`checkpoint.export_model`), or, on shard 0 of
     a sharded one, every shard's newest checkpoint assembled (the others wrote their final ones
-    before: `down` stops them first). (the export directory, why the safetensors export failed)."""
+    before: `down` stops them first) and scored by `score` (None: not scored). (the export
+    directory, why the safetensors export failed)."""
     if cfg.shards == 1:
         return checkpoint.export_model(core, target, cfg.run_dir.name)
     model = assemble(cfg.run_dir, cfg.shards)
-    return target.parent / modelexport.EXPORT_DIR, write_final(model, target, cfg.settings.to_dict(), cfg.run_dir.name)
+    loss = score(model.tensors)
+    problem = write_final(model, target, cfg.settings.to_dict(), cfg.run_dir.name, loss)
+    return target.parent / modelexport.EXPORT_DIR, problem

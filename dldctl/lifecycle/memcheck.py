@@ -69,6 +69,7 @@ class HostMemory(_Judged):
             "floor_B": round(n.floor),
             "full_B": round(n.full),
             "peak_B": round(n.peak),
+            "scorer_B": round(n.scorer),
             **self.judged(),
         }
 
@@ -133,7 +134,9 @@ def assess(inv: Inventory) -> list[HostMemory] | None:
     hosts = shards.hosts_of(inv.syncer.host, inv.syncer.shard_hosts, inv.syncer.shards)
     specs = {h.name: h for h in inv.hosts}
     result = []
-    for need in syncermem.by_host(hosts, owned(inv, shapes), learners, push_b):
+    parts = owned(inv, shapes)
+    scorer = memfit.scorer_bytes(sum(parts), inv.syncer.shards, inv.run.global_eval_every)
+    for need in syncermem.by_host(hosts, parts, learners, push_b, scorer):
         spec = specs.get(need.host)
         free, which = ask(inv, spec, need.host)
         status, line = syncermem.verdict(need, free, which, inv.syncer.shards)

@@ -74,7 +74,7 @@ def assemble(run: RunDir, count: int, run_id: str) -> tuple[str, Loaded]:
     found = [newest(shards.local_dir(run.path, s) / "checkpoints", s, count, run_id) for s in range(count)]
     states = [saved for _, saved in found]  # checkpoint states (not the run's state.json)
     try:
-        tensors, _ = wire_shards.assemble(states)
+        tensors, _ = wire_shards.assemble(states, len(states))
     except ValueError as exc:
         raise RunError(f"run {run.name}: {exc}", hint="restore each shard's own checkpoints") from None
     outer = sum(int(saved["outer_steps"]) for saved in states)

@@ -30,6 +30,7 @@ VECTORS_B = 12.0  # parameters, momentum, residual: fp32 each
 STATE_B = 13.7  # bytes per parameter a shard holds with little pending (syncer_memory.json)
 CHECKPOINT_B = 12.0  # more per parameter while a checkpoint is written
 BASE_B = 0.25e9  # the empty syncer process (torch, zmq, the kernel)
+SCORER_B = 4.0  # shard 0 of a sharded syncer that scores the global model: one fp32 copy of all of it
 CODE_B = {"int4": 0.5, "int8": 1.0, "bf16": 2.0, "none": 4.0}  # a pending push's codes per parameter
 UNLIMITED = 1 << 60  # cgroup v1's "no limit" is 2^63 rounded down to a page; anything above this is none
 
@@ -44,6 +45,12 @@ def shard_need(params: int, learners: int, push_b: float) -> tuple[float, float,
     floor = BASE_B + params * VECTORS_B
     full = BASE_B + params * (STATE_B + push_b * learners)
     return floor, full, full + params * CHECKPOINT_B
+
+
+def scorer_bytes(total_params: int, shards: int, global_eval_every: int) -> float:
+    """What shard 0 of a sharded syncer holds more to score the global model (syncer/shardscore.py):
+    the whole model once, fp32; nothing unsharded (the syncer scores its own state) or unscored."""
+    return SCORER_B * total_params if shards > 1 and global_eval_every > 0 else 0.0
 
 
 def meminfo_available(text: str) -> int | None:

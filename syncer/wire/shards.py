@@ -10,7 +10,7 @@ Its welcome names the global fragments it owns; a learner that computed another 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,23 +71,30 @@ def shard_plan(specs: Sequence[TensorSpec], count: int, shard: int = 0, shards: 
     return full if shards == 1 else sub_plan(full, assign(full.sizes(), shards).owned(shard))
 
 
-def assemble(states: Sequence[Mapping[str, Any]]) -> tuple[dict[str, torch.Tensor], list[int]]:
-    """The whole model of every shard's checkpoint state (shard s's at index s): each shard's
-    vectors scattered into the parameters by its plan, and the version of every global fragment.
-    ValueError when a state is not shard s of len(states) of the first one's run and model."""
-    count, first = len(states), states[0]
-    manifest = manifest_from_json(first["manifest"])
-    full = plan(manifest, int(first["fragments"]))
-    owner = assign(full.sizes(), count)
-    tensors = {spec.name: torch.zeros(spec.shape, dtype=torch.float32) for spec in manifest}
-    versions = [0] * full.count
+def assemble(
+    states: Iterable[Mapping[str, Any]], count: int, into: dict[str, torch.Tensor] | None = None
+) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """The whole model of `count` shards' checkpoint states (shard s's the s-th): each shard's
+    vectors scattered into the parameters by its plan (into `into`'s tensors, else new ones), and
+    the version of every global fragment. States may come one at a time (a generator that loads
+    each): none is kept past its turn. ValueError when a state is not shard s of `count` of the
+    first one's run and model."""
+    tensors, versions, first, owner, full = into, [0], ("", None), ShardMap((), count), FragmentPlan(())
     for s, state in enumerate(states):
-        same = state["run_id"] == first["run_id"] and state["manifest"] == first["manifest"]
-        if not same or tuple(state.get("shard", (0, 1))) != (s, count):
-            raise ValueError(f"not the checkpoint of shard {s} of {count} of run {first['run_id']}'s model")
-        owned = owner.owned(s)
-        layout = sub_plan(full, owned)
+        if s == 0:
+            first = (state["run_id"], state["manifest"])
+            manifest = manifest_from_json(first[1])
+            full = plan(manifest, int(state["fragments"]))
+            owner, versions = assign(full.sizes(), count), [0] * full.count
+            if tensors is None:
+                tensors = {spec.name: torch.zeros(spec.shape, dtype=torch.float32) for spec in manifest}
+        if (state["run_id"], state["manifest"]) != first or tuple(state.get("shard", (0, 1))) != (s, count):
+            raise ValueError(f"not the checkpoint of shard {s} of {count} of run {first[0]}'s model")
+        owned, layout = owner.owned(s), sub_plan(full, owner.owned(s))
+        assert tensors is not None  # made with the first state
         for q, p in enumerate(owned):
             layout.scatter(q, state["theta"][q], tensors)
             versions[p] = int(state["versions"][q])
+    if tensors is None:
+        raise ValueError("no checkpoint state to assemble")
     return tensors, versions

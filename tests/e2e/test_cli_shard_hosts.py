@@ -112,4 +112,8 @@ def test_a_shard_on_an_ssh_host_trains_is_killed_restarted_and_goes_into_the_fin
         saved = torch.load(summary["final_model"], weights_only=True)
         assert [s["shard"] for s in saved["shards"]] == [0, 1]
         assert saved["shards"][1]["outer_steps"] >= _rows(back)[1]["outer_steps"]
+        # shard 1's checkpoints were on h0 while it ran: no live score (said once), the final model is
+        off = [e["detail"] for e in dl.events("global_eval_off")]
+        assert len(off) == 1 and "1 shard(s) keep their checkpoints on another host" in off[0], off
+        assert 0 < saved["held_out_loss"] < 10
     assert dl.leftovers() == []

@@ -1,7 +1,8 @@
 """`[syncer] shards = 2` through the real `dldctl` commands on this machine (no SSH): `up` starts a
 process per shard, `status --json` has a row per shard, `chaos kill syncer-1` takes shard 1 down
 while shard 0 merges on, the supervisor restarts it from its own checkpoint, and `down` stops the
-shards in order and leaves final_model.pt assembled from both, and nothing running.
+shards in order and leaves final_model.pt assembled from both (and scored), and nothing running;
+shard 0 scores the global model from both shards' checkpoints while the run trains.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tests.e2e.fleetutil import run_table
 pytestmark = [pytest.mark.timeout(240)]
 
 INVENTORY = (
-    run_table("shards", fragments=4, checkpoint_every=2, checkpoint_s=1.0)
+    run_table("shards", fragments=4, checkpoint_every=2, checkpoint_s=1.0, global_eval_every=4)
     + """
 [syncer]
 shards = 2
@@ -56,6 +57,9 @@ def test_two_shards_up_killed_restarted_and_down(tmp_path: Path) -> None:
         assert all(isinstance(r["pid"], int) and r["epoch"] == 1 for r in rows)
         assert first["syncer"]["fragments"] == 4 and first["quorum"]["total"] == 2  # shard 0 speaks for the fleet
         dl.wait(lambda s: _rows(s)[1]["outer_steps"] > rows[1]["outer_steps"], 30, "shard 1 advancing")
+        # shard 0 scores the model of both shards' checkpoints: the global loss, as unsharded
+        scored = dl.wait(lambda s: s["loss"]["global"] is not None, 60, "a score of the sharded global model")
+        assert 0 < scored["loss"]["global"] < 10 and scored["guard"]["last"]["good"] is None
         assert "shard 1 of 2" in dl("logs", "syncer-1", "--tail", "50").stdout
 
         before = _rows(dl.status())
@@ -78,4 +82,5 @@ def test_two_shards_up_killed_restarted_and_down(tmp_path: Path) -> None:
         assert all(s["state"] == "stopped" and s["outer_steps"] > 0 for s in summary["shards"]), summary
         saved = torch.load(summary["final_model"], weights_only=True)
         assert [s["shard"] for s in saved["shards"]] == [0, 1]
+        assert 0 < saved["held_out_loss"] < 10  # the final model, assembled and scored
         assert dl.leftovers() == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import signal
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 from dldctl.lifecycle.ports import free_port
 from syncer.wire import fragments, shards
 from tests.localrun import LocalRun, write_config
+from workload import WorkloadContext, build_workload
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -129,13 +131,21 @@ def test_a_killed_shard_restarts_from_its_checkpoint_while_the_others_merge(tmp_
 
 
 def test_the_final_model_is_assembled_from_every_shards_checkpoint(tmp_path: Path) -> None:
-    with ShardedRun(tmp_path, 2, 2, fragments=4, H=8) as run:
+    """...and scored: live, on shard 0, from both shards' checkpoints (a `global_eval` record
+    naming them, the global loss in its status), and as the final model (its held-out loss)."""
+    with ShardedRun(tmp_path, 2, 2, fragments=4, H=8, checkpoint_every=2, global_eval_every=2) as run:
         run.start_shard(0)
         run.start_shard(1)
         run.main.start_learner(0)
         run.main.start_learner(1)
         for s in (0, 1):
             run.wait_for(s, lambda snap: snap["syncer"]["outer_steps"] >= 6, 150, "merges")
+        scored = run.wait_for(0, lambda snap: snap["loss"]["global"] is not None, 60, "a score of the global model")
+        assert scored["guard"]["last"]["good"] is None and scored["guard"]["trips"] == 0  # scored, not guarded
+        evals = run.main.metrics("global_eval")
+        assert evals and all(math.isfinite(r["loss"]) for r in evals)
+        assert [x.split(":")[0] for x in evals[-1]["sources"]] == ["shard 0", "shard 1"]
+        assert len({tuple(r["sources"]) for r in evals}) == len(evals), "a set of checkpoints scored twice"
         for i in range(2):
             run.main.kill(f"learner-{i}", signal.SIGTERM)
         run.views[1].control("shutdown")
@@ -144,6 +154,7 @@ def test_the_final_model_is_assembled_from_every_shards_checkpoint(tmp_path: Pat
         run.main.procs["syncer"].wait(timeout=30)
         saved = torch.load(tmp_path / "final_model.pt", weights_only=True)
         assert [s["shard"] for s in saved["shards"]] == [0, 1]
+        assert saved["held_out_loss"] == pytest.approx(_held_out_loss(run, saved["state_dict"]), rel=1e-5)
         specs = [fragments.TensorSpec(k, tuple(v.shape)) for k, v in saved["state_dict"].items()]
         plan = fragments.plan(specs, 4)
         owner = shards.assign(plan.sizes(), 2)
@@ -155,6 +166,19 @@ def test_the_final_model_is_assembled_from_every_shards_checkpoint(tmp_path: Pat
         for p in range(4):  # the learner's replica at the same version is bit-equal to the assembled fragment
             if replica["versions"][p] == saved["versions"][p]:
                 assert torch.equal(replica["fragments"][p], plan.gather(p, saved["state_dict"]))
+
+
+def _held_out_loss(run: ShardedRun, state: dict[str, torch.Tensor]) -> float:
+    """The run's held-out loss of `state`, computed here as every learner scores its own model."""
+    settings = run.main.cfg.run.to_dict()
+    batch = int(settings["batch_size"])
+    ctx = WorkloadContext(settings, 0, 1, batch, torch.device("cpu"), int(settings["seed"]))  # as the syncer's
+    wl = build_workload(ctx)
+    wl.model.load_state_dict(state, strict=False)
+    wl.model.eval()
+    with torch.no_grad():
+        losses = [float(wl.loss(wl.model, b)) for b in wl.eval_batches]
+    return sum(losses) / len(losses)
 
 
 def test_every_shard_crashed_at_once_resumes_from_its_own_newest_checkpoint(tmp_path: Path) -> None:

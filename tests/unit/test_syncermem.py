@@ -133,3 +133,15 @@ def test_a_shard_counts_its_own_fragments_only() -> None:
     assert error["reason"].startswith(f"syncer shard 1 cannot hold this model: its {own / 1e6:,.1f} M parameters")
     h.core.memory_free = (12 * own, "MemAvailable")
     assert sent_of(h.hello("a", 2.0), "welcome")
+
+
+def test_shard_0_of_a_scored_sharded_run_holds_one_copy_of_the_whole_model_more() -> None:
+    total = 100 + 200 + 300
+    assert mf.scorer_bytes(total, 3, 32) == 4.0 * total
+    assert mf.scorer_bytes(total, 1, 32) == 0.0 and mf.scorer_bytes(total, 3, 0) == 0.0  # itself / off
+    plain = sm.by_host(["local", "cpu-a", "local"], [100, 200, 300], 4, 0.5)
+    scored = sm.by_host(["local", "cpu-a", "local"], [100, 200, 300], 4, 0.5, scorer=mf.scorer_bytes(total, 3, 32))
+    assert scored[0].floor - plain[0].floor == scored[0].peak - plain[0].peak == scored[0].scorer == 2400
+    assert scored[1] == plain[1]  # shard 1's host holds no copy
+    _, line = sm.verdict(scored[0], None, "unknown", 3)
+    assert "to score the whole model on shard 0; global_eval_every = 0: none" in line
