@@ -27,7 +27,10 @@ learner pause 60 s [20]; learner partition 120 s [30]; syncer kill -9; syncer do
 [60] and 600 s [skipped]; five syncer kills 3 s apart; syncer hung (SIGSTOP) 60 s [20]; disk
 full for 30 s [15] (the dldctl home on a 512 MB tmpfs, filled by a file then deleted);
 supervisor kill -9; every checkpoint corrupt (then a syncer kill, with `on_no_checkpoint =
-"from-learner"`; with the default "refuse" the syncer waits for the operator by design).
+"from-learner"`; with the default "refuse" the syncer waits for the operator by design); a
+sharded syncer (`[syncer] shards = 2`) without a fault, and with shard 1 killed -9, both judged
+against the same unsharded clean run (a sharded run's scores are shard 0's, of the model of both
+shards' newest checkpoints: syncer/shardscore.py).
 
     .venv/bin/python bench/integrity.py --quick                       # ~40 min on 2 cores
     .venv/bin/python bench/integrity.py                               # every class, full durations, ~75 min
@@ -60,6 +63,7 @@ from dldctl.runstate import RunState
 LEARNERS = 3
 TARGET_FINAL, TARGET_WORST = 0.02, 0.05
 Fault = Callable[[BenchRun, threading.Event, float], str]  # (fleet, stop, seconds) -> what was done
+SYNCER = "[syncer]"  # a class's extra settings under this key are the inventory's [syncer] table
 
 
 def _dl(fleet: BenchRun, *args: str) -> str:
@@ -151,6 +155,9 @@ def faults(quick: bool) -> dict[str, tuple[Fault, float, dict[str, Any]]]:
         "disk_full": (disk_full, q(30, 15), {}),
         "supervisor_kill": (supervisor_kill, 0.0, {}),
         "checkpoints_corrupt": (corrupt_checkpoints, 0.0, {"on_no_checkpoint": "from-learner"}),
+        # a sharded syncer (2 shards on this machine), against the same unsharded clean run
+        "sharded": (lambda f, s, d: "no fault: [syncer] shards = 2", 0.0, {SYNCER: {"shards": 2}}),
+        "shard_kill": (lambda f, s, d: _dl(f, "chaos", "kill", "syncer-1"), 0.0, {SYNCER: {"shards": 2}}),
     }
     if not quick:
         out["syncer_down_600"] = (lambda f, s, d: _dl(f, "chaos", "kill", "syncer", "--down-for", f"{d:g}s"), 600.0, {})
@@ -213,6 +220,8 @@ def plan_for(name: str, fault: Fault | None, seconds: float, extra: dict[str, An
         detail = fault(fleet, stop, seconds) if fault is not None else "none"
         return {"t": t, "detail": detail}
 
+    extra = dict(extra)
+    syncer = extra.pop(SYNCER, None)
     return Plan(
         f"i-{name}",
         {**base_run(), **extra},
@@ -223,6 +232,7 @@ def plan_for(name: str, fault: Fault | None, seconds: float, extra: dict[str, An
         inspect=_scores,
         timeout_s=at + seconds + settle + 600,
         home_tmpfs_mb=512 if name == "disk_full" else None,
+        syncer=syncer,
     )
 
 
@@ -239,7 +249,7 @@ def at_tokens(curve: list[dict[str, Any]], tokens: float, near: int = 9) -> floa
     """The clean run's global loss at `tokens` merged: a least-squares line through its `near`
     scores closest in tokens (one score is ~1% noisy from one to the next), evaluated there.
     None past the curve's end by more than its last gap."""
-    pts = sorted((m["tokens_merged"], m["loss"]) for m in curve if m.get("good", True))
+    pts = sorted((m["tokens_merged"], m["loss"]) for m in curve if m.get("good") is not False)  # None: unguarded
     if len(pts) < 2 or tokens > pts[-1][0] + (pts[-1][0] - pts[-2][0]):
         return None
     local = sorted(pts, key=lambda xy: abs(xy[0] - tokens))[:near]
@@ -301,7 +311,7 @@ def row(name: str, res: dict[str, Any], cleans: list[dict[str, Any]]) -> dict[st
         "worst after": worst,
         "worst vs before": None if worst is None or not pre else worst / pre - 1,
         "above bound": sum(1 for m in after if bound is not None and m["loss"] > bound),
-        "guard trips": sum(1 for m in scores if not m.get("good", True)),
+        "guard trips": sum(1 for m in scores if m.get("good") is False),  # a sharded run's are None: unguarded
         "back s": back,
         "full quorum at end": bool(live) and live[-1] == LEARNERS,
         "detail": (res.get("chaos") or {}).get("detail"),

@@ -124,9 +124,13 @@ def toml_value(value: Any) -> str:
     return json.dumps(str(value))
 
 
-def inventory_text(run: Mapping[str, Any], hosts: list[dict[str, Any]] | None = None) -> str:
-    """An inventory: the `[run]` table and one `[[hosts]]` table per host."""
+def inventory_text(
+    run: Mapping[str, Any], hosts: list[dict[str, Any]] | None = None, syncer: Mapping[str, Any] | None = None
+) -> str:
+    """An inventory: the `[run]` table, a `[syncer]` table if given, one `[[hosts]]` table per host."""
     lines = ["[run]"] + [f"{k} = {toml_value(v)}" for k, v in run.items()]
+    if syncer:
+        lines += ["", "[syncer]"] + [f"{k} = {toml_value(v)}" for k, v in syncer.items()]
     for host in hosts or []:
         lines += ["", "[[hosts]]"] + [f"{k} = {toml_value(v)}" for k, v in host.items()]
     return "\n".join(lines) + "\n"
@@ -319,13 +323,20 @@ class DldctlHome:
         proc = subprocess.Popen([DLDCTL, *args], env=self.env, cwd=ROOT, **kwargs)
         return self.background.add(name or " ".join(args), proc)
 
-    def up(self, run: Mapping[str, Any], hosts: list[dict[str, Any]] | None, timeout: float = 240) -> Path:
+    def up(
+        self,
+        run: Mapping[str, Any],
+        hosts: list[dict[str, Any]] | None,
+        timeout: float = 240,
+        syncer: Mapping[str, Any] | None = None,
+    ) -> Path:
         """`dldctl up INVENTORY -d` from the `[run]` table `run` (named after this home unless it
-        says) and `hosts`, or the built-in default when `hosts` is None; returns the run dir."""
+        says), `hosts` and the `[syncer]` table `syncer`, or the built-in default when `hosts` is
+        None; returns the run dir."""
         args = ["up", "-d", "--timeout", str(timeout)]
         if hosts is not None:
             inv = self.home / "inventory.toml"
-            inv.write_text(inventory_text({"name": self.name, **run}, hosts))
+            inv.write_text(inventory_text({"name": self.name, **run}, hosts, syncer))
             args.insert(1, str(inv))
         self.dl(*args, timeout=timeout + 60)
         self._run_dir = self.latest_run()
