@@ -96,7 +96,7 @@ def newest(run_dir: Path, count: int) -> tuple[str, ...] | None:
 
 def _source(s: int, state: dict[str, Any]) -> ShardSource:
     fleet = state.get("fleet") or {}
-    name = f"ckpt-{int(state['epoch']):04d}-{int(state['outer_steps']):09d}"
+    name = shards.checkpoint_label(s, state).partition(": ")[2]
     return ShardSource(
         s,
         name,

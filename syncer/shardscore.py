@@ -124,6 +124,7 @@ class ShardScoring:
             return  # nothing was scored: no checkpoint of every shard yet, or none new
         record = {"t": now, "kind": "global_eval", "loss": loss, "outer_step": model.outer_steps}
         record |= {"taken_at": now, "tokens_merged": model.merged_tokens, "good": None, "reference": None}
+        # each source as wire.shards.checkpoint_label names it (`dldctl export` looks the score up by them)
         record |= {"versions": model.versions, "sources": [f"shard {s.shard}: {s.checkpoint}" for s in model.sources]}
         out.metrics.append(record)
         age = now - self._submitted.pop(tag, now)  # the checkpoints are at least as old

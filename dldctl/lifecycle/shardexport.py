@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from dldctl import shards
 from dldctl.errors import RunError
 from dldctl.rundir import RunDir
-from syncer.common import modelexport
+from syncer.common import jsonl, modelexport
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +68,8 @@ def newest(directory: Path, shard: int, count: int, run_id: str) -> tuple[Path, 
 def assemble(run: RunDir, count: int, run_id: str) -> tuple[str, Loaded]:
     """(where it came from, the model) of every shard's newest valid checkpoint: tensors, the
     outer steps of all shards together, shard 0's merged tokens (each shard counts its fragments
-    as the whole model), no held-out loss (none is scored)."""
+    as the whole model), and the held-out loss shard 0 scored for exactly these checkpoints (None
+    if it scored none: syncer/shardscore.py)."""
     from syncer.wire import shards as wire_shards
 
     found = [newest(shards.local_dir(run.path, s) / "checkpoints", s, count, run_id) for s in range(count)]
@@ -80,4 +81,16 @@ def assemble(run: RunDir, count: int, run_id: str) -> tuple[str, Loaded]:
     outer = sum(int(saved["outer_steps"]) for saved in states)
     merged = int((states[0].get("fleet") or {}).get("merged_tokens", 0))
     names = [f"{shards.subdir(s) or '.'}/checkpoints/{path.name}" for s, (path, _) in enumerate(found)]
-    return f"the newest checkpoints of {count} syncer shards ({', '.join(names)})", (tensors, outer, merged, None)
+    labels = [wire_shards.checkpoint_label(s, saved) for s, saved in enumerate(states)]
+    loss = scored(run, labels)
+    return f"the newest checkpoints of {count} syncer shards ({', '.join(names)})", (tensors, outer, merged, loss)
+
+
+def scored(run: RunDir, labels: list[str]) -> float | None:
+    """Shard 0's held-out score of the model of exactly these checkpoints (its `global_eval`
+    records name them), if it made one."""
+    loss = None
+    for record in jsonl.read(run.metrics):
+        if record.get("kind") == "global_eval" and record.get("sources") == labels:
+            loss = record.get("loss")
+    return float(loss) if isinstance(loss, (int, float)) else None

@@ -71,6 +71,12 @@ def shard_plan(specs: Sequence[TensorSpec], count: int, shard: int = 0, shards: 
     return full if shards == 1 else sub_plan(full, assign(full.sizes(), shards).owned(shard))
 
 
+def checkpoint_label(shard: int, state: Mapping[str, Any]) -> str:
+    """How a sharded model names the checkpoint one shard's part came from: "shard 1: ckpt-0002-000000780"
+    (its epoch and outer steps; the file name less its time)."""
+    return f"shard {shard}: ckpt-{int(state['epoch']):04d}-{int(state['outer_steps']):09d}"
+
+
 def assemble(
     states: Iterable[Mapping[str, Any]], count: int, into: dict[str, torch.Tensor] | None = None
 ) -> tuple[dict[str, torch.Tensor], list[int]]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,20 @@ def test_a_shard_with_no_valid_checkpoint_is_named(run: rundir.RunDir) -> None:
     line = caught.value.line()
     assert "syncer shard 1 has no valid checkpoint in" in line and str(run.path / "shard-1") in line
     assert "not shard 1 of 2 of run shx-1" in line and "\n" not in line
+
+
+def test_the_export_carries_shard_0s_score_of_exactly_those_checkpoints(run: rundir.RunDir) -> None:
+    model = tiny_model(3)
+    write_shard_checkpoint(run, 0, model, 7)
+    write_shard_checkpoint(run, 1, model, 6)
+    record = {"kind": "global_eval", "loss": 2.5, "good": None}
+    lines = [
+        {**record, "loss": 2.4, "sources": ["shard 0: ckpt-0001-000000007", "shard 1: ckpt-0001-000000005"]},
+        {**record, "sources": ["shard 0: ckpt-0001-000000007", "shard 1: ckpt-0001-000000006"]},  # these
+        {"kind": "sample", "loss_global": 9.0},
+    ]
+    run.metrics.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert export_mod.export(run)["held_out_loss"] == 2.5
+    write_shard_checkpoint(run, 1, model, 8)  # a newer checkpoint nobody scored: no loss, not a stale one
+    shutil.rmtree(run.path / export_mod.EXPORT_DIR)  # (a down run's export is reused)
+    assert export_mod.export(run)["held_out_loss"] is None
