@@ -1,6 +1,8 @@
 """`dldctl export` of a sharded run with no final_model.pt: every shard's newest valid checkpoint
 (each in its own directory) assembled into the whole model, as the syncer's own assembly
-(syncer/shardmodel.py) does; a shard without one is one line naming the shard and its directory."""
+(syncer/shardmodel.py) does; a shard without one is one line naming the shard and its directory.
+Shard 0's scorer (syncer/shardscore.py, a real evaluator thread) scores the same assembly of
+these checkpoints, each new set once, and the export carries that score."""
 
 from __future__ import annotations
 
@@ -8,7 +10,10 @@ import hashlib
 import io
 import json
 import shutil
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +26,11 @@ from dldctl.runstate import RunState
 from syncer import checkpoint, shardmodel
 from syncer.common.resolved import ResolvedConfig, SyncerSection
 from syncer.common.settings import RunSettings
+from syncer.globalmodel import Outbox
+from syncer.guard import QualityGuard
+from syncer.shardscore import CheckpointEvaluator, ShardScoring
 from syncer.wire import fragments, shards
+from workload import WorkloadContext, build_workload
 from workload.gpt import build
 
 COUNT = 2
@@ -117,3 +126,42 @@ def test_the_export_carries_shard_0s_score_of_exactly_those_checkpoints(run: run
     write_shard_checkpoint(run, 1, model, 8)  # a newer checkpoint nobody scored: no loss, not a stale one
     shutil.rmtree(run.path / export_mod.EXPORT_DIR)  # (a down run's export is reused)
     assert export_mod.export(run)["held_out_loss"] is None
+
+
+def _scores(scoring: ShardScoring, core: Any, until: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Tick shard 0's scoring (a new outer step each time) until `until` scores are recorded."""
+    out = Outbox()
+    deadline = time.monotonic() + timeout
+    while len(out.metrics) < until and time.monotonic() < deadline:
+        core.outer_steps += 1
+        scoring.tick(core, time.time(), out)
+        time.sleep(0.02)
+    return out.metrics
+
+
+def test_shard_0_scores_each_new_set_of_every_shards_checkpoints_once(run: rundir.RunDir) -> None:
+    settings = run.read_config().run.to_dict()
+    evaluator = CheckpointEvaluator(settings, run.path, COUNT)
+    scoring = ShardScoring(evaluator, every=1, elsewhere=0)
+    core = SimpleNamespace(outer_steps=0, guard=QualityGuard(0.1))  # what tick reads of the core
+    evaluator.start()
+    try:
+        model = tiny_model(3)
+        write_shard_checkpoint(run, 0, model, 7)
+        assert _scores(scoring, core, 1, timeout=2.0) == []  # shard 1 has none yet: nothing scored
+        write_shard_checkpoint(run, 1, model, 6)
+        (first,) = _scores(scoring, core, 1)
+        assert first["sources"] == ["shard 0: ckpt-0001-000000007", "shard 1: ckpt-0001-000000006"]
+        wl = build_workload(WorkloadContext(settings, 0, 1, 8, torch.device("cpu"), int(settings["seed"])))
+        with torch.no_grad():
+            for name, param in wl.model.named_parameters():
+                param.copy_(model[name])
+            expected = sum(float(wl.loss(wl.model, b)) for b in wl.eval_batches) / len(wl.eval_batches)
+        assert first["loss"] == pytest.approx(expected, rel=1e-6) and first["good"] is None
+        assert core.guard.last["loss"] == first["loss"] and core.guard.last["good"] is None
+        assert _scores(scoring, core, 1, timeout=2.0) == []  # the same checkpoints: not scored again
+        write_shard_checkpoint(run, 1, tiny_model(4), 8)
+        (second,) = _scores(scoring, core, 1)
+        assert second["sources"][1] == "shard 1: ckpt-0001-000000008" and second["loss"] != first["loss"]
+    finally:
+        evaluator.stop()
