@@ -2,7 +2,8 @@
 
 One fleet (gpt-tiny, 3 learners, H = 16, dldctl's defaults, constant inner lr so that runs of
 different lengths compare at equal tokens) on the built-in local host, run once without faults
-and once per fault class, one fault a run, injected `--at` seconds after the whole fleet
+(30% longer than the longest class, so that its curve reaches a faster run's tokens: a run past
+its end is not judged) and once per fault class, one fault a run, injected `--at` seconds after the whole fleet
 trains. The syncer scores the global model every `global_eval_every` (here 8) outer steps on the
 fixed held-out batches (syncer/evaluator.py); those scores, each with the merged tokens of the
 state it scored, are the curve. Per class:
@@ -325,6 +326,16 @@ def row(name: str, res: dict[str, Any], cleans: list[dict[str, Any]]) -> dict[st
     return out
 
 
+CLEAN_MARGIN = 0.3  # the clean run trains this much longer than the longest faulted one
+
+
+def clean_settle(at: float, longest: float, settle: float) -> float:
+    """The clean run's settle time: its window `CLEAN_MARGIN` longer than the longest class's, so
+    that its curve reaches the tokens of a faulted run on a machine whose speed varies (a run past
+    the curve's end is not judged: the benchmark does not extrapolate)."""
+    return settle + CLEAN_MARGIN * (at + longest + settle)
+
+
 def references(name: str, runs: dict[str, Any]) -> list[dict[str, Any]]:
     """The clean runs a class is judged against: the clean run and, once it has run, its repeat
     (two runs halve the reference's own noise); the repeat itself against the clean run only."""
@@ -345,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     saved = json.loads(args.rescore.read_text())["runs"] if args.rescore else None
     longest = max(table[f][1] for f in chosen)
-    clean = saved["clean"] if saved else run_diloco(plan_for("clean", None, longest, {}, at, settle))
+    clean_plan = plan_for("clean", None, longest, {}, at, clean_settle(at, longest, settle))
+    clean = saved["clean"] if saved else run_diloco(clean_plan)
     runs: dict[str, Any] = {"clean": clean}
     rows = []
     for name in chosen if not saved else [n for n in chosen if n in saved]:

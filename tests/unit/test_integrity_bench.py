@@ -37,3 +37,11 @@ def test_a_sharded_runs_unguarded_scores_are_no_trips_and_are_judged_like_any() 
 
 def test_an_unguarded_curve_is_a_reference_curve() -> None:
     assert integrity.at_tokens(_scores(None, [3.0, 2.0]), 1500) == 2.5
+
+
+def test_the_clean_run_trains_longer_than_the_longest_class() -> None:
+    at, longest, settle = 40.0, 60.0, 45.0
+    clean = integrity.plan_for("clean", None, longest, {}, at, integrity.clean_settle(at, longest, settle))
+    faulted = integrity.plan_for("x", lambda f, s, d: "", longest, {}, at, settle)
+    assert clean.duration_s is not None and faulted.duration_s is not None
+    assert clean.duration_s == faulted.duration_s * (1 + integrity.CLEAN_MARGIN)
