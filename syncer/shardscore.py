@@ -7,9 +7,12 @@ shard's newest valid checkpoint (syncer/shardmodel.py, the same assembly `dldctl
 scores it on the run's held-out batches. The score is as fresh as the checkpoints
 (`checkpoint_every` / `checkpoint_s`), and a set of checkpoints already scored is not scored
 again. Each score is a `global_eval` metrics record naming the checkpoint of every shard, and
-`status` shows it as the global loss. The quality guard stays off: rolling back would need every
+`status` shows it as the global loss. The quality guard judges each score as it does unsharded
+(a rise of more than `quality_guard` over the best recent score is flagged: `good` false, a
+`quality_guard` event, an alert where one is set) but rolls nothing back: that would need every
 shard to return to one consistent state, which nothing coordinates (docs/operations.md, "A
-sharded syncer"). The final model `down` assembles is scored the same way.
+sharded syncer"); each shard's earlier checkpoints hold the state before. The final model `down`
+assembles is scored the same way.
 
 Shard 0 reads the other shards' checkpoints where they are: in this run directory. A shard on
 another host (`[syncer] shard_hosts`) keeps its own, so such a run is not scored live (said once,
@@ -18,6 +21,7 @@ as an event); its final model still is, once `down` has gathered the checkpoints
 
 from __future__ import annotations
 
+import math
 import queue
 import time
 from pathlib import Path
@@ -30,7 +34,7 @@ from syncer.checkpoint import CheckpointError
 from syncer.config import SyncerConfig
 from syncer.evaluator import GlobalEvaluator, Scoring
 from syncer.globalmodel import Outbox
-from syncer.guard import Snapshot
+from syncer.guard import Snapshot, Verdict
 from syncer.wire import fragments
 
 if TYPE_CHECKING:
@@ -122,14 +126,37 @@ class ShardScoring:
             model = assembled if got == tag else model
         if model is None:
             return  # nothing was scored: no checkpoint of every shard yet, or none new
+        verdict = self._judge(core, loss, model, now, out)
         record = {"t": now, "kind": "global_eval", "loss": loss, "outer_step": model.outer_steps}
-        record |= {"taken_at": now, "tokens_merged": model.merged_tokens, "good": None, "reference": None}
+        record |= {"taken_at": now, "tokens_merged": model.merged_tokens, "good": verdict.good}
+        record |= {"reference": verdict.reference}
         # each source as wire.shards.checkpoint_label names it (`dldctl export` looks the score up by them)
         record |= {"versions": model.versions, "sources": [f"shard {s.shard}: {s.checkpoint}" for s in model.sources]}
         out.metrics.append(record)
         age = now - self._submitted.pop(tag, now)  # the checkpoints are at least as old
-        core.guard.last = {"t": now, "loss": loss, "outer_step": model.outer_steps, "good": None, "reference": None}
-        core.guard.last |= {"age_s": age, "trips": core.guard.trips}
+        core.guard.last = {"t": now, "loss": loss, "outer_step": model.outer_steps, "good": verdict.good}
+        core.guard.last |= {"reference": verdict.reference, "age_s": age, "trips": core.guard.trips}
+
+    def _judge(self, core: SyncerCore, loss: float, model: shardmodel.Assembled, now: float, out: Outbox) -> Verdict:
+        """The quality guard's verdict on a score (syncer/guard.py), said as a `quality_guard`
+        event when it flags one; nothing is rolled back: no shard can return the others to a state."""
+        verdict = core.guard.judge(loss)
+        if verdict.good:
+            core.guard.history.append(loss)
+            return verdict
+        core.guard.trips += 1
+        ref = f"{verdict.reference:.3f}" if verdict.reference is not None else "none"
+        rise = f"{100 * verdict.rise:+.0f}%" if verdict.rise is not None and math.isfinite(loss) else "non-finite"
+        where = ", ".join(f"shard {s.shard}: {s.checkpoint}" for s in model.sources)
+        out.event(
+            now,
+            "quality_guard",
+            "syncer",
+            f"global model held-out loss {loss:.4g} of the shards' checkpoints ({where}) is {rise} against the best "
+            f"of its recent scores ({ref}; quality_guard {core.s.quality_guard:g}); a sharded syncer does not roll "
+            'back: each shard\'s earlier checkpoints hold the state before (docs/operations.md, "A sharded syncer")',
+        )
+        return verdict
 
     def score(self, tensors: dict[str, torch.Tensor], timeout: float = 60.0) -> float | None:
         """The held-out loss of `tensors` (the final model), or None if it cannot be scored."""

@@ -50,7 +50,7 @@ KINDS: dict[str, str] = {
     "history_lost": "the syncer found no valid checkpoint of a run that had merged",
     "checkpoint_failed": "the syncer could not write a checkpoint",
     "checkpoint_corrupt": "the syncer skipped a corrupt checkpoint",
-    "quality_guard": "the quality guard rolled the global model back",
+    "quality_guard": "the quality guard flagged the global model (and rolled it back where it could)",
     "supervisor_lost": "the watchdog found the supervisor dead or hung",
     "supervisor_restart_failed": "the watchdog could not restart the supervisor",
     "watchdog_restart_failed": "the supervisor could not restart the watchdog",

@@ -59,7 +59,7 @@ def test_two_shards_up_killed_restarted_and_down(tmp_path: Path) -> None:
         dl.wait(lambda s: _rows(s)[1]["outer_steps"] > rows[1]["outer_steps"], 30, "shard 1 advancing")
         # shard 0 scores the model of both shards' checkpoints: the global loss, as unsharded
         scored = dl.wait(lambda s: s["loss"]["global"] is not None, 60, "a score of the sharded global model")
-        assert 0 < scored["loss"]["global"] < 10 and scored["guard"]["last"]["good"] is None
+        assert 0 < scored["loss"]["global"] < 10 and scored["guard"]["last"]["good"] in (True, False)
         assert "shard 1 of 2" in dl("logs", "syncer-1", "--tail", "50").stdout
 
         before = _rows(dl.status())

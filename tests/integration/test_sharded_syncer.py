@@ -141,7 +141,7 @@ def test_the_final_model_is_assembled_from_every_shards_checkpoint(tmp_path: Pat
         for s in (0, 1):
             run.wait_for(s, lambda snap: snap["syncer"]["outer_steps"] >= 6, 150, "merges")
         scored = run.wait_for(0, lambda snap: snap["loss"]["global"] is not None, 60, "a score of the global model")
-        assert scored["guard"]["last"]["good"] is None and scored["guard"]["trips"] == 0  # scored, not guarded
+        assert scored["guard"]["last"]["good"] in (True, False)  # judged (a flag rolls nothing back)
         evals = run.main.metrics("global_eval")
         assert evals and all(math.isfinite(r["loss"]) for r in evals)
         assert [x.split(":")[0] for x in evals[-1]["sources"]] == ["shard 0", "shard 1"]

@@ -128,7 +128,7 @@ def test_the_export_carries_shard_0s_score_of_exactly_those_checkpoints(run: run
     assert export_mod.export(run)["held_out_loss"] is None
 
 
-def _scores(scoring: ShardScoring, core: Any, until: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+def _scores(scoring: ShardScoring, core: Any, until: int, timeout: float = 30.0) -> Outbox:
     """Tick shard 0's scoring (a new outer step each time) until `until` scores are recorded."""
     out = Outbox()
     deadline = time.monotonic() + timeout
@@ -136,32 +136,39 @@ def _scores(scoring: ShardScoring, core: Any, until: int, timeout: float = 30.0)
         core.outer_steps += 1
         scoring.tick(core, time.time(), out)
         time.sleep(0.02)
-    return out.metrics
+    return out
 
 
 def test_shard_0_scores_each_new_set_of_every_shards_checkpoints_once(run: rundir.RunDir) -> None:
     settings = run.read_config().run.to_dict()
     evaluator = CheckpointEvaluator(settings, run.path, COUNT)
     scoring = ShardScoring(evaluator, every=1, elsewhere=0)
-    core = SimpleNamespace(outer_steps=0, guard=QualityGuard(0.1))  # what tick reads of the core
+    guard = 0.01  # the blown-up model below scores ~4% worse than the random one (a model this young barely learns)
+    # what tick reads of the core
+    core = SimpleNamespace(outer_steps=0, guard=QualityGuard(guard), s=RunSettings(quality_guard=guard))
     evaluator.start()
     try:
         model = tiny_model(3)
         write_shard_checkpoint(run, 0, model, 7)
-        assert _scores(scoring, core, 1, timeout=2.0) == []  # shard 1 has none yet: nothing scored
+        assert _scores(scoring, core, 1, timeout=2.0).metrics == []  # shard 1 has none yet: nothing scored
         write_shard_checkpoint(run, 1, model, 6)
-        (first,) = _scores(scoring, core, 1)
+        (first,) = _scores(scoring, core, 1).metrics
         assert first["sources"] == ["shard 0: ckpt-0001-000000007", "shard 1: ckpt-0001-000000006"]
         wl = build_workload(WorkloadContext(settings, 0, 1, 8, torch.device("cpu"), int(settings["seed"])))
         with torch.no_grad():
             for name, param in wl.model.named_parameters():
                 param.copy_(model[name])
             expected = sum(float(wl.loss(wl.model, b)) for b in wl.eval_batches) / len(wl.eval_batches)
-        assert first["loss"] == pytest.approx(expected, rel=1e-6) and first["good"] is None
-        assert core.guard.last["loss"] == first["loss"] and core.guard.last["good"] is None
-        assert _scores(scoring, core, 1, timeout=2.0) == []  # the same checkpoints: not scored again
-        write_shard_checkpoint(run, 1, tiny_model(4), 8)
-        (second,) = _scores(scoring, core, 1)
-        assert second["sources"][1] == "shard 1: ckpt-0001-000000008" and second["loss"] != first["loss"]
+        assert first["loss"] == pytest.approx(expected, rel=1e-6) and first["good"] is True
+        assert core.guard.last["loss"] == first["loss"] and core.guard.last["good"] is True
+        assert _scores(scoring, core, 1, timeout=2.0).metrics == []  # the same checkpoints: not scored again
+        # shard 1's part blown up: flagged, said, counted; nothing rolled back (no shard can)
+        write_shard_checkpoint(run, 1, {k: 1000 * v for k, v in model.items()}, 8)
+        out = _scores(scoring, core, 1)
+        (second,) = out.metrics
+        assert second["sources"][1] == "shard 1: ckpt-0001-000000008" and second["loss"] > (1 + guard) * first["loss"]
+        assert second["good"] is False and second["reference"] == first["loss"] and core.guard.trips == 1
+        (said,) = [e for e in out.events if e["kind"] == "quality_guard"]
+        assert "shard 1: ckpt-0001-000000008" in said["detail"] and "does not roll back" in said["detail"]
     finally:
         evaluator.stop()
