@@ -11,6 +11,7 @@ refetch. The rolled-back model is checkpointed and scored again at once.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from syncer.globalmodel import Outbox
@@ -67,14 +68,20 @@ def apply_score(core: SyncerCore, tag: int, loss: float, now: float, out: Outbox
     return verdict
 
 
+def flag_line(verdict: Verdict, what: str, threshold: float) -> str:
+    """How a flagged score is said: "global model held-out loss 2.9 <what> is +14% against ..."."""
+    ref = f"{verdict.reference:.3f}" if verdict.reference is not None else "none"
+    finite = verdict.rise is not None and math.isfinite(verdict.loss)
+    rise = f"{100 * verdict.rise:+.0f}%" if finite and verdict.rise is not None else "non-finite"
+    return (
+        f"global model held-out loss {verdict.loss:.4g} {what} is {rise} against "
+        f"the best of its recent scores ({ref}; quality_guard {threshold:g})"
+    )
+
+
 def _flagged(core: SyncerCore, verdict: Verdict, snap: Snapshot, now: float, out: Outbox) -> None:
     good = core.guard.last_good
-    ref = f"{verdict.reference:.3f}" if verdict.reference is not None else "none"
-    rise = f"{100 * verdict.rise:+.0f}%" if verdict.rise is not None else "non-finite"
-    head = (
-        f"global model held-out loss {verdict.loss:.4g} at outer step {snap.outer_step} is {rise} against "
-        f"the best of its recent scores ({ref}; quality_guard {core.s.quality_guard:g})"
-    )
+    head = flag_line(verdict, f"at outer step {snap.outer_step}", core.s.quality_guard)
     if good is None:
         out.event(now, "quality_guard", "syncer", f"{head}; no good state to roll back to")
         return

@@ -21,7 +21,6 @@ as an event); its final model still is, once `down` has gathered the checkpoints
 
 from __future__ import annotations
 
-import math
 import queue
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from syncer import shardmodel
+from syncer import quality, shardmodel
 from syncer.checkpoint import CheckpointError
 from syncer.config import SyncerConfig
 from syncer.evaluator import GlobalEvaluator, Scoring
@@ -145,16 +144,14 @@ class ShardScoring:
             core.guard.history.append(loss)
             return verdict
         core.guard.trips += 1
-        ref = f"{verdict.reference:.3f}" if verdict.reference is not None else "none"
-        rise = f"{100 * verdict.rise:+.0f}%" if verdict.rise is not None and math.isfinite(loss) else "non-finite"
         where = ", ".join(f"shard {s.shard}: {s.checkpoint}" for s in model.sources)
+        head = quality.flag_line(verdict, f"of the shards' checkpoints ({where})", core.s.quality_guard)
         out.event(
             now,
             "quality_guard",
             "syncer",
-            f"global model held-out loss {loss:.4g} of the shards' checkpoints ({where}) is {rise} against the best "
-            f"of its recent scores ({ref}; quality_guard {core.s.quality_guard:g}); a sharded syncer does not roll "
-            'back: each shard\'s earlier checkpoints hold the state before (docs/operations.md, "A sharded syncer")',
+            f"{head}; a sharded syncer does not roll back: each shard's earlier checkpoints hold the state "
+            'before (docs/operations.md, "A sharded syncer")',
         )
         return verdict
 

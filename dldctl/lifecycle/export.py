@@ -27,7 +27,7 @@ from dldctl import extras
 from dldctl.errors import OperationError, RunError
 from dldctl.lifecycle import shardexport
 from dldctl.rundir import RunDir
-from syncer.common import jsonl, modelexport, modelfile
+from syncer.common import modelexport, modelfile
 from syncer.common.modelexport import CONFIG, EXPORT_DIR, WEIGHTS
 from workload.presets import PRESETS, config_for
 
@@ -205,11 +205,7 @@ def _from_checkpoint(path: Path) -> Loaded:
 
 def _reported_loss(run: RunDir, outer_step: int) -> float | None:
     """The syncer's last good held-out score of the global model at `outer_step` (metrics.jsonl)."""
-    loss = None
-    for record in jsonl.read(run.metrics):
-        if record.get("kind") == "global_eval" and record.get("outer_step") == outer_step and record.get("good"):
-            loss = record.get("loss")
-    return float(loss) if isinstance(loss, (int, float)) else None
+    return shardexport.scored_loss(run, lambda r: r.get("outer_step") == outer_step and bool(r.get("good")))
 
 
 def _write(

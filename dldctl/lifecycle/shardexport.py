@@ -12,6 +12,7 @@ needs it.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,15 +83,15 @@ def assemble(run: RunDir, count: int, run_id: str) -> tuple[str, Loaded]:
     merged = int((states[0].get("fleet") or {}).get("merged_tokens", 0))
     names = [f"{shards.subdir(s) or '.'}/checkpoints/{path.name}" for s, (path, _) in enumerate(found)]
     labels = [wire_shards.checkpoint_label(s, saved) for s, saved in enumerate(states)]
-    loss = scored(run, labels)
+    loss = scored_loss(run, lambda record: record.get("sources") == labels)
     return f"the newest checkpoints of {count} syncer shards ({', '.join(names)})", (tensors, outer, merged, loss)
 
 
-def scored(run: RunDir, labels: list[str]) -> float | None:
-    """Shard 0's held-out score of the model of exactly these checkpoints (its `global_eval`
-    records name them), if it made one."""
+def scored_loss(run: RunDir, matches: Callable[[dict[str, Any]], bool]) -> float | None:
+    """The syncer's last held-out score of the global model (a `global_eval` record of
+    metrics.jsonl) that `matches`: one of exactly the exported state; None if it made none."""
     loss = None
     for record in jsonl.read(run.metrics):
-        if record.get("kind") == "global_eval" and record.get("sources") == labels:
+        if record.get("kind") == "global_eval" and matches(record):
             loss = record.get("loss")
     return float(loss) if isinstance(loss, (int, float)) else None
