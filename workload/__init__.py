@@ -43,6 +43,8 @@ class WorkloadContext:
     batch_size: int  # this learner's batch size (a host may override the run's default)
     device: torch.device
     seed: int  # the data seed: with learner_index, seeds this learner's batch order
+    model_args: dict[str, Any] = field(default_factory=dict)  # the inventory's [model] table, free-form
+    model_dir: str | None = None  # an `hf:` model's directory on this host (the run's copy); None: as named
 
 
 @dataclass

@@ -16,7 +16,9 @@ On disk (keys as dldctl has always written them; "version" is the schema version
                  and the address learners and the operator dial, one each per shard after the first)},
       "learners": [{"id": "learner-0", "host", "device", "batch_size", "throttle", "nproc",
                     "island" (only if not "ddp"), "threads", "env", "shard", "shards"}, ...],
-      "keys": {"dir": str}, "inventory": str, "init_model": str (only with [run] init_from) }
+      "keys": {"dir": str}, "inventory": str, "init_model": str (only with [run] init_from),
+      "model_args": {...} (only with an inventory's [model] table: free-form, handed to the factory),
+      "model_dir": str (only for an `hf:` model: the run's copy of its directory, without weights) }
 
 Paths in the file are absolute or relative to the file's own directory (`resolve_path`), so the
 same file works in the run directory of whichever host reads it. `load` and `save` are the one
@@ -41,6 +43,7 @@ VERSION_KEY = "version"
 FIX = "start a new run with `dldctl up`"
 ISLANDS = ("ddp", "fsdp")  # an island's ranks hold replicas (DDP) or shards (FSDP2) of the model
 TOP_KEYS = (VERSION_KEY, "run_id", "run", "syncer", "learners", "keys", "inventory", "init_model")
+TOP_KEYS += ("model_args", "model_dir")
 
 
 class ResolvedConfigError(ValueError):
@@ -176,6 +179,8 @@ class ResolvedConfig:
     keys: KeysSection = KeysSection()
     inventory: str | None = None  # where the inventory came from (only shown to people)
     init_model: str | None = None  # the run's copy of [run] init_from, relative to the file (None: from the seed)
+    model_args: dict[str, Any] = field(default_factory=dict)  # the inventory's [model] table, for the factory
+    model_dir: str | None = None  # an `hf:` model's directory (config, tokenizer), the run's copy, relative
 
     @property
     def learner_ids(self) -> tuple[str, ...]:
@@ -207,6 +212,10 @@ class ResolvedConfig:
     def init_model_path(self, base: Path) -> Path | None:
         """The model file a new run starts from, as seen from `base`; None: from the seed."""
         return None if self.init_model is None else resolve_path(base, self.init_model)
+
+    def model_dir_path(self, base: Path) -> Path | None:
+        """The run's copy of an `hf:` model's directory as seen from `base`; None: not an `hf:` model."""
+        return None if self.model_dir is None else resolve_path(base, self.model_dir)
 
     # -- JSON --------------------------------------------------------------------------------
     @classmethod
@@ -251,6 +260,8 @@ class ResolvedConfig:
             keys=from_mapping(KeysSection, data.get("keys", {}), "keys"),
             inventory=_str(data, "inventory") if data.get("inventory") is not None else None,
             init_model=_str(data, "init_model") if data.get("init_model") is not None else None,
+            model_args=_object(data, "model_args"),
+            model_dir=_str(data, "model_dir") if data.get("model_dir") is not None else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -267,6 +278,10 @@ class ResolvedConfig:
             out["inventory"] = self.inventory
         if self.init_model is not None:
             out["init_model"] = self.init_model
+        if self.model_args:
+            out["model_args"] = dict(self.model_args)
+        if self.model_dir is not None:
+            out["model_dir"] = self.model_dir
         return out
 
 
@@ -310,6 +325,13 @@ def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise SettingsError(key, f"must be an object, got {type(value).__name__}")
     return value
+
+
+def _object(data: dict[str, Any], key: str) -> dict[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise SettingsError(key, f"must be an object, got {type(value).__name__}")
+    return dict(value)
 
 
 def _list(data: dict[str, Any], key: str) -> list[Any]:
