@@ -7,8 +7,9 @@ parts are imported here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from syncer.common import resolved
 from syncer.common.resolved import LearnerEntry
@@ -28,6 +29,8 @@ class LearnerConfig:
     workdir: Path
     init_model: Path | None = None  # the model file a new run starts from ([run] init_from); None: the seed's
     syncer_addresses: tuple[str, ...] = ()  # one per syncer shard (): only `syncer_address`
+    model_args: dict[str, Any] = field(default_factory=dict)  # the inventory's [model] table
+    model_dir: Path | None = None  # an `hf:` model's directory, the run's copy on this host
 
     @property
     def batch_size(self) -> int:
@@ -56,4 +59,6 @@ def load(path: Path, learner_id: str, workdir: Path | None = None) -> LearnerCon
         workdir or base / learner_id,
         cfg.init_model_path(base),
         cfg.syncer.addresses,
+        dict(cfg.model_args),
+        cfg.model_dir_path(base),
     )

@@ -92,6 +92,8 @@ class Trainer:
             batch_size=self.cfg.batch_size,
             device=self.device,
             seed=self.s.seed + 1_000_003 * rank + 7_919 * restarts,
+            model_args=dict(self.cfg.model_args),
+            model_dir=None if self.cfg.model_dir is None else str(self.cfg.model_dir),
         )
         self.wl = build_workload(ctx)
         if self.cfg.init_model is not None:  # before anything is uploaded or trained (learner/initmodel.py)

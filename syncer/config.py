@@ -5,8 +5,9 @@ Paths are absolute or relative to the configuration file's directory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from syncer.common import resolved
 from syncer.common.settings import RunSettings
@@ -26,6 +27,15 @@ class SyncerConfig:
     shard: int = 0  # this process is shard `shard` of `shards` (syncer/wire/shards.py)
     shards: int = 1
     neighbours: int = 1  # shards of the run on this shard's host, itself included (they share its cores)
+    model_args: dict[str, Any] = field(default_factory=dict)  # the inventory's [model] table
+    model_dir: Path | None = None  # an `hf:` model's directory, the run's copy on this host
+
+    def workload_args(self) -> dict[str, Any]:
+        """What the evaluator hands the model's factory besides the settings (`WorkloadContext`)."""
+        return {
+            "model_args": dict(self.model_args),
+            "model_dir": None if self.model_dir is None else str(self.model_dir),
+        }
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -57,4 +67,6 @@ def load(path: Path, shard: int = 0) -> SyncerConfig:
         shard,
         cfg.syncer.shards,
         len(cfg.syncer.on_host(section.host)),
+        dict(cfg.model_args),
+        cfg.model_dir_path(base),
     )

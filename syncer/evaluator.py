@@ -36,9 +36,10 @@ HOLD_LIMIT_S = 60.0  # a checkpoint waits at most this long for its score
 class GlobalEvaluator(threading.Thread):
     """Scores global-model snapshots off the loop thread."""
 
-    def __init__(self, settings: dict[str, Any]) -> None:
+    def __init__(self, settings: dict[str, Any], workload_args: dict[str, Any] | None = None) -> None:
         super().__init__(name="global-eval", daemon=True)
         self.settings = settings
+        self.workload_args = dict(workload_args or {})  # model_args, model_dir (WorkloadContext)
         self.problem: str | None = None  # why it cannot score (set once, then it stops)
         self._todo: queue.Queue[Snapshot] = queue.Queue(maxsize=1)
         self._done: queue.Queue[tuple[int, float, float]] = queue.Queue()  # (tag, loss, seconds)
@@ -108,6 +109,7 @@ class GlobalEvaluator(threading.Thread):
             batch_size=int(s["batch_size"]),
             device=torch.device("cpu"),
             seed=int(s["seed"]),
+            **self.workload_args,
         )
         wl = build_workload(ctx)
         wl.model.eval()

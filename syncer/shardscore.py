@@ -47,8 +47,10 @@ class CheckpointEvaluator(GlobalEvaluator):
     with no checkpoint of every shard yet, or with the checkpoints of the last score, scores
     nothing (NaN, and nothing assembled)."""
 
-    def __init__(self, settings: dict[str, Any], run_dir: Path, count: int) -> None:
-        super().__init__(settings)
+    def __init__(
+        self, settings: dict[str, Any], run_dir: Path, count: int, workload_args: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(settings, workload_args)
         self.run_dir, self.count = run_dir, count
         self.given: dict[int, dict[str, torch.Tensor]] = {}  # tag -> a model to score as it is
         self.assembled: queue.Queue[tuple[int, shardmodel.Assembled]] = queue.Queue()
@@ -177,8 +179,8 @@ def scoring_for(cfg: SyncerConfig) -> Scoring | ShardScoring:
     checkpoints (shard 0 of several), or not at all (`global_eval_every = 0`, the other shards)."""
     every = cfg.settings.global_eval_every
     if cfg.shards == 1:
-        return Scoring(GlobalEvaluator(cfg.settings.to_dict()) if every > 0 else None)
+        return Scoring(GlobalEvaluator(cfg.settings.to_dict(), cfg.workload_args()) if every > 0 else None)
     if cfg.shard != 0 or every <= 0:
         return Scoring(None)
-    evaluator = CheckpointEvaluator(cfg.settings.to_dict(), cfg.run_dir, cfg.shards)
+    evaluator = CheckpointEvaluator(cfg.settings.to_dict(), cfg.run_dir, cfg.shards, cfg.workload_args())
     return ShardScoring(evaluator, every, elsewhere=cfg.shards - cfg.neighbours)

@@ -42,7 +42,7 @@ SCHEMA_VERSION = 1
 VERSION_KEY = "version"
 FIX = "start a new run with `dldctl up`"
 ISLANDS = ("ddp", "fsdp")  # an island's ranks hold replicas (DDP) or shards (FSDP2) of the model
-TOP_KEYS = (VERSION_KEY, "run_id", "run", "syncer", "learners", "keys", "inventory", "init_model")
+TOP_KEYS: tuple[str, ...] = (VERSION_KEY, "run_id", "run", "syncer", "learners", "keys", "inventory", "init_model")
 TOP_KEYS += ("model_args", "model_dir")
 
 
