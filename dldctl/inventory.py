@@ -9,10 +9,12 @@
                room that knows hosts knows sites
     [metrics]  MetricsSpec (dldctl/metricspec.py): TensorBoard, Prometheus, W&B exporters
     [alerts]   AlertsSpec (dldctl/observe/alerts.py): a command and/or webhook on chosen events
+    [model]    free-form keys for the run's model (dldctl/modelspec.py), handed to its factory
 
 Unknown keys and wrong types are rejected with the file, the key, a "did you mean" and the fix;
 cross-field rules are checked before anything starts. A relative path (`[run] init_from`) is
-taken from the inventory file's directory (`load` makes it absolute). The built-in default
+taken from the inventory file's directory (`load` makes it absolute; also `workdir` and an
+`hf:` model's directory). The built-in default
 (`dldctl up` with no argument) is an Inventory built from the same dataclasses.
 """
 
@@ -27,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dldctl import metricspec, shards
+from dldctl import metricspec, modelspec, shards
 from dldctl.errors import ConfigError
 from dldctl.hosts import slurmjobs
 from dldctl.metricspec import MetricsSpec
@@ -36,7 +38,7 @@ from dldctl.observe.alerts import AlertsSpec
 from syncer.common.resolved import ISLANDS
 from syncer.common.settings import RunSettings, SettingsError, from_mapping, suggest
 
-TABLES = ("run", "ssh", "syncer", "hosts", "sites", "metrics", "alerts")
+TABLES = ("run", "ssh", "syncer", "hosts", "sites", "metrics", "alerts", "model")
 SCHEDULERS = ("slurm",)
 # sbatch options dldctl sets itself for every learner job (a site's sbatch_args may not override them)
 OWN_SBATCH: tuple[str, ...] = ("--output", "--error", "--job-name", "--comment", "--parsable", "--requeue")
@@ -128,6 +130,7 @@ class Inventory:
     path: str = "<built-in default>"
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
     alerts: AlertsSpec = field(default_factory=AlertsSpec)
+    model_args: dict[str, Any] = field(default_factory=dict)  # [model]: free-form, for the model's factory
 
     @property
     def total_learners(self) -> int:
@@ -188,12 +191,7 @@ def load(path: str | os.PathLike[str]) -> Inventory:
 def with_paths_from(inv: Inventory, base: Path) -> Inventory:
     """The inventory with its file paths made absolute: `~` expanded, a relative one taken from
     `base` (the inventory file's directory), so the run directory's copy means the same file."""
-    if not inv.run.init_from.strip():
-        return inv
-    path = Path(inv.run.init_from).expanduser()
-    if not path.is_absolute():
-        path = base.absolute() / path
-    return replace(inv, run=replace(inv.run, init_from=str(path)))
+    return replace(inv, run=modelspec.absolute(inv.run, base))
 
 
 def parse(data: dict[str, Any], path: str) -> Inventory:
@@ -214,9 +212,19 @@ def parse(data: dict[str, Any], path: str) -> Inventory:
         hosts = tuple(_host(entry, i) for i, entry in enumerate(raw_hosts)) + _sites(data.get("sites", []))
         metrics = from_mapping(MetricsSpec, data.get("metrics", {}), "metrics")
         alert_spec = from_mapping(AlertsSpec, data.get("alerts", {}), "alerts")
+        model_args = modelspec.model_table(data.get("model", {}))
     except SettingsError as exc:
         raise ConfigError(path, exc.key, exc.problem, exc.fix) from None
-    return Inventory(run=run, ssh=ssh, syncer=syncer, hosts=hosts, path=path, metrics=metrics, alerts=alert_spec)
+    return Inventory(
+        run=run,
+        ssh=ssh,
+        syncer=syncer,
+        hosts=hosts,
+        path=path,
+        metrics=metrics,
+        alerts=alert_spec,
+        model_args=model_args,
+    )
 
 
 def _host(entry: Any, index: int) -> HostSpec:
@@ -291,7 +299,7 @@ def validate(inv: Inventory) -> None:
             f"quorum {inv.run.quorum} is larger than the fleet ({total} learners)",
             f"set quorum <= {total}",
         )
-    _validate_model(inv)
+    modelspec.validate(inv.run, inv.model_args, path)
     _validate_ssh(inv)
     shards.check_count(path, inv.syncer.shards, inv.run.fragments)
     shards.check_hosts(path, inv.syncer.host, inv.syncer.shard_hosts, inv.syncer.shards, {h.name: h for h in inv.hosts})
@@ -405,41 +413,6 @@ def _validate_alerts(inv: Inventory) -> None:
     alertsend.check_command(inv.alerts, inv.path)
 
 
-def _validate_model(inv: Inventory) -> None:
-    """fragments <= parameter tensors, seq_len <= positions, for the built-in models."""
-    from workload import presets as model_mod  # torch-free: the operator may have no torch
-
-    name = inv.run.model
-    if ":" in name:
-        return  # a user's factory: the learner checks it when it builds the model
-    if name not in model_mod.PRESETS:
-        close = suggest(name, list(model_mod.PRESETS))
-        raise ConfigError(
-            inv.path,
-            "run.model",
-            f"unknown model {name!r}",
-            f"did you mean {close!r}?"
-            if close
-            else f"use one of {', '.join(model_mod.PRESETS)} or 'package.module:factory'",
-        )
-    preset = model_mod.PRESETS[name]
-    if inv.run.seq_len > preset.block_size:
-        raise ConfigError(
-            inv.path,
-            "run.seq_len",
-            f"{inv.run.seq_len} is longer than {name}'s {preset.block_size} positions",
-            f"set seq_len <= {preset.block_size}",
-        )
-    tensors = len(model_mod.param_shapes(name, block_size=inv.run.seq_len))
-    if inv.run.fragments > tensors:
-        raise ConfigError(
-            inv.path,
-            "run.fragments",
-            f"{inv.run.fragments} fragments but {name} has only {tensors} parameter tensors",
-            f"set fragments <= {tensors}",
-        )
-
-
 def _validate_ssh(inv: Inventory) -> None:
     if inv.ssh.host_key_policy not in ("strict", "accept-new"):
         policy = inv.ssh.host_key_policy
@@ -466,6 +439,7 @@ def to_dict(inv: Inventory) -> dict[str, Any]:
         "hosts": [asdict(h) for h in inv.hosts],
         "metrics": asdict(inv.metrics),
         "alerts": asdict(inv.alerts),
+        "model": dict(inv.model_args),
     }
 
 

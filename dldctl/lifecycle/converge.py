@@ -22,7 +22,7 @@ from dldctl import extras, inventory, rundir, shards
 from dldctl.errors import RunError, UsageError
 from dldctl.hosts import ProcRef
 from dldctl.inventory import HostSpec, Inventory
-from dldctl.lifecycle import memcheck, plan, provision, sites, syncerctl, wheel
+from dldctl.lifecycle import codeship, memcheck, plan, provision, sites, syncerctl, wheel
 from dldctl.rundir import RunDir
 from dldctl.runstate import HostRecord, ProcStatus
 from dldctl.supervise import reconcile
@@ -88,9 +88,9 @@ def add(
         # a local host runs from this checkout: prepare() never reads the wheel (as in up.py)
         built, digest = wheel.build(rundir.home() / "wheels") if not spec.local else (Path(), "")
         ids_here = [e.id for e in config.learners_on(spec.name)]
-        runtime = provision.prepare(
-            host, spec, run, config, built, digest, ids_here, lambda h, s: console.print(f"{h}: {s}", highlight=False)
-        )
+        say = lambda h, s: console.print(f"{h}: {s}", highlight=False)
+        tree = _shipped_tree(run, inv)
+        runtime = provision.prepare(host, spec, run, config, built, digest, ids_here, say, tree)
     finally:
         host.close()
     _push_keys_to_remote_syncer(run, inv, config)
@@ -105,6 +105,16 @@ def add(
     _tell_syncer(run, config)
     _wait(run, new_ids, wait_s, console)
     return new_ids
+
+
+def _shipped_tree(run: RunDir, inv: Inventory) -> codeship.Tree | None:
+    """The workdir for a host that joins a live run: the very snapshot the fleet runs (recorded
+    in any host's runtime) when the directory still hashes to it, else it as it is now."""
+    tree = codeship.scan(inv.run, inv.path)
+    running = {str(r.runtime.get("code", "")) for r in run.read_state().hosts.values()} - {""}
+    if tree is not None and running and not any(p.endswith("/" + tree.digest) for p in running):
+        run.event("workdir_changed", "run", f"{inv.run.workdir} changed since up: the new host gets it as it is now")
+    return tree
 
 
 def _push_keys_to_remote_syncer(run: RunDir, inv: Inventory, config: ResolvedConfig) -> None:

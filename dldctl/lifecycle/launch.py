@@ -13,12 +13,14 @@ from syncer.common.resolved import LearnerEntry
 
 
 def _env(runtime: HostRuntime, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The process environment: the host's `env` on top, but a PYTHONPATH of the host's (e.g. where
-    a custom model lives) goes in front of ours (where dldctl's wheel is installed), not instead."""
+    """The process environment: the host's `env` on top; the import path is the run's code snapshot
+    (`[run] workdir`) first, then a PYTHONPATH of the host's `env`, then ours (where dldctl's wheel
+    is installed): a user's module wins over a name of ours, and nothing replaces the wheel."""
     env = {"PYTHONUNBUFFERED": "1"}
     env.update(extra or {})
-    if runtime.pythonpath:
-        env["PYTHONPATH"] = ":".join(filter(None, [env.get("PYTHONPATH", ""), runtime.pythonpath]))
+    path = [runtime.code, env.get("PYTHONPATH", ""), runtime.pythonpath]
+    if any(path[::2]):
+        env["PYTHONPATH"] = ":".join(filter(None, path))
     return env
 
 
@@ -60,13 +62,18 @@ def log_path(runtime: HostRuntime, target: str) -> str:
 SYNCER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 
 
+def syncer_env(runtime: HostRuntime) -> dict[str, str]:
+    """A syncer's environment: the run's code and our PYTHONPATH, the allocator's settings."""
+    return _env(runtime, SYNCER_MALLOC)
+
+
 def start_syncer(host: Host, runtime: HostRuntime, name: str = shards.SYNCER) -> ProcRef:
     """Start the syncer process `name` (`syncer`, or shard N's `syncer-N`), logging to logs/NAME.log."""
     shard = shards.shard_of(name)
     if shard is None:
         raise ValueError(f"{name!r} is not a syncer process name (syncer, syncer-1, ...)")
     argv = syncer_argv(runtime, shard)
-    return host.start(argv, cwd=runtime.run_dir, log=log_path(runtime, name), env=_env(runtime, SYNCER_MALLOC))
+    return host.start(argv, cwd=runtime.run_dir, log=log_path(runtime, name), env=syncer_env(runtime))
 
 
 def learner_env(runtime: HostRuntime, entry: LearnerEntry, restarts: int) -> dict[str, str]:

@@ -11,10 +11,10 @@ import secrets
 import socket
 from dataclasses import dataclass
 
-from dldctl import shards
+from dldctl import modelspec, shards
 from dldctl.errors import ConfigError
 from dldctl.inventory import HostSpec, Inventory
-from dldctl.lifecycle import initmodel
+from dldctl.lifecycle import initmodel, modeldir
 from dldctl.lifecycle.ports import free_port
 from dldctl.rundir import RunDir
 from syncer.common import keys, modelfile
@@ -136,7 +136,9 @@ def resolved_config(inv: Inventory, advertise: str) -> ResolvedConfig:
         learners=tuple(p.entry for p in learner_plans(inv)),
         keys=KeysSection("keys"),
         inventory=inv.path,
-        init_model=modelfile.INIT_MODEL if inv.run.init_from else None,  # write() copies it there
+        model_args=dict(inv.model_args),
+        model_dir=modeldir.COPY if modelspec.kind(inv.run.model) == "hf" else None,  # write() copies it there
+        init_model=modelfile.copy_name(inv.run.init_from) if inv.run.init_from else None,  # write() copies it there
     )
 
 
@@ -145,6 +147,7 @@ def write(inv: Inventory, run: RunDir, advertise: str = "127.0.0.1") -> Resolved
     in the run directory; returns the config."""
     config = resolved_config(inv, advertise)
     initmodel.copy(inv, run)
+    modeldir.copy(inv, run)
     if not inv.run.insecure:
         for name in ["syncer", "operator", *config.learner_ids]:
             keys.create(run.keys, name)
@@ -204,5 +207,6 @@ def describe(inv: Inventory) -> list[str]:
             f"batch {h.batch_size or inv.run.batch_size}, throttle {h.throttle:g}"
         )
     lines += initmodel.describe(inv)
+    lines += modeldir.describe(inv)
     lines += [f"WARNING: {risk}" for risk in inv.run.risks(len(learner_plans(inv)))]
     return lines

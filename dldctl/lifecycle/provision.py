@@ -1,8 +1,10 @@
 """Preparing hosts: open them, set up their Python, copy the run's files, report progress.
 
 Per remote host: connect, copy the wheel, set up (skipped when the wheel hash is unchanged),
-copy the resolved configuration and that host's keys (0600), and record a `HostRuntime` that
-says how to start processes there. The operator's own machine needs no copying at all.
+ship the user's code (`[run] workdir`, dldctl/lifecycle/codeship.py: only what the host lacks),
+copy the resolved configuration, the run's model files and that host's keys (0600), and record a
+`HostRuntime` that says how to start processes there. The operator's own machine runs from its
+own Python and run directory; it gets only the code snapshot.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dldctl import rundir
 from dldctl.errors import RemoteCommandError, SetupError
 from dldctl.hosts import Host, LocalHost
 from dldctl.hosts.slurm import SlurmHost
 from dldctl.hosts.slurmjobs import SiteJob
 from dldctl.inventory import HostSpec, Inventory
-from dldctl.lifecycle import initmodel
+from dldctl.lifecycle import codeship, initmodel, modeldir
 from dldctl.rundir import RunDir
 from syncer.common.resolved import ResolvedConfig
 
@@ -38,13 +41,15 @@ class HostRuntime:
     pythonpath: str  # "" or the site dir holding our wheel
     run_dir: str  # this run's directory on the host
     config: str  # resolved configuration on the host
+    code: str = ""  # the snapshot of `[run] workdir` on the host, first on every process's import path
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HostRuntime:
-        return cls(**{k: data[k] for k in ("host", "python", "pythonpath", "run_dir", "config")})
+        known = {k: data[k] for k in ("host", "python", "pythonpath", "run_dir", "config")}
+        return cls(**known, code=str(data.get("code", "")))  # a run of an older dldctl has no `code`
 
 
 def open_host(spec: HostSpec, inv_ssh: Any, known_hosts: str | None = None) -> Host:
@@ -90,8 +95,10 @@ def site_job(spec: HostSpec) -> SiteJob:
     )
 
 
-def local_runtime(spec: HostSpec, run: RunDir) -> HostRuntime:
-    return HostRuntime(spec.name, sys.executable, "", str(run.path), str(run.config))
+def local_runtime(name: str, run: RunDir, tree: codeship.Tree | None = None) -> HostRuntime:
+    """This machine: its own Python, the run directory itself, the code snapshot in $DLDCTL_HOME."""
+    code = codeship.ship(LocalHost(name), sys.executable, str(rundir.home()), tree).path if tree else ""
+    return HostRuntime(name, sys.executable, "", str(run.path), str(run.config), code)
 
 
 def prepare(
@@ -103,25 +110,40 @@ def prepare(
     digest: str,
     learner_ids: list[str],
     progress: Progress,
+    tree: codeship.Tree | None = None,
 ) -> HostRuntime:
     """Set up one host for this run (idempotent); returns how to start processes on it."""
     if spec.local:
-        progress(spec.name, "local: nothing to copy")
-        return local_runtime(spec, run)
+        progress(spec.name, "local: nothing to copy" if tree is None else "local: code snapshot")
+        return local_runtime(spec.name, run, tree)
     progress(spec.name, "connect")
-    base = host.home() if spec.workdir in ("~", "") else _expand(host, spec.workdir)
+    base = base_dir(host, spec)
     progress(spec.name, "copy wheel")
     remote_wheel = f"{base}/wheels/{digest}/{wheel.name}"
     if not host.exists(remote_wheel):
         host.put_file(wheel, remote_wheel, 0o644)
     progress(spec.name, "set up python")
     python, site = _setup(host, spec, base, remote_wheel, digest)
+    code = ship_code(host, spec, python, base, tree, progress)
     progress(spec.name, "copy config and keys")
     remote_run = f"{base}/runs/{config.run_id}"
     push_run_files(host, run, remote_run, learner_ids, config)
     if spec.name in config.syncer.hosts:  # a syncer shard runs here
         push_syncer_keys(host, run, remote_run, config)
-    return HostRuntime(spec.name, python, site, remote_run, f"{remote_run}/config.json")
+    return HostRuntime(spec.name, python, site, remote_run, f"{remote_run}/config.json", code)
+
+
+def ship_code(
+    host: Host, spec: HostSpec, python: str, base: str, tree: codeship.Tree | None, progress: Progress
+) -> str:
+    """The workdir's snapshot on the host ("" when the run has none), with a progress line."""
+    if tree is None:
+        return ""
+    progress(spec.name, f"ship workdir ({len(tree.files)} files, {tree.size / (1 << 20):.1f} MB)")
+    shipped = codeship.ship(host, python, base, tree)
+    if shipped.files_sent:
+        progress(spec.name, f"shipped {shipped.files_sent} files ({shipped.bytes_sent / (1 << 20):.1f} MB)")
+    return shipped.path
 
 
 def push_run_files(host: Host, run: RunDir, remote_run: str, learner_ids: list[str], config: ResolvedConfig) -> None:
@@ -129,6 +151,7 @@ def push_run_files(host: Host, run: RunDir, remote_run: str, learner_ids: list[s
     host.mkdir(f"{remote_run}/keys", 0o700)
     host.put_bytes(run.config.read_bytes(), f"{remote_run}/config.json", 0o600)
     initmodel.push(host, run, remote_run, config)
+    modeldir.push(host, run, remote_run, config)
     if config.run.insecure:
         return
     host.put_bytes((run.keys / "syncer.key").read_bytes(), f"{remote_run}/keys/syncer.key", 0o600)
@@ -145,6 +168,11 @@ def push_syncer_keys(host: Host, run: RunDir, remote_run: str, config: ResolvedC
     host.put_bytes((run.keys / "syncer.key_secret").read_bytes(), f"{remote_run}/keys/syncer.key_secret", 0o600)
     for public in sorted(run.keys.glob("*.key")):
         host.put_bytes(public.read_bytes(), f"{remote_run}/keys/{public.name}", 0o600)
+
+
+def base_dir(host: Host, spec: HostSpec) -> str:
+    """The host's dldctl directory (`[[hosts]] workdir`, `~` expanded there)."""
+    return host.home() if spec.workdir in ("~", "") else _expand(host, spec.workdir)
 
 
 def _expand(host: Host, path: str) -> str:

@@ -26,7 +26,7 @@ from rich.markup import escape
 from dldctl import shards
 from dldctl.errors import DldError, OperationError, UsageError
 from dldctl.inventory import Inventory
-from dldctl.lifecycle import converge, memcheck, plan
+from dldctl.lifecycle import codeship, converge, memcheck, modelprobe, plan, provision
 from dldctl.lifecycle import down as down_mod
 from dldctl.lifecycle import up as up_mod
 from dldctl.lifecycle.provision import HostRuntime
@@ -54,11 +54,16 @@ def resume(run: RunDir, console: Console, timeout: float, memory_check: bool = T
     plan.check_fixed_ports(inv)  # the ports it fixed, taken while it was down
     for warning in memcheck.preflight(inv) if memory_check else []:  # the host may have less now
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+    tree = codeship.scan(inv.run, inv.path)  # the workdir as it is now, shipped to every host again
     names = [h.name for h in inv.hosts] + [*shards.names(config.syncer.shards), *config.learner_ids]
     console.print(f"resuming run [bold]{run.name}[/] in {run.path}", highlight=False)
     with up_mod.Board(console, names) as board:
-        config, runtimes, errors = up_mod.prepare_fleet(inv, run, board, lambda a: _new_ports(run, inv, config, a))
+        make = lambda a: _new_ports(run, inv, config, a)
+        config, runtimes, errors = up_mod.prepare_fleet(inv, run, board, make, tree)
+        if "local" in state.hosts and "local" not in runtimes:  # the syncer here: the same code as the hosts
+            runtimes["local"] = provision.local_runtime("local", run, tree)
         new_state = resumed_state(state, runtimes, errors)
+        modelprobe.at_up(inv, config, up_mod.runtimes_of(new_state, errors), board)
         missing, native = up_mod.start_fleet(inv, run, board, new_state, timeout)
     run.event("resume", "run", f"resumed by `dldctl up --resume` ({len(new_state.learners(live=True))} learners)")
     up_mod.report_start(console, timeout, missing, native, errors)

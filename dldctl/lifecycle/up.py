@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shutil
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from dldctl.errors import DldError, OperationError
 from dldctl.hosts import Host, LocalHost
 from dldctl.hosts.slurm import SlurmHost
 from dldctl.inventory import HostSpec, Inventory
-from dldctl.lifecycle import initmodel, kernel, memcheck, plan, provision, sites, wheel
+from dldctl.lifecycle import codeship, initmodel, kernel, memcheck, modeldir, modelprobe, plan, provision, sites, wheel
 from dldctl.observe import exports
 from dldctl.rundir import RunDir
 from dldctl.runstate import HostRecord, ProcStatus, RunState
@@ -158,6 +157,7 @@ def _provision_all(
     hosts: dict[str, Host],
     errors: dict[str, DldError],
     board: Board,
+    tree: codeship.Tree | None,
 ) -> dict[str, provision.HostRuntime]:
     needs_wheel = any(not h.local for h in inv.hosts if h.name in hosts)
     built, digest = wheel.build(rundir.home() / "wheels") if needs_wheel else (Path(), "")
@@ -170,7 +170,7 @@ def _provision_all(
         try:
             with locks[(spec.address, spec.port, spec.workdir)]:
                 runtimes[spec.name] = provision.prepare(
-                    hosts[spec.name], spec, run, config, built, digest, by_host.get(spec.name, []), board
+                    hosts[spec.name], spec, run, config, built, digest, by_host.get(spec.name, []), board, tree
                 )
             board(spec.name, "ready")
         except DldError as exc:
@@ -188,6 +188,7 @@ def initial_state(
     config: ResolvedConfig,
     runtimes: dict[str, provision.HostRuntime],
     errors: dict[str, DldError],
+    tree: codeship.Tree | None = None,
 ) -> RunState:
     """Every process pending (the supervisor starts them): every syncer shard (`syncer`, `syncer-1`,
     ...: dldctl/shards.py) on its host, the learners; unreachable hosts' learners stopped."""
@@ -199,9 +200,8 @@ def initial_state(
             proc = replace(proc, status=ProcStatus.STOPPED, reason=errors[entry.host].line())
         procs[entry.id] = proc
     hosts = {name: HostRecord(rt.to_dict()) for name, rt in runtimes.items()}
-    if "local" not in hosts:
-        local = provision.HostRuntime("local", sys.executable, "", str(run.path), str(run.config))
-        hosts["local"] = HostRecord(local.to_dict())
+    if "local" not in hosts:  # a syncer on this machine ("local" is no [[hosts]] entry)
+        hosts["local"] = HostRecord(provision.local_runtime("local", run, tree).to_dict())
     return RunState(
         run=inv.run.name,
         run_id=config.run_id,
@@ -211,6 +211,12 @@ def initial_state(
         procs=procs,
         hosts=hosts,
     )
+
+
+def runtimes_of(state: RunState, errors: dict[str, DldError]) -> dict[str, provision.HostRuntime]:
+    """The runtime of every host of `state` that was set up ("local": a syncer here)."""
+    records = {name: r for name, r in state.hosts.items() if name not in errors}
+    return {name: provision.HostRuntime.from_dict(dict(record.runtime)) for name, record in records.items()}
 
 
 def start_supervisor(run: RunDir) -> None:
@@ -253,15 +259,20 @@ def create_run(inv: Inventory, source: str | None) -> RunDir:
 
 
 def prepare_fleet(
-    inv: Inventory, run: RunDir, board: Board, make_config: Callable[[str], ResolvedConfig]
+    inv: Inventory,
+    run: RunDir,
+    board: Board,
+    make_config: Callable[[str], ResolvedConfig],
+    tree: codeship.Tree | None = None,
 ) -> tuple[ResolvedConfig, dict[str, provision.HostRuntime], dict[str, DldError]]:
     """Connect to the hosts, write the configuration (`make_config(advertise address)`), set up
-    every reachable host; (config, runtimes, unreachable hosts). Fails below the quorum."""
+    every reachable host (with the run's code `tree`); (config, runtimes, unreachable hosts).
+    Fails below the quorum."""
     hosts, errors = _open_remote(inv, board)
     try:
         _check_quorum(inv, errors)
         config = make_config(advertise_address(hosts, board.console))
-        runtimes = _provision_all(inv, run, config, hosts, errors, board)
+        runtimes = _provision_all(inv, run, config, hosts, errors, board, tree)
         _check_quorum(inv, errors)
         _check_syncer_hosts(config, errors)
     finally:
@@ -314,13 +325,17 @@ def up(
     exports.preflight(inv)  # [metrics] prometheus_port in use: likewise
     plan.check_fixed_ports(inv)  # [syncer] port, control_port in use: likewise
     sites.preflight(inv)  # a Slurm site's partition, account, time limit: before any job is queued
+    tree = codeship.scan(inv.run, inv.path)  # [run] workdir: missing or over its size limit fails here
+    modeldir.check(inv)  # an hf: model's directory: what travels is config and tokenizer, not more
     for warning in memcheck.preflight(inv) if memory_check else []:  # shards that cannot fit: refused
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     run = create_run(inv, source)
     console.print(f"run [bold]{run.name}[/] in {run.path}", highlight=False)
     with Board(console, fleet_names(inv)) as board:
-        config, runtimes, errors = prepare_fleet(inv, run, board, lambda advertise: plan.write(inv, run, advertise))
-        state = initial_state(inv, run, config, runtimes, errors)
+        make = lambda advertise: plan.write(inv, run, advertise)
+        config, runtimes, errors = prepare_fleet(inv, run, board, make, tree)
+        state = initial_state(inv, run, config, runtimes, errors, tree)
+        modelprobe.at_up(inv, config, runtimes_of(state, errors), board)
         missing, native = start_fleet(inv, run, board, state, timeout)
     report_start(console, timeout, missing, native, errors)
     report_metrics(console, inv, run)

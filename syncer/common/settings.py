@@ -43,10 +43,12 @@ class RunSettings:
     """What the learners train and how the syncer merges; every field has a safe default."""
 
     name: str = "dldctl"
-    model: str = "gpt-small"  # gpt-tiny | gpt-small | gpt-medium | gpt2-124m | pkg.mod:factory
+    model: str = "gpt-small"  # gpt-tiny | gpt-small | gpt-medium | gpt2-124m | pkg.mod:factory | hf:DIR
     data: str = "builtin"  # builtin | path to a text file/dir | path to a uint16 .bin
     seed: int = 0
     init_from: str = ""  # a model file a new run starts from ("" = from the seed; a resumed run: its checkpoint)
+    workdir: str = ""  # the user's code directory, shipped to every host and first on every process's import path
+    workdir_max_mb: float = 100.0  # a larger workdir is refused (exclude files with .dldctlignore)
     steps: int = 0  # inner steps per learner; 0 = until `dldctl down`
     duration: float = 0.0  # seconds; 0 = until `dldctl down`
     # inner optimizer (AdamW)
@@ -118,6 +120,13 @@ class RunSettings:
             "is blank",
             'name a model file, e.g. init_from = "final_model.pt", or leave the key out to start from the seed',
         )
+        _check(
+            self.workdir == "" or self.workdir.strip() != "",
+            "workdir",
+            "is blank",
+            'name the directory your model\'s package lives in, e.g. workdir = "."; or leave the key out',
+        )
+        _check(self.workdir_max_mb > 0, "workdir_max_mb", f"must be > 0, got {self.workdir_max_mb}")
         _check(self.H >= 1, "H", f"must be >= 1, got {self.H}")
         _check(self.fragments >= 1, "fragments", f"must be >= 1, got {self.fragments}")
         _check(
