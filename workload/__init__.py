@@ -6,6 +6,8 @@ exact token count of a batch, fixed eval batches, and which parameters are embed
 (merged by a plain mean instead of RDA). The run's `model` setting picks the factory:
 
     "gpt-tiny" | "gpt-small" | "gpt-medium" | "gpt2-124m"   -> gpt_workload (the built-in)
+    "hf:DIR"                                                 -> hf.hf_workload: a transformers causal
+                                                                LM from DIR's config.json (workload/hf.py)
     "package.module:factory"                                 -> a user's own, see docs/custom-model.md
 
 Contract every factory keeps (the syncer and the merge depend on it):
@@ -127,12 +129,17 @@ def gpt_workload(ctx: WorkloadContext) -> Workload:
 
 
 def resolve(model: str) -> Callable[[WorkloadContext], Workload]:
-    """The factory for a model setting: a GPT preset, or "package.module:factory" imported."""
+    """The factory for a model setting: a GPT preset, "hf:DIR", or "package.module:factory" imported."""
+    if model.startswith("hf:"):  # before the ':' split below; transformers is imported only when built
+        from workload import hf
+
+        hf.spec_path(model)  # "hf:" with no directory fails here, naming the setting
+        return hf.hf_workload
     if ":" not in model:
         if model in PRESETS:
             return gpt_workload
         raise ValueError(
-            f"model {model!r} is neither a built-in preset ({', '.join(PRESETS)}) nor "
+            f"model {model!r} is neither a built-in preset ({', '.join(PRESETS)}), 'hf:DIR' nor "
             "'package.module:factory'; set model to one of those"
         )
     module_name, _, attr = model.partition(":")
@@ -164,12 +171,13 @@ def _import(spec: str, module_name: str) -> Any:
         missing = exc.name or ""
         if module_name == missing or module_name.startswith(missing + "."):
             raise ImportError(
-                f"model {spec!r}: cannot import module {module_name!r} ({exc}); install its package on "
-                f"the learner host or put its directory on PYTHONPATH (working directory: {os.getcwd()})"
+                f"model {spec!r}: cannot import module {module_name!r} ({exc}); put its package in the "
+                "run's [run] workdir (shipped to every learner and syncer host and first on their import "
+                "path) or install it into this host's Python"
             ) from exc
         raise ImportError(
             f"model {spec!r}: importing {module_name!r} failed: it needs {missing!r}, "
-            f"which is not installed on this host ({exc})"
+            f"which is not installed in this host's Python ({exc}); install it there"
         ) from exc
     except ImportError as exc:
         raise ImportError(f"model {spec!r}: importing {module_name!r} failed: {exc}") from exc

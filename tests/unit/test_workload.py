@@ -109,7 +109,7 @@ def test_example_factory_trains(corpus_file: str) -> None:
     [
         ("nope", ValueError, r"'nope'.*gpt-tiny.*package\.module:factory"),
         ("gpt-huge", ValueError, r"'gpt-huge'.*gpt-small"),
-        ("x.y:z", ImportError, r"'x\.y:z'.*cannot import module 'x\.y'.*PYTHONPATH"),
+        ("x.y:z", ImportError, r"'x\.y:z'.*cannot import module 'x\.y'.*\[run\] workdir"),
         ("os:path", ValueError, r"'os:path'.*module, not a callable factory"),
         ("os:nothing_here", ImportError, r"has no attribute 'nothing_here'"),
         ("os:", ValueError, r"malformed"),
