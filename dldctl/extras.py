@@ -18,6 +18,7 @@ import sys
 from dldctl import shards
 from dldctl.errors import UsageError
 from dldctl.inventory import Inventory
+from syncer.common import modelfile
 
 # module -> the extra that installs it
 EXTRAS = {
@@ -26,6 +27,7 @@ EXTRAS = {
     "tensorboard": "tensorboard",
     "prometheus_client": "prometheus",
     "wandb": "wandb",
+    "transformers": "hf",  # `dldctl export RUN --format hf`
 }
 
 
@@ -63,7 +65,7 @@ def torch_users(inv: Inventory) -> list[str]:
     local = [h.name for h in inv.hosts if h.local and h.learners > 0]
     if local:
         users.append(f"the learners on {', '.join(local)}")
-    if inv.run.init_from:
+    if inv.run.init_from and not modelfile.is_safetensors(inv.run.init_from):  # safetensors: headers, no torch
         users.append("the check of [run] init_from")
     return users
 
@@ -73,6 +75,9 @@ def require_for_run(inv: Inventory) -> None:
     users = torch_users(inv)
     if users:
         require("torch", f"this machine runs {' and '.join(users)}, which need")
+    here = [u for u in users if not u.startswith("the check")]
+    if here and inv.run.model.startswith("hf:"):  # modelspec.HF: the learners and syncer build it with transformers
+        require("transformers", f"model {inv.run.model!r} is built by {' and '.join(here)} on this machine, which need")
     for module, key in exporter_modules(inv):
         require(module, f"[metrics] {key} in {inv.path} needs")
 
