@@ -411,6 +411,7 @@ def export_model(core: SyncerCore, path: Path, run: str = "") -> tuple[Path, str
         held_out_loss=loss,
         source="the syncer's global model at shutdown",
         created=time.time(),
+        held_out_loss_missing=core.guard.off or modelexport.no_final_loss(core.guard.last, core.outer_steps),
     )
     directory = path.parent / modelexport.EXPORT_DIR
     try:

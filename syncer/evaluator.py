@@ -7,6 +7,9 @@ waits for it: `submit` hands over at most one snapshot at a time and `results` t
 done. If the workload cannot be built here (a user's factory not importable on the syncer's
 host), it says so once and scores nothing; `global_eval_every = 0` turns it off. For a model too
 large to score on the syncer's CPU, turn it off and rely on the learners' own eval losses.
+Whenever nothing is scored (so the quality guard judges nothing), `Scoring.off` says why, in the
+words of syncer/common/unscored.py, and `tick` puts it in `core.guard.off` for the status snapshot
+and the export.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 
 from syncer import checkpoint as ckpt
 from syncer import quality
+from syncer.common import unscored
 from syncer.globalmodel import Outbox
 from syncer.guard import Snapshot
 from syncer.wire import fragments
@@ -84,7 +88,7 @@ class GlobalEvaluator(threading.Thread):
         try:
             model, plan, batches, loss_fn = self._build()
         except Exception as exc:
-            self.problem = f"{type(exc).__name__}: {exc}"[:300]
+            self.problem = unscored.build_failed(exc)
             return
         while not self._halt.is_set():
             try:
@@ -95,7 +99,7 @@ class GlobalEvaluator(threading.Thread):
             try:
                 loss = self._score(model, plan, batches, loss_fn, snap)
             except Exception as exc:
-                self.problem = f"scoring failed: {type(exc).__name__}: {exc}"[:300]
+                self.problem = unscored.scoring_failed(exc)
                 return
             self._done.put((snap.tag, loss, time.perf_counter() - t0))
             self.busy = False
@@ -142,10 +146,17 @@ class Scoring:
     """The loop's side: hand a snapshot over when a score is due, fold finished scores into the
     core (which may roll back, syncer/quality.py)."""
 
-    def __init__(self, evaluator: GlobalEvaluator | None) -> None:
+    def __init__(self, evaluator: GlobalEvaluator | None, off: str = unscored.EVERY_OFF) -> None:
         self.ev = evaluator
+        self._off = off  # why nothing is scored without an evaluator
         self._said = False
         self._held: dict[int, dict[str, Any]] = {}  # snapshot tag -> the checkpoint state taken with it
+
+    @property
+    def off(self) -> str | None:
+        """Why the global model is not scored (so not guarded); None while it is, or while the
+        evaluator is still building the model."""
+        return self._off if self.ev is None else self.ev.problem
 
     @property
     def gates_checkpoints(self) -> bool:
@@ -164,18 +175,13 @@ class Scoring:
         """Fold in finished scores and hand over the next snapshot. With `checkpoint` (one is due),
         the snapshot is taken now with a copy of the checkpoint state; that state is returned, to be
         written, once its score comes back good (a flagged one is rolled back instead)."""
+        core.guard.off = self.off
         if self.ev is None:
             return None
         if self.ev.problem is not None:
             if not self._said:
                 self._said = True
-                out.event(
-                    now,
-                    "global_eval_off",
-                    "syncer",
-                    f"cannot score the global model on the syncer: "
-                    f"{self.ev.problem}; make the model factory importable here or set global_eval_every = 0",
-                )
+                out.event(now, unscored.EVENT, "syncer", unscored.event_detail(self.ev.problem))
             return None
         ready = None
         for tag, loss, _seconds in self.ev.results():

@@ -57,6 +57,7 @@ class QualityGuard:
     pending: Snapshot | None = None
     last: dict[str, Any] | None = None  # the latest score, for status and metrics
     trips: int = 0
+    off: str | None = None  # why nothing is scored, so nothing judged (syncer/common/unscored.py)
 
     def judge(self, loss: float) -> Verdict:
         reference = min(self.history) if self.history else None

@@ -30,6 +30,7 @@ import torch
 
 from syncer import quality, shardmodel
 from syncer.checkpoint import CheckpointError
+from syncer.common import unscored
 from syncer.config import SyncerConfig
 from syncer.evaluator import GlobalEvaluator, Scoring
 from syncer.globalmodel import Outbox
@@ -92,9 +93,18 @@ class ShardScoring:
     def overdue(self, now: float) -> bool:
         return False
 
+    @property
+    def off(self) -> str | None:
+        """Why the sharded global model is not scored live (None while it is, or while the
+        evaluator is still building the model)."""
+        if self.ev is not None and self.ev.problem is not None:
+            return self.ev.problem
+        return unscored.elsewhere(self.elsewhere) if self.elsewhere else None
+
     def tick(self, core: SyncerCore, now: float, out: Outbox, checkpoint: bool = False) -> None:
         """Record finished scores; hand over the next job when `every` outer steps have passed."""
         ev = self.ev
+        core.guard.off = self.off
         if ev is None or self._off(now, out):
             return None
         for tag, loss, _seconds in ev.results():
@@ -109,14 +119,11 @@ class ShardScoring:
 
     def _off(self, now: float, out: Outbox) -> bool:
         """Whether this shard cannot score (said once, as an event)."""
-        assert self.ev is not None
-        why = self.ev.problem
-        if why is None and self.elsewhere:
-            why = f"{self.elsewhere} shard(s) keep their checkpoints on another host"
-            why += "; `dldctl down` scores the final model"
+        why = self.off
         if why is not None and not self._said:
             self._said = True
-            out.event(now, "global_eval_off", "syncer", f"cannot score the sharded global model live: {why}")
+            tail = f"; {unscored.fix(why)}" if unscored.fix(why) else ""
+            out.event(now, unscored.EVENT, "syncer", f"cannot score the sharded global model live: {why}{tail}")
         return why is not None
 
     def _record(self, tag: int, loss: float, now: float, core: SyncerCore, out: Outbox) -> None:
@@ -181,6 +188,6 @@ def scoring_for(cfg: SyncerConfig) -> Scoring | ShardScoring:
     if cfg.shards == 1:
         return Scoring(GlobalEvaluator(cfg.settings.to_dict(), cfg.workload_args()) if every > 0 else None)
     if cfg.shard != 0 or every <= 0:
-        return Scoring(None)
+        return Scoring(None, unscored.SHARD0 if every > 0 else unscored.EVERY_OFF)
     evaluator = CheckpointEvaluator(cfg.settings.to_dict(), cfg.run_dir, cfg.shards, cfg.workload_args())
     return ShardScoring(evaluator, every, elsewhere=cfg.shards - cfg.neighbours)

@@ -1,13 +1,16 @@
 """The syncer's half of `dldctl status --json`: a pure function of the core's state and `now`.
 
 The operator side (dldctl) adds what only it knows (pids from its state file, restarts counted
-by the supervisor, the events log) to build the full snapshot of ARCHITECTURE.md.
+by the supervisor, the events log) to build the full snapshot of ARCHITECTURE.md. Whether the
+global model is scored and guarded, and why not, is `loss.global_off` and `guard.off`
+(syncer/common/unscored.py): the evaluator's side keeps it in `core.guard.off`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from syncer.common import unscored
 from syncer.core import SyncerCore
 
 
@@ -83,16 +86,28 @@ def snapshot(core: SyncerCore, now: float) -> dict[str, Any]:
             "train": fleet.mean_loss(now, "loss"),
             "eval": fleet.mean_loss(now, "eval_loss"),
             "global": (core.guard.last or {}).get("loss"),
+            "global_off": global_off(core),  # why the global model is not scored (None: it is)
         },
         "guard": {
             "threshold": core.s.quality_guard,
             "last": core.guard.last,
             "trips": core.guard.trips,
             "rollbacks": core.counters["rollbacks"],
+            "off": guard_off(core),  # why no score is judged (None: the guard runs)
         },
         "learners": _with_replicas(core, fleet.rows(now)),
         "wire_bytes": wire,
     }
+
+
+def global_off(core: SyncerCore) -> str | None:
+    """Why the global model is not scored: the evaluator's word, or the settings'."""
+    return core.guard.off or (unscored.EVERY_OFF if core.s.global_eval_every <= 0 else None)
+
+
+def guard_off(core: SyncerCore) -> str | None:
+    """Why the quality guard judges nothing: no score, or `quality_guard = 0`."""
+    return global_off(core) or (unscored.GUARD_OFF if core.s.quality_guard <= 0 else None)
 
 
 def _with_replicas(core: SyncerCore, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -141,6 +156,7 @@ def sample_record(snap: dict[str, Any], now: float, dropped_writes: dict[str, in
         "loss_train": snap["loss"]["train"],
         "loss_eval": snap["loss"]["eval"],
         "loss_global": snap["loss"]["global"],
+        "global_off": snap["loss"].get("global_off"),  # why it is not scored (None: it is)
         "quorum_live": snap["quorum"]["live"],
         "quorum_min": snap["quorum"]["min"],
         "outer_steps": snap["syncer"]["outer_steps"],

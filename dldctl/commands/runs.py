@@ -7,7 +7,7 @@ from rich.table import Table
 
 from dldctl.commands.options import output_console
 from dldctl.observe import runs as runs_mod
-from dldctl.observe.view_data import fmt_count, fmt_duration, fmt_float, fmt_int
+from dldctl.observe.view_data import fmt_count, fmt_duration, fmt_int
 from syncer.common import strictjson
 
 STATE_STYLE = {"up": "green", "starting": "yellow", "crashed": "red", "stopping": "yellow", "unreadable": "red"}
@@ -39,7 +39,7 @@ def runs(json_out: bool = typer.Option(False, "--json", help="Print the runs as 
             str(r["learners"]),
             fmt_int(r.get("outer_steps")),
             fmt_count(r.get("tokens_merged")),
-            fmt_float(r.get("loss_eval")),
+            runs_mod.loss_cell(r),
         )
     console.print(table)
     console.print("[dim]dldctl up --resume RUN continues a down or crashed run; dldctl status --run RUN shows one[/]")

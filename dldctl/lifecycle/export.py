@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from dldctl import extras
 from dldctl.errors import OperationError, RunError
 from dldctl.lifecycle import shardexport
+from dldctl.observe.runs import unscored_reason
 from dldctl.rundir import RunDir
 from syncer.common import modelexport, modelfile
 from syncer.common.modelexport import CONFIG, EXPORT_DIR, WEIGHTS
@@ -105,7 +106,20 @@ def export(run: RunDir, out: Path | None = None) -> dict[str, Any]:
         "source": source,
         **(files(dest) or {}),
         **{k: config.get(k) for k in ("model", "params", "outer_step", "tokens_merged", "held_out_loss")},
+        "held_out_loss_missing": _missing(run, config),
     }
+
+
+def _missing(run: RunDir, config: dict[str, Any]) -> str | None:
+    """Why the export has no held-out loss (None: it has one): why the run's global model was not
+    scored, else what the export's config.json says."""
+    if config.get("held_out_loss") is not None:
+        return None
+    return unscored_reason(run) or config.get("held_out_loss_missing") or "not scored"
+
+
+def _unscored(run: RunDir, outer: int) -> str:
+    return unscored_reason(run) or f"no good score of outer step {outer} in the run's metrics"
 
 
 def _readable(directory: Path) -> bool:
@@ -226,6 +240,7 @@ def _write(
         held_out_loss=loss,
         source=source,
         created=time.time(),
+        held_out_loss_missing=None if loss is not None else _unscored(run, outer),
     )
     try:
         modelexport.write(dest, tensors, complete(config))

@@ -10,6 +10,7 @@ a segment per stretch after a rollback; goodput.png; throughput.png: tokens/s pe
 bandwidth.png: bytes/s against the data-parallel equivalent; quorum.png; headline.png: the
 data-parallel/bytes-moved ratio and goodput over time) and summary.md linking them. What each plot
 draws, with gaps as gaps and no rate across a restart, is `report_series` (pure, unit-tested).
+A run whose global model was not scored says so, and why (syncer/common/unscored.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from pathlib import Path
 
 from dldctl.errors import RunError
 from dldctl.observe import report_series as rs
+from dldctl.observe import runs
 from dldctl.observe.view_data import fmt_bytes, fmt_duration
+from dldctl.rundir import RunDir
+from syncer.common import unscored
 
 PLOTS = ("loss.png", "goodput.png", "throughput.png", "bandwidth.png", "quorum.png", "headline.png")
 
@@ -36,6 +40,7 @@ class RunRecord:
     samples: list[dict]
     rounds: list[dict]
     events: list[dict]
+    unscored: str | None = None  # why the global model has no score (None: it has)
 
     @property
     def t0(self) -> float:
@@ -89,7 +94,9 @@ def load_run(run_dir: Path) -> RunRecord:
             f"run {run_dir.name} has no metrics yet ({run_dir / 'metrics.jsonl'} is missing or empty)",
             hint="wait for the syncer's first sample, or pick another run with --run",
         )
-    return RunRecord(run_dir.resolve().name, samples, rounds, read_jsonl(run_dir / "events.jsonl"))
+    events = read_jsonl(run_dir / "events.jsonl")
+    why = unscored.from_records(samples, events, runs.eval_every(RunDir(run_dir)))
+    return RunRecord(run_dir.resolve().name, samples, rounds, events, why)
 
 
 # ---------------------------------------------------------------- summary
@@ -112,7 +119,10 @@ def _loss_rows(run: RunRecord) -> list[tuple[str, str]]:
     for key, label in (("loss_train", "train"), ("loss_eval", "eval"), ("loss_global", "global model")):
         values = [v for v in (_number(s.get(key)) for s in run.samples) if v is not None]
         final, best = (values[-1], min(values)) if values else (None, None)
-        rows.append((f"{label} loss (final / min)", f"{_fmt(final)} / {_fmt(best)}"))
+        if key != "loss_global" or values or not run.unscored:
+            rows.append((f"{label} loss (final / min)", f"{_fmt(final)} / {_fmt(best)}"))
+    if run.unscored:
+        rows.append(("global model", f"not scored ({run.unscored})".replace("|", "\\|")))  # a markdown cell
     return rows
 
 

@@ -7,7 +7,9 @@ The state word is the run's truth, not only what state.json last said:
     down      stopped by `down` (`dldctl up --resume RUN` continues it from its checkpoint)
     unreadable  state.json cannot be read (`dldctl down --run RUN` still stops what it finds)
 Progress (outer steps, tokens, the last eval loss) is the newest "sample" record of the run's
-metrics log, so a run that is down still shows where it ended.
+metrics log, so a run that is down still shows where it ended. A run whose global model is not
+scored says why (`global_off`, syncer/common/unscored.py; `unscored_reason` reads it from a run
+directory).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import time
 from typing import Any
 
 from dldctl.errors import RunError
+from dldctl.observe.view_data import fmt_float
 from dldctl.rundir import RunDir, all_runs
 from dldctl.runstate import DOWN_REASON, RunState
-from syncer.common import jsonl
+from syncer.common import jsonl, unscored
 
 SCHEMA = "dldctl.runs/1"
 
@@ -65,8 +68,40 @@ def row(run: RunDir, now: float) -> dict[str, Any]:
     out["tokens_trained"] = sample.get("tokens_trained")
     out["goodput"] = sample.get("goodput")
     out["loss_eval"] = sample.get("loss_global") if sample.get("loss_global") is not None else sample.get("loss_eval")
+    out["loss_global"] = sample.get("loss_global")
+    out["global_off"] = unscored_reason(run, sample)  # why the global model is not scored (None: it is)
     out["final_model"] = str(run.final_model) if run.final_model.exists() else None
     return out
+
+
+def unscored_reason(run: RunDir, sample: dict[str, Any] | None = None) -> str | None:
+    """Why the run's global model has no score, from what its directory holds (None: it is scored,
+    or nothing says otherwise): the newest sample's `global_off` (`sample`, read if not given),
+    else its last `global_eval_off` event, else its settings' global_eval_every = 0."""
+    newest = last_sample(run) if sample is None else sample
+    samples = [newest] if newest else []
+    if newest and "global_off" in newest:
+        return unscored.from_records(samples, [])
+    events = [e for e in jsonl.tail(run.events, 500) if e.get("kind") == unscored.EVENT]
+    return unscored.from_records(samples, events, eval_every(run))
+
+
+def eval_every(run: RunDir) -> int | None:
+    """The run's `global_eval_every` (None: its config.json cannot be read)."""
+    try:
+        return run.read_config().run.global_eval_every
+    except RunError:
+        return None
+
+
+def loss_cell(row: dict[str, Any]) -> str:
+    """The `eval loss` cell of `dldctl runs` (rich markup): the loss, and why the global model is
+    not scored where it is not."""
+    loss, off = row.get("loss_eval"), row.get("global_off")
+    if not off:
+        return fmt_float(loss)
+    said = unscored.words(str(off))[0].replace("[", "\\[")
+    return (f"{fmt_float(loss)} " if loss is not None else "") + f"[yellow]global off: {said}[/]"
 
 
 def collect(now: float | None = None) -> dict[str, Any]:

@@ -71,7 +71,12 @@ def _syncer_down(run: RunDir, config: ResolvedConfig) -> dict[str, Any]:
             "down": last.get("bytes_down", 0),
             "ddp_equivalent": last.get("ddp_equivalent", 0),
         },
-        "loss": {"train": last.get("loss_train"), "eval": last.get("loss_eval"), "global": last.get("loss_global")},
+        "loss": {
+            "train": last.get("loss_train"),
+            "eval": last.get("loss_eval"),
+            "global": last.get("loss_global"),
+            "global_off": last.get("global_off"),  # why the global model was not scored, as it last said
+        },
         "stale_since": last.get("t"),
         "learners": [],
         "stale_learners": last.get("learners") or {},

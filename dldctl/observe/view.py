@@ -58,6 +58,7 @@ from dldctl.observe.view_panels import (
     bandwidth_panel,
     event_table,
     events_panel,
+    global_off,
     goodput_panel,
     header_notes,
     header_panel,
@@ -66,6 +67,7 @@ from dldctl.observe.view_panels import (
     throughput_panel,
 )
 from dldctl.observe.view_shards import shard_text, sharded, shards_panel
+from syncer.common.unscored import words
 
 __all__ = [
     "STATE_STYLES",
@@ -392,7 +394,7 @@ def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
         (
             "loss",
             f"train {fmt_float(loss.get('train'))}  eval {fmt_float(loss.get('eval'))}"
-            f"  global {fmt_float(loss.get('global'))}",
+            f"  global {f'off: {words(off)[0]}' if (off := global_off(snapshot)) else fmt_float(loss.get('global'))}",
         ),
         *[("shard", shard_text(row)) for row in sharded(snapshot)],
         *[("warning", str(w)) for w in (s.get("warnings") or []) + (s.get("risks") or [])],

@@ -43,6 +43,7 @@ from dldctl.observe.view_data import (
     syncer_alive,
     text_of,
 )
+from syncer.common import unscored
 
 EVENT_STYLES = {
     "join": "green",
@@ -59,6 +60,7 @@ EVENT_STYLES = {
     "checkpoint": "blue",
     "reject": "yellow",
     "leave": "dim",
+    "global_eval_off": "yellow",
 }
 
 # ---------------------------------------------------------------- one-line renderables
@@ -185,6 +187,7 @@ def header_notes(snapshot: dict, now: float, history: History | None = None) -> 
             notes.append((f"{words} {int(rise)} in {WARN_WINDOW_S:.0f}s", "yellow"))
     notes += [(str(w), "bold red") for w in dig(snapshot, "syncer", "warnings") or []]
     notes += [(guard, "bold red")] if (guard := guard_note(snapshot)) else []
+    notes += [(unscored_note, "yellow")] if (unscored_note := global_off_note(snapshot)) else []
     risks = dig(snapshot, "syncer", "risks") or []
     notes += [(f"{len(risks)} risky setting(s): {str(risks[0]).split(':')[0]}", "yellow")] if risks else []
     out = Text()
@@ -327,7 +330,9 @@ def loss_panel(snapshot: dict, history: History) -> Panel:
                 style="magenta",
                 fmt=fmt_float,
             ),
-            Spark(
+            global_off_line(off)
+            if (off := global_off(snapshot))
+            else Spark(
                 Text.assemble(("global ", "dim"), (fmt_float(dig(snapshot, "loss", "global")), "bold"), " "),
                 glob,
                 style="green",
@@ -336,6 +341,24 @@ def loss_panel(snapshot: dict, history: History) -> Panel:
             line(("best ", "dim"), best(train), (" / ", "dim"), best(evals), (" / ", "dim"), best(glob)),
         ),
     )
+
+
+def global_off(snapshot: dict) -> str:
+    """Why the global model is not scored ("" while it is): `loss.global_off` of the snapshot."""
+    off = dig(snapshot, "loss", "global_off")
+    return off if isinstance(off, str) else ""
+
+
+def global_off_line(reason: str) -> Fit:
+    """`global off: <reason in as few words as the width needs>` (the reason in full is a header note)."""
+    return Fit(*(line(("global ", "dim"), (f"off: {w}", "bold yellow")) for w in unscored.words(reason)))
+
+
+def global_off_note(snapshot: dict) -> str:
+    """The header's note while the global model is not scored ("" otherwise, or when the settings
+    turned scoring off: the risky-settings note says that)."""
+    off = global_off(snapshot)
+    return "" if not off or unscored.on_purpose(off) else f"global model not scored, quality guard off: {off}"
 
 
 def guard_note(snapshot: dict) -> str:

@@ -8,8 +8,9 @@ the newest checkpoint, dldctl/lifecycle/export.py):
                                      named_parameters(); a tied weight once (GPT: no lm_head.weight)
     <run>/export/config.json         what the tensors are (CONFIG_SCHEMA, docs/model.md)
 
-`model_config` (pure) builds the config record, `gpt_shape` reads a built-in GPT's shape off its
-tensor shapes, `final_loss` says whether the guard's last score is the exported state's, and
+`model_config` (pure) builds the config record (a null `held_out_loss` comes with
+`held_out_loss_missing`, why), `gpt_shape` reads a built-in GPT's shape off its tensor shapes,
+`final_loss` says whether the guard's last score is the exported state's (`no_final_loss` why not), and
 `checkpoint_body` checks a syncer checkpoint's header (MAGIC | sha256(body) | body) without torch.
 `write` is the one write: safetensors is imported there, so importing this module needs neither
 torch nor safetensors.
@@ -24,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from syncer.common import strictjson
+from syncer.common import strictjson, unscored
 from syncer.common.atomic import atomic_write
 
 EXPORT_DIR = "export"  # in the run directory
@@ -65,6 +66,15 @@ def final_loss(guard_last: Mapping[str, Any] | None, outer_step: int) -> float |
     return float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
 
 
+def no_final_loss(guard_last: Mapping[str, Any] | None, outer_step: int) -> str:
+    """Why `final_loss` has none for the state at `outer_step` (pure)."""
+    if not guard_last:
+        return "the global model was never scored"
+    if guard_last.get("outer_step") != outer_step:
+        return f"the last score was of outer step {guard_last.get('outer_step')}, not of the exported {outer_step}"
+    return f"the quality guard flagged this state's score ({guard_last.get('loss')})"
+
+
 def model_config(
     *,
     run: str,
@@ -75,8 +85,11 @@ def model_config(
     held_out_loss: float | None,
     source: str,
     created: float,
+    held_out_loss_missing: str | None = None,
 ) -> dict[str, Any]:
-    """The config.json record of an export (pure). `source`: what the tensors were read from."""
+    """The config.json record of an export (pure). `source`: what the tensors were read from;
+    `held_out_loss_missing`: why there is no loss (default: the settings' global_eval_every = 0,
+    else "not scored")."""
     shape = gpt_shape(shapes)
     params = 0
     for dims in shapes.values():
@@ -99,11 +112,19 @@ def model_config(
         "outer_step": int(outer_step),
         "tokens_merged": tokens_merged,
         "held_out_loss": held_out_loss,  # the syncer's global-model evaluation of exactly these weights
+        "held_out_loss_missing": None if held_out_loss is not None else _missing(settings, held_out_loss_missing),
         "held_out": {k: settings.get(k) for k in HELD_OUT_KEYS},
         "source": source,
         "dldctl_version": version(),
         "created": created,
     }
+
+
+def _missing(settings: Mapping[str, Any], said: str | None) -> str:
+    every = settings.get("global_eval_every")
+    if isinstance(every, int) and every <= 0:
+        return unscored.EVERY_OFF
+    return said or "not scored"
 
 
 def version() -> str:
