@@ -17,12 +17,12 @@ from dldctl.commands.options import duration, output_console
 from dldctl.errors import DldError, OperationError, UsageError
 from dldctl.inventory import Inventory
 from dldctl.lifecycle import check as check_mod
-from dldctl.lifecycle import converge, kernel, memcheck, plan
+from dldctl.lifecycle import converge, kernel, memcheck, modelprobe, plan
 from dldctl.lifecycle import down as down_mod
 from dldctl.lifecycle import resume as resume_mod
 from dldctl.lifecycle import up as up_mod
 from dldctl.observe import snapshot
-from syncer.common import jsonl, strictjson
+from syncer.common import jsonl, strictjson, unscored
 
 console = output_console()
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -69,7 +69,9 @@ def up(
         if dry_run:
             for line in plan.describe(inv):
                 console.print(line)
-            console.print("[dim](dry run: nothing was touched)[/]")
+            answers = probe_model(inv)
+            touched = "; the model was probed on its hosts" if answers else ""
+            console.print(f"[dim](dry run: no run was started{touched})[/]")
             return
         run = _start_or_converge(inv, inventory_file, out, wait_s, memory_check=not no_memory_check)
     merging = _wait_merging(run, wait_s, out) if wait else None
@@ -138,7 +140,10 @@ def _wait_merging(run: rundir.RunDir, wait_s: float, out: Console) -> dict[str, 
         live, need = snap["quorum"]["live"], snap["quorum"]["min"]
         if steps is not None and first is not None and steps > first and live >= need:
             out.print(f"merging: outer step {steps}, {live} learners live (quorum {need})")
-            return {"outer_steps": steps, "live": live, "quorum": need}
+            off = global_off_settled(run, snap, min(SETTLE_S, max(0.0, deadline - time.monotonic())))
+            if off:  # training works (exit 0), but nothing guards the global model
+                out.print(f"[yellow]warning:[/] {escape(global_off_warning(off))}", highlight=False)
+            return {"outer_steps": steps, "live": live, "quorum": need, "global_off": off}
         if time.monotonic() >= deadline:
             why = why_not_merging(snap, first, last_syncer_death(run))
             raise OperationError(f"run {run.name}: {why} after {wait_s:.0f} s", hint=WAIT_HINT)
@@ -147,6 +152,30 @@ def _wait_merging(run: rundir.RunDir, wait_s: float, out: Console) -> dict[str, 
 
 
 WAIT_HINT = "`dldctl status` shows the fleet and `dldctl logs learner-N` why a learner is not up; the run keeps going"
+SETTLE_S = 10.0  # once merging, how long `up --wait` waits for a first score or the reason there is none
+
+
+def global_off_settled(run: rundir.RunDir, snap: dict[str, Any], wait_s: float) -> str | None:
+    """Why the global model is not scored (`loss.global_off`), once the syncer knows: a first score
+    or a reason, or `wait_s` passed (None: it is scored, or not known yet)."""
+    until = time.monotonic() + wait_s
+    while True:
+        loss = snap.get("loss") or {}
+        off = loss.get("global_off")
+        if off or loss.get("global") is not None or time.monotonic() >= until:
+            return str(off) if off else None
+        time.sleep(0.5)
+        snap = snapshot.collect(run)
+
+
+def global_off_warning(off: str) -> str:
+    """`up --wait`'s warning line for a global model that is not scored (pure)."""
+    fix = unscored.fix(off)
+    return (
+        f"the global model is not scored, so the quality guard is off: {off}"
+        + (f"; {fix}" if fix else "")
+        + ("" if unscored.on_purpose(off) else " (`dldctl status` shows it; training goes on)")
+    )
 
 
 def last_syncer_death(run: rundir.RunDir) -> str | None:
@@ -258,11 +287,15 @@ def check(
     native = kernel.for_syncer(inv)
     memory = memcheck.assess(inv)
     learners = memcheck.assess_learners(inv, memory)
+    answers, problems = modelprobe.before_run(inv)
     if json_out:
-        print(strictjson.dumps(check_record(inv, results, native, memory, learners)))
+        record = check_record(inv, results, native, memory, learners)
+        print(strictjson.dumps({**record, **model_record(answers, problems, record["ok"])}))
     else:
         _print_check(inv, results, native)
         _print_memory(memory, learners)
+        _print_probes(answers)
+    _refuse_model(problems)
     bad = [r.name for r in results if not r.ok]
     if bad:
         raise DldError(f"{len(bad)} of {len(results)} hosts failed the check: {', '.join(bad)}")
@@ -306,6 +339,38 @@ def check_record(
         "syncer_memory": None if memory is None else [m.to_dict() for m in memory],
         "learner_memory": None if learners is None else [m.to_dict() for m in learners],
     }
+
+
+def probe_model(inv: Inventory) -> list[modelprobe.Answer]:
+    """A factory or `hf:` model built on every host that runs learners or the syncer, each side
+    a line; OperationError naming the first problem (`up --dry-run`)."""
+    answers, problems = modelprobe.before_run(inv)
+    _print_probes(answers)
+    _refuse_model(problems)
+    return answers
+
+
+def _print_probes(answers: list[modelprobe.Answer]) -> None:
+    for a in answers:
+        colour = "green" if a.ok else ("yellow" if a.unprobed else "red")
+        console.print(f"[{colour}]model on {escape(a.target.where)}:[/] {escape(a.line())}", highlight=False)
+
+
+def _refuse_model(problems: list[str]) -> None:
+    if problems:
+        more = f" (and {len(problems) - 1} more above)" if len(problems) > 1 else ""
+        raise OperationError(f"the model does not build: {problems[0]}{more}")
+
+
+def model_record(answers: list[modelprobe.Answer], problems: list[str], ok: bool) -> dict[str, Any]:
+    """`check --json`'s part on the model: one entry per probe (null for a built-in preset, which
+    needs none), the problems, and `ok` with them counted."""
+    probes = [
+        {"host": a.target.host, "roles": list(a.target.roles), "ok": a.ok, "probed": not a.unprobed, "detail": a.line()}
+        | {k: a.data[k] for k in ("tensors", "params", "manifest", "python", "torch", "transformers") if k in a.data}
+        for a in answers
+    ]
+    return {"ok": ok and not problems, "model": probes or None, "model_problems": problems}
 
 
 def _print_memory(memory: list[memcheck.HostMemory] | None, learners: list[memcheck.LearnerMemory] | None) -> None:
