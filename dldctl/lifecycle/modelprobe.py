@@ -136,6 +136,10 @@ def judge(answers: list[Answer], fragments: int) -> list[str]:
         if not a.ok and not a.unprobed:
             stage = str(a.data.get("stage", "build"))
             fix = FIX.get(stage, FIX["build"])
+            if a.target.roles == ("syncer",):  # only the scorer fails: running unscored is the user's call
+                fix = "; ".join(
+                    filter(None, [fix, "or set [run] global_eval_every = 0 to run unscored (no quality guard)"])
+                )
             problems.append(f"{a.target.where}: {a.data.get('error')}" + (f"; {fix}" if fix else ""))
     built = [a for a in answers if a.ok]
     digests = {str(a.data["manifest"]) for a in built}

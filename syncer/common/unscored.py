@@ -55,8 +55,8 @@ def fix(reason: str) -> str:
     """What the operator can do about it ("" when nothing is to be done)."""
     if BUILD in reason:
         return (
-            "make the model factory importable on the syncer's host (put its package in [run] workdir, which is shipped "
-            "there) or set global_eval_every = 0"
+            "make the model factory importable on the syncer's host (put its package in [run] workdir, "
+            "which is shipped there) or set global_eval_every = 0"
         )
     if FAILED in reason:
         return "the learners' own eval losses still show; global_eval_every = 0 turns scoring off"

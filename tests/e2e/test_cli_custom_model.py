@@ -1,7 +1,9 @@
-"""A user's own model through the real CLI: `model = "examples.custom_model:factory"`, made
-importable on the host by the inventory's `env = { PYTHONPATH = ... }` as docs/custom-model.md
-says, trained by real learner processes started by `dldctl up`; the exported final model holds
-the custom model's parameters, not a GPT's."""
+"""A user's own model through the real CLI: `model = "custom_model:factory"` from `[run] workdir =
+examples/` as docs/custom-model.md says (shipped to the learners and the syncer, which scores
+it), trained by real learner processes started by `dldctl up`; the exported final model holds
+the custom model's parameters, not a GPT's. A factory that fails only in the learner process
+(the probe at `up` built it) dies with its error in the events; a model the syncer's memory
+cannot hold is refused with one line."""
 
 from __future__ import annotations
 
@@ -21,24 +23,23 @@ pytestmark = [pytest.mark.timeout(300)]
 DLDCTL = str(Path(sys.executable).parent / "dldctl")
 
 
-def inventory(tmp_path: Path, name: str, model: str, learners: int) -> Path:
-    """One local host whose learners can import `examples` (the repository root on PYTHONPATH)."""
+def inventory(tmp_path: Path, name: str, model: str, learners: int, workdir: Path = ROOT / "examples") -> Path:
+    """One local host; the model's code from `workdir` (the repository's examples/ by default)."""
     inv = tmp_path / "inventory.toml"
     inv.write_text(
-        run_table(name, model=model, quorum=1)
+        run_table(name, model=model, quorum=1, workdir=str(workdir))
         + f"""
 [[hosts]]
 name = "here"
 address = "local"
 learners = {learners}
-env = {{ PYTHONPATH = "{ROOT}" }}
 """
     )
     return inv
 
 
 def test_custom_model_trains_under_dldctl_up(tmp_path: Path) -> None:
-    inv = inventory(tmp_path, "custom", "examples.custom_model:factory", 2)
+    inv = inventory(tmp_path, "custom", "custom_model:factory", 2)
     home = tmp_path / "home"
     with DldctlHome(home) as dl:
         dl("up", str(inv), "-d")
@@ -46,6 +47,7 @@ def test_custom_model_trains_under_dldctl_up(tmp_path: Path) -> None:
             lambda s: (
                 s["syncer"]["outer_steps"] >= 12
                 and s["loss"]["eval"] is not None
+                and s["loss"]["global"] is not None  # the syncer imports the workdir's model too
                 and all(r["state"] == "running" for r in s["learners"])
             ),
             150,
@@ -59,10 +61,28 @@ def test_custom_model_trains_under_dldctl_up(tmp_path: Path) -> None:
         assert dl.leftovers() == []
 
 
+LEARNER_ONLY_BUG = '''
+"""Builds in the probe and on the syncer, fails in every learner process (as a bug that only
+shows on the learner's device would): the learners have DLDCTL_RESTARTS in their environment."""
+import os
+
+from custom_model import factory as good
+
+
+def factory(ctx):
+    if "DLDCTL_RESTARTS" in os.environ:
+        raise AttributeError("module 'custom_model' has no attribute 'no_such_factory'")
+    return good(ctx)
+'''
+
+
 def test_a_learner_that_crashes_at_start_says_why_in_the_events(tmp_path: Path) -> None:
-    """A factory that does not exist kills every learner at start; the supervisor's death events
-    carry the error from the learner's log, so `dldctl status` shows why, not only that."""
-    inv = inventory(tmp_path, "broken", "examples.custom_model:no_such_factory", 1)
+    """A factory that fails in the learner kills every learner at start; the supervisor's death
+    events carry the error from the learner's log, so `dldctl status` shows why, not only that."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "custom_model.py").write_text((ROOT / "examples" / "custom_model.py").read_text())
+    (tmp_path / "code" / "buggy.py").write_text(LEARNER_ONLY_BUG)
+    inv = inventory(tmp_path, "broken", "buggy:factory", 1, workdir=tmp_path / "code")
     with DldctlHome(tmp_path / "home") as dl:
         dl("up", str(inv), "-d")
         snap = dl.wait(
@@ -94,14 +114,15 @@ def factory(ctx):
 
 @pytest.mark.skipif(memcgroup.unavailable() is not None, reason=str(memcgroup.unavailable()))
 def test_a_factory_model_the_syncer_cannot_hold_is_refused_with_one_line(tmp_path: Path) -> None:
-    """`up` cannot count a factory's model; the syncer does, at the first hello. The whole run in
+    """`up` cannot count a factory's model; the syncer does, at the first hello (not scoring it:
+    `global_eval_every = 0`, so only the learners import it, from their PYTHONPATH). The whole run in
     a real 2 GB memory cgroup: the learner holds its 0.6 GB model, the syncer would need 1.8 GB
     for its three vectors and refuses it before allocating anything; the learner stops as
     refused and is not restarted; `down` leaves nothing."""
     (tmp_path / "bigmodel.py").write_text(BIG_FACTORY)
     inv = tmp_path / "inventory.toml"
     inv.write_text(
-        run_table("bigmodel", model="bigmodel:factory", quorum=1, fragments=2)
+        run_table("bigmodel", model="bigmodel:factory", quorum=1, fragments=2, global_eval_every=0)
         + f'\n[[hosts]]\nname = "here"\naddress = "local"\nlearners = 1\nenv = {{ PYTHONPATH = "{ROOT}:{tmp_path}" }}\n'
     )
     with memcgroup.limited(2_000_000_000) as inside, DldctlHome(tmp_path / "home") as dl:
