@@ -68,7 +68,7 @@ def up(
         inv = load_inventory(inventory_file)
         if dry_run:
             for line in plan.describe(inv):
-                console.print(line)
+                console.print(line, markup=False, highlight=False)
             answers = probe_model(inv)
             touched = "; the model was probed on its hosts" if answers else ""
             console.print(f"[dim](dry run: no run was started{touched})[/]")

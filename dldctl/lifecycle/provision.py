@@ -27,6 +27,8 @@ from dldctl.rundir import RunDir
 from syncer.common.resolved import ResolvedConfig
 
 LIGHT_DEPS = {"zmq": "pyzmq>=25", "zstandard": "zstandard>=0.21", "numpy": "numpy>=1.24"}
+# an `hf:` model's learners and syncer build it with these (pyproject's `hf` extra)
+HF_DEPS = ("transformers>=4.46", "tokenizers>=0.20")
 # best effort: without it the syncer writes final_model.pt alone, says so, and `dldctl export` converts it
 OPTIONAL_DEPS = {"safetensors": "safetensors>=0.4"}
 Progress = Callable[[str, str], None]
@@ -123,7 +125,8 @@ def prepare(
     if not host.exists(remote_wheel):
         host.put_file(wheel, remote_wheel, 0o644)
     progress(spec.name, "set up python")
-    python, site = _setup(host, spec, base, remote_wheel, digest)
+    extra = HF_DEPS if config.run.model.startswith("hf:") else ()  # modelspec.HF: built with transformers
+    python, site = _setup(host, spec, base, remote_wheel, digest, extra)
     code = ship_code(host, spec, python, base, tree, progress)
     progress(spec.name, "copy config and keys")
     remote_run = f"{base}/runs/{config.run_id}"
@@ -181,10 +184,14 @@ def _expand(host: Host, path: str) -> str:
     return path
 
 
-def _setup(host: Host, spec: HostSpec, base: str, remote_wheel: str, digest: str) -> tuple[str, str]:
-    """(python, PYTHONPATH) on the host; skipped when this wheel was already set up."""
+def _setup(
+    host: Host, spec: HostSpec, base: str, remote_wheel: str, digest: str, extra: tuple[str, ...] = ()
+) -> tuple[str, str]:
+    """(python, PYTHONPATH) on the host; skipped when this wheel was already set up. `extra`: what
+    the run's model needs besides torch (a venv installs it; the host's own Python must have it,
+    which the model probe checks)."""
     if spec.setup == "venv":
-        return _setup_venv(host, spec, base, remote_wheel, digest)
+        return _setup_venv(host, spec, base, remote_wheel, digest, extra)
     site = f"{base}/site/{digest}"
     marker = f"{site}/.dldctl-ok"
     if host.exists(marker):
@@ -222,15 +229,18 @@ def _setup(host: Host, spec: HostSpec, base: str, remote_wheel: str, digest: str
     return spec.python, site
 
 
-def _setup_venv(host: Host, spec: HostSpec, base: str, remote_wheel: str, digest: str) -> tuple[str, str]:
+def _setup_venv(
+    host: Host, spec: HostSpec, base: str, remote_wheel: str, digest: str, extra: tuple[str, ...] = ()
+) -> tuple[str, str]:
     env = f"{base}/envs/venv"
     py = f"{env}/bin/python"
-    marker = f"{env}/.dldctl-{digest}"
+    marker = f"{env}/.dldctl-{digest}" + ("-hf" if extra else "")
     if host.exists(marker):
         return py, ""
     if not host.exists(py):
         _step(host, spec, f"{shlex.quote(spec.python)} -m venv {shlex.quote(env)}")
-    deps = " ".join(shlex.quote(x) for x in (spec.torch, *LIGHT_DEPS.values(), *OPTIONAL_DEPS.values()))
+    wanted = (spec.torch, *LIGHT_DEPS.values(), *OPTIONAL_DEPS.values(), *extra)
+    deps = " ".join(shlex.quote(x) for x in wanted)
     _step(host, spec, f"{shlex.quote(py)} -m pip install -q {deps}", timeout=3600)
     _step(host, spec, f"{shlex.quote(py)} -m pip install -q --no-deps --force-reinstall {shlex.quote(remote_wheel)}")
     host.put_bytes(digest.encode(), marker, 0o644)
