@@ -235,6 +235,7 @@ class Plan:
     inspect: Callable[[BenchRun], Any] | None = None  # called after down, before the home is deleted
     home_tmpfs_mb: int | None = None  # the dldctl home on a tmpfs of this size (disk-full faults)
     syncer: dict[str, Any] | None = None  # the inventory's [syncer] table (e.g. shards)
+    tables: dict[str, dict[str, Any]] | None = None  # further tables: [ssh], [model]
 
 
 def _ended(fleet: BenchRun, plan: Plan, start: float) -> bool:
@@ -253,7 +254,7 @@ def run_diloco(plan: Plan) -> dict[str, Any]:
     from bench import evaluate
 
     with BenchRun(plan.name, keep=bool(os.environ.get("DLD_BENCH_KEEP")), tmpfs_mb=plan.home_tmpfs_mb) as fleet:
-        fleet.up(plan.run, plan.hosts, syncer=plan.syncer)
+        fleet.up(plan.run, plan.hosts, syncer=plan.syncer, tables=plan.tables)
         start = fleet.wait_training(plan.learners)
         stop = threading.Event()
         box: list[Any] = []  # what the chaos thread returned (or the error it raised)

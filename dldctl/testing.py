@@ -125,12 +125,18 @@ def toml_value(value: Any) -> str:
 
 
 def inventory_text(
-    run: Mapping[str, Any], hosts: list[dict[str, Any]] | None = None, syncer: Mapping[str, Any] | None = None
+    run: Mapping[str, Any],
+    hosts: list[dict[str, Any]] | None = None,
+    syncer: Mapping[str, Any] | None = None,
+    tables: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
-    """An inventory: the `[run]` table, a `[syncer]` table if given, one `[[hosts]]` table per host."""
+    """An inventory: the `[run]` table, a `[syncer]` table if given, other tables (`[ssh]`,
+    `[model]`, ...) from `tables`, one `[[hosts]]` table per host."""
     lines = ["[run]"] + [f"{k} = {toml_value(v)}" for k, v in run.items()]
     if syncer:
         lines += ["", "[syncer]"] + [f"{k} = {toml_value(v)}" for k, v in syncer.items()]
+    for name, table in (tables or {}).items():
+        lines += ["", f"[{name}]"] + [f"{k} = {toml_value(v)}" for k, v in table.items()]
     for host in hosts or []:
         lines += ["", "[[hosts]]"] + [f"{k} = {toml_value(v)}" for k, v in host.items()]
     return "\n".join(lines) + "\n"
@@ -329,14 +335,15 @@ class DldctlHome:
         hosts: list[dict[str, Any]] | None,
         timeout: float = 240,
         syncer: Mapping[str, Any] | None = None,
+        tables: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> Path:
         """`dldctl up INVENTORY -d` from the `[run]` table `run` (named after this home unless it
-        says), `hosts` and the `[syncer]` table `syncer`, or the built-in default when `hosts` is
-        None; returns the run dir."""
+        says), `hosts`, the `[syncer]` table `syncer` and other `tables` ([ssh], [model]), or the
+        built-in default when `hosts` is None; returns the run dir."""
         args = ["up", "-d", "--timeout", str(timeout)]
         if hosts is not None:
             inv = self.home / "inventory.toml"
-            inv.write_text(inventory_text({"name": self.name, **run}, hosts, syncer))
+            inv.write_text(inventory_text({"name": self.name, **run}, hosts, syncer, tables))
             args.insert(1, str(inv))
         self.dl(*args, timeout=timeout + 60)
         self._run_dir = self.latest_run()

@@ -70,8 +70,8 @@ def up(
             for line in plan.describe(inv):
                 console.print(line, markup=False, highlight=False)
             answers = probe_model(inv)
-            touched = "; the model was probed on its hosts" if answers else ""
-            console.print(f"[dim](dry run: no run was started{touched})[/]")
+            said = "no run was started; the model was probed on its hosts" if answers else "nothing was touched"
+            console.print(f"[dim](dry run: {said})[/]")
             return
         run = _start_or_converge(inv, inventory_file, out, wait_s, memory_check=not no_memory_check)
     merging = _wait_merging(run, wait_s, out) if wait else None

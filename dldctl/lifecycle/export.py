@@ -110,12 +110,12 @@ def export(run: RunDir, out: Path | None = None) -> dict[str, Any]:
     }
 
 
-def _missing(run: RunDir, config: dict[str, Any]) -> str | None:
+def _missing(run: RunDir, described: dict[str, Any]) -> str | None:
     """Why the export has no held-out loss (None: it has one): why the run's global model was not
-    scored, else what the export's config.json says."""
-    if config.get("held_out_loss") is not None:
+    scored, else what the export's config.json (`described`) says."""
+    if described.get("held_out_loss") is not None:
         return None
-    return unscored_reason(run) or config.get("held_out_loss_missing") or "not scored"
+    return unscored_reason(run) or described.get("held_out_loss_missing") or "not scored"
 
 
 def _unscored(run: RunDir, outer: int) -> str:

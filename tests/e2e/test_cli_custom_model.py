@@ -1,19 +1,16 @@
-"""A user's own model through the real CLI: `model = "custom_model:factory"` from `[run] workdir =
-examples/` as docs/custom-model.md says (shipped to the learners and the syncer, which scores
-it), trained by real learner processes started by `dldctl up`; the exported final model holds
-the custom model's parameters, not a GPT's. A factory that fails only in the learner process
-(the probe at `up` built it) dies with its error in the events; a model the syncer's memory
-cannot hold is refused with one line."""
+"""A user's own model through the real CLI when it goes wrong: a factory that fails only in the
+learner process (the probe at `up` built it) dies with its error in the events; a model the
+syncer's memory cannot hold is refused with one line. (A factory from a shipped workdir training
+on a local and an SSH host, scored by the syncer: tests/e2e/test_cli_user_model.py; the same on
+a Slurm site: tests/e2e/test_slurm.py.)"""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from dldctl.testing import DldctlHome
 from tests import memcgroup
@@ -36,29 +33,6 @@ learners = {learners}
 """
     )
     return inv
-
-
-def test_custom_model_trains_under_dldctl_up(tmp_path: Path) -> None:
-    inv = inventory(tmp_path, "custom", "custom_model:factory", 2)
-    home = tmp_path / "home"
-    with DldctlHome(home) as dl:
-        dl("up", str(inv), "-d")
-        snap = dl.wait(
-            lambda s: (
-                s["syncer"]["outer_steps"] >= 12
-                and s["loss"]["eval"] is not None
-                and s["loss"]["global"] is not None  # the syncer imports the workdir's model too
-                and all(r["state"] == "running" for r in s["learners"])
-            ),
-            150,
-            "the custom model training",
-        )
-        assert len(snap["learners"]) == 2
-        out = json.loads(dl("down", "--json").stdout)
-        final = torch.load(out["final_model"], weights_only=True)["state_dict"]
-        assert any(name.startswith("rnn.") for name in final), sorted(final)
-        assert not any(name.startswith("transformer.") for name in final)
-        assert dl.leftovers() == []
 
 
 LEARNER_ONLY_BUG = '''

@@ -75,16 +75,17 @@ def test_a_factory_that_cannot_be_imported_is_refused_before_anything_starts(
         + host_entry("far", ssh_fleet.hosts[0], tmp_path / "w")
     )
     with DldctlHome(tmp_path / "home") as dl:
-        for args in (("check", str(inv)), ("up", str(inv), "--dry-run")):
-            out = dl(*args, check=False)
-            assert out.returncode == 1, out.stdout + out.stderr
-            err = out.stderr.strip().splitlines()[-1]
-            assert "the model does not build" in err and "cannot import module 'nosuch.mod'" in err, err
-            assert re.search(r"host (here|far|local) \((learner|syncer)", err), err
-            for host in ("here", "far"):  # every side named, the SSH host probed over SSH
-                assert f"model on host {host}" in out.stdout, out.stdout
-        record = json.loads(dl("check", str(inv), "--json", check=False).stdout)
-        assert record["ok"] is False and record["model_problems"]
+        out = dl("up", str(inv), "--dry-run", check=False)
+        assert out.returncode == 1, out.stdout + out.stderr
+        err = out.stderr.strip().splitlines()[-1]
+        assert "the model does not build" in err and "cannot import module 'nosuch.mod'" in err, err
+        assert re.search(r"host (here|far|local) \((learner|syncer)", err), err
+        for host in ("here", "far"):  # every side named, the SSH host probed over SSH
+            assert f"model on host {host}" in out.stdout, out.stdout
+        checked = dl("check", str(inv), "--json", check=False)
+        assert checked.returncode == 1 and "the model does not build" in checked.stderr
+        record = json.loads(checked.stdout)
+        assert record["ok"] is False and "cannot import module 'nosuch.mod'" in record["model_problems"][0]
         assert {p["host"] for p in record["model"]} >= {"here", "far"}
         assert not (tmp_path / "home" / "runs").exists() or not list((tmp_path / "home" / "runs").iterdir())
 
@@ -142,5 +143,6 @@ def test_a_factory_in_a_shipped_workdir_runs_everywhere_with_its_model_args(
         summary = json.loads(dl("down", "--json").stdout)
         final = torch.load(summary["final_model"], weights_only=True)["state_dict"]
         assert tuple(final["rnn.weight_hh_l0"].shape) == (3 * 48, 48)  # [model] hidden reached the factory
+        assert not any(name.startswith("transformer.") for name in final)  # the user's model, not a GPT
         assert dl.leftovers() == []
     assert "PYTHONPATH" not in inv.read_text() and str(project) not in sys.path

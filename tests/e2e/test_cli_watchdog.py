@@ -103,7 +103,12 @@ def test_the_supervisor_and_its_watchdog_heal_each_other(tmp_path: Path) -> None
         # the supervisor restarts a killed watchdog in turn
         os.kill(dog.pid, signal.SIGKILL)
         dog2 = until(lambda: (d := dl.state().watchdog) and d.pid != dog.pid and alive(d) and d, 15, "a new watchdog")
-        assert any(f"pid {dog.pid} is dead" in e["detail"] for e in dl.events("watchdog_restarted"))
+        # the event is appended just after the state names the new watchdog: wait for it, not race it
+        until(
+            lambda: any(f"pid {dog.pid} is dead" in e["detail"] for e in dl.events("watchdog_restarted")),
+            10,
+            "the watchdog_restarted event",
+        )
 
         # (d) down stops both, and everything else
         dl("down", timeout=180)

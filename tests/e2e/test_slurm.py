@@ -22,7 +22,7 @@ import pytest
 
 from dldctl.testing import DldctlHome
 from syncer.common import jsonl
-from tests.e2e.fleetutil import learner, run_table
+from tests.e2e.fleetutil import ROOT, learner, run_table
 from tests.slurmcluster import SlurmCluster, available
 from tests.sshfleet import SSHFleet
 
@@ -74,8 +74,9 @@ def job_of(snap: dict, lid: str) -> dict:
 def slurm_run(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DldctlHome, Path]]:
     home = tmp_path_factory.mktemp("slurmhome")
     inv = home / "inventory.toml"
+    # a user's factory from a shipped workdir: the jobs and the syncer import it from the snapshot
     inv.write_text(
-        run_table("slurm", quorum=1)
+        run_table("slurm", quorum=1, model="custom_model:factory", workdir=str(ROOT / "examples"))
         + LOOPBACK
         + site("cluster", cluster, 2, partition="debug", time="30:00")
         + site("later", cluster, 1, sbatch_args=["--begin=now+3600"])  # queued for an hour: never runs here
@@ -102,7 +103,9 @@ def test_up_submits_one_job_per_learner_and_they_train(
     dl("up", str(inv), "-d", timeout=300)
     snap = dl.wait(
         lambda s: (
-            s["syncer"]["outer_steps"] >= 3 and all(learner(s, f"learner-{i}")["state"] == "running" for i in (0, 1))
+            s["syncer"]["outer_steps"] >= 3
+            and all(learner(s, f"learner-{i}")["state"] == "running" for i in (0, 1))
+            and s["loss"]["global"] is not None  # the syncer scores the workdir's model too
         ),
         180,
         "two learners training as Slurm jobs",
