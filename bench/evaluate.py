@@ -23,7 +23,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from syncer.common.settings import settings_from_dict
-from workload import Workload, WorkloadContext, build_workload
+from workload import Workload, build_workload, scoring_context
 
 TIED = {"lm_head.weight"}  # the GPT's LM head is the token embedding (weight tying)
 
@@ -31,15 +31,7 @@ TIED = {"lm_head.weight"}  # the GPT's LM head is the token embedding (weight ty
 def workload(settings: dict[str, Any]) -> Workload:
     """The learners' workload for these run settings (shard 0; the eval slice is the same for all)."""
     full = settings_from_dict({k: v for k, v in settings.items() if k != "name"}).to_dict()
-    ctx = WorkloadContext(
-        settings=full,
-        learner_index=0,
-        shards=1,
-        batch_size=int(full["batch_size"]),
-        device=torch.device("cpu"),
-        seed=int(full["seed"]),
-    )
-    return build_workload(ctx)
+    return build_workload(scoring_context(full))
 
 
 def load_state_dict(path: Path | str) -> dict[str, torch.Tensor]:

@@ -28,7 +28,7 @@ from syncer.common import unscored
 from syncer.globalmodel import Outbox
 from syncer.guard import Snapshot
 from syncer.wire import fragments
-from workload import WorkloadContext, build_workload
+from workload import build_workload, scoring_context
 
 if TYPE_CHECKING:
     from syncer.core import SyncerCore
@@ -106,15 +106,7 @@ class GlobalEvaluator(threading.Thread):
 
     def _build(self) -> tuple[torch.nn.Module, fragments.FragmentPlan, list[Any], Any]:
         s = self.settings
-        ctx = WorkloadContext(
-            settings=s,
-            learner_index=0,
-            shards=1,
-            batch_size=int(s["batch_size"]),
-            device=torch.device("cpu"),
-            seed=int(s["seed"]),
-            **self.workload_args,
-        )
+        ctx = scoring_context(s, **self.workload_args)
         wl = build_workload(ctx)
         wl.model.eval()
         params = dict(wl.model.named_parameters())

@@ -81,6 +81,48 @@ def batch_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
     return int(batch[0].numel())
 
 
+def shard_batches(
+    ctx: WorkloadContext, corpus: Any, seq_len: int, device: torch.device
+) -> tuple[Callable[[], Any], list[Any]]:
+    """This learner's training batches (random windows of its shard of `corpus`, a `data.Corpus`)
+    and the fleet's held-out batches (the eval tail, at the run's batch size so every learner,
+    whatever its own, scores the same text): what the built-in and `hf:` workloads train on."""
+    from workload import data as data_mod
+
+    shards, (ev0, ev1) = data_mod.split(corpus, shards=ctx.shards)
+    start, stop = shards[ctx.learner_index]
+    seed = batch_seed(ctx.seed, ctx.learner_index)
+    batches = data_mod.Batches(
+        corpus.tokens, start, stop, batch_size=ctx.batch_size, seq_len=seq_len, seed=seed, device=device
+    )
+    run_batch = int(ctx.settings.get("batch_size", ctx.batch_size))
+    count = int(ctx.settings.get("eval_batches", 4))
+    held_out = data_mod.eval_batches(
+        corpus.tokens, ev0, ev1, batch_size=run_batch, seq_len=seq_len, count=count, device=device
+    )
+    return batches.next, held_out
+
+
+def scoring_context(
+    settings: dict[str, Any], model_args: dict[str, Any] | None = None, model_dir: str | None = None
+) -> WorkloadContext:
+    """The context the syncer's evaluator builds the run's workload in (learner 0 of 1 shard, the
+    run's batch size and seed, on the CPU): its `eval_batches` are the held-out batches every
+    score of the global model is taken on (the export's check and the benchmarks use it too)."""
+    import torch
+
+    return WorkloadContext(
+        settings=settings,
+        learner_index=0,
+        shards=1,
+        batch_size=int(settings["batch_size"]),
+        device=torch.device("cpu"),
+        seed=int(settings["seed"]),
+        model_args=dict(model_args or {}),
+        model_dir=model_dir,
+    )
+
+
 def gpt_workload(ctx: WorkloadContext) -> Workload:
     """The built-in: a GPT preset on the corpus named by settings["data"], one shard per learner."""
     import torch
@@ -97,30 +139,10 @@ def gpt_workload(ctx: WorkloadContext) -> Workload:
     model = model_mod.build(str(s["model"]), vocab_size=corpus.vocab_size, block_size=seq_len)
     device = torch.device(ctx.device)
     model.to(device)
-    shards, (ev0, ev1) = data_mod.split(corpus, shards=ctx.shards)
-    start, stop = shards[ctx.learner_index]
-    batches = data_mod.Batches(
-        corpus.tokens,
-        start,
-        stop,
-        batch_size=ctx.batch_size,
-        seq_len=seq_len,
-        seed=batch_seed(ctx.seed, ctx.learner_index),
-        device=device,
-    )
-    # eval windows use the run's batch size, not this host's, so every learner scores the same text
-    held_out = data_mod.eval_batches(
-        corpus.tokens,
-        ev0,
-        ev1,
-        batch_size=int(s.get("batch_size", ctx.batch_size)),
-        seq_len=seq_len,
-        count=int(s.get("eval_batches", 4)),
-        device=device,
-    )
+    next_batch, held_out = shard_batches(ctx, corpus, seq_len, device)
     return Workload(
         model=model,
-        next_batch=batches.next,
+        next_batch=next_batch,
         loss=gpt_loss,
         tokens=batch_tokens,
         eval_batches=held_out,

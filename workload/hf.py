@@ -182,7 +182,7 @@ def hf_workload(ctx: WorkloadContext) -> Workload:
     """The factory of "hf:DIR": the config's causal LM on the run's data, one shard per learner."""
     import torch
 
-    from workload import Workload, batch_tokens
+    from workload import Workload, batch_tokens, shard_batches
     from workload import tokenized as tokenized_mod
 
     directory = model_dir(ctx)
@@ -201,7 +201,7 @@ def hf_workload(ctx: WorkloadContext) -> Workload:
     model = build_from_config(config)  # on the CPU: CPU and CUDA generators draw differently
     device = torch.device(ctx.device)
     model.to(device)
-    next_batch, held_out = _batches(ctx, corpus, seq_len, device)
+    next_batch, held_out = shard_batches(ctx, corpus, seq_len, device)
     return Workload(
         model=model,
         next_batch=next_batch,
@@ -210,32 +210,3 @@ def hf_workload(ctx: WorkloadContext) -> Workload:
         eval_batches=held_out,
         embedding_names=embedding_names(model),
     )
-
-
-def _batches(ctx: WorkloadContext, corpus: Any, seq_len: int, device: torch.device) -> tuple[Any, list[Any]]:
-    """This learner's training batches and the fleet's eval batches, as gpt_workload cuts them."""
-    from workload import batch_seed
-    from workload import data as data_mod
-
-    shards, (ev0, ev1) = data_mod.split(corpus, shards=ctx.shards)
-    start, stop = shards[ctx.learner_index]
-    batches = data_mod.Batches(
-        corpus.tokens,
-        start,
-        stop,
-        batch_size=ctx.batch_size,
-        seq_len=seq_len,
-        seed=batch_seed(ctx.seed, ctx.learner_index),
-        device=device,
-    )
-    # eval windows use the run's batch size, not this host's, so every learner scores the same text
-    held_out = data_mod.eval_batches(
-        corpus.tokens,
-        ev0,
-        ev1,
-        batch_size=int(ctx.settings.get("batch_size", ctx.batch_size)),
-        seq_len=seq_len,
-        count=int(ctx.settings.get("eval_batches", 4)),
-        device=device,
-    )
-    return batches.next, held_out

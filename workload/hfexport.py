@@ -236,21 +236,9 @@ def held_out(run: RunModel) -> Any:
     """The run's workload as the syncer's evaluator builds it (learner 0 of 1 shard, the run's batch
     size and seed, on the CPU): its model, loss and fixed eval batches. A str: why it cannot be
     built on this machine (its data is elsewhere)."""
-    import torch
+    from workload import build_workload, scoring_context
 
-    from workload import WorkloadContext, build_workload
-
-    s = run.settings
-    ctx = WorkloadContext(
-        settings=s,
-        learner_index=0,
-        shards=1,
-        batch_size=int(s["batch_size"]),
-        device=torch.device("cpu"),
-        seed=int(s["seed"]),
-        model_args=dict(run.model_args),
-        model_dir=None if run.model_dir is None else str(run.model_dir),
-    )
+    ctx = scoring_context(run.settings, run.model_args, None if run.model_dir is None else str(run.model_dir))
     try:
         return build_workload(ctx)
     except OSError as exc:  # FileNotFoundError for a data path that is not on this machine

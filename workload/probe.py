@@ -67,22 +67,16 @@ def _shift_check(model: Any, loss_fn: Any, batch: Any) -> str | None:
 
 def probe(spec: dict[str, Any]) -> dict[str, Any]:
     """Build the workload the spec describes on the CPU and describe it (see the module docstring)."""
+    import dataclasses
+
     import torch
 
-    from workload import WorkloadContext, build_workload
+    from workload import build_workload, scoring_context
 
-    s = dict(spec["settings"])
-    syncer = spec.get("role") == "syncer"
-    ctx = WorkloadContext(
-        settings=s,
-        learner_index=0,
-        shards=1 if syncer else max(1, int(spec.get("shards", 1))),
-        batch_size=int(s.get("batch_size", 16)),
-        device=torch.device("cpu"),
-        seed=int(s.get("seed", 0)),
-        model_args=dict(spec.get("model_args") or {}),
-        model_dir=spec.get("model_dir"),
-    )
+    s = {"batch_size": 16, "seed": 0, **spec["settings"]}
+    ctx = scoring_context(s, spec.get("model_args"), spec.get("model_dir"))
+    if spec.get("role") != "syncer":  # a learner's view: its shard of the fleet's
+        ctx = dataclasses.replace(ctx, shards=max(1, int(spec.get("shards", 1))))
     try:
         wl = build_workload(ctx)
     except ImportError as exc:

@@ -22,7 +22,7 @@ from dldctl import extras, inventory, rundir, shards
 from dldctl.errors import RunError, UsageError
 from dldctl.hosts import ProcRef
 from dldctl.inventory import HostSpec, Inventory
-from dldctl.lifecycle import codeship, memcheck, plan, provision, sites, syncerctl, wheel
+from dldctl.lifecycle import codeship, memcheck, modelprobe, plan, provision, sites, syncerctl, wheel
 from dldctl.rundir import RunDir
 from dldctl.runstate import HostRecord, ProcStatus
 from dldctl.supervise import reconcile
@@ -93,6 +93,7 @@ def add(
         runtime = provision.prepare(host, spec, run, config, built, digest, ids_here, say, tree)
     finally:
         host.close()
+    modelprobe.at_up(inv, config, {spec.name: runtime}, say)  # the model builds there too, before any joins
     _push_keys_to_remote_syncer(run, inv, config)
     _save_inventory(run, inventory.with_host_learners(inv, spec.name, spec.learners + count))
     with run.update() as edit:
