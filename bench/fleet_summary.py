@@ -70,9 +70,14 @@ def blocked_share(samples: list[dict[str, Any]]) -> float | None:
 
 
 def finished_learners(fleet: BenchRun, learners: int) -> int:
-    """How many learners wrote `finished` (their step budget is spent; never restarted)."""
+    """How many learners finished their step budget (never restarted): their `finished` mark in
+    the run directory, or, for one on another host (its mark is there), the syncer's `leave`."""
     assert fleet.run_dir is not None
-    return sum(1 for i in range(learners) if (fleet.run_dir / "learners" / f"learner-{i}" / "finished").exists())
+    marked = {
+        f"learner-{i}" for i in range(learners) if (fleet.run_dir / "learners" / f"learner-{i}" / "finished").exists()
+    }
+    left = {e.get("target") for e in fleet.events("leave") if "finished its budget" in str(e.get("detail", ""))}
+    return len(marked | (left & {f"learner-{i}" for i in range(learners)}))
 
 
 def budget_reached(samples: list[dict[str, Any]], budget: int) -> bool:
