@@ -27,7 +27,10 @@ def _scores(lr: LocalRun) -> list[dict]:
 def test_the_syncer_scores_the_global_model_and_the_guard_rolls_a_bad_round_back(tmp_path: Path) -> None:
     config = write_config(tmp_path, [{}, {}], run={"global_eval_every": 4, "quality_guard": 0.1})
     with LocalRun(tmp_path, config) as lr:
-        lr.start_syncer(env={"DLDCTL_FAULT_POINTS": "bad_round@120=0.5"})
+        # the damage comes at merge 360, well after the first score (the reference it is judged
+        # against): at merge 120 a loaded machine's evaluator sometimes first scored the damaged
+        # state itself, which then was the best it knew, and nothing was rolled back
+        lr.start_syncer(env={"DLDCTL_FAULT_POINTS": "bad_round@360=0.5"})
         for i in range(2):
             lr.start_learner(i)
         lr.wait_for(lambda s: s["loss"]["global"] is not None, 120, "a first score of the global model")
