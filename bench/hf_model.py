@@ -94,18 +94,14 @@ def export_check(model: Path) -> Any:
 
 
 def _score_here(out: Path, fleet: BenchRun) -> float:
-    import torch
-    import torch.nn.functional as F
+    """The exported directory loaded in this process and scored on the run's held-out batches."""
     from transformers import AutoModelForCausalLM
 
     from bench import evaluate
+    from workload.hfexport import held_out_loss
 
-    settings = fleet.config().run.to_dict()
-    batches = evaluate.workload(settings).eval_batches
-    model = AutoModelForCausalLM.from_pretrained(str(out)).eval()
-    with torch.no_grad():
-        losses = [float(F.cross_entropy(model(input_ids=x).logits.flatten(0, 1), y.flatten())) for x, y in batches]
-    return sum(losses) / len(losses)
+    batches = evaluate.workload(fleet.config().run.to_dict()).eval_batches
+    return held_out_loss(AutoModelForCausalLM.from_pretrained(str(out)).eval(), batches)
 
 
 def _global_presence(fleet: BenchRun) -> tuple[float, bool]:

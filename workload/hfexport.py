@@ -245,17 +245,15 @@ def held_out(run: RunModel) -> Any:
         return f"the run's held-out data is not readable on this machine ({exc})"
 
 
-def causal_lm_loss(model: Any, batches: list[Any]) -> float:
-    """Mean over the batches of cross_entropy(logits of x, y): (x, y) with y already shifted."""
+def held_out_loss(model: Any, batches: list[Any]) -> float:
+    """Mean over the batches of `hf.causal_lm_loss` (the loss an `hf:` run trains and scores by)."""
     import torch
-    import torch.nn.functional as F
 
-    total = 0.0
+    from workload.hf import causal_lm_loss
+
     with torch.no_grad():
-        for x, y in batches:
-            logits = model(input_ids=x, use_cache=False).logits
-            total += float(F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1)))
-    return total / max(1, len(batches))
+        losses = [float(causal_lm_loss(model, batch)) for batch in batches]
+    return sum(losses) / max(1, len(losses))
 
 
 def reference_loss(workload: Any, tensors: Mapping[str, torch.Tensor], spec: str) -> float:
@@ -311,7 +309,7 @@ def verify(out: Path, run: RunModel, tensors: Mapping[str, torch.Tensor]) -> dic
     del workload  # its model: one copy fewer in memory while the exported one is scored
     progress(f"verifying: loading {out} with AutoModelForCausalLM and scoring {len(batches)} batches")
     model = load_back(out)
-    loss = causal_lm_loss(model, batches)
+    loss = held_out_loss(model, batches)
     return {
         "verification": "done",
         "loaded_class": type(model).__name__,
@@ -327,7 +325,9 @@ def verify(out: Path, run: RunModel, tensors: Mapping[str, torch.Tensor]) -> dic
 
 def model_kind(spec: str) -> str:
     """ "preset", "hf" or "factory" (a user's `package.module:factory`)."""
-    if spec.startswith("hf:"):
+    from workload.hf import is_hf
+
+    if is_hf(spec):
         return "hf"
     return "preset" if spec in PRESETS else "factory"
 

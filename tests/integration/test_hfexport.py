@@ -28,7 +28,7 @@ from syncer.common.resolved import ResolvedConfig, SyncerSection
 from syncer.common.settings import RunSettings
 from tests import hfmodels
 from workload import WorkloadContext, build_workload
-from workload.hfexport import causal_lm_loss
+from workload.hfexport import held_out_loss
 
 pytestmark = [pytest.mark.timeout(240)]
 
@@ -117,7 +117,7 @@ def exported(run: rundir.RunDir, *args: str) -> dict[str, Any]:
 def scored(directory: str, run: rundir.RunDir) -> float:
     """The directory loaded as a user loads it, scored on the run's held-out batches."""
     model = AutoModelForCausalLM.from_pretrained(directory).eval()
-    return causal_lm_loss(model, workload(run).eval_batches)
+    return held_out_loss(model, workload(run).eval_batches)
 
 
 def one_line(proc: subprocess.CompletedProcess[str], code: int) -> str:
