@@ -1,19 +1,21 @@
 """The learner's data: a token corpus, its split into shards and an eval slice, and batches.
 
-Corpus sources (`load_corpus(spec)`):
-- ``"builtin"``: the Python standard library's own ``.py`` sources (every Python installation
-  carries them), sorted by path, test suites and site-packages skipped, read as bytes
-  (vocabulary 256), capped at `BUILTIN_MAX_BYTES`.
-- a text file (read as bytes, memory-mapped in place), or a directory of text files (every
-  non-hidden file without NUL bytes in its head, sorted by relative path, concatenated).
-- a ``.bin`` file of uint16 tokens with no header (nanoGPT's `prepare.py` format); every token
-  must be < `vocab_size` (default 50304).
+`load_corpus(spec, tokenizer=...)` reads every format docs/data.md describes; the readers live in
+workload/datasets.py (which format a spec names; text, JSONL, Parquet), workload/tokenfiles.py
+(pre-tokenized token files and directories of them) and workload/tokenized.py (text tokenized
+with a tokenizer.json, once per host). This module keeps what they all share:
 
-Reading ~1800 stdlib files is most of a learner restart's cost on a small machine, so a
-concatenated corpus is prepared once and cached on disk (``$DLDCTL_CACHE`` or
-``~/.cache/dldctl``): a raw uint8 file plus a JSON sidecar, each written to a temporary file and
-renamed into place (learners starting together may race to build it; the rename is atomic and
-both write the same bytes). Later loads open it with `np.memmap`: no copy, no re-read.
+- `Corpus`: a flat array of token ids (`TokenArray`: a numpy array, a memmap, or
+  `tokenfiles.TokenShards` over several files), its vocabulary, where it came from, and its
+  end-of-document token when it has one.
+- the built-in corpus (``"builtin"``): the Python standard library's own ``.py`` sources (every
+  Python installation carries them), sorted by path, test suites and site-packages skipped, read
+  as bytes (vocabulary 256), capped at `BUILTIN_MAX_BYTES`.
+- the byte cache: reading ~1800 stdlib files is most of a learner restart's cost on a small
+  machine, so a concatenated byte corpus is prepared once and cached on disk (``$DLDCTL_CACHE``
+  or ``~/.cache/dldctl``): a raw uint8 file plus a JSON sidecar, each written to a temporary file
+  and renamed into place (learners starting together may race to build it; the rename is atomic
+  and both write the same bytes). Later loads open it with `np.memmap`: no copy, no re-read.
 
 `split` cuts the corpus into the eval slice (its tail: the same for every learner) and disjoint,
 contiguous train shards of the rest. `Batches` samples random windows of one shard, seeded;
@@ -30,7 +32,7 @@ import sysconfig
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -44,17 +46,32 @@ BUILTIN_MAX_BYTES = 24 << 20  # the stdlib minus tests is ~13 MB on 3.11; a boun
 DEFAULT_BIN_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64, as in nanoGPT
 CACHE_FORMAT = 1  # bump when the prepared layout changes
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
-_SEPARATOR = b"\n"  # between concatenated files
+SEPARATOR = b"\n"  # after each concatenated file or document of a byte corpus
+
+
+class TokenArray(Protocol):
+    """What the batches read a corpus through: a 1-D array of ids (numpy, memmap, TokenShards).
+
+    `tokens[idx]` with an integer numpy array of positions (any shape) gathers ids in that shape;
+    a slice gives a 1-D array; `len(tokens)` counts them."""
+
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, key: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """A flat token array (uint8 for bytes, uint16 for .bin; memmap ok) and what it came from."""
+    """A flat token array (uint8 bytes, uint16 or uint32 ids; memmap ok) and what it came from."""
 
-    tokens: np.ndarray
+    tokens: TokenArray
     vocab_size: int
     source: str
-    digest: str = ""  # sha256 of the prepared bytes when known (builtin, text dir): compare across hosts
+    digest: str = ""  # sha256 of the prepared tokens when known: compare across hosts
+    eos: int | None = None  # the end-of-document token between documents, when the data has one
 
 
 def cache_root(cache_dir: str | None = None) -> Path:
@@ -65,34 +82,32 @@ def cache_root(cache_dir: str | None = None) -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "dldctl"
 
 
-def load_corpus(spec: str = "builtin", *, vocab_size: int | None = None, cache_dir: str | None = None) -> Corpus:
-    """The corpus named by `spec`: "builtin", a text file or directory, or a uint16 .bin file."""
-    if spec == "builtin":
-        _check_byte_vocab(vocab_size, spec)
-        return _cached(_builtin_key(), "builtin (Python stdlib sources)", _read_builtin, vocab_size, cache_dir)
-    path = Path(spec).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(
-            f"data {spec!r}: no such file or directory ({path.resolve()}); "
-            'use "builtin", a text file or directory, or a uint16 .bin file'
-        )
-    if path.is_file() and path.suffix == ".bin":
-        return _load_bin(path, DEFAULT_BIN_VOCAB if vocab_size is None else vocab_size, cache_dir)
-    _check_byte_vocab(vocab_size, spec)
-    if path.is_file():
-        if path.stat().st_size == 0:
-            raise ValueError(f"data {str(path)!r}: the file is empty")
-        # a text file already is a byte corpus: map it in place, nothing to prepare or cache
-        return Corpus(np.memmap(path, dtype=np.uint8, mode="r"), vocab_size or 256, f"text file {path}")
-    if path.is_dir():
-        key = _dir_key(path)
-        return _cached(key, f"text directory {path}", lambda: _read_dir(path), vocab_size, cache_dir)
-    raise ValueError(f"data {str(path)!r}: not a regular file or directory")
+def load_corpus(
+    spec: str = "builtin",
+    *,
+    vocab_size: int | None = None,
+    cache_dir: str | None = None,
+    tokenizer: str | None = None,
+) -> Corpus:
+    """The corpus named by `spec` (docs/data.md): "builtin", token files (.bin, .u16, .u32 with a
+    .json metadata file) or a directory of them, or text, JSONL or Parquet, read as bytes or, with
+    `tokenizer` (a tokenizer.json), tokenized once per host. `vocab_size` None: what the data
+    says (256 for bytes, the metadata's or the tokenizer's vocabulary)."""
+    from workload import datasets  # it imports this module
+
+    return datasets.load(spec, vocab_size=vocab_size, cache_dir=cache_dir, tokenizer=tokenizer)
 
 
-def _check_byte_vocab(vocab_size: int | None, spec: str) -> None:
+def check_byte_vocab(vocab_size: int | None, spec: str) -> None:
+    """Refuse a vocabulary that cannot hold every byte value, naming the data."""
     if vocab_size is not None and vocab_size < 256:
         raise ValueError(f"data {spec!r} is read as bytes: vocab_size must be >= 256, got {vocab_size}")
+
+
+def builtin_corpus(vocab_size: int | None = None, cache_dir: str | None = None) -> Corpus:
+    """The built-in corpus as bytes, prepared once per host and memory-mapped."""
+    check_byte_vocab(vocab_size, "builtin")
+    return cached_bytes(_builtin_key(), "builtin (Python stdlib sources)", _read_builtin, vocab_size, cache_dir)
 
 
 # --------------------------------------------------------------------------- reading sources
@@ -117,8 +132,8 @@ def _concat(paths: list[Path], limit: int | None) -> tuple[bytes, int]:
             data = path.read_bytes()
         except OSError:
             continue  # unreadable (permissions, a dangling link): skip it, deterministically
-        parts.append(data + _SEPARATOR)
-        total += len(data) + len(_SEPARATOR)
+        parts.append(data + SEPARATOR)
+        total += len(data) + len(SEPARATOR)
         used += 1
         if limit is not None and total >= limit:
             break
@@ -132,43 +147,6 @@ def _read_builtin() -> tuple[bytes, dict[str, Any]]:
     return blob, {"files": used, "stdlib": root, "python": sys.version.split()[0]}
 
 
-def _text_files(root: Path) -> list[Path]:
-    """Non-hidden regular files under `root`, sorted, whose first 8 KiB hold no NUL byte."""
-    found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in filenames:
-            path = Path(dirpath) / name
-            if name.startswith(".") or not path.is_file():
-                continue
-            try:
-                with open(path, "rb") as fh:
-                    if b"\0" not in fh.read(8192):
-                        found.append(path)
-            except OSError:
-                continue  # unreadable: skipped, like a binary file
-    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
-
-
-def _read_dir(root: Path) -> tuple[bytes, dict[str, Any]]:
-    files = _text_files(root)
-    blob, used = _concat(files, None)
-    if not blob:
-        raise ValueError(f"data {str(root)!r}: the directory holds no non-empty text files")
-    return blob, {"files": used}
-
-
-def _dir_key(root: Path) -> str:
-    """A cache key that changes when any file under `root` is added, removed or modified."""
-    h = hashlib.sha256(str(root.resolve()).encode())
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            st = os.stat(os.path.join(dirpath, name))
-            h.update(f"{dirpath}/{name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    return "dir-" + h.hexdigest()[:16]
-
-
 def _builtin_key() -> str:
     stdlib = sysconfig.get_paths()["stdlib"]
     ident = f"{CACHE_FORMAT}:{stdlib}:{sys.version}:{BUILTIN_MAX_BYTES}:{sorted(_SKIP_DIRS)}"
@@ -178,14 +156,15 @@ def _builtin_key() -> str:
 # --------------------------------------------------------------------------- the on-disk cache
 
 
-def _cached(
+def cached_bytes(
     key: str,
     source: str,
     read: Callable[[], tuple[bytes, dict[str, Any]]],
     vocab_size: int | None,
     cache_dir: str | None,
 ) -> Corpus:
-    """Load prepared bytes `key` from the cache, or prepare them with `read()` and store them."""
+    """Load prepared bytes `key` from the cache, or prepare them with `read()` and store them
+    (`read` gives the bytes and facts about them for the sidecar)."""
     root = cache_root(cache_dir)
     raw, meta = root / f"{key}.u8", root / f"{key}.json"
     hit = _open_cached(raw, meta)
@@ -223,45 +202,6 @@ def _open_cached(raw: Path, meta: Path) -> tuple[np.ndarray, dict[str, Any]] | N
         return None
 
 
-def _load_bin(path: Path, vocab_size: int, cache_dir: str | None) -> Corpus:
-    """A headerless uint16 token file; every token is checked < vocab_size (result cached)."""
-    size = path.stat().st_size
-    if size == 0 or size % 2:
-        raise ValueError(
-            f"data {str(path)!r}: a .bin corpus must hold uint16 tokens, "
-            f"but its size ({size} bytes) is {'zero' if size == 0 else 'odd'}"
-        )
-    if not 2 <= vocab_size <= 65536:
-        raise ValueError(f"data {str(path)!r}: vocab_size must be in 2..65536 for uint16 tokens, got {vocab_size}")
-    tokens = np.memmap(path, dtype=np.uint16, mode="r")
-    top = _max_token(path, tokens, cache_dir)
-    if top >= vocab_size:
-        raise ValueError(
-            f"data {str(path)!r}: holds token id {top}, not < vocab_size {vocab_size}; "
-            f"set vocab_size to at least {top + 1} (GPT-2 BPE: 50304)"
-        )
-    return Corpus(tokens, vocab_size, f"uint16 tokens {path}")
-
-
-def _max_token(path: Path, tokens: np.ndarray, cache_dir: str | None) -> int:
-    """The largest token id, scanned in chunks once per (file, size, mtime) and remembered."""
-    st = path.stat()
-    ident = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
-    note = cache_root(cache_dir) / f"bin-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
-    try:
-        return int(json.loads(note.read_text())["max_token"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    chunk = 1 << 24
-    top = max(int(tokens[i : i + chunk].max()) for i in range(0, len(tokens), chunk))
-    try:
-        note.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(note, json.dumps({"path": str(path), "max_token": top}), SHARED_MODE)
-    except OSError:
-        pass  # uncached: the scan simply runs again next time
-    return top
-
-
 # --------------------------------------------------------------------------- split and batches
 
 
@@ -284,7 +224,7 @@ def split(
     return [(bounds[i], bounds[i + 1]) for i in range(shards)], (n_train, n)
 
 
-def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def _windows(tokens: TokenArray, starts: np.ndarray, seq_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """x = tokens[s : s+T], y = tokens[s+1 : s+T+1] for each start s, as int64 (B, T) on `device`."""
     idx = starts[:, None] + np.arange(seq_len + 1)[None, :]  # (B, T+1)
     buf = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))  # one gather, one copy
@@ -295,7 +235,7 @@ def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int, device: torch
     return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
 
 
-def _check_range(tokens: np.ndarray, start: int, stop: int, seq_len: int, what: str) -> None:
+def _check_range(tokens: TokenArray, start: int, stop: int, seq_len: int, what: str) -> None:
     if not 0 <= start < stop <= len(tokens):
         raise ValueError(f"{what} range [{start}, {stop}) is outside the corpus (0..{len(tokens)})")
     if stop - start < seq_len + 1:
@@ -310,7 +250,7 @@ class Batches:
 
     def __init__(
         self,
-        tokens: np.ndarray,
+        tokens: TokenArray,
         start: int,
         stop: int,
         *,
@@ -341,7 +281,7 @@ class Batches:
 
 
 def eval_batches(
-    tokens: np.ndarray,
+    tokens: TokenArray,
     start: int,
     stop: int,
     *,

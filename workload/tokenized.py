@@ -1,42 +1,60 @@
-"""The data of an `hf:` model: text tokenized with the model directory's tokenizer, once per host.
+"""Text tokenized with a tokenizer.json, once per host, cached and memory-mapped; and the data of
+an `hf:` model (its directory's tokenizer.json), which reads every format the built-in does.
 
-    tokenizer.json in the model dir   text data ("builtin", a text file, a directory of text
-                                      files: workload/data.py reads them as bytes) is tokenized
-                                      with `tokenizers.Tokenizer`, cached, memory-mapped
-    no tokenizer.json                 the text is read as bytes (ids 0..255: vocab_size >= 256)
-    a .bin token file                 used as is (uint16, nanoGPT's format)
+    `tokenize(tokenizer_json, text, cache_dir)`  any `Text` (documents from workload/datasets.py:
+                                                 a text file, a directory, JSONL, Parquet, builtin)
+    `load(model_dir, spec, vocab_size)`          an `hf:` model's data: token files and directories
+                                                 used as they are; text tokenized with the model's
+                                                 tokenizer.json, or read as bytes without one
 
-Every token id must be < the model's vocab_size (a tokenizer larger than the model's embedding
-table would index past it): a ValueError names the model directory and the data.
+Documents (files of a directory, JSONL lines, Parquet rows) are separated by the tokenizer's
+end-of-document token when its vocabulary has one (`EOS_NAMES`, the first found); it becomes
+`Corpus.eos`. Every token id must be < the model's vocab_size (a tokenizer larger than the
+model's embedding table would index past it): a ValueError names the model directory and data.
 
 The cache (`data.cache_root()`: $DLDCTL_CACHE or ~/.cache/dldctl) holds `tok-<key>.u16|u32` and
-a JSON sidecar; key = sha256(tokenizer.json, the data's identity: the sha256 of the prepared
-bytes for builtin and directories, path + size + mtime for a text file). The tokens are written
-to a temporary file and renamed into place, then the sidecar (which commits the entry), so
-learners starting together on a host may race and both write the same bytes. Tokenizing runs in
-~1 MB chunks cut after a newline (`encode_batch`, no special tokens), which makes it
-deterministic and bounded in memory.
+a JSON sidecar; key = sha256(format, tokenizer.json, the text's identity: the sha256 of the
+prepared bytes for builtin, path + size + mtime of every file otherwise, and the JSONL field or
+Parquet column). Changing any of them tokenizes again. The tokens are written to a temporary
+file and renamed into place, then the sidecar (which commits the entry), so learners starting
+together on a host may race and both write the same bytes. Tokenizing runs in ~1 MB pieces cut
+after a newline (`encode_batch`, no special tokens), which makes it deterministic and bounded in
+memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from syncer.common.atomic import atomic_file, atomic_write
-from workload import data as data_mod
-from workload.data import Corpus
+from workload.data import SHARED_MODE, Corpus, cache_root
 
-TOKENIZED_FORMAT = 1  # bump when the cached layout or the chunking changes
+TOKENIZED_FORMAT = 2  # bump when the cached layout, the chunking or the document separation changes
 CHUNK_BYTES = 1 << 20  # text per encode; cut after the last newline inside it
-CHUNKS_PER_BATCH = 8  # encode_batch runs these in parallel (tokenizers' own threads)
+BATCH_CHARS = 8 << 20  # text per encode_batch (tokenizers runs its pieces on its own threads)
+BATCH_PIECES = 4096  # ... or this many pieces (many short documents)
+EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")  # the end-of-document token, if any
 _UINT16_VOCAB = 1 << 16
+
+Document = str | np.ndarray  # a document's text: a str, or its UTF-8 bytes as uint8 (a memmap)
+
+
+@dataclass(frozen=True)
+class Text:
+    """Text to tokenize: what names it in the cache key, what to call it, and its documents."""
+
+    identity: str
+    source: str
+    documents: Callable[[], Iterable[Document]]
 
 
 def token_dtype(vocab_size: int) -> type[np.unsignedinteger[Any]]:
@@ -44,12 +62,20 @@ def token_dtype(vocab_size: int) -> type[np.unsignedinteger[Any]]:
     return np.uint16 if vocab_size <= _UINT16_VOCAB else np.uint32
 
 
+# --------------------------------------------------------------------------- an hf: model's data
+
+
 def load(model_dir: str, spec: str, vocab_size: int, cache_dir: str | None = None) -> Corpus:
     """The corpus `spec` for the model in `model_dir` (config vocab `vocab_size`), as token ids."""
+    from workload import datasets  # it imports this module
+
     tokenizer_json = Path(model_dir) / "tokenizer.json"
-    path = Path(spec).expanduser()
-    if spec != "builtin" and path.is_file() and path.suffix == ".bin":
-        return _token_file(model_dir, path, vocab_size, cache_dir)
+    src = datasets.source(spec)
+    if src.tokens:
+        data = datasets.open_tokens(src, cache_dir)
+        where = "the file holds" if data.top_file == src.path else f"its file {data.top_file.name} holds"
+        _check_ids(model_dir, spec, data.top, vocab_size, where)
+        return Corpus(data.tokens, vocab_size, data.source, data.digest, data.meta.eos)
     if not tokenizer_json.is_file():
         if vocab_size < 256:
             raise ValueError(
@@ -57,16 +83,11 @@ def load(model_dir: str, spec: str, vocab_size: int, cache_dir: str | None = Non
                 f"(ids 0..255), but its vocab_size is {vocab_size}; add the model's tokenizer.json or set "
                 "vocab_size >= 256 in [model]"
             )
-        return data_mod.load_corpus(spec, vocab_size=vocab_size, cache_dir=cache_dir)
-    return _tokenized(model_dir, tokenizer_json, spec, vocab_size, cache_dir)
-
-
-def _token_file(model_dir: str, path: Path, vocab_size: int, cache_dir: str | None) -> Corpus:
-    """A uint16 .bin file: its largest id (scanned once, remembered) must be < vocab_size."""
-    corpus = data_mod.load_corpus(str(path), vocab_size=_UINT16_VOCAB, cache_dir=cache_dir)  # any uint16 id
-    top = data_mod._max_token(path, corpus.tokens, cache_dir)
-    _check_ids(model_dir, str(path), top, vocab_size, "the file holds")
-    return Corpus(corpus.tokens, vocab_size, corpus.source, corpus.digest)
+        return datasets.bytes_corpus(src, vocab_size, cache_dir)
+    corpus, info = tokenize(tokenizer_json, datasets.text_of(src, cache_dir), cache_dir, model_dir)
+    where = f"its tokenizer.json ({info['tokenizer_vocab']} tokens) gives"
+    _check_ids(model_dir, spec, int(info["max_token"]), vocab_size, where)
+    return dataclasses.replace(corpus, vocab_size=vocab_size)
 
 
 def _check_ids(model_dir: str, spec: str, top: int, vocab_size: int, where: str) -> None:
@@ -77,35 +98,26 @@ def _check_ids(model_dir: str, spec: str, top: int, vocab_size: int, where: str)
         )
 
 
-def _identity(spec: str, base: Corpus) -> str:
-    """What names the text: the digest of the prepared bytes, else the file's path, size, mtime."""
-    if base.digest:
-        return "sha256:" + base.digest
-    path = Path(spec).expanduser().resolve()
-    st = path.stat()
-    return f"file:{path}:{st.st_size}:{st.st_mtime_ns}"
+# --------------------------------------------------------------------------- tokenize once, cached
 
 
-def _tokenized(model_dir: str, tokenizer_json: Path, spec: str, vocab_size: int, cache_dir: str | None) -> Corpus:
-    base = data_mod.load_corpus(spec, cache_dir=cache_dir)  # text as bytes: builtin and dirs cached there
-    recipe = tokenizer_json.read_bytes()
+def tokenize(
+    tokenizer_json: Path, text: Text, cache_dir: str | None = None, model_dir: str | None = None
+) -> tuple[Corpus, dict[str, Any]]:
+    """`text` tokenized with `tokenizer_json` (from the cache when it is there) as a Corpus with the
+    tokenizer's vocabulary and eos, and the cache sidecar's facts (max_token, tokenizer_vocab)."""
     h = hashlib.sha256(f"{TOKENIZED_FORMAT}:{CHUNK_BYTES}\0".encode())
-    h.update(hashlib.sha256(recipe).digest())
-    h.update(_identity(spec, base).encode())
+    h.update(hashlib.sha256(tokenizer_json.read_bytes()).digest())
+    h.update(text.identity.encode())
     key = "tok-" + h.hexdigest()[:24]
-    root = data_mod.cache_root(cache_dir)
+    root = cache_root(cache_dir)
     hit = _open_cached(root, key)
     if hit is None:
-        hit = _prepare(root, key, tokenizer_json, base, model_dir)
+        hit = _prepare(root, key, tokenizer_json, text, model_dir)
     tokens, info = hit
-    _check_ids(
-        model_dir,
-        spec,
-        int(info["max_token"]),
-        vocab_size,
-        f"its tokenizer.json ({info['tokenizer_vocab']} tokens) gives",
-    )
-    return Corpus(tokens, vocab_size, f"{base.source}, tokenized with {tokenizer_json}", str(info["sha256"]))
+    eos = None if info.get("eos") is None else int(info["eos"])
+    source = f"{text.source}, tokenized with {tokenizer_json}"
+    return Corpus(tokens, int(info["tokenizer_vocab"]), source, str(info["sha256"]), eos), info
 
 
 def _open_cached(root: Path, key: str) -> tuple[np.ndarray, dict[str, Any]] | None:
@@ -128,33 +140,38 @@ def _suffix(dtype: np.dtype[Any]) -> str:
 
 
 def _prepare(
-    root: Path, key: str, tokenizer_json: Path, base: Corpus, model_dir: str
+    root: Path, key: str, tokenizer_json: Path, text: Text, model_dir: str | None
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """Tokenize `base` into the cache (tokens, then the sidecar); from memory if it cannot be written."""
-    tokenizer = _tokenizer(tokenizer_json, model_dir)
+    """Tokenize `text` into the cache (tokens, then the sidecar); from memory if it cannot be written."""
+    tokenizer = load_tokenizer(tokenizer_json, model_dir)
     dtype = np.dtype(token_dtype(int(tokenizer.get_vocab_size(with_added_tokens=True))))
     raw = root / f"{key}.{_suffix(dtype)}"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        with atomic_file(raw, data_mod.SHARED_MODE) as fh:
-            info = _tokenize(tokenizer, base, dtype, fh.write)
-        info = {**info, "format": TOKENIZED_FORMAT, "tokenizer": str(tokenizer_json), "source": base.source}
-        atomic_write(root / f"{key}.json", json.dumps(info, indent=1), data_mod.SHARED_MODE)  # commits it
+        with atomic_file(raw, SHARED_MODE) as fh:
+            info = _tokenize(tokenizer, text, dtype, fh.write)
+        info = {**info, "format": TOKENIZED_FORMAT, "tokenizer": str(tokenizer_json), "source": text.source}
+        atomic_write(root / f"{key}.json", json.dumps(info, indent=1), SHARED_MODE)  # commits it
         return np.memmap(raw, dtype=dtype, mode="r"), info
     except OSError as exc:  # a read-only or full cache: still train, tokenized in memory
         print(f"dldctl: cannot cache the tokenized corpus in {root} ({exc}); tokenizing in memory", file=sys.stderr)
     parts: list[bytes] = []
-    info = _tokenize(tokenizer, base, dtype, parts.append)
+    info = _tokenize(tokenizer, text, dtype, parts.append)
     return np.frombuffer(b"".join(parts), dtype=dtype), info
 
 
-def _tokenizer(tokenizer_json: Path, model_dir: str) -> Any:
+def load_tokenizer(tokenizer_json: Path, model_dir: str | None = None) -> Any:
+    """`tokenizers.Tokenizer.from_file`, with one-line errors (not installed, not a tokenizer)."""
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        from workload.hf import needs
+        if model_dir is not None:
+            from workload.hf import needs
 
-        raise needs(model_dir, "tokenizers") from None
+            raise needs(model_dir, "tokenizers") from None
+        raise ImportError(
+            f"tokenizer {tokenizer_json} needs the tokenizers package on this host: pip install 'dldctl[data]'"
+        ) from None
     try:
         return Tokenizer.from_file(str(tokenizer_json))
     except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
@@ -162,30 +179,70 @@ def _tokenizer(tokenizer_json: Path, model_dir: str) -> Any:
         raise ValueError(f"{tokenizer_json}: not a tokenizers tokenizer.json ({first})") from None
 
 
-def _tokenize(tokenizer: Any, base: Corpus, dtype: np.dtype[Any], write: Callable[[bytes], Any]) -> dict[str, Any]:
-    """Encode `base` chunk by chunk, writing the ids as `dtype`; the sidecar's facts about them."""
+def eos_id(tokenizer: Any) -> int | None:
+    """The id of the tokenizer's end-of-document token (the first of `EOS_NAMES` it knows), or None."""
+    for name in EOS_NAMES:
+        found = tokenizer.token_to_id(name)
+        if found is not None:
+            return int(found)
+    return None
+
+
+def _tokenize(tokenizer: Any, text: Text, dtype: np.dtype[Any], write: Callable[[bytes], Any]) -> dict[str, Any]:
+    """Encode `text` piece by piece, the eos between documents, writing the ids as `dtype`; the
+    sidecar's facts about them."""
     h = hashlib.sha256()
     count = top = 0
-    limit = np.iinfo(dtype).max
+    eos = eos_id(tokenizer)
+    boundary = np.array([] if eos is None else [eos], dtype=np.int64)
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # fast: no offsets
-    for texts in _batched(_chunks(base.tokens, CHUNK_BYTES), CHUNKS_PER_BATCH):
-        for encoding in encode(texts, add_special_tokens=False):
-            ids = np.asarray(encoding.ids, dtype=np.int64)
-            if not len(ids):
-                continue
-            top = max(top, int(ids.max()))
-            if top > limit:
-                raise ValueError(
-                    f"{base.source}: token id {top} does not fit {dtype} (the tokenizer's vocab is larger)"
-                )
-            blob = ids.astype(dtype).tobytes()
-            h.update(blob)
-            write(blob)
-            count += len(ids)
+    for batch in _batched(_pieces(text.documents()), BATCH_CHARS, BATCH_PIECES):
+        encoded = iter(encode([p for p in batch if p is not None], add_special_tokens=False))
+        ids = np.concatenate([boundary if p is None else np.asarray(next(encoded).ids, dtype=np.int64) for p in batch])
+        if not len(ids):
+            continue
+        top = max(top, int(ids.max()))
+        if top > np.iinfo(dtype).max:
+            raise ValueError(f"{text.source}: token id {top} does not fit {dtype} (the tokenizer's vocab is larger)")
+        blob = ids.astype(dtype).tobytes()
+        h.update(blob)
+        write(blob)
+        count += len(ids)
     if not count:
-        raise ValueError(f"{base.source}: tokenizes to no tokens at all")
+        raise ValueError(f"{text.source}: tokenizes to no tokens at all; is the text empty?")
     vocab = int(tokenizer.get_vocab_size(with_added_tokens=True))
-    return {"tokens": count, "max_token": top, "dtype": dtype.name, "sha256": h.hexdigest(), "tokenizer_vocab": vocab}
+    return {
+        "tokens": count,
+        "max_token": top,
+        "dtype": dtype.name,
+        "sha256": h.hexdigest(),
+        "tokenizer_vocab": vocab,
+        "eos": eos,
+    }
+
+
+def _pieces(documents: Iterable[Document]) -> Iterator[str | None]:
+    """Each document's text in pieces of about CHUNK_BYTES, and None between two documents (where
+    the eos goes); empty documents are skipped, so two boundaries never meet."""
+    started = False
+    for doc in documents:
+        first = True
+        for piece in _doc_pieces(doc):
+            if not piece:
+                continue
+            if first and started:
+                yield None
+            first, started = False, True
+            yield piece
+
+
+def _doc_pieces(doc: Document) -> Iterator[str]:
+    if isinstance(doc, str):
+        if len(doc) <= CHUNK_BYTES // 4:  # at most 4 UTF-8 bytes a character: one piece
+            yield doc
+            return
+        doc = np.frombuffer(doc.encode("utf-8", errors="replace"), dtype=np.uint8)
+    yield from _chunks(doc, CHUNK_BYTES)
 
 
 def _chunks(text: np.ndarray, size: int) -> Iterator[str]:
@@ -207,12 +264,15 @@ def _chunks(text: np.ndarray, size: int) -> Iterator[str]:
         yield piece.decode("utf-8", errors="replace")
 
 
-def _batched(items: Iterator[str], n: int) -> Iterator[list[str]]:
-    batch: list[str] = []
+def _batched(items: Iterator[str | None], max_chars: int, max_items: int) -> Iterator[list[str | None]]:
+    """`items` in lists of up to `max_chars` characters or `max_items` items."""
+    batch: list[str | None] = []
+    size = 0
     for item in items:
         batch.append(item)
-        if len(batch) == n:
+        size += len(item) if item else 0
+        if size >= max_chars or len(batch) >= max_items:
             yield batch
-            batch = []
+            batch, size = [], 0
     if batch:
         yield batch
