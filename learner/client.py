@@ -78,6 +78,11 @@ class SyncerClient(threading.Thread):
         with self._lock:
             return self._core.take_updates()
 
+    def take_units(self) -> tuple[list[int], list[int]]:
+        """Work units handed out and taken back by the syncer's data ledger: LinkCore.take_units."""
+        with self._lock:
+            return self._core.take_units()
+
     def take_calls(self) -> set[int]:
         """Fragments whose round the syncer called since the last take (round_clock = syncer)."""
         with self._lock:

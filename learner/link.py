@@ -17,6 +17,7 @@ up by a large encode.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -57,6 +58,7 @@ class PushItem:
     step_time: float
     base_epoch: int = 0  # the syncer epoch in which base_version was applied
     last: bool = False  # the partial window of a learner stopped by a signal (kept out at `down`)
+    units: tuple[int, ...] = ()  # work units whose last sequence was trained in this window (the data ledger)
 
 
 def coalesce(older: PushItem | None, newer: PushItem) -> PushItem:
@@ -71,7 +73,7 @@ def coalesce(older: PushItem | None, newer: PushItem) -> PushItem:
     enters the sum as the values the syncer would have decoded (one quantization more: rare, a
     push waits only while the link is down)."""
     if older is None or (older.base_version, older.base_epoch) != (newer.base_version, newer.base_epoch):
-        return newer
+        return dataclasses.replace(newer, units=older.units + newer.units) if older and older.units else newer
     return PushItem(
         newer.fragment,
         offload.values(older.delta) + offload.values(newer.delta),
@@ -81,6 +83,7 @@ def coalesce(older: PushItem | None, newer: PushItem) -> PushItem:
         older.c_time + newer.c_time,
         newer.step_time,
         newer.base_epoch,
+        units=older.units + newer.units,
     )
 
 
@@ -172,6 +175,8 @@ class Inbox:
     replies: set[int] = field(default_factory=set)
     forced: set[int] = field(default_factory=set)
     calls: set[int] = field(default_factory=set)
+    units: list[int] = field(default_factory=list)  # the data ledger: units to train
+    drop: list[int] = field(default_factory=list)  # ... and units to give up
 
 
 def fetch_window(chunk_numel: int) -> int:
@@ -194,6 +199,7 @@ def push_meta(send: Send) -> dict[str, Any]:
         "c_time": item.c_time,
         "step_time": item.step_time,
         **({"last": True} if item.last else {}),
+        **({"units": list(item.units)} if item.units else {}),
     }
 
 
@@ -414,6 +420,8 @@ class LinkCore:
             "manifest": me.manifest,
             "fragments": me.role.fragments or self.replica.count,
         }
+        if self.stats.get("data"):  # the dataset and the units in hand (syncer/datadesk.py)
+            meta["data"] = self.stats["data"]
         return Message("hello", meta)
 
     def _shard_problem(self, msg: Message) -> str | None:
@@ -440,6 +448,7 @@ class LinkCore:
             "resync": self._on_resync,
             "error": self._on_error,
             "call": self._on_call,
+            "units": self._on_units,
             "bye": self._on_bye,
         }.get(msg.kind)
         if handler is None:
@@ -505,6 +514,18 @@ class LinkCore:
         p = msg["fragment"]
         if msg["epoch"] == self.replica.epoch and 0 <= p < self.replica.count and self.ready:
             self.inbox.calls.add(p)
+
+    def _on_units(self, msg: Message, out: LinkOutbox) -> None:
+        ids = [u for u in msg["units"] + msg["drop"] if isinstance(u, int) and not isinstance(u, bool) and u >= 0]
+        if len(ids) == len(msg["units"]) + len(msg["drop"]):  # anything else: dropped whole
+            self.inbox.units += msg["units"]
+            self.inbox.drop += msg["drop"]
+
+    def take_units(self) -> tuple[list[int], list[int]]:
+        """(work units handed to this learner, units to give up) since the last take."""
+        taken = self.inbox.units, self.inbox.drop
+        self.inbox.units, self.inbox.drop = [], []
+        return taken
 
     def _on_resync(self, msg: Message, out: LinkOutbox) -> None:
         p = msg["fragment"]

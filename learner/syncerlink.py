@@ -108,6 +108,10 @@ class SyncerLink:
             forced.update(owned[q] for q in f)
         return replies, forced
 
+    def take_units(self) -> tuple[list[int], list[int]]:
+        """(units to train, units to give up): from shard 0, the one that keeps the data ledger."""
+        return self.clients[0].take_units()
+
     def take_calls(self) -> set[int]:
         return {owned[q] for owned, c in zip(self.owned, self.clients, strict=True) for q in c.take_calls()}
 

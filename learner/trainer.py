@@ -28,6 +28,7 @@ import torch
 import learner
 from learner import files, initmodel, offload, recipe
 from learner.config import LearnerConfig
+from learner.datafeed import LearnerUnits, restore_loader, save_loader
 from learner.link import PushItem
 from learner.logline import log
 from learner.outer import OuterState
@@ -85,6 +86,8 @@ class Trainer:
         # the same batches); the model init depends only on the run's seed
         rank = self.island.rank if self.island else 0
         restarts = int(os.environ.get("DLDCTL_RESTARTS", "0") or 0)
+        ledger = self.s.data_order == "ledger" and self.island is None  # an island's ranks: their shards
+        self.units = LearnerUnits(self.cfg.workdir, self.s.fragments, self.incarnation, ledger)
         ctx = WorkloadContext(
             settings=self.s.to_dict(),
             learner_index=self.cfg.spec.shard,
@@ -94,8 +97,10 @@ class Trainer:
             seed=self.s.seed + 1_000_003 * rank + 7_919 * restarts,
             model_args=dict(self.cfg.model_args),
             model_dir=None if self.cfg.model_dir is None else str(self.cfg.model_dir),
+            units=self.units.feed,
         )
         self.wl = build_workload(ctx)
+        restore_loader(self.wl, self.cfg.workdir)
         if self.cfg.init_model is not None:  # before anything is uploaded or trained (learner/initmodel.py)
             said = initmodel.load(self.wl.model, self.cfg.init_model, self.s.init_from)
             if rank == 0:
@@ -185,6 +190,7 @@ class Trainer:
             self.initial_fragments,
             self.incarnation,
         )
+        client.set_stats(data=self.units.meta())  # the hello says what data this learner reads
         client.start()
         world = f", island of world {self.island.world}" if self.island else ""
         log(
@@ -259,11 +265,12 @@ class Trainer:
         opt.step()
         self.losses.add(loss)
         compute = time.perf_counter() - t0
-        if (wait := self.slowdown.wait_s(compute, self.cfg.spec.throttle * self._slow_factor())) > 0:
+        if (wait := self.slowdown.wait_s(compute, self.cfg.spec.throttle * self.controls.slow_factor())) > 0:
             self.stop.wait(wait)  # an artificially slower host
         dt = time.perf_counter() - t0
         ntok = wl.tokens(batch) * (self.island.world if self.island else 1)
         self.step += 1
+        self.units.stepped(self.step)
         self.tokens += ntok
         self.busy_s += dt
         outer.count_step(ntok, dt)
@@ -311,6 +318,7 @@ class Trainer:
         optimizer state reset)."""
         replies, forced = client.take_updates()
         wanted = replies | forced
+        self.units.receive(*client.take_units())
         if getattr(self, "_diverged", False):
             log(f"non-finite loss at step {self.step}; reloading the global model")
             wanted = set(range(self.plan.count))
@@ -344,7 +352,9 @@ class Trainer:
         assert delta is not None, "rank 0 holds the gathered outer gradient"
         sent = offload.take(delta, self.s.compression, self.s.block)
         item = PushItem(p, sent, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0)
-        client.push(dataclasses.replace(item, base_epoch=outer.base_epoch[p], last=last))
+        client.push(dataclasses.replace(item, base_epoch=outer.base_epoch[p], last=last, units=self.units.for_push(p)))
+        if p == 0:
+            save_loader(self.workload, self.cfg.workdir)
 
     def _bound_lag(self, client: SyncerLink, outer: OuterState) -> None:
         """max_lag > 0 (bounded staleness): wait for a reply that is max_lag steps late (steps
@@ -407,18 +417,14 @@ class Trainer:
         client.set_stats(
             step=self.step,
             tokens=self.tokens,
-            state=self._state(),
+            state="slow" if self.controls.slow_factor() > 1.0 else "running",
             tokens_per_s=self.tokens_per_s,
             step_time=self.step_time or 0.0,
             blocked_frac=self.blocked_s / total if total else 0.0,
             loss=_finite(self.loss_ema),
             eval_loss=_finite(self.eval_loss),
+            data=self.units.meta(self.tokens_per_s),
         )
-
-    def _state(self) -> str:
-        if self._slow_factor() > 1.0:
-            return "slow"
-        return "running"
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -435,9 +441,6 @@ class Trainer:
         """Chaos hooks from `control.json`: a partition cuts the link."""
         self.controls.read()
         client.set_partitioned(self.controls.partitioned())
-
-    def _slow_factor(self) -> float:
-        return self.controls.slow_factor()
 
     def _write_finished(self) -> None:
         """The marker that says the budget is spent (the supervisor does not restart it), with what

@@ -85,6 +85,7 @@ def state_dict(core: SyncerCore, wall: float, copy: bool = False) -> dict[str, A
         "guard": core.guard.state_dict(),
         "norm_history": {p: list(d) for p, d in core._norm_history.items()},
         "warnings": list(core.warnings),
+        "data": core.data.ledger.state_dict() if core.data.on else None,
     }
 
 
@@ -123,6 +124,8 @@ def restore(core: SyncerCore, state: dict[str, Any], now: float) -> None:
     for p, norms in state.get("norm_history", {}).items():
         core._norm_history[int(p)].extend(float(x) for x in norms)
     core.warnings = [str(w) for w in state.get("warnings", [])]
+    if core.data.on and state.get("data"):
+        core.data.restored(state["data"], now)
 
 
 def resume(core: SyncerCore, directory: Path, now: float) -> tuple[bool, list[str]]:

@@ -22,11 +22,12 @@ import torch
 from syncer.clock import RoundClock
 from syncer.common import memfit
 from syncer.common.settings import RunSettings
+from syncer.datadesk import DataDesk, unit_ids
 from syncer.fleet import Ledger, Membership
 from syncer.globalmodel import GlobalModel, Outbox
 from syncer.guard import QualityGuard
 from syncer.outerstep import OuterStep
-from syncer.rounds import Contribution, GraceFn, Round, withdraw
+from syncer.rounds import Contribution, GraceFn, Round, drop_oldest, withdraw
 from syncer.wire import codec, fragments, shards
 from syncer.wire.protocol import Message, ProtocolError, check_fragment_index, check_raw_fragment
 
@@ -89,6 +90,7 @@ class SyncerCore(OuterStep):
         self.scored_at: int | None = None  # outer step of the last snapshot scored (None: score at once)
         self.snapshot_tag = 0
         self.warnings: list[str] = []  # lasting, shown in status (e.g. the run's history was lost)
+        self.data = DataDesk(on=settings.data_order == "ledger" and self.shard == 0)  # the data cursor (shard 0's)
 
     # -- dispatch ----------------------------------------------------------------------------
     def handle(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
@@ -107,14 +109,15 @@ class SyncerCore(OuterStep):
         self.rejected[reason] += 1
         out.event(now, "reject", learner, f"{reason}: {detail}"[:300])
 
+    def _refuse(self, reason: str, learner: str, detail: str, now: float, out: Outbox) -> None:
+        """Reject a hello for good: counted, an event, and a fatal error the learner stops on."""
+        self.reject(reason, learner, detail, now, out)
+        out.send(learner, Message("error", {"reason": detail, "fatal": True}))
+
     # -- membership --------------------------------------------------------------------------
     def _hello(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
         if msg["run"] != self.run_id:
-            self.reject("wrong_run", learner, f"run {msg['run']!r}", now, out)
-            out.send(
-                learner,
-                Message("error", {"reason": f"this syncer serves run {self.run_id}, not {msg['run']}", "fatal": True}),
-            )
+            self._refuse("wrong_run", learner, f"this syncer serves run {self.run_id}, not {msg['run']}", now, out)
             return
         try:
             manifest = fragments.manifest_from_json(msg["manifest"])
@@ -122,10 +125,13 @@ class SyncerCore(OuterStep):
             raise ProtocolError("schema", f"hello: {exc}") from None
         problem = self._manifest_problem(manifest, msg["fragments"])
         if problem:
-            self.reject("manifest", learner, problem, now, out)
-            out.send(learner, Message("error", {"reason": problem, "fatal": True}))
+            self._refuse("manifest", learner, problem, now, out)
             return
         info, fresh = self.fleet.hello(msg.meta, now)
+        refused = self.data.hello(learner, info.incarnation, fresh, msg.meta, now, out)
+        if refused:
+            self._refuse("data_mismatch", learner, refused, now, out)
+            return
         out.event(
             now,
             "join" if info.joins == 1 and fresh else ("rejoin" if fresh else "reconnect"),
@@ -175,6 +181,7 @@ class SyncerCore(OuterStep):
     def plan_for(self, manifest: list[fragments.TensorSpec]) -> fragments.FragmentPlan:
         """This shard's fragment plan (the run's plan unsharded) and the fragments it owns."""
         self.owned = self._owned_of(manifest)
+        self.data.ledger.fragments = self.owned
         return shards.shard_plan(manifest, self.s.fragments, self.shard, self.shards)
 
     def _claim_init(self, learner: str, manifest: list[fragments.TensorSpec], now: float) -> bool:
@@ -219,12 +226,14 @@ class SyncerCore(OuterStep):
 
     def _bye(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
         self.fleet.leave(learner, finished=msg.meta.get("finished") is True)
+        self.data.left(learner, now, out)
         out.event(now, "leave", learner, str(msg["reason"])[:200])
         out.send(learner, Message("bye", {"reason": "receipt"}))  # lets the learner close with LINGER 0
 
     def _heartbeat(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
         self.fleet.heartbeat(learner, msg.meta, now)
         out.send(learner, self._ack())
+        self.data.heartbeat(learner, self.fleet.learners[learner].incarnation, msg.meta, now, out)
 
     def _ack(self) -> Message:
         return Message("ack", {"epoch": self.epoch, "versions": self.versions(), "initialized": self.model is not None})
@@ -318,9 +327,12 @@ class SyncerCore(OuterStep):
             int(msg["base_version"]),
             now,
             len(blob),
+            units=unit_ids(msg.get("units"), "push"),
+            incarnation=self.fleet.learners[learner].incarnation,
         )
         rnd = self.rounds.setdefault(p, Round(p))
         rnd.add(contribution, self.s.quorum, GraceFn(self.s.grace_gamma, self.s.tau, self.t_sync or 0.0))
+        self.data.carried(self.owned[p], contribution)
         self.counters["pushes"] += 1
         self.counters["push_raw_bytes"] += 4 * delta.numel
         self.counters["push_wire_bytes"] += len(blob)
@@ -352,14 +364,9 @@ class SyncerCore(OuterStep):
 
     def _bound_queue(self, now: float, out: Outbox) -> None:
         """Keep memory bounded: past max_queue pending contributions, drop the oldest."""
-        while sum(len(r.contributions) for r in self.rounds.values()) > self.s.max_queue:
-            # each non-empty round with its oldest contribution; the oldest of those is dropped
-            oldest = [(c, r) for r in self.rounds.values() if (c := r.oldest()) is not None]
-            victim, rnd = min(oldest, key=lambda cr: cr[0].arrived)
-            del rnd.contributions[victim.learner]
-            rnd.recount(self.s.quorum, now)
+        for learner, p in drop_oldest(self.rounds.values(), self.s.max_queue, self.s.quorum, now):
             self.counters["dropped_pushes"] += 1
-            out.event(now, "drop", victim.learner, f"fragment {rnd.fragment}: queue over {self.s.max_queue}")
+            out.event(now, "drop", learner, f"fragment {p}: queue over {self.s.max_queue}")
 
     # -- rounds ------------------------------------------------------------------------------
     def tick(self, now: float, out: Outbox) -> None:
@@ -367,6 +374,7 @@ class SyncerCore(OuterStep):
         self.fleet.tick(now)
         live = self.fleet.live(now)
         self.membership.events(self.fleet, live, self.s.quorum, now, out)
+        self.data.tick(live, now, out)
         if self.model is None:
             return
         if self.s.syncer_clock:
@@ -456,6 +464,7 @@ class SyncerCore(OuterStep):
                 [blob],
             ),
         )
+        self.data.merged(self.owned[p], contribs, now, out)
         weights = [c.weight for c in contribs]
         self._account(rnd, contribs, weights, now, out, blob_bytes=len(blob) * len(recipients), t0=t0)
         return carried

@@ -38,6 +38,8 @@ class Contribution:
     nbytes: int
     backlog: float = 1.0  # < 1: the contribution spans more sync periods than max_backlog allows
     more: list[codec.Quantized] = field(default_factory=list)  # the learner's further pushes, to be summed
+    units: list[int] = field(default_factory=list)  # the work units its pushes carried (syncer/dataledger.py)
+    incarnation: str = ""  # of the learner that pushed it
 
     @property
     def weight(self) -> float:
@@ -79,12 +81,14 @@ class Contribution:
             now,
             0,
             more=more,
+            incarnation=self.incarnation,
         )
 
     def add(self, other: Contribution) -> None:
         """Add a further contribution of the same learner: its pushes join this one's parts (the
         merge sums them), its counters are added up."""
         self.more += other.parts
+        self.units += other.units
         self.c_steps += other.c_steps
         self.c_tokens += other.c_tokens
         self.c_time += other.c_time
@@ -179,6 +183,21 @@ def withdraw(rounds: Iterable[Round], learner: str, quorum: int, now: float) -> 
             rnd.recount(quorum, now)
             out.append(rnd.fragment)
     return out
+
+
+def drop_oldest(rounds: Iterable[Round], max_queue: int, quorum: int, now: float) -> list[tuple[str, int]]:
+    """Past `max_queue` contributions pending in `rounds`, drop the oldest ones (memory stays
+    bounded); returns (learner, fragment) of each dropped."""
+    rounds = list(rounds)
+    dropped = []
+    while sum(len(r.contributions) for r in rounds) > max_queue:
+        # each non-empty round with its oldest contribution; the oldest of those is dropped
+        oldest = [(c, r) for r in rounds if (c := r.oldest()) is not None]
+        victim, rnd = min(oldest, key=lambda cr: cr[0].arrived)
+        del rnd.contributions[victim.learner]
+        rnd.recount(quorum, now)
+        dropped.append((victim.learner, rnd.fragment))
+    return dropped
 
 
 def backlog_factor(c_steps: int, period_steps: float, max_backlog: float) -> float:

@@ -96,6 +96,7 @@ def snapshot(core: SyncerCore, now: float) -> dict[str, Any]:
             "off": guard_off(core),  # why no score is judged (None: the guard runs)
         },
         "learners": _with_replicas(core, fleet.rows(now)),
+        "data": core.data.snapshot(),  # the data ledger (None: off, or not this shard's)
         "wire_bytes": wire,
     }
 
@@ -161,8 +162,17 @@ def sample_record(snap: dict[str, Any], now: float, dropped_writes: dict[str, in
         "quorum_min": snap["quorum"]["min"],
         "outer_steps": snap["syncer"]["outer_steps"],
         "dropped_writes": dropped_writes,
+        **_data_keys(snap.get("data")),
         "learners": {
             row["id"]: {k: row[k] for k in ("tokens_per_s", "step", "state", "loss", "tokens", "blocked_frac")}
             for row in snap["learners"]
         },
     }
+
+
+def _data_keys(data: dict[str, Any] | None) -> dict[str, Any]:
+    """The data ledger's headline numbers as flat metrics keys (none when the ledger is off)."""
+    if not data:
+        return {}
+    keys = ("epoch", "merged_share", "in_flight", "lost", "reissued", "merged_tokens", "tokens_by_learner")
+    return {f"data_{k}": data[k] for k in keys}

@@ -34,6 +34,8 @@ from workload.presets import PRESETS
 if TYPE_CHECKING:
     import torch
 
+    from workload.units import UnitFeed
+
 
 @dataclass
 class WorkloadContext:
@@ -44,9 +46,10 @@ class WorkloadContext:
     shards: int  # how many train shards the corpus is cut into
     batch_size: int  # this learner's batch size (a host may override the run's default)
     device: torch.device
-    seed: int  # the data seed: with learner_index, seeds this learner's batch order
+    seed: int  # seeds this learner's random batches: the run's seed, moved by its island rank and restarts
     model_args: dict[str, Any] = field(default_factory=dict)  # the inventory's [model] table, free-form
     model_dir: str | None = None  # an `hf:` model's directory on this host (the run's copy); None: as named
+    units: UnitFeed | None = None  # the data ledger's units to train (None: data_order = "shards"); docs/data.md
 
 
 @dataclass
@@ -59,6 +62,8 @@ class Workload:
     tokens: Callable[[Any], int]  # exact tokens in a batch
     eval_batches: list[Any]  # fixed held-out batches (same on every learner)
     embedding_names: set[str] = field(default_factory=set)  # params merged by a plain mean
+    state_dict: Callable[[], Any] | None = None  # a loader of its own: its state, saved with the learner's
+    load_state_dict: Callable[[Any], None] | None = None  # ... and handed back after a restart
 
 
 def batch_seed(seed: int, learner_index: int) -> int:
@@ -84,10 +89,12 @@ def batch_tokens(batch: tuple[torch.Tensor, torch.Tensor]) -> int:
 def shard_batches(
     ctx: WorkloadContext, corpus: Any, seq_len: int, device: torch.device
 ) -> tuple[Callable[[], Any], list[Any]]:
-    """This learner's training batches (random windows of its shard of `corpus`, a `data.Corpus`)
-    and the fleet's held-out batches (the eval tail, at the run's batch size so every learner,
+    """This learner's training batches (the work units the syncer hands it, `ctx.units`; with
+    data_order = "shards", or while it holds none, random windows of its shard of `corpus`, a
+    `data.Corpus`) and the fleet's held-out batches (the eval tail, at the run's batch size so every learner,
     whatever its own, scores the same text): what the built-in and `hf:` workloads train on."""
     from workload import data as data_mod
+    from workload.units import ledger_batches
 
     shards, (ev0, ev1) = data_mod.split(corpus, shards=ctx.shards)
     start, stop = shards[ctx.learner_index]
@@ -95,12 +102,13 @@ def shard_batches(
     batches = data_mod.Batches(
         corpus.tokens, start, stop, batch_size=ctx.batch_size, seq_len=seq_len, seed=seed, device=device
     )
+    next_batch = batches.next if ctx.units is None else ledger_batches(ctx, corpus.tokens, ev0, seq_len, batches.next)
     run_batch = int(ctx.settings.get("batch_size", ctx.batch_size))
     count = int(ctx.settings.get("eval_batches", 4))
     held_out = data_mod.eval_batches(
         corpus.tokens, ev0, ev1, batch_size=run_batch, seq_len=seq_len, count=count, device=device
     )
-    return batches.next, held_out
+    return next_batch, held_out
 
 
 def scoring_context(
@@ -134,7 +142,9 @@ def gpt_workload(ctx: WorkloadContext) -> Workload:
     seq_len = int(s.get("seq_len", 128))
     if not 0 <= ctx.learner_index < ctx.shards:
         raise ValueError(f"learner_index {ctx.learner_index} is outside 0..{ctx.shards - 1} (shards={ctx.shards})")
-    corpus = data_mod.load_corpus(str(s.get("data", "builtin")), vocab_size=s.get("vocab_size"))
+    corpus = data_mod.load_corpus(
+        str(s.get("data", "builtin")), vocab_size=s.get("vocab_size"), tokenizer=s.get("tokenizer") or None
+    )
     # init on the CPU (CPU and CUDA generators draw differently), then move: same weights everywhere
     model = model_mod.build(str(s["model"]), vocab_size=corpus.vocab_size, block_size=seq_len)
     device = torch.device(ctx.device)

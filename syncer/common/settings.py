@@ -44,7 +44,12 @@ class RunSettings:
 
     name: str = "dldctl"
     model: str = "gpt-small"  # gpt-tiny | gpt-small | gpt-medium | gpt2-124m | pkg.mod:factory | hf:DIR
-    data: str = "builtin"  # builtin | path to a text file/dir | path to a uint16 .bin
+    data: str = "builtin"  # builtin | token files (.bin/.u16/.u32 + .json) | a directory of them | text (docs/data.md)
+    tokenizer: str = ""  # a tokenizer.json that text data is tokenized with ("" = bytes; hf: the model dir's)
+    data_order: str = (
+        "ledger"  # ledger: the syncer hands out work units (docs/data.md) | shards: random windows of a fixed shard
+    )
+    unit_sequences: int = 0  # sequences per work unit (0 = one fragment's sync period: batch_size * H / fragments)
     seed: int = 0
     init_from: str = ""  # a model file a new run starts from ("" = from the seed; a resumed run: its checkpoint)
     workdir: str = ""  # the user's code directory, shipped to every host and first on every process's import path
@@ -128,6 +133,13 @@ class RunSettings:
         )
         _check(self.workdir_max_mb > 0, "workdir_max_mb", f"must be > 0, got {self.workdir_max_mb}")
         _check(self.H >= 1, "H", f"must be >= 1, got {self.H}")
+        _check(
+            self.data_order in ("ledger", "shards"),
+            "data_order",
+            f'must be "ledger" or "shards", got {self.data_order!r}',
+            'ledger (the default) lets the syncer hand out the data; "shards" samples a fixed shard per learner',
+        )
+        _check(self.unit_sequences >= 0, "unit_sequences", f"must be >= 0 (0 = automatic), got {self.unit_sequences}")
         _check(self.fragments >= 1, "fragments", f"must be >= 1, got {self.fragments}")
         _check(
             self.H % self.fragments == 0,

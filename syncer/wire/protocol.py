@@ -97,6 +97,7 @@ SCHEMAS: dict[str, tuple[int, dict[str, tuple[type, ...]]]] = {
     "resync": (14, {"fragment": (int,), "reason": (str,)}),
     "error": (15, {"reason": (str,), "fatal": (bool,)}),
     "call": (16, {"fragment": (int,), "epoch": (int,), "version": (int,)}),  # the round clock: push p now
+    "units": (17, {"units": (list,), "drop": (list,)}),  # the data ledger: work units to train, to drop
     # operator <-> syncer (control socket)
     "status_req": (20, {}),
     "status": (21, {"snapshot": (dict,)}),

@@ -67,6 +67,7 @@ VALID: dict[str, tuple[dict[str, Any], list[bytes]]] = {
     "resync": ({"fragment": -1, "reason": "nan"}, []),
     "error": ({"reason": "no", "fatal": True}, []),
     "call": ({"fragment": 1, "epoch": 2, "version": 7}, []),
+    "units": ({"units": [3, 4], "drop": []}, []),
     "status_req": ({}, []),
     "status": ({"snapshot": {"run": "r", "nested": {"a": [1, 2.5, None]}}}, []),
     "control": ({"action": "fleet", "learners": ["learner-0"]}, []),
