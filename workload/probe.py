@@ -6,13 +6,16 @@ what came out: `python -m workload.probe` reads a JSON spec on stdin and prints 
     answer  {"ok": true, "tensors": int, "params": int, "manifest": sha256 of the (name, shape,
              kind) list, "embeddings": [...], "loss": the factory's loss of the first eval batch,
              "python", "torch", "transformers"}
-            {"ok": false, "stage": "import" | "build" | "loss" | "missing", "error": one line}
+            {"ok": false, "stage": "import" | "build" | "data" | "loss" | "missing", "error": one line}
 
 `dldctl check`, `up --dry-run` and `up` run it on every host that runs a learner or the syncer
 (dldctl/lifecycle/modelprobe.py), so a factory that cannot be imported, a model whose manifest
-differs between hosts, or a loss that shifts the targets a second time is one line before any
-process starts, not a crash loop after. "missing" is a dependency `up` itself installs (numpy,
-pyzmq): the probe could not run yet, which is not the model's fault.
+differs between hosts, a loss that shifts the targets a second time, or data that does not load
+there (a missing, truncated or unreadable token file, a tokenizer that does not load) is one line
+before any process starts, not a crash loop after. "missing" is a dependency `up` itself installs
+(numpy, pyzmq): the probe could not run yet, which is not the model's fault. "data" is a failure
+whose message names the run's `data` or `tokenizer` path. A built-in preset is probed for its data
+only: its loss is not computed (a large preset's forward pass on the CPU would slow `check` down).
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ import hashlib
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any
+
+from workload.presets import PRESETS
 
 PROVIDED_BY_UP = {"numpy", "zmq", "zstandard"}  # dldctl's set-up installs these into the host's site dir
 SHIFT_FIX = (
@@ -81,6 +87,10 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
         wl = build_workload(ctx)
     except ImportError as exc:
         return {"ok": False, "stage": _stage(exc), "error": _line(exc)}
+    except Exception as exc:  # the data (anything may go wrong reading a user's files) or the factory
+        if not about_data(exc, s):
+            raise
+        return {"ok": False, "stage": "data", "error": _line(exc)}
     wl.model.eval()  # as the evaluators score it: no dropout, so equal losses compare equal
     rows = [
         (n, tuple(p.shape), "embedding" if n in wl.embedding_names else "dense") for n, p in wl.model.named_parameters()
@@ -92,7 +102,7 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
         "manifest": manifest_digest(rows),
         "embeddings": sorted(wl.embedding_names),
     }
-    if wl.eval_batches:
+    if wl.eval_batches and str(s["model"]) not in PRESETS:
         try:
             with torch.no_grad():
                 out["loss"] = float(wl.loss(wl.model, wl.eval_batches[0]))
@@ -102,6 +112,23 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
         if problem:
             return {"ok": False, "stage": "loss", "error": problem}
     return out
+
+
+def data_paths(settings: dict[str, Any]) -> list[str]:
+    """The run's data and tokenizer paths as written and with `~` expanded ("builtin" is none)."""
+    out: list[str] = []
+    for key in ("data", "tokenizer"):
+        value = str(settings.get(key) or "").rstrip("/")
+        if value and value != "builtin":
+            out += [value, str(Path(value).expanduser())]
+    return out
+
+
+def about_data(exc: BaseException, settings: dict[str, Any]) -> bool:
+    """Whether a failure is the data's: its message (or the file it failed on) names the run's
+    data or tokenizer path (workload/data.py's and workload/tokenized.py's errors all do). Pure."""
+    text = f"{exc} {getattr(exc, 'filename', None) or ''}"
+    return any(path in text for path in data_paths(settings))
 
 
 def _stage(exc: BaseException) -> str:

@@ -359,7 +359,7 @@ def _print_probes(answers: list[modelprobe.Answer]) -> None:
 def _refuse_model(problems: list[str]) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more above)" if len(problems) > 1 else ""
-        raise OperationError(f"the model does not build: {problems[0]}{more}")
+        raise OperationError(f"{modelprobe.refusal(problems[0])}: {problems[0]}{more}")
 
 
 def model_record(answers: list[modelprobe.Answer], problems: list[str], ok: bool) -> dict[str, Any]:

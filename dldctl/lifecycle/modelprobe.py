@@ -8,10 +8,13 @@ process on each host that runs learners and on the syncer's (shard 0 scores the 
                        files shipped into its code store (codeship.py: no run is created there)
     probe_all          run them in parallel; `judge` (pure) turns the answers into problems
 
-A built-in preset is never probed (its manifest is known on the operator: workload/presets.py).
-A problem names the host, the side (learner or syncer), what failed and the fix; different
-manifests on two hosts (another transformers, another factory) are a problem too, as are more
-`fragments` than the model has tensors.
+A built-in preset on the built-in corpus (the default) is never probed: its manifest is known on
+the operator (workload/presets.py) and the corpus is every Python's own. A preset whose `[run] data`
+is on disk (or that names a `tokenizer`) is probed for its data: the files must load on every host
+that reads them, each learner's and the syncer's (it scores on the held-out tail). A problem names
+the host, the side (learner or syncer), what failed (for the data: the file) and the fix;
+different manifests on two hosts (another transformers, another factory, data of another
+vocabulary) are a problem too, as are more `fragments` than the model has tensors.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ FIX = {
     "import": "",  # the probe's own message says what to install or ship (workload._import)
     "build": "fix the factory (`dldctl logs` would show the same error from every learner)",
     "loss": "fix the model's loss (docs/custom-model.md)",
+    "data": "every host that runs a learner, and the syncer's, reads [run] data (and tokenizer) at that path: "
+    "put a good copy there (docs/data.md)",
     "host": "`dldctl check` tells more",
 }
 
@@ -90,8 +95,20 @@ class Answer:
 
 
 def needed(inv: Inventory) -> bool:
-    """Whether the run's model needs probing (a factory or an `hf:` model)."""
-    return modelspec.kind(inv.run.model) != "preset"
+    """Whether the run needs probing: a factory or an `hf:` model, or data on disk."""
+    return modelspec.kind(inv.run.model) != "preset" or data_on_disk(inv)
+
+
+def data_on_disk(inv: Inventory) -> bool:
+    """Whether the run reads data files on its hosts: `[run] data` other than "builtin", or a
+    `tokenizer` (the built-in corpus tokenized with it)."""
+    return inv.run.data != "builtin" or bool(inv.run.tokenizer)
+
+
+def refusal(problem: str) -> str:
+    """What a problem of `judge` keeps from starting, for the first words of the error: the data
+    (its fix names it) or the model."""
+    return "the data does not load" if FIX["data"] in problem else "the model does not build"
 
 
 def spec(inv: Inventory, roles: tuple[str, ...], model_dir: str | None) -> dict[str, Any]:
@@ -272,7 +289,7 @@ def _remote_target(
 
 def before_run(inv: Inventory) -> tuple[list[Answer], list[str]]:
     """`check` and `up --dry-run`: every probe's answer and what keeps the run from starting
-    (nothing probed for a built-in preset)."""
+    (nothing probed for a built-in preset on the built-in corpus)."""
     if not needed(inv):
         return [], []
     targets, skipped = targets_unstarted(inv, codeship.scan(inv.run, inv.path))
@@ -295,6 +312,6 @@ def at_up(inv: Inventory, config: ResolvedConfig, runtimes: dict[str, HostRuntim
     problems = judge(answers, inv.run.fragments)
     if problems:
         more = f" (and {len(problems) - 1} more: `dldctl check` lists them)" if len(problems) > 1 else ""
-        raise OperationError(f"the model does not build: {problems[0]}{more}", hint="no process was started")
+        raise OperationError(f"{refusal(problems[0])}: {problems[0]}{more}", hint="no process was started")
     for a in answers:
         say(a.target.host, f"model ok: {a.line()}")

@@ -32,6 +32,13 @@ SAMPLE_SCALARS = {
     "loss_global": "loss/global",
     "loss_eval": "loss/eval",
     "loss_train": "loss/train",
+    # the data ledger (docs/data.md), in samples only while it is on
+    "data_epoch": "data/epoch",
+    "data_merged_share": "data/merged_share",
+    "data_in_flight": "data/in_flight",
+    "data_lost": "data/lost",
+    "data_reissued": "data/reissued",
+    "data_merged_tokens": "data/merged_tokens",
 }
 LEARNER_SCALARS = {"tokens_per_s": "tokens_per_s", "loss": "loss", "blocked_frac": "blocked_frac", "step": "step"}
 
@@ -84,7 +91,8 @@ class _Rounds:
 
 
 def sample_values(sample: dict[str, Any]) -> dict[str, float]:
-    """The scalars of one "sample" record: the fleet's, each learner's, and the bandwidth ratio."""
+    """The scalars of one "sample" record: the fleet's, each learner's (with the data ledger, its
+    merged tokens: `learner/<id>/data_merged_tokens`), and the bandwidth ratio."""
     out = {name: v for key, name in SAMPLE_SCALARS.items() if (v := number(sample.get(key))) is not None}
     moved = (number(sample.get("bytes_up")) or 0.0) + (number(sample.get("bytes_down")) or 0.0)
     ddp = number(sample.get("ddp_equivalent"))
@@ -99,6 +107,11 @@ def sample_values(sample: dict[str, Any]) -> dict[str, float]:
                 v = number(row.get(key))
                 if v is not None:
                     out[f"learner/{lid}/{name}"] = v
+    by_learner = sample.get("data_tokens_by_learner")
+    if isinstance(by_learner, dict):
+        for lid, tokens in sorted(by_learner.items()):
+            if (v := number(tokens)) is not None:
+                out[f"learner/{lid}/data_merged_tokens"] = v
     return out
 
 

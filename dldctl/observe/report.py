@@ -8,7 +8,8 @@ and on a live one: a half-written last line, a malformed line or an unknown kind
 Writes into the output directory the plots of `report_plots` (loss.png: loss vs tokens merged,
 a segment per stretch after a rollback; goodput.png; throughput.png: tokens/s per learner;
 bandwidth.png: bytes/s against the data-parallel equivalent; quorum.png; headline.png: the
-data-parallel/bytes-moved ratio and goodput over time) and summary.md linking them. What each plot
+data-parallel/bytes-moved ratio and goodput over time) and summary.md linking them (with a "Data"
+section where the syncer kept the data ledger: `data_rows`). What each plot
 draws, with gaps as gaps and no rate across a restart, is `report_series` (pure, unit-tested).
 A run whose global model was not scored says so, and why (syncer/common/unscored.py).
 """
@@ -193,10 +194,53 @@ def _honesty_rows(run: RunRecord) -> list[tuple[str, str]]:
     ]
 
 
+LEDGER_EVENTS = ("epoch_done", "units_requeued", "units_partial", "data_mismatch")
+
+
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def data_rows(run: RunRecord) -> list[tuple[str, str]]:
+    """The data ledger's final figures (docs/data.md): the newest sample's `data_*` keys and the
+    ledger's events by kind; [] for a run without the ledger (`data_order = "shards"`, a factory
+    that takes no units, or a syncer from before it)."""
+    last = next((s for s in reversed(run.samples) if _number(s.get("data_epoch")) is not None), None)
+    counts = Counter(e["kind"] for e in run.events if e["kind"] in LEDGER_EVENTS)
+    if last is None and not counts:
+        return []
+    last = last or {}
+    share = _number(last.get("data_merged_share"))
+    rows = [
+        ("data epoch", f"{_count(_number(last.get('data_epoch')))} ({counts.get('epoch_done', 0)} merged whole)"),
+        ("units of this epoch merged", "-" if share is None else f"{100 * share:.1f}%"),
+        ("units in flight", _count(_number(last.get("data_in_flight")))),
+        (
+            "units lost / reissued (run total)",
+            f"{_count(_number(last.get('data_lost')))} / {_count(_number(last.get('data_reissued')))}",
+        ),
+        ("tokens merged by the ledger", _count(_number(last.get("data_merged_tokens")))),
+    ]
+    by_learner = last.get("data_tokens_by_learner")
+    if isinstance(by_learner, dict) and by_learner:
+        cells = (f"{lid}: {_count(_number(v))}" for lid, v in sorted(by_learner.items(), key=lambda kv: _lid(kv[0])))
+        rows.append(("tokens merged per learner", ", ".join(cells)))
+    rows.append(("ledger events", ", ".join(f"{kind} {counts.get(kind, 0)}" for kind in LEDGER_EVENTS)))
+    return rows
+
+
+def _lid(name: str) -> tuple[int, str]:
+    tail = name.rsplit("-", 1)[-1]
+    return (int(tail) if tail.isdigit() else 1 << 30, name)
+
+
 def write_summary(run: RunRecord, path: Path) -> None:
-    """summary.md: the table, event counts by kind, and the plots."""
+    """summary.md: the table, the data ledger's (when the run kept one), event counts by kind, and the plots."""
     out = [f"# Run report: {run.name}", "", "| | |", "|---|---|"]
     out += [f"| {what} | {value} |" for what, value in summary_rows(run)]
+    ledger = data_rows(run)
+    if ledger:
+        out += ["", "## Data", "", "| | |", "|---|---|"] + [f"| {what} | {value} |" for what, value in ledger]
     out += ["", "## Events", ""]
     counts = Counter(e["kind"] for e in run.events)
     if counts:

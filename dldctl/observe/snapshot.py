@@ -4,7 +4,9 @@ The syncer knows progress (steps, tokens, weights, heartbeats, goodput, bytes); 
 knows processes (hosts, pids, restarts, faults); the events log knows what happened. When the
 syncer does not answer, the snapshot still comes back, with `syncer.alive` false. A sharded
 syncer's progress is shard 0's, as an unsharded one's; `shards` has a row per shard
-(dldctl/observe/shardrows.py).
+(dldctl/observe/shardrows.py). So is `data`, the data ledger's progress (docs/data.md): only
+shard 0 keeps the ledger (the other shards answer null), and a syncer that keeps none (or predates
+it) leaves it null.
 
 The state file is only as fresh as the supervisor that writes it: a process on this machine is
 checked against its live pid (and start time), so a dead pid reads `dead` even while no
@@ -77,10 +79,31 @@ def _syncer_down(run: RunDir, config: ResolvedConfig) -> dict[str, Any]:
             "global": last.get("loss_global"),
             "global_off": last.get("global_off"),  # why the global model was not scored, as it last said
         },
+        "data": _ledger_sample(last),
         "stale_since": last.get("t"),
         "learners": [],
         "stale_learners": last.get("learners") or {},
     }
+
+
+# the data ledger's figures a metrics sample carries (syncer/status.py sample_record) -> `data` keys
+LEDGER_SAMPLE = {
+    "data_epoch": "epoch",
+    "data_merged_share": "merged_share",
+    "data_in_flight": "in_flight",
+    "data_lost": "lost",
+    "data_reissued": "reissued",
+    "data_merged_tokens": "merged_tokens",
+    "data_tokens_by_learner": "tokens_by_learner",
+}
+
+
+def _ledger_sample(last: Mapping[str, Any]) -> dict[str, Any] | None:
+    """With the syncer down: the ledger's figures of its last sample (the others absent), or None
+    when that sample has none (no ledger, or no sample)."""
+    if last.get("data_epoch") is None:
+        return None
+    return {"order": "ledger", **{key: last[flat] for flat, key in LEDGER_SAMPLE.items() if flat in last}}
 
 
 def _last_checkpoint(run: RunDir) -> int:
@@ -146,6 +169,7 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     alive = _local_pids_alive(run, state.procs)
     shard_rows = shardrows.rows(run, config, state, answered, alive, now)  # before `snap` changes them
     snap = answered or _syncer_down(run, config)
+    snap.setdefault("data", None)  # a syncer from before the data ledger: the same as no ledger
     snap["schema"] = SCHEMA
     snap["run"] = run.name
     snap["now"] = now

@@ -53,6 +53,7 @@ from dldctl.observe.view_data import (
 )
 from dldctl.observe.view_frame import consistent, sort_learners
 from dldctl.observe.view_keys import ViewState
+from dldctl.observe.view_ledger import data_panel, data_text, has_learner_tokens, learner_tokens, ledger
 from dldctl.observe.view_overlay import detail_panel, footer, help_panel
 from dldctl.observe.view_panels import (
     bandwidth_panel,
@@ -100,6 +101,7 @@ LEARNER_COLUMNS: tuple[tuple[str, dict, int], ...] = (
     ("tok/s", {"justify": "right", "no_wrap": True}, 2),
     ("trend", {"no_wrap": True, "width": 10}, 0),
     ("weight", {"justify": "right", "no_wrap": True}, 1),
+    ("merged", {"justify": "right", "no_wrap": True}, 0),  # only with the data ledger: its tokens merged
     ("rst", {"justify": "right", "no_wrap": True}, 2),
     ("hb", {"justify": "right", "no_wrap": True}, 2),
     ("job", {"no_wrap": True, "overflow": "ellipsis", "max_width": 36}, 1),  # only where a learner is a job
@@ -125,6 +127,7 @@ def _learner_cells(learner: dict, snapshot: dict, now: float, history: History |
         "tok/s": fmt_count(learner.get("tokens_per_s")),
         "trend": Text(trend, "cyan"),
         "weight": f"{100 * weight:.0f}%" if weight is not None else "-",
+        "merged": learner_tokens(snapshot, learner.get("id")),
         "rst": Text(fmt_int(restarts), "yellow" if restarts else ""),
         "hb": Text(fmt_duration(age), age_style),
         "job": _job_cell(learner.get("job")),
@@ -150,18 +153,18 @@ def learners_table(
     rule: bool = True,
 ) -> Table:
     """One row per learner (at most `rows`, troubled learners and the selected one kept first);
-    stragglers marked `*`. `compact` 1 leaves out device and trend, 2 also host and weight;
-    without a history no trend. `ui` orders the rows by its sort column and marks its selection."""
+    stragglers marked `*`. `compact` 1 leaves out device, trend and merged, 2 also host and weight;
+    without a history no trend, without the data ledger no merged (its tokens per learner). `ui`
+    orders the rows by its sort column and marks its selection."""
     learners = sort_learners(dicts(snapshot.get("learners")), ui.sort if ui else "learner")
     selected = ui.selected if ui else None
     shown = learners
     if rows is not None and len(learners) > rows:
         shown = pick_learners(learners, max(0, rows - 1), keep=selected)
     jobs = any(isinstance(learner.get("job"), dict) for learner in learners)
+    shown_only = {"job": jobs, "merged": has_learner_tokens(snapshot), "trend": history is not None}
     columns = [
-        (name, options)
-        for name, options, level in LEARNER_COLUMNS
-        if compact <= level and not (name == "trend" and history is None) and (name != "job" or jobs)
+        (name, options) for name, options, level in LEARNER_COLUMNS if compact <= level and shown_only.get(name, True)
     ]
     table = Table(box=box.SIMPLE_HEAD if rule else None, show_edge=False, pad_edge=False, expand=expand, padding=(0, 1))
     for name, options in columns:
@@ -210,12 +213,13 @@ def learners_panel(
 # ---------------------------------------------------------------- the live layout
 
 
-def plan_sections(height: int, learner_count: int, shard_count: int = 0) -> dict[str, int]:
+def plan_sections(height: int, learner_count: int, shard_count: int = 0, data: bool = False) -> dict[str, int]:
     """Rows per section for a screen `height` rows high, in order of importance: header, quorum
-    row, syncer shards (a line each, when sharded), learners, throughput row, events. What does
-    not fit is left out."""
+    row, syncer shards (a line each, when sharded), the data ledger's line (`data`), learners,
+    throughput row, events. What does not fit is left out."""
     budget, plan = height, {}
-    wanted = [("header", 3), ("row1", 5), ("shards", shard_count + 2 if shard_count > 1 else 0)]
+    shards = ("shards", shard_count + 2 if shard_count > 1 else 0)
+    wanted = [("header", 3), ("row1", 5), shards, ("data", 3 if data else 0)]
     for name, want in (*wanted, ("learners", learner_count + 4), ("row2", 5), ("events", 3)):
         if name == "learners":  # leave room for row2 and a few events unless the learners need it
             want = learner_count + 4 if learner_count else 3
@@ -250,9 +254,10 @@ def build_layout(
     body = height - 1 if ui is not None else height
     overlay = ui is not None and (ui.panel == "help" or (ui.panel == "detail" and ui.selected is not None))
     count = len(sharded(snapshot))
-    plan = _overlay_plan(body, learners) if overlay else plan_sections(body, learners, count)
+    data = bool(ledger(snapshot))
+    plan = _overlay_plan(body, learners) if overlay else plan_sections(body, learners, count, data)
     sections = []
-    for name in ("header", "row1", "shards", "row2", "learners", "events", "overlay"):
+    for name in ("header", "row1", "shards", "row2", "data", "learners", "events", "overlay"):
         if name in plan:
             region = Layout(name=name, size=plan[name])
             _fill(region, snapshot, history, now, width, ui, log)
@@ -285,6 +290,8 @@ def _fill(
         region.split_row(*(Layout(p) for p in panels))
     elif name == "shards":
         region.update(shards_panel(snapshot))
+    elif name == "data":
+        region.update(data_panel(snapshot))
     elif name == "learners":
         compact = 2 if narrow else 1 if width < 90 else 0
         region.update(learners_panel(snapshot, history, now, region.size, compact, ui))
@@ -385,6 +392,7 @@ def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
             f"{fmt_rate(t.get('per_s'), 'tok')}  trained {fmt_count(t.get('trained'))}"
             f"  merged {fmt_count(t.get('merged'))}",
         ),
+        *([("data", data_text(snapshot))] if ledger(snapshot) else []),
         (
             "bytes",
             f"up {fmt_bytes(up)} ({fmt_rate(b.get('up_per_s'))})  down {fmt_bytes(down)}"

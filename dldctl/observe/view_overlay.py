@@ -15,6 +15,7 @@ from rich.text import Text
 from dldctl.observe.view_data import dicts, fmt_count, fmt_int, state_style, text_of
 from dldctl.observe.view_frame import learner_events
 from dldctl.observe.view_keys import KEYS, ViewState, question
+from dldctl.observe.view_ledger import has_learner_tokens, learner_tokens
 from dldctl.observe.view_panels import event_table, titled
 
 HINT = "q quit  ? keys  ↑↓ select  ⏎ detail  s sort  k kill  p pause"
@@ -50,7 +51,8 @@ class DetailBody:
 
 
 def detail_panel(snapshot: dict, learner_id: str, log: list[str], now: float) -> Panel:
-    """One learner: host, state, pid, step and rate in the title; its events and log lines."""
+    """One learner: host, state, pid, step, rate (and with the data ledger its merged tokens) in the
+    title; its events and log lines."""
     row = next((r for r in dicts(snapshot.get("learners")) if text_of(r.get("id")) == learner_id), {})
     state = text_of(row.get("state"))
     title = Text.assemble(
@@ -65,6 +67,7 @@ def detail_panel(snapshot: dict, learner_id: str, log: list[str], now: float) ->
         fmt_int(row.get("step")),
         ("  tok/s ", "dim"),
         fmt_count(row.get("tokens_per_s")),
+        *((("  merged ", "dim"), learner_tokens(snapshot, learner_id)) if has_learner_tokens(snapshot) else ()),
         ("  (⏎ closes)", "dim"),
     )
     body = DetailBody(learner_events(snapshot, learner_id, 20), log, now)

@@ -61,6 +61,10 @@ EVENT_STYLES = {
     "reject": "yellow",
     "leave": "dim",
     "global_eval_off": "yellow",
+    "epoch_done": "green",  # the data ledger (docs/data.md): an epoch of the dataset merged
+    "units_requeued": "yellow",  # work units of a learner that left, back in the queue
+    "units_partial": "yellow",  # a unit closed partly merged
+    "data_mismatch": "red",  # a learner refused: its dataset differs from the run's
 }
 
 # ---------------------------------------------------------------- one-line renderables
