@@ -67,8 +67,8 @@ def _check_values(value: Any, key: str) -> None:
 def absolute(run: RunSettings, base: Path) -> RunSettings:
     """`run` with its local paths (`init_from`, `workdir`, an `hf:` directory) made absolute: `~`
     expanded, a relative one taken from `base` (the inventory file's directory). A relative `data`
-    that exists there is made absolute too (the processes run in the run directory); one that does
-    not is left as written, a path on each learner's host."""
+    or `tokenizer` that exists there is made absolute too (the processes run in the run directory);
+    one that does not is left as written, a path on each learner's host."""
     from dataclasses import replace
 
     def fix(value: str) -> str:
@@ -77,11 +77,21 @@ def absolute(run: RunSettings, base: Path) -> RunSettings:
         path = Path(value).expanduser()
         return str(path if path.is_absolute() else base.absolute() / path)
 
+    def beside(value: str) -> str:  # a path that exists beside the inventory (a "#field" suffix aside)
+        path = value.rsplit("#", 1)[0] if "#" in value and not (base / value).exists() else value
+        if value in ("", "builtin") or Path(path).expanduser().is_absolute() or not (base / path).exists():
+            return value
+        return fix(value)
+
     model = HF + fix(hf_path(run.model)) if kind(run.model) == "hf" else run.model
-    data = run.data
-    if data != "builtin" and not Path(data).expanduser().is_absolute() and (base / data).exists():
-        data = fix(data)
-    return replace(run, init_from=fix(run.init_from), workdir=fix(run.workdir), model=model, data=data)
+    return replace(
+        run,
+        init_from=fix(run.init_from),
+        workdir=fix(run.workdir),
+        model=model,
+        data=beside(run.data),
+        tokenizer=beside(run.tokenizer),
+    )
 
 
 def validate(run: RunSettings, model_args: Mapping[str, Any], path: str) -> None:

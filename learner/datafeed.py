@@ -32,11 +32,11 @@ LOADER_STATE = "loader_state.pt"
 class LearnerUnits:
     """The feed, the units finished and not yet pushed per fragment, and the learner's log."""
 
-    def __init__(self, workdir: Path, fragments: int, incarnation: str, on: bool) -> None:
+    def __init__(self, workdir: Path, learner: str, fragments: int, incarnation: str, on: bool) -> None:
         self.feed: UnitFeed | None = UnitFeed() if on else None
         self.unpushed: dict[int, set[int]] = {p: set() for p in range(fragments)}
         self.log_path = workdir / "units.jsonl"
-        self.incarnation = incarnation
+        self.learner, self.incarnation = learner, incarnation
 
     def receive(self, handed: list[int], taken_back: list[int]) -> None:
         """Units from the syncer: to train (queued in order), and to give up (another learner has them)."""
@@ -56,7 +56,8 @@ class LearnerUnits:
         for uid in self.feed.completed():
             for waiting in self.unpushed.values():
                 waiting.add(uid)
-            jsonl.append(self.log_path, {"t": time.time(), "unit": uid, "step": step, "inc": self.incarnation})
+            record = {"t": time.time(), "unit": uid, "step": step, "learner": self.learner, "inc": self.incarnation}
+            jsonl.append(self.log_path, record)
 
     def for_push(self, p: int) -> tuple[int, ...]:
         """The units fragment p's push names (finished since its previous push), now pushed on p."""

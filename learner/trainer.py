@@ -87,7 +87,7 @@ class Trainer:
         rank = self.island.rank if self.island else 0
         restarts = int(os.environ.get("DLDCTL_RESTARTS", "0") or 0)
         ledger = self.s.data_order == "ledger" and self.island is None  # an island's ranks: their shards
-        self.units = LearnerUnits(self.cfg.workdir, self.s.fragments, self.incarnation, ledger)
+        self.units = LearnerUnits(self.cfg.workdir, self.cfg.spec.id, self.s.fragments, self.incarnation, ledger)
         ctx = WorkloadContext(
             settings=self.s.to_dict(),
             learner_index=self.cfg.spec.shard,

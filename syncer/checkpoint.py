@@ -125,7 +125,7 @@ def restore(core: SyncerCore, state: dict[str, Any], now: float) -> None:
         core._norm_history[int(p)].extend(float(x) for x in norms)
     core.warnings = [str(w) for w in state.get("warnings", [])]
     if core.data.on and state.get("data"):
-        core.data.restored(state["data"], now)
+        core.data.restored(state["data"], now, set(core.fleet.learners))
 
 
 def resume(core: SyncerCore, directory: Path, now: float) -> tuple[bool, list[str]]:

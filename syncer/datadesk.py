@@ -39,7 +39,7 @@ def data_meta(meta: dict[str, Any], what: str) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict):
         raise ProtocolError("schema", f"{what}: data must be an object")
-    for key in ("sequences", "unit_sequences", "seq_len", "want", "received", "off_ledger"):
+    for key in ("sequences", "unit_sequences", "seq_len", "want", "received", "off_ledger", "beyond"):
         value = data.get(key, 0)
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 62:
             raise ProtocolError("schema", f"{what}: data.{key} must be a non-negative integer")
@@ -57,9 +57,9 @@ class DataDesk:
         self.silent: dict[str, float] = {}  # learner -> since when it holds units and is not live
         self.announced: set[int] = set()  # epochs whose end was an event
 
-    def restored(self, state: dict[str, Any], now: float) -> None:
-        """The ledger of a checkpoint (holders have HOLD_S to report their hands)."""
-        self.ledger.load_state_dict(state, now, HOLD_S)
+    def restored(self, state: dict[str, Any], now: float, known: set[str]) -> None:
+        """The ledger of a checkpoint (the learners it knew have HOLD_S to report their hands)."""
+        self.ledger.load_state_dict(state, now, HOLD_S, known)
         self.announced = {e for e in self.ledger.closed if self.ledger.epoch_done(e)}
 
     def hello(
@@ -82,8 +82,9 @@ class DataDesk:
             out.event(now, "data_mismatch", learner, str(exc)[:300])
             return f"data: {exc}"
         self._said(learner, "pushed to the syncer that restarted, merged after its checkpoint", ended, now, out)
-        if drop:
-            out.send(learner, Message("units", {"units": [], "drop": drop}))
+        uids = self.ledger.issue(learner, incarnation, data, now)  # its first units come with the welcome
+        if drop or uids:
+            out.send(learner, Message("units", {"units": uids, "drop": drop}))
         return None
 
     def heartbeat(self, learner: str, incarnation: str, meta: dict[str, Any], now: float, out: Outbox) -> None:

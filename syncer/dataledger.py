@@ -80,6 +80,7 @@ class DataLedger:
     hold_until: float = 0.0  # after a restore: hand out nothing new until then (holders report first)
     waiting_for: set[str] = field(default_factory=set)  # restored holders not heard from yet
     requeued_now: list[tuple[str, int]] = field(default_factory=list)  # (learner, uid) queued again: for the events
+    beyond: int = 0  # after a restore: 1 + the highest unit id a reconnecting learner was ever handed
 
     # -- the dataset -------------------------------------------------------------------------
     @property
@@ -120,6 +121,8 @@ class DataLedger:
         hand = [int(u) for u in data.get("hand", [])]
         restored = self.holding(now)
         self.waiting_for.discard(learner)
+        if restored:
+            self.beyond = max(self.beyond, int(data.get("beyond", 0)))
         drop = [uid for uid in hand if not self._claim(uid, learner, incarnation, restored)]
         held = set(hand)
         gone = [(u, x) for u, x in sorted(self.open.items()) if restored and x.learner == learner and u not in held]
@@ -156,14 +159,14 @@ class DataLedger:
     def _settle(self) -> None:
         """The hold is over: units past the checkpoint's cursor that nobody claimed were issued
         since it and lost with the syncer; they go back to the queue, the cursor past them."""
-        ahead = [uid for uid in self.open if uid >= self.next_uid]
-        if ahead:
-            gone = [u for u in range(self.next_uid, max(ahead)) if u not in self.open]
+        top = max([self.beyond - 1, *(uid for uid in self.open if uid >= self.next_uid)])
+        if top >= self.next_uid:
+            gone = [u for u in range(self.next_uid, top + 1) if u not in self.open]
             self.requeue.extend(gone)
             self.requeued_now += [("syncer", u) for u in gone]
             self.counters["lost"] += len(gone)
-            self.next_uid = max(ahead) + 1
-        self.hold_until, self.waiting_for = 0.0, set()
+            self.next_uid = top + 1
+        self.hold_until, self.waiting_for, self.beyond = 0.0, set(), 0
 
     def issue(self, learner: str, incarnation: str, data: dict[str, Any], now: float) -> list[int]:
         """Units to hand to `learner` for its heartbeat's `want` (those still on their way counted)."""
@@ -312,9 +315,12 @@ class DataLedger:
             "off_ledger": dict(self.off_ledger),
         }
 
-    def load_state_dict(self, state: dict[str, Any], now: float, hold_s: float) -> None:
+    def load_state_dict(
+        self, state: dict[str, Any], now: float, hold_s: float, known: frozenset[str] | set[str] = frozenset()
+    ) -> None:
         """Restore a checkpoint's ledger; hand out nothing new for `hold_s` or until every
-        learner holding units has said hello (it may hold units issued after the checkpoint)."""
+        learner it knew (`known`, and every holder) has said hello: any may hold, or have been
+        handed, units issued after the checkpoint."""
         self.sequences, self.unit_sequences, self.seq_len, self.digest = state["dataset"]
         self.next_uid = int(state["next_uid"])
         self.requeue = collections.deque(int(u) for u in state["requeue"])
@@ -326,4 +332,4 @@ class DataLedger:
         self.tokens_by_learner = collections.Counter(state["tokens_by_learner"])
         self.off_ledger = dict(state.get("off_ledger", {}))
         self.hold_until = now + hold_s
-        self.waiting_for = {u.learner for u in self.open.values()}
+        self.waiting_for = {u.learner for u in self.open.values()} | set(known)

@@ -105,6 +105,7 @@ class UnitFeed:
     done: list[int] = field(default_factory=list)
     off_ledger: int = 0  # sequences taken without a unit
     received: int = 0  # units handed to this feed (the syncer counts those still on their way)
+    beyond: int = 0  # 1 + the highest unit id handed to it (a restored syncer moves its cursor past it)
 
     def configure(self, *, sequences: int, seq_len: int, unit_sequences: int, seed: int, digest: str) -> None:
         if sequences < 1 or unit_sequences < 1:
@@ -121,6 +122,7 @@ class UnitFeed:
         assert self.plan is not None
         have = {h.uid for h in self.held}
         self.received += len(uids)
+        self.beyond = max([self.beyond, *(u + 1 for u in uids)])
         for uid in uids:
             if uid not in have:
                 self.held.append(_Held(uid, self.plan.sequences_of(uid)))
@@ -178,6 +180,7 @@ class UnitFeed:
             "hand": self.hand(),
             "want": self.want(tokens_per_s),
             "received": self.received,
+            "beyond": self.beyond,
             "off_ledger": self.off_ledger * p.seq_len,
         }
 

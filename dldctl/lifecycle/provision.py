@@ -31,7 +31,20 @@ LIGHT_DEPS = {"zmq": "pyzmq>=25", "zstandard": "zstandard>=0.21", "numpy": "nump
 HF_DEPS = ("transformers>=4.46", "tokenizers>=0.20")
 # best effort: without it the syncer writes final_model.pt alone, says so, and `dldctl export` converts it
 OPTIONAL_DEPS = {"safetensors": "safetensors>=0.4"}
+# the data's readers (pyproject's `data` extra): a tokenizer, and Parquet
+DATA_DEPS = {"tokenizer": "tokenizers>=0.20", "parquet": "pyarrow>=14"}
 Progress = Callable[[str, str], None]
+
+
+def data_deps(model: str, data: str, tokenizer: str) -> tuple[str, ...]:
+    """What a host's venv needs beyond the wheel for this model and data: transformers for an
+    `hf:` model (modelspec.HF), tokenizers for a tokenizer, pyarrow for Parquet data."""
+    deps = list(HF_DEPS) if model.startswith("hf:") else []
+    if tokenizer and DATA_DEPS["tokenizer"] not in deps:
+        deps.append(DATA_DEPS["tokenizer"])
+    if ".parquet" in data:
+        deps.append(DATA_DEPS["parquet"])
+    return tuple(deps)
 
 
 @dataclass(frozen=True)
@@ -125,7 +138,7 @@ def prepare(
     if not host.exists(remote_wheel):
         host.put_file(wheel, remote_wheel, 0o644)
     progress(spec.name, "set up python")
-    extra = HF_DEPS if config.run.model.startswith("hf:") else ()  # modelspec.HF: built with transformers
+    extra = data_deps(config.run.model, config.run.data, config.run.tokenizer)
     python, site = _setup(host, spec, base, remote_wheel, digest, extra)
     code = ship_code(host, spec, python, base, tree, progress)
     progress(spec.name, "copy config and keys")

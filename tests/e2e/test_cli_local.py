@@ -20,6 +20,7 @@ import pytest
 
 from dldctl.testing import DLDCTL, DldctlHome
 from syncer import checkpoint
+from syncer.datadesk import parse_ranges
 from tests import memcgroup
 from tests.e2e.fleetutil import kinds, learner, run_table, steps_logged_between
 from tests.e2e.ptyscreen import read_until
@@ -582,3 +583,29 @@ def test_runs_lists_the_run_and_resume_continues_it_from_its_checkpoint(fleet: t
     assert json.loads(again.stdout)["run"] == dl.run_dir.name and "up already" in again.stderr
     out = json.loads(dl("down", "--json").stdout)
     assert out["outer_steps"] > checkpointed and dl.leftovers() == []
+
+
+def test_the_data_ledger_hands_out_again_only_what_was_lost(fleet: tuple[DldctlHome, Path]) -> None:
+    """After the kills, the syncer kill, learner add and remove, down and up --resume above: by the
+    learners' own logs, every unit trained more than once was handed out again by the syncer, which
+    named it in a units_requeued event; the added learner trained units of its own; the ledger went
+    on through the resume instead of starting the data over."""
+    dl, _ = fleet
+    trained: dict[int, list[str]] = {}
+    for path in dl.run_dir.glob("**/units.jsonl"):
+        for row in (json.loads(line) for line in path.read_text().splitlines()):
+            trained.setdefault(row["unit"], []).append(f"{row['learner']}#{row['inc']}")
+    events = [json.loads(line) for line in (dl.run_dir / "events.jsonl").read_text().splitlines()]
+    requeued = {
+        uid for e in events if e["kind"] == "units_requeued" for uid in parse_ranges(e["detail"].rsplit("units ", 1)[1])
+    }
+    twice = {uid: who for uid, who in trained.items() if len(who) > 1}
+    assert len(trained) > 50, "the fleet trained units of the ledger"
+    assert set(twice) <= requeued, {uid: twice[uid] for uid in set(twice) - requeued}
+    killed = {e["target"] for e in events if e["kind"] == "death" and "dldctl chaos" in e["detail"]}
+    assert killed & {e["target"] for e in events if e["kind"] in ("units_requeued", "units_partial")}
+    assert any(who.startswith("learner-4#") for owners in trained.values() for who in owners)
+    final, _ = checkpoint.load_latest(dl.run_dir / "checkpoints")
+    assert final is not None and final["data"]["counters"]["merged_tokens"] > 0
+    resumed = [e["t"] for e in events if e["kind"] == "syncer_resume"]
+    assert len(resumed) >= 2  # the killed syncer, then up --resume

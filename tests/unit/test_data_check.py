@@ -119,3 +119,12 @@ def test_check_names_the_host_and_the_file_before_anything_starts(
     assert [a.data.get("stage") for a in answers] == ["data"], [a.data for a in answers]
     (line,) = problems
     assert line.startswith("host a (learner and syncer): ") and str(bad) in line
+
+
+def test_a_venv_host_gets_the_readers_its_data_needs() -> None:
+    from dldctl.lifecycle.provision import data_deps
+
+    assert data_deps("gpt-tiny", "builtin", "") == ()
+    assert data_deps("gpt-tiny", "corpus.txt", "tokenizer.json") == ("tokenizers>=0.20",)
+    assert data_deps("gpt-tiny", "shards/train.parquet#text", "") == ("pyarrow>=14",)
+    assert data_deps("hf:./m", "c.parquet", "t.json") == ("transformers>=4.46", "tokenizers>=0.20", "pyarrow>=14")

@@ -179,3 +179,16 @@ def test_the_feed_gives_batches_across_units_and_reports_the_units_finished() ->
 def test_the_automatic_unit_is_one_fragments_sync_period_at_the_runs_batch() -> None:
     assert unit_size({"batch_size": 16, "H": 64, "fragments": 4}) == 256
     assert unit_size({"batch_size": 16, "H": 64, "fragments": 4, "unit_sequences": 7}) == 7
+
+
+def test_a_restored_ledger_moves_its_cursor_past_every_unit_a_learner_was_handed() -> None:
+    led = ledger()
+    saved = led.state_dict()  # nothing issued at the checkpoint
+    led.issue("a", "i1", want(3), 0.0)  # 0, 1, 2 issued after it, trained, pushed: lost with the syncer
+    again = DataLedger((0, 1))
+    again.load_state_dict(saved, now=10.0, hold_s=10.0, known={"a", "b"})
+    again.hello("a", "i1", {**DATA, "hand": [], "beyond": 3}, 10.1)
+    assert again.issue("a", "i1", want(1), 10.2) == []  # b has not said hello yet
+    again.hello("b", "i1", {**DATA, "hand": []}, 10.3)
+    assert again.issue("b", "i1", want(4), 10.4) == [0, 1, 2, 3]  # named as lost, then the cursor
+    assert again.requeued_now == [("syncer", 0), ("syncer", 1), ("syncer", 2)]
