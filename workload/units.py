@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 PREFETCH_UNITS = 2  # units in hand, not started, that a learner keeps at least (it never waits for data)
 LOOKAHEAD_S = 3.0  # ... and enough of them for this long at its pace (6 heartbeats: a lost answer is no gap)
+STARTUP_UNITS = 8  # before its pace is known (its first step not timed yet)
 
 
 @dataclass(frozen=True)
@@ -160,11 +161,14 @@ class UnitFeed:
 
     def want(self, tokens_per_s: float = 0.0) -> int:
         """How many more units to ask for: enough that the units not started hold LOOKAHEAD_S of
-        training at `tokens_per_s`, and at least PREFETCH_UNITS."""
+        training at `tokens_per_s` (STARTUP_UNITS while it is not known), and at least PREFETCH_UNITS."""
         if self.plan is None:
             return 0
         p = self.plan
-        ahead = max(PREFETCH_UNITS, math.ceil(tokens_per_s * LOOKAHEAD_S / (p.seq_len * p.unit_sequences)))
+        paced = (
+            math.ceil(tokens_per_s * LOOKAHEAD_S / (p.seq_len * p.unit_sequences)) if tokens_per_s else STARTUP_UNITS
+        )
+        ahead = max(PREFETCH_UNITS, paced)
         return max(0, ahead - sum(1 for h in self.held if h.taken == 0))
 
     def meta(self, tokens_per_s: float = 0.0) -> dict[str, Any] | None:

@@ -165,7 +165,8 @@ def test_the_feed_gives_batches_across_units_and_reports_the_units_finished() ->
     feed.configure(sequences=100, seq_len=8, unit_sequences=10, seed=0, digest="d")
     assert feed.take(4) is None  # nothing in hand: the caller trains off the ledger
     feed.add([0, 1])
-    assert feed.want() == 0 and feed.want(tokens_per_s=8 * 10 * 10) == 30 - 2  # 3 s at 10 units/s
+    assert feed.want(tokens_per_s=1.0) == 0 and feed.want(tokens_per_s=8 * 10 * 10) == 30 - 2  # 3 s at 10 units/s
+    assert feed.want() == 8 - 2  # its pace not known yet
     first = feed.take(6)
     second = feed.take(6)
     assert first is not None and second is not None
