@@ -14,6 +14,7 @@ is saved beside the replica with every push of fragment 0 and handed back at the
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ class LearnerUnits:
         self.unpushed: dict[int, set[int]] = {p: set() for p in range(fragments)}
         self.log_path = workdir / "units.jsonl"
         self.learner, self.incarnation = learner, incarnation
+        if self.feed is not None:  # a restored syncer moves its cursor past what this slot trained before
+            self.feed.beyond = last_unit(self.log_path) + 1
 
     def receive(self, handed: list[int], taken_back: list[int]) -> None:
         """Units from the syncer: to train (queued in order), and to give up (another learner has them)."""
@@ -75,6 +78,24 @@ class LearnerUnits:
         waiting = set().union(*self.unpushed.values())
         meta["hand"] = meta["hand"] + sorted(waiting - set(meta["hand"]))
         return meta
+
+
+def last_unit(path: Path, tail: int = 1 << 16) -> int:
+    """The highest unit id in the last `tail` bytes of a units.jsonl (-1: none, or no file)."""
+    try:
+        with open(path, "rb") as fh:
+            start = max(0, fh.seek(0, 2) - tail)
+            fh.seek(start)
+            lines = fh.read().decode("utf-8", "replace").splitlines()[1 if start else 0 :]  # the first may be cut
+    except OSError:
+        return -1
+    top = -1
+    for line in lines:
+        try:
+            top = max(top, int(json.loads(line)["unit"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line (a kill mid-write)
+    return top
 
 
 def restore_loader(workload: Workload, workdir: Path) -> None:

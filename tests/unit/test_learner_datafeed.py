@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from learner.datafeed import LOADER_STATE, LearnerUnits, restore_loader, save_loader
+from learner.datafeed import LOADER_STATE, LearnerUnits, last_unit, restore_loader, save_loader
 from workload import Workload
 
 
@@ -65,3 +65,12 @@ def test_a_factorys_loader_resumes_where_the_last_process_saved_it(tmp_path: Pat
     fresh = Loader()
     restore_loader(workload(fresh), tmp_path)  # a torn file: said, and the loader starts afresh
     assert fresh.position == 0
+
+
+def test_a_restarted_learner_says_how_far_its_slot_got_so_a_restored_syncer_skips_it(tmp_path: Path) -> None:
+    LearnerUnits(tmp_path, "learner-0", 1, "i1", on=True)  # no log yet
+    (tmp_path / "units.jsonl").write_text('{"unit": 41}\n{"unit": 7}\n{"unit": 4')  # torn at a kill
+    assert last_unit(tmp_path / "units.jsonl") == 41
+    again = LearnerUnits(tmp_path, "learner-0", 1, "i2", on=True)
+    assert again.feed is not None and again.feed.beyond == 42
+    assert last_unit(tmp_path / "nothing.jsonl") == -1
