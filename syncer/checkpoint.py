@@ -227,6 +227,7 @@ def _history(state: dict[str, Any], name: str) -> bytes:
             "bytes_up",
             "bytes_down",
             "warnings",
+            "data",
         )
         if k in state
     }
@@ -377,6 +378,8 @@ def continue_counters(core: SyncerCore, lost: LostHistory, now: float) -> list[s
         missing.append("token and time accounting (no readable history)")
     if not h:
         missing.append("bytes")
+    if core.data.on and h.get("data"):  # the data cursor goes on: the epoch is not started again
+        core.data.restored(h["data"], now, set(core.fleet.learners))
     core.warnings = [*(str(w) for w in h.get("warnings", [])), lost.warning()]
     return missing
 
