@@ -81,6 +81,7 @@ class DataLedger:
     waiting_for: set[str] = field(default_factory=set)  # restored holders not heard from yet
     requeued_now: list[tuple[str, int]] = field(default_factory=list)  # (learner, uid) queued again: for the events
     beyond: int = 0  # after a restore: 1 + the highest unit id a reconnecting learner was ever handed
+    waiting: dict[int, set[int]] = field(default_factory=dict)  # fragment -> units a push of which is in its round
 
     # -- the dataset -------------------------------------------------------------------------
     @property
@@ -194,10 +195,11 @@ class DataLedger:
 
     # -- fates -------------------------------------------------------------------------------
     def round_closed(self, fragment: int, merged: list[tuple[str, str, list[int]]]) -> None:
-        """A round of `fragment` merged these (learner, incarnation, units) pushes. A unit taken
-        into an earlier round of `fragment` and not merged by now lost that push (a full queue,
-        a `down`): it is done with `fragment` too. A unit done with every fragment is settled.
-        A unit named by an incarnation that does not hold it is ignored (counted)."""
+        """A round of `fragment` merged these (learner, incarnation, units) pushes. A unit whose
+        push of `fragment` was taken into this round (the fragment's only open one) and is not
+        among them lost that push (a full queue, a `down`): it is done with `fragment` too. A unit
+        done with every fragment is settled. A unit named by an incarnation that does not hold it
+        is ignored (counted). Only the units that waited on this round are looked at."""
         named: set[int] = set()
         for learner, incarnation, uids in merged:
             for uid in uids:
@@ -208,12 +210,18 @@ class DataLedger:
                 unit.carried = True
                 unit.merged.add(fragment)
                 named.add(uid)
-        for uid, unit in list(self.open.items()):
-            if fragment in unit.carried_on and fragment not in unit.merged and uid not in named:
+        for uid in sorted(named | self.waiting.pop(fragment, set())):
+            unit = self.open.get(uid)
+            if unit is None:
+                continue  # closed or queued again meanwhile
+            if uid not in named:
                 unit.missed.add(fragment)
                 self.counters["missed"] += 1
-            if (unit.merged | unit.missed).issuperset(self.fragments) or (unit.ended and not unit.pending()):
-                self._settle_unit(uid, unit)
+            self._settle_if_done(uid, unit)
+
+    def _settle_if_done(self, uid: int, unit: Unit) -> None:
+        if (unit.merged | unit.missed).issuperset(self.fragments) or (unit.ended and not unit.pending()):
+            self._settle_unit(uid, unit)
 
     def _settle_unit(self, uid: int, unit: Unit) -> None:
         """A unit done: closed if merged on any fragment (partly if not on all), else lost and queued again."""
@@ -227,14 +235,12 @@ class DataLedger:
 
     def carried(self, fragment: int, learner: str, incarnation: str, uids: list[int]) -> None:
         """A push of `fragment` naming these units was taken into a round: they were trained."""
-        mine = self._held(learner, incarnation)
         for uid in uids:
-            if uid in mine:
-                mine[uid].carried = True
-                mine[uid].carried_on.add(fragment)
-
-    def _held(self, learner: str, incarnation: str) -> dict[int, Unit]:
-        return {u: x for u, x in self.open.items() if x.learner == learner and x.incarnation == incarnation}
+            unit = self.open.get(uid)
+            if unit is not None and (unit.learner, unit.incarnation) == (learner, incarnation):
+                unit.carried = True
+                unit.carried_on.add(fragment)
+                self.waiting.setdefault(fragment, set()).add(uid)
 
     def ended(self, learner: str, keep: str | None = None) -> Ended:
         """Every incarnation of `learner` but `keep` ended: their units are settled (`_end`)."""
@@ -332,4 +338,7 @@ class DataLedger:
         self.tokens_by_learner = collections.Counter(state["tokens_by_learner"])
         self.off_ledger = dict(state.get("off_ledger", {}))
         self.hold_until = now + hold_s
+        for uid, unit in sorted(self.open.items()):  # the rounds died with the syncer: their pushes are lost
+            unit.missed |= unit.pending()
+            self._settle_if_done(uid, unit)
         self.waiting_for = {u.learner for u in self.open.values()} | set(known)
