@@ -45,7 +45,22 @@ def data_meta(meta: dict[str, Any], what: str) -> dict[str, Any] | None:
             raise ProtocolError("schema", f"{what}: data.{key} must be a non-negative integer")
     if not isinstance(data.get("digest", ""), str):
         raise ProtocolError("schema", f"{what}: data.digest must be a string")
-    return {**data, "hand": unit_ids(data.get("hand"), what)}
+    return {**data, "hand": unit_ids(data.get("hand"), what), "pushed": _pushed(data.get("pushed"), what)}
+
+
+def _pushed(value: Any, what: str) -> dict[int, list[int]]:
+    """`data.pushed`: [[unit id, [fragments it was pushed on]], ...], checked."""
+    if value is None:
+        return {}
+    if not isinstance(value, list) or len(value) > MAX_IDS:
+        raise ProtocolError("schema", f"{what}: data.pushed must be a list of at most {MAX_IDS} pairs")
+    out: dict[int, list[int]] = {}
+    for pair in value:
+        if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[1], list) or len(pair[1]) > 1 << 16:
+            raise ProtocolError("schema", f"{what}: data.pushed holds [unit, [fragments]] pairs")
+        (uid,), fragments = unit_ids([pair[0]], what), unit_ids(pair[1], what)
+        out[uid] = fragments
+    return out
 
 
 class DataDesk:
@@ -83,6 +98,7 @@ class DataDesk:
             return f"data: {exc}"
         self._said(learner, "pushed to the syncer that restarted, merged after its checkpoint", ended, now, out)
         uids = self.ledger.issue(learner, incarnation, data, now)  # its first units come with the welcome
+        self.settled(now, out)
         if drop or uids:
             out.send(learner, Message("units", {"units": uids, "drop": drop}))
         return None
@@ -109,18 +125,6 @@ class DataDesk:
             return
         self.ledger.round_closed(fragment, [(c.learner, c.incarnation, c.units) for c in contribs])
         self.settled(now, out)
-        for e in sorted(set(self.ledger.closed) - self.announced):
-            if self.ledger.epoch_done(e):
-                self.announced.add(e)
-                merged, partial = self.ledger.closed[e]
-                lost = self.ledger.counters["lost"]
-                out.event(
-                    now,
-                    "epoch_done",
-                    "syncer",
-                    f"epoch {e + 1} merged: {merged + partial} units ({partial} partly); "
-                    f"{lost} lost and handed out again so far",
-                )
 
     def carried(self, fragment: int, c: Contribution) -> None:
         """A push of global fragment `fragment` was taken into a round."""
@@ -132,6 +136,7 @@ class DataDesk:
         if not self.on:
             return
         self._said(learner, "it left", self.ledger.ended(learner), now, out)
+        self.settled(now, out)
 
     def tick(self, live: set[str], now: float, out: Outbox) -> None:
         """Learners silent past ABANDON_S lose their units to the queue."""
@@ -143,6 +148,7 @@ class DataDesk:
             if now - since >= ABANDON_S:
                 self._said(learner, f"silent for {ABANDON_S:.0f} s", self.ledger.ended(learner), now, out)
                 self.silent.pop(learner)
+                self.settled(now, out)
         for learner in set(self.silent) - holders:
             self.silent.pop(learner)
 
@@ -162,7 +168,8 @@ class DataDesk:
             out.event(now, "units_partial", learner, f"{len(ended.partial)} closed partly merged ({parts}): {why}")
 
     def settled(self, now: float, out: Outbox) -> None:
-        """An event for units queued again by a round or a restore (a learner's end says its own)."""
+        """Events for units queued again by a round or a restore (a learner's end says its own),
+        and for each epoch whose every unit is now closed, however its last one closed."""
         by: dict[str, list[int]] = {}
         for learner, uid in self.ledger.requeued_now:
             by.setdefault(learner, []).append(uid)
@@ -170,6 +177,18 @@ class DataDesk:
         for learner, uids in sorted(by.items()):
             why = "issued after the checkpoint the syncer restarted from" if learner == "syncer" else "no push merged"
             out.event(now, "units_requeued", learner, f"{len(uids)} back to the queue ({why}); units {id_ranges(uids)}")
+        for e in sorted(set(self.ledger.closed) - self.announced):
+            if self.ledger.epoch_done(e):
+                self.announced.add(e)
+                merged, partial = self.ledger.closed[e]
+                lost = self.ledger.counters["lost"]
+                out.event(
+                    now,
+                    "epoch_done",
+                    "syncer",
+                    f"epoch {e + 1} merged: {merged + partial} units ({partial} partly); "
+                    f"{lost} lost and handed out again so far",
+                )
 
     def snapshot(self) -> dict[str, Any] | None:
         return self.ledger.snapshot() if self.on else None

@@ -125,6 +125,8 @@ class DataLedger:
         if restored:
             self.beyond = max(self.beyond, int(data.get("beyond", 0)))
         drop = [uid for uid in hand if not self._claim(uid, learner, incarnation, restored)]
+        for uid, fragments in data.get("pushed", {}).items() if restored else ():
+            self._pushed_before(uid, learner, fragments)
         held = set(hand)
         gone = [(u, x) for u, x in sorted(self.open.items()) if restored and x.learner == learner and u not in held]
         return drop, self._end(gone)
@@ -145,6 +147,16 @@ class DataLedger:
         self.open[uid] = Unit(learner, incarnation)
         self.counters["adopted"] += 1
         return True
+
+    def _pushed_before(self, uid: int, learner: str, fragments: list[int]) -> None:
+        """After a restore: a unit in `learner`'s hand it had pushed on `fragments` before the
+        syncer died. What of those pushes the checkpoint had not seen merged died with its rounds:
+        missed (it is never pushed on them again, so nothing else would settle them)."""
+        unit = self.open.get(uid)
+        if unit is None or unit.learner != learner:
+            return
+        unit.missed |= set(fragments) - unit.merged
+        self._settle_if_done(uid, unit)
 
     def _is_closed(self, uid: int) -> bool:
         """Closed (merged or partly): below the cursor and neither open nor waiting in the queue."""

@@ -193,3 +193,46 @@ def test_a_restored_ledger_moves_its_cursor_past_every_unit_a_learner_was_handed
     again.hello("b", "i1", {**DATA, "hand": []}, 10.3)
     assert again.issue("b", "i1", want(4), 10.4) == [0, 1, 2, 3]  # named as lost, then the cursor
     assert again.requeued_now == [("syncer", 0), ("syncer", 1), ("syncer", 2)]
+
+
+def test_a_push_that_died_with_the_syncer_is_missed_so_the_unit_still_closes() -> None:
+    led = ledger()
+    led.issue("a", "i1", want(1), 0.0)
+    saved = led.state_dict()  # unit 0 issued, nothing pushed yet
+    again = DataLedger((0, 1))
+    again.load_state_dict(saved, now=10.0, hold_s=10.0, known={"a"})
+    # a finished unit 0 and pushed it on fragment 0 to the syncer that died; fragment 1 is still due
+    again.hello("a", "i1", {**DATA, "hand": [0], "pushed": {0: [0]}}, 10.1)
+    assert again.open[0].missed == {0}
+    again.carried(1, "a", "i1", [0])
+    again.round_closed(1, [("a", "i1", [0])])
+    assert not again.open and again.closed[0] == [0, 1]  # partly merged: the epoch can end
+
+
+def test_the_desk_checks_what_a_learner_says_of_its_data_and_names_every_epoch_that_ends() -> None:
+    from syncer.datadesk import DataDesk, data_meta
+    from syncer.globalmodel import Outbox
+    from syncer.wire.protocol import ProtocolError
+
+    with pytest.raises(ProtocolError):
+        data_meta({"data": {**DATA, "pushed": [[1, "x"]]}}, "heartbeat")
+    with pytest.raises(ProtocolError):
+        data_meta({"data": {**DATA, "hand": [-1]}}, "heartbeat")
+    assert data_meta({"data": {**DATA, "pushed": [[3, [0, 2]]]}}, "hello")["pushed"] == {3: [0, 2]}
+    desk = DataDesk(on=True)
+    desk.ledger.fragments = (0,)
+    out = Outbox()
+    assert desk.hello("a", "i1", True, {"data": {**DATA, "want": 10}}, 0.0, out) is None
+    (units,) = [m for _, m in out.sends if m.kind == "units"]
+    assert units["units"] == list(range(10))
+    desk.ledger.carried(0, "a", "i1", list(range(9)))
+    desk.ledger.round_closed(0, [("a", "i1", list(range(9)))])
+    out = Outbox()
+    desk.left("a", 1.0, out)  # its last unit, never trained, back to the queue; nothing else open
+    assert [e["kind"] for e in out.events] == ["units_requeued"]
+    desk.hello("b", "i1", False, {"data": {**DATA, "want": 1}}, 2.0, Outbox())
+    desk.ledger.carried(0, "b", "i1", [9])
+    out = Outbox()
+    desk.ledger.round_closed(0, [("b", "i1", [9])])
+    desk.settled(3.0, out)
+    assert [e["kind"] for e in out.events] == ["epoch_done"] and "epoch 1 merged: 10 units" in out.events[0]["detail"]

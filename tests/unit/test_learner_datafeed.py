@@ -24,6 +24,7 @@ def test_finished_units_ride_each_fragments_next_push_and_stay_in_hand_until_the
     assert units.meta()["hand"] == [1, 2, 0]  # 1 under way, 2 not started, 0 finished but not pushed
     assert units.for_push(0) == (0,) and units.for_push(0) == ()
     assert units.meta()["hand"] == [1, 2, 0]  # fragment 1 has not carried it yet
+    assert units.meta()["pushed"] == [[0, [0]]]  # a restored syncer counts that push as lost
     assert units.for_push(1) == (0,) and units.meta()["hand"] == [1, 2]
     units.receive([], [2])  # the syncer gave unit 2 to another learner
     assert units.feed.hand() == [1]
