@@ -27,8 +27,9 @@ import numpy as np
 import torch
 import zmq
 
-from learner.link import Identity, LinkCore, Send, push_meta
+from learner.link import Identity, LinkCore
 from learner.replica import Fetch, Replica
+from learner.sends import Send, push_meta
 from syncer.common import keys
 from syncer.common.settings import RunSettings
 from syncer.wire import codec

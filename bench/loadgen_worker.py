@@ -38,7 +38,8 @@ import zmq
 
 from bench.loadgen_core import Schedule
 from bench.loadgen_link import EMPTY, Blobs, Shard, ShardLink, check_shards
-from learner.link import Identity, PushItem, ShardRole
+from learner.link import Identity, ShardRole
+from learner.sends import PushItem
 from syncer.common.settings import RunSettings
 
 POLL_MS = 20  # like learner/client.py

@@ -21,8 +21,9 @@ import torch
 import zmq
 
 from learner.config import LearnerConfig
-from learner.link import Identity, LinkCore, LinkEvent, LinkOutbox, PushItem, Send, ShardRole, push_message
+from learner.link import Identity, LinkCore, LinkEvent, LinkOutbox, ShardRole
 from learner.logline import log
+from learner.sends import PushItem, Send, push_message
 from syncer.common import faultpoints, keys
 from syncer.wire.protocol import Message, ProtocolError, encode
 
@@ -77,6 +78,11 @@ class SyncerClient(threading.Thread):
         """(fragments with a reply to our push, fragments the syncer wants overwritten): LinkCore.take_updates."""
         with self._lock:
             return self._core.take_updates()
+
+    def queued_units(self) -> dict[int, tuple[int, ...]]:
+        """Work units named by pushes not sent yet, per (local) fragment: LinkCore.queued_units."""
+        with self._lock:
+            return self._core.queued_units()
 
     def take_units(self) -> tuple[list[int], list[int]]:
         """Work units handed out and taken back by the syncer's data ledger: LinkCore.take_units."""

@@ -22,7 +22,8 @@ import torch
 
 from learner.client import SyncerClient
 from learner.config import LearnerConfig
-from learner.link import PushItem, ShardRole
+from learner.link import ShardRole
+from learner.sends import PushItem
 from syncer.wire import shards
 
 
@@ -107,6 +108,12 @@ class SyncerLink:
             replies.update(owned[q] for q in r)
             forced.update(owned[q] for q in f)
         return replies, forced
+
+    def queued_units(self) -> dict[int, tuple[int, ...]]:
+        """Work units named by pushes not sent yet, per global fragment (every shard's queue)."""
+        return {
+            owned[q]: u for owned, c in zip(self.owned, self.clients, strict=True) for q, u in c.queued_units().items()
+        }
 
     def take_units(self) -> tuple[list[int], list[int]]:
         """(units to train, units to give up): from shard 0, the one that keeps the data ledger."""

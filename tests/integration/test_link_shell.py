@@ -25,8 +25,8 @@ import torch
 
 from dldctl.testing import wait_until
 from learner.config import LearnerConfig
-from learner.link import PushItem
 from learner.outer import OuterState
+from learner.sends import PushItem
 from learner.syncerlink import SyncerLink
 from learner.trainer import Trainer
 from syncer.common.resolved import LearnerEntry

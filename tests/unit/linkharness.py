@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-from learner.link import Identity, LinkCore, LinkOutbox, PushItem, Send
+from learner.link import Identity, LinkCore, LinkOutbox
 from learner.replica import checksum
+from learner.sends import PushItem, Send
 from syncer.common.settings import RunSettings
 from syncer.wire import codec
 from syncer.wire.protocol import Message, encode

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from learner.link import LinkCore, Phase, Send
+from learner.link import LinkCore, Phase
+from learner.sends import Send
 from syncer.wire.protocol import Message
 from tests.unit.linkharness import (
     EPOCH,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learner.link import PushItem, coalesce, push_message
 from learner.outer import OuterState
+from learner.sends import PushItem, coalesce, push_message
 from syncer.common.settings import RunSettings
 from syncer.wire import codec, fragments
 from tests.unit.linkharness import EPOCH, N, frames, item, joined, kinds, new_core

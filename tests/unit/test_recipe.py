@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from learner import offload, recipe
-from learner.link import PushItem, coalesce
+from learner.sends import PushItem, coalesce
 from syncer.wire import codec
 
 CPU = torch.device("cpu")

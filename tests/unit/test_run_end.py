@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from learner.link import PushItem, Send, coalesce, push_meta
+from learner.sends import PushItem, Send, coalesce, push_meta
 from syncer.core import Outbox
 from tests.unit.coreharness import Harness, events_of, make_settings, rounds_of
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from learner.config import LearnerConfig
-from learner.link import Identity, LinkCore, PushItem, ShardRole
+from learner.link import Identity, LinkCore, ShardRole
+from learner.sends import PushItem
 from learner.syncerlink import SyncerLink
 from syncer import checkpoint, shardmodel
 from syncer.common import resolved
