@@ -68,17 +68,21 @@ class LearnerUnits:
         self.unpushed[p] = set()
         return units
 
-    def meta(self, tokens_per_s: float = 0.0) -> dict[str, Any] | None:
+    def meta(
+        self, tokens_per_s: float = 0.0, queued: dict[int, tuple[int, ...]] | None = None
+    ) -> dict[str, Any] | None:
         """The heartbeat's and hello's `data`: the feed's description, the hand including the
-        units finished but not yet pushed on every fragment, and (`pushed`) the fragments each
-        of those has been pushed on (a restored syncer counts those pushes lost with its rounds)."""
+        units finished but not yet pushed on every fragment (a push still `queued` to leave, per
+        fragment, is not pushed yet), and (`pushed`) the fragments each of those has been pushed
+        on (a restored syncer counts those pushes lost with its rounds)."""
         if self.feed is None or not self.feed.configured:
             return None
         meta = self.feed.meta(tokens_per_s)
         assert meta is not None
-        waiting = set().union(*self.unpushed.values())
+        left = {p: waiting | set((queued or {}).get(p, ())) for p, waiting in self.unpushed.items()}
+        waiting = set().union(*left.values())
         meta["hand"] = meta["hand"] + sorted(waiting - set(meta["hand"]))
-        meta["pushed"] = [[uid, [p for p, left in self.unpushed.items() if uid not in left]] for uid in sorted(waiting)]
+        meta["pushed"] = [[uid, [p for p, due in left.items() if uid not in due]] for uid in sorted(waiting)]
         return meta
 
 

@@ -29,10 +29,10 @@ import learner
 from learner import files, initmodel, offload, recipe
 from learner.config import LearnerConfig
 from learner.datafeed import LearnerUnits, restore_loader, save_loader
-from learner.link import PushItem
 from learner.logline import log
 from learner.outer import OuterState
 from learner.schedule import learning_rate
+from learner.sends import PushItem
 from learner.syncerlink import SyncerLink
 from syncer.common.smallmath import ema
 from syncer.wire import fragments
@@ -423,7 +423,7 @@ class Trainer:
             blocked_frac=self.blocked_s / total if total else 0.0,
             loss=_finite(self.loss_ema),
             eval_loss=_finite(self.eval_loss),
-            data=self.units.meta(self.tokens_per_s),
+            data=self.units.meta(self.tokens_per_s, client.queued_units()),
         )
 
     @torch.no_grad()

@@ -26,6 +26,9 @@ def test_finished_units_ride_each_fragments_next_push_and_stay_in_hand_until_the
     assert units.meta()["hand"] == [1, 2, 0]  # fragment 1 has not carried it yet
     assert units.meta()["pushed"] == [[0, [0]]]  # a restored syncer counts that push as lost
     assert units.for_push(1) == (0,) and units.meta()["hand"] == [1, 2]
+    # that push of fragment 1 has not left yet (the syncer is down): not pushed, still in hand
+    queued = units.meta(queued={1: (0,)})
+    assert queued["hand"] == [1, 2, 0] and queued["pushed"] == [[0, [0]]]
     units.receive([], [2])  # the syncer gave unit 2 to another learner
     assert units.feed.hand() == [1]
     (row,) = [json.loads(line) for line in (tmp_path / "units.jsonl").read_text().splitlines()]
