@@ -96,7 +96,13 @@ class DataDesk:
         except DataMismatch as exc:
             out.event(now, "data_mismatch", learner, str(exc)[:300])
             return f"data: {exc}"
-        self._said(learner, "pushed to the syncer that restarted, merged after its checkpoint", ended, now, out)
+        self._said(
+            learner,
+            "pushed to the syncer that died: merged after its last checkpoint, or lost on the way",
+            ended,
+            now,
+            out,
+        )
         uids = self.ledger.issue(learner, incarnation, data, now)  # its first units come with the welcome
         self.settled(now, out)
         if drop or uids:
