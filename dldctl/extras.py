@@ -28,6 +28,8 @@ EXTRAS = {
     "prometheus_client": "prometheus",
     "wandb": "wandb",
     "transformers": "hf",  # `dldctl export RUN --format hf`
+    "tokenizers": "data",  # text data tokenized with [run] tokenizer (docs/data.md); also in `hf`
+    "pyarrow": "data",  # Parquet data
 }
 
 
@@ -78,8 +80,19 @@ def require_for_run(inv: Inventory) -> None:
     here = [u for u in users if not u.startswith("the check")]
     if here and inv.run.model.startswith("hf:"):  # modelspec.HF: the learners and syncer build it with transformers
         require("transformers", f"model {inv.run.model!r} is built by {' and '.join(here)} on this machine, which need")
+    for module, key in data_modules(inv) if here else []:
+        require(
+            module,
+            f"[run] {key} = {getattr(inv.run, key)!r} is read by {' and '.join(here)} on this machine, which need",
+        )
     for module, key in exporter_modules(inv):
         require(module, f"[metrics] {key} in {inv.path} needs")
+
+
+def data_modules(inv: Inventory) -> list[tuple[str, str]]:
+    """(module, [run] key) the run's data needs where it is read: a tokenizer, Parquet."""
+    wanted = [("tokenizers", "tokenizer", bool(inv.run.tokenizer)), ("pyarrow", "data", ".parquet" in inv.run.data)]
+    return [(module, key) for module, key, on in wanted if on]
 
 
 def exporter_modules(inv: Inventory) -> list[tuple[str, str]]:

@@ -71,6 +71,8 @@ class Trainer:
         self.recipe = recipe.resolve(self.s.precision, self.s.compile, self.s.tf32, self.device)
         self.losses = recipe.LossMeter.for_device(self.device)
         self.steady = recipe.Steady(self.recipe.warmup_steps, learner.STARTED)
+        ledger = self.s.data_order == "ledger" and island is None  # an island's ranks train their shards
+        self.units = LearnerUnits(cfg.workdir, cfg.spec.id, self.s.fragments, incarnation, ledger)  # its data units
 
     @property
     def workload(self) -> Workload:
@@ -86,8 +88,6 @@ class Trainer:
         # the same batches); the model init depends only on the run's seed
         rank = self.island.rank if self.island else 0
         restarts = int(os.environ.get("DLDCTL_RESTARTS", "0") or 0)
-        ledger = self.s.data_order == "ledger" and self.island is None  # an island's ranks: their shards
-        self.units = LearnerUnits(self.cfg.workdir, self.cfg.spec.id, self.s.fragments, self.incarnation, ledger)
         ctx = WorkloadContext(
             settings=self.s.to_dict(),
             learner_index=self.cfg.spec.shard,

@@ -128,8 +128,7 @@ class SyncerCore(OuterStep):
             self._refuse("manifest", learner, problem, now, out)
             return
         info, fresh = self.fleet.hello(msg.meta, now)
-        refused = self.data.hello(learner, info.incarnation, fresh, msg.meta, now, out)
-        if refused:
+        if refused := self.data.hello(learner, info.incarnation, fresh, msg.meta, now, out):
             self._refuse("data_mismatch", learner, refused, now, out)
             return
         out.event(
