@@ -128,3 +128,12 @@ def test_a_venv_host_gets_the_readers_its_data_needs() -> None:
     assert data_deps("gpt-tiny", "corpus.txt", "tokenizer.json") == ("tokenizers>=0.20",)
     assert data_deps("gpt-tiny", "shards/train.parquet#text", "") == ("pyarrow>=14",)
     assert data_deps("hf:./m", "c.parquet", "t.json") == ("transformers>=4.46", "tokenizers>=0.20", "pyarrow>=14")
+
+
+def test_this_machine_needs_the_data_extra_only_when_its_processes_read_such_data(tmp_path: Path) -> None:
+    from dldctl import extras
+
+    assert extras.data_modules(load(tmp_path, 'data = "builtin"')) == []
+    wanted = extras.data_modules(load(tmp_path, 'data = "corpus.parquet#body"\ntokenizer = "tok.json"'))
+    assert wanted == [("tokenizers", "tokenizer"), ("pyarrow", "data")]
+    assert extras.fix("pyarrow") == "pip install 'dldctl[data]'"
