@@ -287,7 +287,8 @@ def check(
     native = kernel.for_syncer(inv)
     memory = memcheck.assess(inv)
     learners = memcheck.assess_learners(inv, memory)
-    answers, problems = modelprobe.before_run(inv)
+    fits = all(m.ok for m in memory or []) and all(m.ok for m in learners or [])
+    answers, problems = modelprobe.before_run(inv) if fits else ([], [])  # no model built where it cannot fit
     if json_out:
         record = check_record(inv, results, native, memory, learners)
         print(strictjson.dumps({**record, **model_record(answers, problems, record["ok"])}))

@@ -52,6 +52,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def inventory(tmp_path: Path) -> Path:
+    (tmp_path / "tokens.bin").write_bytes(bytes(2 * 200_000))  # uint16 ids (vocab 50304), all 0: check loads them
     path = tmp_path / "inventory.toml"
     path.write_text(INVENTORY.format(data=tmp_path / "tokens.bin", learners=1, batch=1))
     return path
