@@ -235,15 +235,17 @@ class DataLedger:
         if (unit.merged | unit.missed).issuperset(self.fragments) or (unit.ended and not unit.pending()):
             self._settle_unit(uid, unit)
 
-    def _settle_unit(self, uid: int, unit: Unit) -> None:
-        """A unit done: closed if merged on any fragment (partly if not on all), else lost and queued again."""
+    def _settle_unit(self, uid: int, unit: Unit) -> bool:
+        """A unit done: closed if merged on any fragment (partly if not on all), else lost and
+        queued again (True)."""
         if unit.merged:
             self._close(uid, unit.learner, len(unit.merged))
-        else:
-            del self.open[uid]
-            self.requeue.append(uid)
-            self.requeued_now.append((unit.learner, uid))
-            self.counters["lost"] += 1
+            return False
+        del self.open[uid]
+        self.requeue.append(uid)
+        self.requeued_now.append((unit.learner, uid))
+        self.counters["lost"] += 1
+        return True
 
     def carried(self, fragment: int, learner: str, incarnation: str, uids: list[int]) -> None:
         """A push of `fragment` naming these units was taken into a round: they were trained."""
@@ -270,16 +272,11 @@ class DataLedger:
             unit.ended = True
             if unit.pending():
                 continue
-            if unit.merged:
-                self._close(uid, unit.learner, len(unit.merged))
-                out.partial.append((uid, len(unit.merged)))
-            else:
-                del self.open[uid]
-                self.requeue.append(uid)
-                self.requeued_now.append((unit.learner, uid))
+            if self._settle_unit(uid, unit):
                 out.requeued.append(uid)
                 out.trained += unit.carried
-        self.counters["lost"] += len(out.requeued)
+            else:
+                out.partial.append((uid, len(unit.merged)))
         return out
 
     def _close(self, uid: int, learner: str, merged_on: int) -> None:
