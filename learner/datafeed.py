@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from workload import Workload
 from workload.units import UnitFeed
 
 LOADER_STATE = "loader_state.pt"
+META_EVERY_S = 0.1  # the trainer publishes every step; heartbeats carry it every heartbeat_s (0.5 s)
 
 
 class LearnerUnits:
@@ -38,6 +40,8 @@ class LearnerUnits:
         self.unpushed: dict[int, set[int]] = {p: set() for p in range(fragments)}
         self.log_path = workdir / "units.jsonl"
         self.learner, self.incarnation = learner, incarnation
+        self._meta: dict[str, Any] | None = None
+        self._meta_at = float("-inf")
         if self.feed is not None:  # a restored syncer moves its cursor past what this slot trained before
             self.feed.beyond = last_unit(self.log_path) + 1
 
@@ -67,6 +71,15 @@ class LearnerUnits:
         units = tuple(sorted(self.unpushed.get(p, ())))
         self.unpushed[p] = set()
         return units
+
+    def published(self, tokens_per_s: float, queued: Callable[[], dict[int, tuple[int, ...]]]) -> dict[str, Any] | None:
+        """`meta` for the trainer's every-step publish, worked out at most every META_EVERY_S
+        (its lists and the link's locks cost a fast learner's steps for a heartbeat that reads
+        it twice a second)."""
+        now = time.monotonic()
+        if now - self._meta_at >= META_EVERY_S:
+            self._meta, self._meta_at = self.meta(tokens_per_s, queued()), now
+        return self._meta
 
     def meta(
         self, tokens_per_s: float = 0.0, queued: dict[int, tuple[int, ...]] | None = None

@@ -423,7 +423,7 @@ class Trainer:
             blocked_frac=self.blocked_s / total if total else 0.0,
             loss=_finite(self.loss_ema),
             eval_loss=_finite(self.eval_loss),
-            data=self.units.meta(self.tokens_per_s, client.queued_units()),
+            data=self.units.published(self.tokens_per_s, client.queued_units),
         )
 
     @torch.no_grad()

@@ -78,3 +78,17 @@ def test_a_restarted_learner_says_how_far_its_slot_got_so_a_restored_syncer_skip
     again = LearnerUnits(tmp_path, "learner-0", 1, "i2", on=True)
     assert again.feed is not None and again.feed.beyond == 42
     assert last_unit(tmp_path / "nothing.jsonl") == -1
+
+
+def test_the_every_step_publish_works_the_hand_out_at_most_every_tenth_of_a_second(tmp_path: Path) -> None:
+    units = LearnerUnits(tmp_path, "learner-0", fragments=1, incarnation="i1", on=True)
+    assert units.feed is not None
+    units.feed.configure(sequences=40, seq_len=4, unit_sequences=4, seed=1, digest="d")
+    asked: list[int] = []
+
+    def queued() -> dict[int, tuple[int, ...]]:
+        asked.append(1)
+        return {}
+
+    first = units.published(0.0, queued)
+    assert units.published(0.0, queued) is first and len(asked) == 1  # the link's locks taken once
