@@ -283,7 +283,8 @@ class SyncerClient(threading.Thread):
         if self._sock is None:
             return False
         try:
-            frames = encode(self._message(send, values))
+            msg = self._message(send, values)
+            frames = encode(msg)
         except (ProtocolError, ValueError) as exc:  # a bug must not kill the link thread
             with self._lock:
                 event = self._core.encode_failed(send, exc)
@@ -293,8 +294,9 @@ class SyncerClient(threading.Thread):
             self._sock.send_multipart(frames, flags=0 if send.block else zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return False
+        blob = msg.payloads[0] if send.push is not None else None  # kept until a syncer checkpoint holds it
         with self._lock:
-            self._core.sent(send, sum(len(f) for f in frames))
+            self._core.sent(send, sum(len(f) for f in frames), blob if isinstance(blob, bytes) else None)
         return True
 
     def _message(self, send: Send, values: list[torch.Tensor] | None) -> Message:

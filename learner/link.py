@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from learner.kept import KeptPushes, covered_map
 from learner.replica import Replica
 from learner.sends import InitChunk, PushItem, Send, coalesce
 from syncer.common.settings import RunSettings
@@ -134,6 +135,8 @@ class LinkCore:
         self.counters = LinkCounters()
         self.inbox = Inbox()
         self.queue: dict[int, PushItem] = {}
+        self.kept = KeptPushes(int(settings.keep_pushes_mb * 2**20))  # sent, until a syncer checkpoint holds them
+        self.again: list[PushItem] = []  # kept pushes going again to a restarted syncer, before the queue
         self.in_flight = 0  # pushes handed to the shell and not yet reported sent
         self.stats: dict[str, Any] = {"step": 0, "tokens": 0, "state": "joining"}
         self.chunk = 1 << 20
@@ -195,19 +198,24 @@ class LinkCore:
             out.events.append(LinkEvent("bad_message", str(exc)))
         return out
 
-    def sent(self, send: Send, nbytes: int) -> None:
-        """The shell handed `send` to the socket."""
+    def sent(self, send: Send, nbytes: int, blob: bytes | None = None) -> None:
+        """The shell handed `send` to the socket (a push: with its payload, `blob`, kept)."""
         self.counters.bytes_sent += nbytes
         if send.push is not None:
             self.in_flight -= 1
             self.counters.pushes_sent += 1
+            if blob is not None:
+                self.kept.add(send.seq, send.push, blob)
         elif send.init is not None and self.init_queue[:1] == [(send.init.fragment, send.init.offset)]:
             self.init_queue.pop(0)
 
     def unsent(self, send: Send) -> None:
         """`send` could not leave (no connection): a push goes back to the queue, folded with any
         newer one of its fragment; an upload chunk stays queued; anything else is dropped."""
-        if send.push is not None:
+        if send.push is not None and send.push.resent:
+            self.in_flight -= 1
+            self.again.append(send.push)
+        elif send.push is not None:
             self.in_flight -= 1
             item, newer = send.push, self.queue.get(send.push.fragment)
             self.queue[item.fragment] = coalesce(item, newer) if newer is not None else item
@@ -256,8 +264,8 @@ class LinkCore:
         return self.phase is Phase.UP and not self.partitioned
 
     def pending(self) -> int:
-        """Pushes not yet handed to the socket (queued or being sent)."""
-        return len(self.queue) + self.in_flight
+        """Pushes not yet handed to the socket (queued, going again, or being sent)."""
+        return len(self.queue) + len(self.again) + self.in_flight
 
     # -- timers --------------------------------------------------------------------------------
     def _enter(self, phase: Phase) -> None:
@@ -289,11 +297,13 @@ class LinkCore:
         ]
 
     def _take_pushes(self) -> list[Send]:
-        """Every queued push, lowest fragment first, each with the next sequence number. While
-        they are out, a newer push of the same fragment queues alone (the older may have left)."""
+        """The pushes going again, then every queued push, lowest fragment first, each with the
+        next sequence number. While they are out, a newer push of the same fragment queues alone
+        (the older may have left)."""
+        items, self.again = [*self.again, *(self.queue.pop(p) for p in sorted(self.queue))], []
         sends = []
-        for p in sorted(self.queue):
-            sends.append(Send(push=self.queue.pop(p), seq=self._seq))
+        for item in items:
+            sends.append(Send(push=item, seq=self._seq))
             self._seq += 1
         self.in_flight += len(sends)
         return sends
@@ -328,6 +338,8 @@ class LinkCore:
         }
         if self.stats.get("data"):  # the dataset and the units in hand (syncer/datadesk.py)
             meta["data"] = self.stats["data"]
+        if named := self.kept.hello():  # a restarted syncer gets these again (learner/kept.py)
+            meta["kept"] = {"epoch": self.kept.epoch, "pushes": named}
         return Message("hello", meta)
 
     def _shard_problem(self, msg: Message) -> str | None:
@@ -371,6 +383,9 @@ class LinkCore:
         self._backoff = BACKOFF_MIN_S
         self.chunk = max(1024, int(msg["chunk_numel"]))
         self.resume_step = max(0, int(msg["step"]))
+        if again := self.kept.welcome(int(msg["epoch"]), covered_map(msg.get("covered"))):
+            self.again += again
+            out.events.append(LinkEvent("resend", f"{len(again)} pushes the restarted syncer's checkpoint lacks"))
         self._sync_epoch(msg["epoch"], msg["initialized"], msg["versions"])
         if msg["init_owner"] and not msg["initialized"]:
             sizes = self.replica.sizes
@@ -378,6 +393,8 @@ class LinkCore:
         out.events.append(LinkEvent("welcome", f"syncer epoch {msg['epoch']}"))
 
     def _on_ack(self, msg: Message, out: LinkOutbox) -> None:
+        if msg["epoch"] == self.kept.epoch and "saved" in msg.meta:
+            self.kept.saved(covered_map(msg["saved"]))
         self._sync_epoch(msg["epoch"], msg["initialized"], msg["versions"])
 
     def _sync_epoch(self, epoch: int, initialized: bool, versions: list[Any]) -> None:  # JSON: int() below
@@ -430,7 +447,10 @@ class LinkCore:
     def queued_units(self) -> dict[int, tuple[int, ...]]:
         """The work units named by pushes still waiting to leave, per fragment (the syncer has
         not seen them: a restored syncer must not count them as pushed)."""
-        return {p: item.units for p, item in self.queue.items() if item.units}
+        queued = {p: item.units for p, item in self.queue.items() if item.units}
+        for item in self.again:
+            queued[item.fragment] = queued.get(item.fragment, ()) + item.units
+        return queued
 
     def take_units(self) -> tuple[list[int], list[int]]:
         """(work units handed to this learner, units to give up) since the last take."""

@@ -45,7 +45,21 @@ class DeviceDelta:
         return codec.decode(self.blob(), expect_numel=self.numel)
 
 
-Delta = torch.Tensor | DeviceDelta
+@dataclass(frozen=True)
+class Sent:
+    """A push already encoded and sent, kept to go again (learner/kept.py): its wire bytes."""
+
+    data: bytes
+    numel: int
+
+    def blob(self, zstd: bool = True) -> bytes:
+        return self.data
+
+    def values(self) -> torch.Tensor:
+        return codec.decode(self.data, expect_numel=self.numel)
+
+
+Delta = torch.Tensor | DeviceDelta | Sent
 
 
 def take(delta: torch.Tensor, mode: str, block: int) -> Delta:
@@ -63,14 +77,14 @@ def take(delta: torch.Tensor, mode: str, block: int) -> Delta:
 
 def blob(delta: Delta, mode: str, block: int, zstd: bool = True) -> bytes:
     """The push's codec blob, wherever its outer gradient was encoded (`zstd`: the run's setting)."""
-    if isinstance(delta, DeviceDelta):
+    if isinstance(delta, (DeviceDelta, Sent)):
         return delta.blob(zstd)
     return codec.encode(delta, mode, block, zstd)
 
 
 def values(delta: Delta) -> torch.Tensor:
     """fp32 CPU values of an outer gradient (a DeviceDelta: as the syncer will decode them)."""
-    return delta.values() if isinstance(delta, DeviceDelta) else delta
+    return delta.values() if isinstance(delta, (DeviceDelta, Sent)) else delta
 
 
 def to_device(value: torch.Tensor, device: torch.device) -> torch.Tensor:

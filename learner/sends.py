@@ -30,6 +30,7 @@ class PushItem:
     base_epoch: int = 0  # the syncer epoch in which base_version was applied
     last: bool = False  # the partial window of a learner stopped by a signal (kept out at `down`)
     units: tuple[int, ...] = ()  # work units whose last sequence was trained in this window (the data ledger)
+    resent: bool = False  # kept after it left, going again to a restarted syncer (learner/kept.py)
 
 
 def coalesce(older: PushItem | None, newer: PushItem) -> PushItem:

@@ -86,6 +86,7 @@ def state_dict(core: SyncerCore, wall: float, copy: bool = False) -> dict[str, A
         "norm_history": {p: list(d) for p, d in core._norm_history.items()},
         "warnings": list(core.warnings),
         "data": core.data.ledger.state_dict() if core.data.on else None,
+        "pushes": core.receipts.state_dict(),  # which pushes this state holds (syncer/receipts.py)
     }
 
 
@@ -124,6 +125,7 @@ def restore(core: SyncerCore, state: dict[str, Any], now: float) -> None:
     for p, norms in state.get("norm_history", {}).items():
         core._norm_history[int(p)].extend(float(x) for x in norms)
     core.warnings = [str(w) for w in state.get("warnings", [])]
+    core.receipts.load_state_dict(state.get("pushes"))
     if core.data.on and state.get("data"):
         core.data.restored(state["data"], now, set(core.fleet.learners))
 

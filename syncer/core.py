@@ -27,7 +27,9 @@ from syncer.fleet import Ledger, Membership
 from syncer.globalmodel import GlobalModel, Outbox
 from syncer.guard import QualityGuard
 from syncer.outerstep import OuterStep
+from syncer.receipts import PushReceipts
 from syncer.rounds import Contribution, GraceFn, Round, drop_oldest, withdraw
+from syncer.upload import InitUpload
 from syncer.wire import codec, fragments, shards
 from syncer.wire.protocol import Message, ProtocolError, check_fragment_index, check_raw_fragment
 
@@ -75,11 +77,8 @@ class SyncerCore(OuterStep):
         self._norm_history: collections.defaultdict[int, collections.deque[float]] = collections.defaultdict(
             lambda: collections.deque(maxlen=32)
         )
-        self._init_owner: str | None = None
-        self._init_manifest: list[fragments.TensorSpec] | None = None
-        self._init_buffers: list[torch.Tensor] = []
-        self._init_filled: list[torch.Tensor] = []
-        self._init_missing = 0  # values of the upload not covered yet
+        self.upload = InitUpload()  # the first upload of the global model, while no model exists
+        self.receipts = PushReceipts()  # which pushes the state holds: learners keep the rest (learner/kept.py)
         self._crcs: dict[int, int | None] = {}  # None: not computed for this version (`_crc`)
         self._previous: dict[int, tuple[int, torch.Tensor, int]] = {}
         self._serving: dict[int, dict[str, float]] = {}  # fragment -> learner -> last chunk of a transfer under way
@@ -128,7 +127,8 @@ class SyncerCore(OuterStep):
             self._refuse("manifest", learner, problem, now, out)
             return
         info, fresh = self.fleet.hello(msg.meta, now)
-        if refused := self.data.hello(learner, info.incarnation, fresh, msg.meta, now, out):
+        again = self.receipts.again(msg.meta.get("kept"), learner, info.incarnation, self.epoch, self.owned)
+        if refused := self.data.hello(learner, info.incarnation, fresh, msg.meta, now, out, again):
             self._refuse("data_mismatch", learner, refused, now, out)
             return
         out.event(
@@ -151,6 +151,7 @@ class SyncerCore(OuterStep):
                     "versions": self.versions(),
                     "chunk_numel": self.chunk_numel(),
                     "step": info.step,
+                    "covered": self.receipts.covered(learner, info.incarnation),  # above: sent again (restarted)
                     "shard": self.shard,
                     "shards": self.shards,
                     "owned": list(self.owned or self._owned_of(manifest)),
@@ -161,7 +162,7 @@ class SyncerCore(OuterStep):
     def _manifest_problem(self, manifest: list[fragments.TensorSpec], count: int) -> str | None:
         if count != self.s.fragments:
             return f"learner cuts the model into {count} fragments, the run uses {self.s.fragments}"
-        reference = self.model.manifest if self.model else self._init_manifest
+        reference = self.model.manifest if self.model else self.upload.manifest
         if reference is not None and manifest != reference:
             return "learner's model has different parameter names/shapes than the run's global model"
         if len(manifest) < count:
@@ -187,33 +188,21 @@ class SyncerCore(OuterStep):
         """The first learner to arrive (or the next, if the first went away) uploads the init."""
         if self.model is not None:
             return False
-        owner = self.fleet.learners.get(self._init_owner or "")
+        owner = self.fleet.learners.get(self.upload.owner or "")
         if owner is not None and owner.id != learner and owner.live(now, self.s.liveness_s):
             return False
-        plan = self.plan_for(manifest)
-        self._init_owner, self._init_manifest = learner, manifest
-        self._init_buffers = [torch.zeros(n, dtype=torch.float32) for n in plan.sizes()]
-        self._init_filled = [torch.zeros(n, dtype=torch.bool) for n in plan.sizes()]
-        self._init_missing = sum(plan.sizes())
+        self.upload.start(learner, manifest, self.plan_for(manifest).sizes())
         return True
 
     def _init(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
-        if self.model is not None or learner != self._init_owner or self._init_manifest is None:
+        up = self.upload
+        if self.model is not None or learner != up.owner or up.manifest is None:
             self.reject("init_refused", learner, "not the init owner", now, out)
             return
-        sizes = [b.numel() for b in self._init_buffers]
-        values = check_raw_fragment(msg, sizes)  # read-only, a view of the received frame
-        p, offset = msg["fragment"], msg["offset"]
-        self._init_buffers[p].numpy()[offset : offset + values.size] = values  # the one copy
-        covered = self._init_filled[p][offset : offset + values.size]
-        self._init_missing -= values.size - int(covered.sum())  # covered, not just counted: a resent chunk adds nothing
-        covered.fill_(
-            True
-        )  # O(chunk), never a scan of the whole model per chunk (quadratic: a 350M upload never ended)
-        if self._init_missing == 0:
-            plan = self.plan_for(self._init_manifest)
-            self.model = GlobalModel.fresh(self._init_manifest, plan, self._init_buffers)
-            self._init_buffers, self._init_filled = [], []
+        values = check_raw_fragment(msg, up.sizes())  # read-only, a view of the received frame
+        if up.add(msg["fragment"], msg["offset"], values):
+            plan = self.plan_for(up.manifest)
+            self.model = GlobalModel.fresh(up.manifest, plan, up.take())
             out.event(
                 now,
                 "initialized",
@@ -231,11 +220,14 @@ class SyncerCore(OuterStep):
 
     def _heartbeat(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
         self.fleet.heartbeat(learner, msg.meta, now)
-        out.send(learner, self._ack())
+        saved = self.receipts.covered(learner, self.fleet.learners[learner].incarnation, saved=True)
+        out.send(learner, self._ack(saved))
         self.data.heartbeat(learner, self.fleet.learners[learner].incarnation, msg.meta, now, out)
 
-    def _ack(self) -> Message:
-        return Message("ack", {"epoch": self.epoch, "versions": self.versions(), "initialized": self.model is not None})
+    def _ack(self, saved: list[list[int]] | None = None) -> Message:
+        """The epoch and versions (`saved`: this learner's pushes the newest checkpoint holds)."""
+        meta = {"epoch": self.epoch, "versions": self.versions(), "initialized": self.model is not None}
+        return Message("ack", meta if saved is None else {**meta, "saved": saved})
 
     def _broadcast_ack(self, now: float, out: Outbox) -> None:
         out.broadcast(list(self.fleet.connected(now)), self._ack())
@@ -328,6 +320,7 @@ class SyncerCore(OuterStep):
             len(blob),
             units=unit_ids(msg.get("units"), "push"),
             incarnation=self.fleet.learners[learner].incarnation,
+            seq=int(msg["seq"]),
         )
         rnd = self.rounds.setdefault(p, Round(p))
         rnd.add(contribution, self.s.quorum, GraceFn(self.s.grace_gamma, self.s.tau, self.t_sync or 0.0))
@@ -464,6 +457,7 @@ class SyncerCore(OuterStep):
             ),
         )
         self.data.merged(self.owned[p], contribs, now, out)
+        self.receipts.settled(p, contribs)
         weights = [c.weight for c in contribs]
         self._account(rnd, contribs, weights, now, out, blob_bytes=len(blob) * len(recipients), t0=t0)
         return carried

@@ -63,6 +63,19 @@ def _pushed(value: Any, what: str) -> dict[int, list[int]]:
     return out
 
 
+def with_again(data: dict[str, Any], again: dict[int, set[int]], fragments: tuple[int, ...]) -> dict[str, Any]:
+    """A hello's `data` with the units of the pushes it sends again counted in its hand, not
+    pushed on those fragments (a unit no longer in the hand was pushed on every other one)."""
+    if not again:
+        return data
+    hand, pushed = list(data["hand"]), dict(data["pushed"])
+    for uid, on in sorted(again.items()):
+        before = pushed.get(uid, fragments if uid not in hand else [])
+        pushed[uid] = [p for p in before if p not in on]
+        hand += [] if uid in hand else [uid]
+    return {**data, "hand": hand, "pushed": pushed}
+
+
 class DataDesk:
     """The ledger of one run, and the messages and events around it."""
 
@@ -78,10 +91,18 @@ class DataDesk:
         self.announced = {e for e in self.ledger.closed if self.ledger.epoch_done(e)}
 
     def hello(
-        self, learner: str, incarnation: str, fresh: bool, meta: dict[str, Any], now: float, out: Outbox
+        self,
+        learner: str,
+        incarnation: str,
+        fresh: bool,
+        meta: dict[str, Any],
+        now: float,
+        out: Outbox,
+        again: dict[int, set[int]] | None = None,
     ) -> str | None:
-        """A hello: earlier incarnations' units settled; the hand reconciled. Returns why the
-        learner is refused (its data is not the run's), or None."""
+        """A hello: earlier incarnations' units settled; the hand reconciled (`again`: units the
+        learner pushes again, and on which fragments: syncer/receipts.py). Returns why the learner
+        is refused (its data is not the run's), or None."""
         if not self.on:
             return None
         if fresh:
@@ -91,6 +112,7 @@ class DataDesk:
         data = data_meta(meta, "hello")
         if data is None:
             return None
+        data = with_again(data, again or {}, self.ledger.fragments)
         try:
             drop, ended = self.ledger.hello(learner, incarnation, data, now)
         except DataMismatch as exc:

@@ -40,6 +40,7 @@ class Contribution:
     more: list[codec.Quantized] = field(default_factory=list)  # the learner's further pushes, to be summed
     units: list[int] = field(default_factory=list)  # the work units its pushes carried (syncer/dataledger.py)
     incarnation: str = ""  # of the learner that pushed it
+    seq: int = -1  # the highest sequence number of its pushes (syncer/receipts.py; -1: a carried share)
 
     @property
     def weight(self) -> float:
@@ -95,6 +96,7 @@ class Contribution:
         self.step_time = other.step_time
         self.base_version = min(self.base_version, other.base_version)
         self.nbytes += other.nbytes
+        self.seq = max(self.seq, other.seq)
 
 
 def _scaled(q: codec.Quantized, factor: float) -> codec.Quantized:

@@ -465,6 +465,7 @@ class SyncerServer:
             self._ckpt_retry_at = now + 10.0
             self.event("checkpoint_failed", "syncer", f"{done.error}; training goes on, retrying in 10 s")
             return None
+        self.core.receipts.written(state.get("pushes"))  # the acks tell the learners what it holds
         self.core.since_checkpoint = self.core.outer_steps - int(state["outer_steps"])
         self.core.checkpoint_outer_step = int(state["outer_steps"])
         self._last_ckpt = now

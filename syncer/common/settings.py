@@ -105,6 +105,7 @@ class RunSettings:
     liveness_s: float = 3.0  # a learner silent this long is not live
     state_chunk_mb: float = 4.0
     max_queue: int = 256  # pushes queued at the syncer before the oldest is dropped
+    keep_pushes_mb: float = 1024.0  # a learner keeps its sent pushes until a syncer checkpoint holds them (0 = off)
     max_message_mb: float = 512.0  # larger messages are refused by the socket itself
     restart_delay_s: float = 2.0
     restart_backoff_max_s: float = 60.0
@@ -228,6 +229,12 @@ class RunSettings:
             "max_log_mb",
             f"must be >= 0 (0 = never rotate), got {self.max_log_mb}",
             "each log keeps at most this much plus one rotated segment, e.g. max_log_mb = 1024",
+        )
+        _check(
+            self.keep_pushes_mb >= 0,
+            "keep_pushes_mb",
+            f"must be >= 0 (0 = off), got {self.keep_pushes_mb}",
+            "a learner sends what a restarted syncer lost again from this much memory, e.g. keep_pushes_mb = 1024",
         )
         _check(self.restart_delay_s >= 0, "restart_delay_s", f"must be >= 0, got {self.restart_delay_s}")
         _check(

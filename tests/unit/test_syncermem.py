@@ -118,7 +118,7 @@ def test_a_syncer_refuses_a_first_learner_whose_model_it_cannot_hold_and_allocat
     [(to, error)] = sent_of(out, "error")
     assert to == ["a"] and error["fatal"] and error["reason"].startswith("the syncer cannot hold this model: its ")
     assert "(cgroup limit)" in error["reason"] and not sent_of(out, "welcome")
-    assert h.core.rejected["manifest"] == 1 and h.core.model is None and h.core._init_buffers == []
+    assert h.core.rejected["manifest"] == 1 and h.core.model is None and h.core.upload.buffers == []
     h.core.memory_free = (10**10, "MemAvailable")  # the same model, room for it: the first learner uploads
     assert sent_of(h.hello("a", 2.0), "welcome")[0][1]["init_owner"]
 
