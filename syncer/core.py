@@ -456,10 +456,11 @@ class SyncerCore(OuterStep):
                 [blob],
             ),
         )
+        t1 = self.clock()
         self.data.merged(self.owned[p], contribs, now, out)
         self.receipts.settled(p, contribs)
-        weights = [c.weight for c in contribs]
-        self._account(rnd, contribs, weights, now, out, blob_bytes=len(blob) * len(recipients), t0=t0)
+        ledger_s, weights = self.clock() - t1, [c.weight for c in contribs]
+        self._account(rnd, contribs, weights, now, out, len(blob) * len(recipients), t0, ledger_s)
         return carried
 
     def _keep_previous(self, p: int, now: float) -> None:

@@ -142,8 +142,9 @@ def _follow(sources: list[Source], lines: int, width: int, start: float | None) 
             _emit(target, line, width)
     finally:
         stop.set()
+        deadline = time.monotonic() + 1.0  # one second for them all: a ^C must end it at once
         for thread in threads:
-            thread.join(timeout=1.0)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _follow_one(s: Source, lines: int, stop: threading.Event, found: queue.Queue[tuple[str, str]]) -> None:

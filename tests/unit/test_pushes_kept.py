@@ -7,6 +7,7 @@ restores the checkpoint and hears the learner's hello."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from syncer.receipts import PushReceipts
 from syncer.wire import fragments
 from syncer.wire.protocol import Message, encode
 from tests.unit.coreharness import RUN, Harness, make_settings
-from tests.unit.linkharness import item
+from tests.unit.linkharness import EPOCH, frames, item, joined
 
 DATA = {"sequences": 100, "unit_sequences": 10, "seq_len": 8, "digest": "d1"}
 
@@ -39,15 +40,9 @@ def test_the_store_keeps_what_no_checkpoint_holds_within_its_budget() -> None:
     again = kept.welcome(2, {0: 1})
     assert [i.fragment for i in again] == [0] and not kept.entries and kept.epoch == 2
     kept.add(9, item(0, 1.0), b"y")
-    kept.add(10, dataclass_last(item(0, 1.0)), b"z")  # a last push at `down` is never sent again
+    kept.add(10, dataclasses.replace(item(0, 1.0), last=True), b"z")  # a last push at `down` is never sent again
     assert [e.seq for e in kept.entries] == [9]
     assert covered_map([[0, 3], [1, "x"], "junk"]) == {0: 3}
-
-
-def dataclass_last(push: PushItem) -> PushItem:
-    import dataclasses
-
-    return dataclasses.replace(push, last=True)
 
 
 def test_receipts_follow_merges_and_name_the_units_a_learner_sends_again() -> None:
@@ -149,3 +144,26 @@ def test_a_restarted_syncer_gets_again_what_it_lost_and_no_unit_is_trained_twice
         assert h.core.receipts.covered("b", "inc-b")  # the pushes sent again were merged
     else:  # without the store: unit 1's merge died with the syncer, so it goes out again
         assert requeued and 1 in ledger.requeue and ledger.snapshot()["partial"] == 1  # 2: its fragment 0 lost
+
+
+def test_pushes_sent_again_go_first_are_never_folded_away_and_count_as_not_pushed() -> None:
+    link, now = joined()
+    for p in (0, 1):
+        link.push(dataclasses.replace(item(p, 1.0), units=(7,)))
+    for send in link.tick(now + 0.01).sends:
+        if send.push is not None:
+            link.sent(send, 10, push_message(send, link.s).payloads[0])
+    assert [e.seq for e in link.kept.entries] == [0, 1] and link.kept.hello() == [[0, 0, [7]], [1, 1, [7]]]
+    link.receive(now + 1, welcome_with(EPOCH + 1, [[0, 0]]))
+    assert [i.fragment for i in link.again] == [1], "fragment 0's push is in the checkpoint"
+    assert link.queued_units() == {1: (7,)}
+    link.push(item(1, 2.0, epoch=EPOCH + 1))  # a new push of the same fragment, from another base
+    sends = [s for s in link.tick(now + 1.01).sends if s.push is not None]
+    assert [(s.push.fragment, s.push.resent) for s in sends] == [(1, True), (1, False)]
+    link.unsent(sends[0])  # the socket would not take it: it stays to go again, not folded away
+    assert [i.fragment for i in link.again] == [1] and link.pending() == 2
+
+
+def welcome_with(epoch: int, covered: list[list[int]]) -> list[bytes]:
+    meta = {"epoch": epoch, "initialized": True, "init_owner": False, "versions": [0, 0]}
+    return frames("welcome", chunk_numel=1024, step=0, covered=covered, **meta)
