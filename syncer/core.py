@@ -79,6 +79,7 @@ class SyncerCore(OuterStep):
         )
         self.upload = InitUpload()  # the first upload of the global model, while no model exists
         self.receipts = PushReceipts()  # which pushes the state holds: learners keep the rest (learner/kept.py)
+        self.unsettled: list[tuple[int, list[Contribution]]] = []  # rounds closed, not yet in the ledger
         self._crcs: dict[int, int | None] = {}  # None: not computed for this version (`_crc`)
         self._previous: dict[int, tuple[int, torch.Tensor, int]] = {}
         self._serving: dict[int, dict[str, float]] = {}  # fragment -> learner -> last chunk of a transfer under way
@@ -94,6 +95,7 @@ class SyncerCore(OuterStep):
     # -- dispatch ----------------------------------------------------------------------------
     def handle(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
         """Apply one decoded message from `learner` (already authenticated as that id)."""
+        self.settle(now, out)  # a push must find the ledger as its rounds left it
         handler = _HANDLERS.get(msg.kind)
         if handler is None:
             raise ProtocolError("unexpected_kind", f"a learner may not send {msg.kind!r}")
@@ -308,20 +310,9 @@ class SyncerCore(OuterStep):
         if msg.get("last") is True and self.fleet.ending:
             self._keep_out(learner, p, int(msg["c_tokens"]), now, out)
             return
-        contribution = Contribution(
-            learner,
-            delta,
-            int(msg["c_steps"]),
-            int(msg["c_tokens"]),
-            float(msg["c_time"]),
-            float(msg["step_time"]),
-            int(msg["base_version"]),
-            now,
-            len(blob),
-            units=unit_ids(msg.get("units"), "push"),
-            incarnation=self.fleet.learners[learner].incarnation,
-            seq=int(msg["seq"]),
-        )
+        incarnation = self.fleet.learners[learner].incarnation
+        units = unit_ids(msg.get("units"), "push")
+        contribution = Contribution.of_push(learner, incarnation, delta, msg.meta, now, len(blob), units)
         rnd = self.rounds.setdefault(p, Round(p))
         rnd.add(contribution, self.s.quorum, GraceFn(self.s.grace_gamma, self.s.tau, self.t_sync or 0.0))
         self.data.carried(self.owned[p], contribution)
@@ -363,6 +354,7 @@ class SyncerCore(OuterStep):
     # -- rounds ------------------------------------------------------------------------------
     def tick(self, now: float, out: Outbox) -> None:
         """Advance time: accounting, quorum events, and close every round that is ready."""
+        self.settle(now, out)
         self.fleet.tick(now)
         live = self.fleet.live(now)
         self.membership.events(self.fleet, live, self.s.quorum, now, out)
@@ -416,6 +408,19 @@ class SyncerCore(OuterStep):
         self.rounds.clear()
         return len(ready)
 
+    def settle(self, now: float, out: Outbox) -> None:
+        """The rounds closed since the last call into the data ledger and the push receipts. The
+        server calls it once their updates have left, before it checkpoints; `handle` and `tick`
+        call it first: a round's time never includes this bookkeeping (on gpt-tiny it was 8% of it)."""
+        if not self.unsettled:
+            return
+        t0 = self.clock()
+        for p, contribs in self.unsettled:
+            self.data.merged(self.owned[p], contribs, now, out)
+            self.receipts.settled(p, contribs)
+        self.unsettled = []
+        self.data.busy_s += self.clock() - t0
+
     def _replace(self, p: int, carried: list[Contribution]) -> None:
         """After a close: fragment p's next round, holding what the close carried over, if anything."""
         del self.rounds[p]
@@ -456,11 +461,9 @@ class SyncerCore(OuterStep):
                 [blob],
             ),
         )
-        t1 = self.clock()
-        self.data.merged(self.owned[p], contribs, now, out)
-        self.receipts.settled(p, contribs)
-        ledger_s, weights = self.clock() - t1, [c.weight for c in contribs]
-        self._account(rnd, contribs, weights, now, out, len(blob) * len(recipients), t0, ledger_s)
+        self.unsettled.append((p, contribs))  # the ledger's part, once the update has left (`settle`)
+        weights = [c.weight for c in contribs]
+        self._account(rnd, contribs, weights, now, out, blob_bytes=len(blob) * len(recipients), t0=t0)
         return carried
 
     def _keep_previous(self, p: int, now: float) -> None:

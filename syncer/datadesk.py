@@ -84,6 +84,7 @@ class DataDesk:
         self.ledger = DataLedger(())
         self.silent: dict[str, float] = {}  # learner -> since when it holds units and is not live
         self.announced: set[int] = set()  # epochs whose end was an event
+        self.busy_s = 0.0  # the rounds' bookkeeping, after their updates left (SyncerCore.settle)
 
     def restored(self, state: dict[str, Any], now: float, known: set[str]) -> None:
         """The ledger of a checkpoint (the learners it knew have HOLD_S to report their hands)."""
@@ -219,7 +220,8 @@ class DataDesk:
                 )
 
     def snapshot(self) -> dict[str, Any] | None:
-        return self.ledger.snapshot() if self.on else None
+        snap = self.ledger.snapshot() if self.on else None
+        return None if snap is None else {**snap, "bookkeeping_s": round(self.busy_s, 6)}
 
 
 def id_ranges(uids: list[int]) -> str:

@@ -238,7 +238,6 @@ class OuterStep:
         out: Outbox,
         blob_bytes: int,
         t0: float,
-        ledger_s: float = 0.0,
     ) -> None:
         """The round's merge in the fleet's counters, the merge-time estimate and the metrics."""
         assert self.model is not None  # only a round of an initialized model closes (`_close`)
@@ -270,7 +269,6 @@ class OuterStep:
                 "bytes_in": sum(c.nbytes for c in contribs),
                 "bytes_out": blob_bytes,
                 "merge_s": dt,
-                "ledger_s": ledger_s,  # of merge_s: the data ledger's and the receipts' bookkeeping
                 "live": len(self.fleet.live(now)),
                 "quorum": self.s.quorum,
                 "staleness": max(version - 1 - c.base_version for c in contribs),

@@ -67,7 +67,7 @@ class PushReceipts:
             raise ProtocolError("schema", f"hello: kept must be {{epoch, pushes}} with at most {MAX_IDS} pushes")
         if kept.get("epoch") == epoch:
             return {}
-        covered = {p: seq for p, seq in self.covered(learner, incarnation)}
+        covered = {pair[0]: pair[1] for pair in self.covered(learner, incarnation)}
         out: dict[int, set[int]] = {}
         for entry in kept["pushes"]:
             if not isinstance(entry, list) or len(entry) != 3:

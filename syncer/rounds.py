@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -41,6 +42,35 @@ class Contribution:
     units: list[int] = field(default_factory=list)  # the work units its pushes carried (syncer/dataledger.py)
     incarnation: str = ""  # of the learner that pushed it
     seq: int = -1  # the highest sequence number of its pushes (syncer/receipts.py; -1: a carried share)
+
+    @classmethod
+    def of_push(
+        cls,
+        learner: str,
+        incarnation: str,
+        delta: codec.Quantized,
+        meta: dict[str, Any],
+        now: float,
+        nbytes: int,
+        units: list[int],
+    ) -> Contribution:
+        """A checked push message's contribution (its counters, base and sequence from `meta`)."""
+        steps, tokens, seconds = int(meta["c_steps"]), int(meta["c_tokens"]), float(meta["c_time"])
+        step_time, base = float(meta["step_time"]), int(meta["base_version"])
+        return cls(
+            learner,
+            delta,
+            steps,
+            tokens,
+            seconds,
+            step_time,
+            base,
+            now,
+            nbytes,
+            units=units,
+            incarnation=incarnation,
+            seq=int(meta["seq"]),
+        )
 
     @property
     def weight(self) -> float:

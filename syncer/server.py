@@ -244,8 +244,9 @@ class SyncerServer:
     def _tick(self) -> None:
         self._checkpoint_written(self.writer.result())
         now = self.wall()
-        out = Outbox()
-        self.core.tick(now, out)
+        self.core.tick(now, out := Outbox())
+        self._flush(out)  # the rounds' updates leave first; then their bookkeeping (before a checkpoint)
+        self.core.settle(now, out := Outbox())
         every_s = self.cfg.settings.checkpoint_s
         idle_due = 0 < every_s < now - self._last_ckpt and self.core.since_checkpoint > 0
         due = (self.core.checkpoint_due() or idle_due) and now >= self._ckpt_retry_at and not self.writer.busy
@@ -362,8 +363,8 @@ class SyncerServer:
             path = self.save_checkpoint()
             return Message("control_rep", {"ok": path is not None, "detail": str(path)})
         if action == "flush":
-            out = Outbox()
-            closed = self.core.flush(now, out)
+            closed = self.core.flush(now, out := Outbox())
+            self.core.settle(now, out)
             self._flush(out)
             return Message("control_rep", {"ok": True, "detail": f"closed {closed} rounds"})
         if action == "fleet":

@@ -108,6 +108,7 @@ class Harness:
     def tick(self, now: float) -> Outbox:
         out = Outbox()
         self.core.tick(now, out)
+        self.core.settle(now, out)  # as the server does once the updates have left
         self.outs.append(out)
         return out
 
