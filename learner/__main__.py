@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 import time
+import traceback
 import uuid
 from pathlib import Path
 
@@ -72,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         log(f"error: {exc}")
         return 1
+    except Exception as exc:  # a bug: its log ends with the cause (the supervisor's death event quotes it)
+        log(traceback.format_exc().rstrip())
+        log(f"error: {type(exc).__name__}: {exc}")
+        sys.stdout.flush()
+        os._exit(1)  # nothing after: a teardown of live threads printed "terminate called ..." over the cause
     finally:
         if island is not None:
             trainer.release()  # no model may outlive the process group (an FSDP mesh aborted exits)

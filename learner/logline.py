@@ -47,3 +47,8 @@ def log(message: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} {_prefix}{message}", flush=True)
     except (OSError, ValueError):
         pass
+
+
+def shown(value: float | None) -> str:
+    """A loss for a log line: four decimals, or `-` when there is none yet (right after a reload)."""
+    return "-" if value is None else f"{value:.4f}"

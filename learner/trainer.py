@@ -5,9 +5,8 @@ Reads straight through, nanoGPT style:
     join    build the workload, cut it into fragments, fetch the global state (or upload the
             initial one if this is the run's first learner), start from it
     step    forward, backward, clip, AdamW; count tokens and time per fragment; (throttle)
-    sync    apply global fragments that arrived in reply to our pushes (overwrite, mix or rebase;
-            with max_lag, first wait for a reply that is max_lag steps late);
-            hand the outer gradient of each fragment that is due to the sender thread
+    sync    apply the global fragments that answer our pushes (rebase, overwrite or mix; max_lag:
+            wait for one that late); push each fragment due; a non-finite loss reloads them all
     report  eval loss every eval_every steps; progress to the syncer with every heartbeat
 Chaos hooks: `control.json` in the work dir can slow this learner or cut its link to the syncer.
 """
@@ -29,7 +28,7 @@ import learner
 from learner import files, initmodel, offload, recipe
 from learner.config import LearnerConfig
 from learner.datafeed import LearnerUnits, restore_loader, save_loader
-from learner.logline import log
+from learner.logline import log, shown
 from learner.outer import OuterState
 from learner.schedule import learning_rate
 from learner.sends import PushItem
@@ -323,6 +322,7 @@ class Trainer:
             log(f"non-finite loss at step {self.step}; reloading the global model")
             wanted = set(range(self.plan.count))
             opt.state.clear()
+            self.losses.read()  # the losses of the weights thrown away: not the reloaded model's
             self.loss_ema, self._diverged = None, False
         out = []
         for p in sorted(wanted):
@@ -406,7 +406,7 @@ class Trainer:
                 )
             self.eval_loss = self.evaluate()
             log(
-                f"step {self.step} loss {self.loss_ema:.4f} eval {self.eval_loss:.4f} "
+                f"step {self.step} loss {shown(self.loss_ema)} eval {shown(self.eval_loss)} "
                 f"{self.tokens_per_s:.0f} tok/s versions {client.versions()}"
             )
         self._publish(client)
