@@ -15,6 +15,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from dldctl import shards
 from dldctl.chaos import faults, linkcap, links
@@ -30,6 +31,12 @@ from dldctl.runstate import Fault, Proc, ProcStatus
 
 Confirm = Callable[[str], bool]
 DOWN_STATES = ("dead", "restarting", "stopped", "refused", "starting", "queued", "paused", "partitioned")
+
+
+def quorum_left(snap: dict[str, Any], target: str) -> tuple[int, int]:
+    """(live learners left once `target` is down, the minimum quorum) by a status snapshot."""
+    live = [r["id"] for r in snap["learners"] if r["state"] not in DOWN_STATES]
+    return len([lid for lid in live if lid != target]), int(snap["quorum"]["min"])
 
 
 class Chaos:
@@ -79,10 +86,7 @@ class Chaos:
         """Refuse (unless forced or confirmed) a fault that drops the live fleet below quorum."""
         if action == "slow" or shards.shard_of(target) is not None or force:
             return  # a syncer shard is not a learner: killing it leaves the quorum as it is
-        snap = collect(self.run)
-        live = [r["id"] for r in snap["learners"] if r["state"] not in DOWN_STATES]
-        quorum = int(snap["quorum"]["min"])
-        after = len([lid for lid in live if lid != target])
+        after, quorum = quorum_left(collect(self.run), target)
         if after >= quorum:
             return
         question = (

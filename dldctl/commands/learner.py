@@ -13,9 +13,11 @@ from typing import Any
 import typer
 
 from dldctl import inventory, rundir
+from dldctl.chaos.inject import quorum_left
 from dldctl.commands.options import output_console
 from dldctl.errors import UsageError
 from dldctl.lifecycle import converge
+from dldctl.observe.snapshot import collect
 from dldctl.rundir import RunDir
 from dldctl.runstate import RunState
 from syncer.common import strictjson
@@ -101,13 +103,24 @@ def add(
 
 @app.command("remove")
 def remove(
-    learner: str = typer.Argument(..., help="learner-N"), run: str | None = RunOpt, json_out: bool = JsonOpt
+    learner: str = typer.Argument(..., help="learner-N"),
+    run: str | None = RunOpt,
+    json_out: bool = JsonOpt,
+    force: bool = typer.Option(False, "--force", help="Remove it even if the live fleet falls below the quorum."),
 ) -> None:
     """Take a learner out gracefully: it sends its due fragments, says bye, is not restarted.
+    Refused (unless --force) when the live learners left would be fewer than the minimum quorum.
 
     Example: dldctl learner remove learner-3
     """
     live = rundir.resolve(run)
+    after, quorum = quorum_left(collect(live), learner) if not force else (0, 0)
+    if after < quorum:
+        raise UsageError(
+            f"refused: removing {learner} would leave {after} live learners, below the minimum quorum {quorum}"
+            " (the global model would stop progressing)",
+            hint="add a learner first (`dldctl learner add`), or pass --force to remove it anyway",
+        )
     done = converge.remove(live, learner, err_console if json_out else console)
     if json_out:
         print(strictjson.dumps(removed(live.name, done, time.time())), flush=True)

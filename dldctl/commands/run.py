@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dldctl import extras, inventory, rundir, syncermem
+from dldctl import extras, inventory, rundir, syncermem, uplock
 from dldctl.commands.options import duration, output_console
 from dldctl.errors import DldError, OperationError, UsageError
 from dldctl.inventory import Inventory
@@ -99,6 +99,13 @@ def _start_or_converge(
     extras.require_for_run(inv)  # no torch here for a local learner or syncer: one line, nothing touched
     for risk in inv.run.risks(len(plan.learner_plans(inv))):
         err_console.print(f"[yellow]warning:[/] {risk}")
+    with uplock.holding(inv.run.name):  # a second `up` of this run now is refused, not a second run
+        return _start_or_converge_locked(inv, inventory_file, out, wait_s, memory_check)
+
+
+def _start_or_converge_locked(
+    inv: Inventory, inventory_file: Path | None, out: Console, wait_s: float, memory_check: bool
+) -> rundir.RunDir:
     live = rundir.find_live(inv.run.name)
     orphan = None if live else rundir.find_orphan(inv.run.name)
     if orphan is not None:  # its supervisor died: bring it back, then converge
@@ -123,8 +130,13 @@ def _resume(
     if target.live():  # nothing to do: as a second `down` is
         out.print(f"run {target.name} is up already")
         return target
-    extras.require_for_run(converge.stored_inventory(target))
-    run, _ = resume_mod.resume(target, out, wait_s, memory_check)
+    stored = converge.stored_inventory(target)
+    extras.require_for_run(stored)
+    with uplock.holding(stored.run.name):
+        if target.live():  # another `up --resume` brought it back meanwhile
+            out.print(f"run {target.name} is up already")
+            return target
+        run, _ = resume_mod.resume(target, out, wait_s, memory_check)
     return run
 
 

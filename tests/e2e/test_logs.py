@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dldctl.testing import DldctlHome, inventory_text, local_host
-from tests.e2e.fleetutil import run_table
+from tests.e2e.fleetutil import learner, run_table
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -21,7 +21,14 @@ def test_logs_of_a_fleet_that_healed_a_kill(tmp_path: Path) -> None:
     inv = tmp_path / "inv.toml"
     inv.write_text(run_table("logs", quorum=1) + inventory_text({}, [local_host("here", 2)]).split("\n", 1)[1])
     with DldctlHome(tmp_path / "home") as dl:
-        dl("up", str(inv), "-d", "--wait")
+        # two `up` of one inventory at once: one starts the run, the other is refused in one line
+        both = [dl.popen("up", str(inv), "-d", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"]
+        said = [p.communicate(timeout=150) for p in both]
+        assert sorted(p.returncode for p in both)[0] == 0 and sorted(p.returncode for p in both)[1] != 0, said
+        refused = next(err for p, (_, err) in zip(both, said) if p.returncode != 0)
+        assert "another `dldctl up` of run logs is under way (pid " in refused, refused
+        assert len(list((dl.home / "runs").iterdir())) == 1
+        dl("up", str(inv), "-d", "--wait")  # converges: the run already matches, and merges
         dl("chaos", "kill", "learner-1", timeout=60)
         dl.wait_for(lambda: dl.events("restart") or None, 60, "the supervisor to restart learner-1")
         dl.wait_for(lambda: "[#2] learner-1: " in dl.log("learner-1") or None, 60, "learner-1's second incarnation")
@@ -56,4 +63,10 @@ def test_logs_of_a_fleet_that_healed_a_kill(tmp_path: Path) -> None:
             out, _ = follow.communicate(timeout=10)
         assert follow.returncode == 0, out
         assert {line.split(" ", 1)[0] for line in out.splitlines()} >= {"learner-0", "learner-1", "syncer"}, out
+
+        dl("learner", "remove", "learner-1")  # learner-0 alone still makes the quorum of 1
+        dl.wait(lambda s: learner(s, "learner-1")["state"] == "stopped", 60, "learner-1 removed")
+        refused = dl("learner", "remove", "learner-0", check=False)
+        assert refused.returncode != 0 and "would leave 0 live learners, below the minimum quorum 1" in refused.stderr
+        assert "--force" in refused.stderr and learner(dl.status(), "learner-0")["state"] == "running"
         dl.down()
