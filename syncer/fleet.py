@@ -46,6 +46,7 @@ class LearnerInfo:
     crc_mismatches: int = 0
     joins: int = 0
     merged_tokens: float = 0.0
+    merged_here: float = 0.0  # of those, this incarnation's: it trained at least these (its heartbeat lags)
     step_tokens: float = 0.0  # tokens per inner step, as its contributions show
     step_rate: float = 0.0  # inner steps per second, measured from its heartbeats
     rate_anchor: tuple[int, float] | None = None  # (step, time) the rate is measured from
@@ -70,8 +71,14 @@ class LearnerInfo:
             self.rate_anchor = (step, now)
 
     @property
+    def trained_here(self) -> int:
+        """Tokens this incarnation trained: its last heartbeat's count, or what was merged of it if
+        more (its last pushes can leave after its last heartbeat: merged must never exceed trained)."""
+        return max(self.tokens, int(self.merged_here))
+
+    @property
     def total_tokens(self) -> int:
-        return self.tokens_base + self.tokens
+        return self.tokens_base + self.trained_here
 
     def live(self, now: float, liveness_s: float) -> bool:
         return not self.left and now - self.last_seen < liveness_s
@@ -104,8 +111,8 @@ class Ledger:
         fresh = info.incarnation != meta["incarnation"]
         if fresh:  # its step counter (the inner lr schedule's position) resumes; see resume_step
             resume = info.step if info.joins else self.resume_step(lid, now)
-            info.tokens_base += info.tokens
-            info.tokens, info.step, info.state = 0, resume, "joining"
+            info.tokens_base += info.trained_here
+            info.tokens, info.merged_here, info.step, info.state = 0, 0.0, resume, "joining"
             info.rate_anchor, info.step_rate = None, 0.0
             info.incarnation = meta["incarnation"]
             info.joins += 1
@@ -214,6 +221,7 @@ class Ledger:
         self.merged_tokens += tokens / fragments
         if lid in self.learners:
             self.learners[lid].merged_tokens += tokens / fragments
+            self.learners[lid].merged_here += tokens / fragments
         self._weights.append((now, lid, weight))
         while self._weights and now - self._weights[0][0] > WEIGHT_WINDOW_S:
             self._weights.popleft()
@@ -294,7 +302,7 @@ class Ledger:
                 lid: {
                     "incarnation": i.incarnation,
                     "tokens_base": i.tokens_base,
-                    "tokens": i.tokens,
+                    "tokens": i.trained_here,
                     "step": i.step,
                     "joins": i.joins,
                     "merged_tokens": i.merged_tokens,

@@ -612,3 +612,5 @@ def test_the_data_ledger_hands_out_again_only_what_was_lost(fleet: tuple[DldctlH
     assert final is not None and final["data"]["counters"]["merged_tokens"] > 0
     resumed = [e["t"] for e in events if e["kind"] == "syncer_resume"]
     assert len(resumed) >= 2  # the killed syncer, then up --resume
+    tokens = dl.status()["tokens"]  # after the kills, partitions, pauses and restarts above
+    assert 0 < tokens["merged"] <= tokens["trained"], tokens

@@ -97,3 +97,19 @@ def test_a_decoupled_rejoiner_keeps_its_old_push() -> None:
     h = _rejoin_during_a_round(overlap=True, round_clock="learner")
     assert set(h.core.rounds[0].contributions) == {"a", "b"}
     assert not events_of(h.outs[-1], "drop")
+
+
+def test_merged_tokens_never_exceed_trained_ones_when_the_last_pushes_outrun_the_heartbeats() -> None:
+    """A learner's last pushes can leave after its last heartbeat (a kill, `down`): what was
+    merged of it counts as trained, in this incarnation and after its restart."""
+    from syncer.fleet import Ledger
+
+    fleet = Ledger(["a"], liveness_s=3.0, started=0.0)
+    me = {"learner": "a", "host": "h", "device": "cpu", "pid": 1, "batch_size": 8}
+    fleet.hello({**me, "incarnation": "i1"}, 0.0)
+    fleet.heartbeat("a", {"step": 10, "tokens": 100, "state": "running"}, 1.0)
+    fleet.merged("a", 160, 1.0, fragments=1, weight=1.0, now=1.5)  # pushed after that heartbeat
+    assert fleet.trained_tokens() == 160 >= fleet.merged_tokens
+    fleet.hello({**me, "incarnation": "i2"}, 2.0)  # restarted: the 160 are its base
+    fleet.heartbeat("a", {"step": 12, "tokens": 40, "state": "running"}, 3.0)
+    assert fleet.trained_tokens() == 200 and fleet.state_dict()["learners"]["a"]["tokens"] == 40
