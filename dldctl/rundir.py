@@ -200,6 +200,13 @@ class RunDir:
     def started_procs(self) -> list[dict[str, Any]]:
         return list(jsonl.read(self.path / "procs.jsonl"))
 
+    def crashed(self) -> bool:
+        """Meant to be up (state.json says starting or up), but its supervisor is gone."""
+        try:
+            return self.read_state().status in ("starting", "up") and not self.live()
+        except RunError:
+            return False
+
     def live(self) -> bool:
         """Whether the run's supervisor is running (the run is up)."""
         try:
@@ -289,6 +296,12 @@ def resolve(run: str | None, *, live_only: bool = True) -> RunDir:
         if runs:
             return runs[0]
         raise RunError("no run yet", hint="start one with `dldctl up`")
+    crashed = next((r for r in all_runs() if r.crashed()), None)
+    if crashed is not None:
+        raise RunError(
+            f"no live run: {crashed.name} crashed (its supervisor is gone)",
+            hint=f"`dldctl up --resume {crashed.name}` continues it from its newest checkpoint",
+        )
     raise RunError("no live run", hint="this command needs a run that is up: start one with `dldctl up`")
 
 
@@ -297,11 +310,7 @@ def find_orphan(name: str) -> RunDir | None:
     for r in all_runs():
         if not is_run_of(r.name, name):
             continue
-        try:
-            status = r.read_state().status
-        except RunError:
-            continue
-        if status in ("starting", "up") and not r.live():
+        if r.crashed():
             return r
     return None
 

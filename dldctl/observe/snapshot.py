@@ -176,7 +176,7 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     ended = state.stopped_at if state.status == "down" else None
     created = state.created if state.created is not None else now
     snap["uptime_s"] = float(ended or now) - float(created)  # a run that is down: how long it ran
-    snap["status"] = state.status
+    snap["status"] = runs.state_word(state.status, run.live())  # "crashed": meant to be up, supervisor gone
     snap["insecure"] = config.run.insecure
     procs = state.procs
     syncer_proc = procs.get("syncer")

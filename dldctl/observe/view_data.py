@@ -167,7 +167,7 @@ def supervisor_note(snapshot: dict, now: float) -> tuple[str, str] | None:
     heal = (
         "the watchdog restarts it"
         if dog is True
-        else "no watchdog either: `dldctl up` with the run's inventory restarts it"
+        else f"no watchdog either: `dldctl up --resume {text_of(snapshot.get('run'))}` restarts it"
     )
     return {
         "missing": (f"SUPERVISOR MISSING for {age}: {heal}", "bold red"),

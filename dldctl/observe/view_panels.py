@@ -176,9 +176,11 @@ def header_notes(snapshot: dict, now: float, history: History | None = None) -> 
     notes: list[tuple[str, str]] = []
     if snapshot.get("status") == "down":
         notes.append(("the run is down (`dldctl down`); `dldctl report` summarises it", "bold"))
+    elif snapshot.get("status") == "crashed":
+        notes.append((f"the run crashed: `dldctl up --resume {text_of(snapshot.get('run'))}` continues it", "bold red"))
     elif not syncer_alive(snapshot):
         notes.append(("learners keep training; merges resume when the syncer is back", "red"))
-    sup_note = supervisor_note(snapshot, now) if snapshot.get("status") != "down" else None
+    sup_note = supervisor_note(snapshot, now) if snapshot.get("status") not in ("down", "crashed") else None
     notes += [sup_note] if sup_note else []
     taken = num(snapshot.get("now"))
     if taken is not None and now - taken > 5:
@@ -206,6 +208,8 @@ def _syncer_parts(snapshot: dict, compact: bool, address: bool = True) -> list[A
     where = [" ", text_of(s.get("address"))] if address else []
     if snapshot.get("status") == "down":
         parts: list[Any] = [(" RUN DOWN ", "bold"), " syncer stopped"]
+    elif snapshot.get("status") == "crashed":
+        parts = [(" RUN CRASHED ", "bold white on red"), " its supervisor is gone"]
     elif syncer_alive(snapshot):
         parts = [("● ", "green"), "syncer", *where]
         if not compact:
