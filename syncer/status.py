@@ -175,5 +175,4 @@ def _data_keys(data: dict[str, Any] | None) -> dict[str, Any]:
     if not data:
         return {}
     keys = ("epoch", "merged_share", "in_flight", "lost", "reissued", "merged_tokens", "tokens_by_learner")
-    keys += ("bookkeeping_s",)
-    return {f"data_{k}": data[k] for k in keys}
+    return {f"data_{k}": data[k] for k in (*keys, "bookkeeping_s")}
