@@ -61,6 +61,12 @@ class OperationError(DldError):
     exit_code = 1
 
 
+class Interrupted(OperationError):
+    """Ctrl-C (or SIGTERM) during a command that changes a run: what it left is in the message."""
+
+    exit_code = 130
+
+
 class HostError(OperationError):
     """A host could not do what was asked; `host` names it."""
 

@@ -29,7 +29,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dldctl import extras, inventory, rundir, shards
-from dldctl.errors import DldError, OperationError
+from dldctl.errors import DldError, Interrupted, OperationError
 from dldctl.hosts import Host, LocalHost
 from dldctl.hosts.slurm import SlurmHost
 from dldctl.inventory import HostSpec, Inventory
@@ -38,7 +38,7 @@ from dldctl.observe import exports
 from dldctl.rundir import RunDir
 from dldctl.runstate import HostRecord, ProcStatus, RunState
 from dldctl.supervise import reconcile, watchdog
-from syncer.common import strictjson
+from syncer.common import faultpoints, strictjson
 from syncer.common.atomic import atomic_write
 from syncer.common.resolved import ResolvedConfig
 
@@ -294,7 +294,27 @@ def start_fleet(
     with run.locked():
         run.write_state(state)
     start_supervisor(run)
+    faultpoints.hit("up_started")
     return wait_running(run, board, timeout), native
+
+
+def interrupted(run: RunDir) -> Interrupted:
+    """What a Ctrl-C during `up` leaves: before the supervisor started, nothing (the run directory
+    goes; nothing runs); after, the run, which the supervisor goes on starting."""
+    try:
+        started = run.read_state().supervisor is not None
+    except DldError:
+        started = False
+    if not started:
+        shutil.rmtree(run.path, ignore_errors=True)
+        return Interrupted(
+            f"interrupted before run {run.name} started: nothing runs, and its directory is removed",
+            hint="`dldctl up` again starts over",
+        )
+    return Interrupted(
+        f"interrupted: run {run.name} is up to its supervisor, which goes on starting it",
+        hint=f"`dldctl status --run {run.name}` follows it; `dldctl down --run {run.name}` stops it",
+    )
 
 
 def report_start(
@@ -331,12 +351,16 @@ def up(
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     run = create_run(inv, source)
     console.print(f"run [bold]{run.name}[/] in {run.path}", highlight=False)
-    with Board(console, fleet_names(inv)) as board:
-        make = lambda advertise: plan.write(inv, run, advertise)
-        config, runtimes, errors = prepare_fleet(inv, run, board, make, tree)
-        state = initial_state(inv, run, config, runtimes, errors, tree)
-        modelprobe.at_up(inv, config, runtimes_of(state, errors), board)
-        missing, native = start_fleet(inv, run, board, state, timeout)
+    try:
+        with Board(console, fleet_names(inv)) as board:
+            faultpoints.hit("up_created")
+            make = lambda advertise: plan.write(inv, run, advertise)
+            config, runtimes, errors = prepare_fleet(inv, run, board, make, tree)
+            state = initial_state(inv, run, config, runtimes, errors, tree)
+            modelprobe.at_up(inv, config, runtimes_of(state, errors), board)
+            missing, native = start_fleet(inv, run, board, state, timeout)
+    except KeyboardInterrupt:
+        raise interrupted(run) from None
     report_start(console, timeout, missing, native, errors)
     report_metrics(console, inv, run)
     return run

@@ -5,7 +5,8 @@
 makes the process print `fault point <name>` and sleep that many seconds when it reaches the
 point (the first time, or the N-th time with `@N`: "checkpoint@3" pauses in the third checkpoint
 write, after two good ones), so a test can SIGKILL it at exactly the worst moment: mid checkpoint write, mid merge,
-while serving state to a joiner (syncer); mid state fetch, mid push (learner). Like torchft's
+while serving state to a joiner (syncer); mid state fetch, mid push (learner); or interrupt
+`dldctl up` with the run directory made (`up_created`) or the supervisor started (`up_started`). Like torchft's
 tests that inject failures at named steps, but against real processes.
 """
 
@@ -15,7 +16,7 @@ import os
 import sys
 import time
 
-POINTS = ("checkpoint", "merge", "serve_state", "fetch", "push", "bad_round")
+POINTS = ("checkpoint", "merge", "serve_state", "fetch", "push", "bad_round", "up_created", "up_started")
 
 
 def _parse(spec: str) -> dict[str, tuple[int, float]]:

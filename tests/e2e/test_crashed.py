@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,27 @@ def test_a_run_that_lost_every_process_is_crashed_everywhere_and_resumes(tmp_pat
 
         dl("up", "--resume", name, "-d", "--wait")
         assert dl.status()["status"] == "up"
+
+
+@pytest.mark.parametrize("point", ["up_created", "up_started"])
+def test_ctrl_c_during_up_leaves_nothing_or_a_run_that_goes_on(tmp_path: Path, point: str) -> None:
+    """^C with the run directory made and nothing started: nothing is left; ^C once the supervisor
+    runs: the run goes on, and the message says how to follow or stop it."""
+    inv = tmp_path / "inv.toml"
+    inv.write_text(run_table("cc", quorum=1) + inventory_text({}, [local_host("here", 1)]).split("\n", 1)[1])
+    with DldctlHome(tmp_path / "home") as dl:
+        dl.env["DLDCTL_FAULT_POINTS"] = f"{point}=60"  # `up` pauses there, and says so
+        up = dl.popen("up", str(inv), "-d", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert up.stdout is not None
+        while f"fault point {point}" not in (line := up.stdout.readline()):
+            assert line, f"up ended before {point}: {up.communicate(timeout=30)}"
+        up.send_signal(signal.SIGINT)
+        _, err = up.communicate(timeout=60)
+        assert up.returncode == 130, err
+        if point == "up_created":
+            assert "nothing runs, and its directory is removed" in err, err
+            assert not any((dl.home / "runs").iterdir()) and not dl.leftovers()
+        else:
+            name = dl.live_runs()[0]
+            assert f"run {name} is up to its supervisor" in err and f"dldctl down --run {name}" in err, err
+            dl.wait(lambda s: s["status"] == "up" and s["syncer"]["alive"], 90, "the run started on its own")
