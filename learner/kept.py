@@ -23,7 +23,7 @@ from typing import Any
 from learner import offload
 from learner.sends import PushItem
 
-MAX_HELLO = 1024  # kept pushes named in a hello (those that carried units; the newest)
+MAX_HELLO = 1024  # kept pushes named in a hello (the newest)
 
 
 @dataclass(frozen=True)
@@ -80,10 +80,9 @@ class KeptPushes:
         return again
 
     def hello(self) -> list[list[Any]]:
-        """[[fragment, seq, [units]], ...] of the kept pushes that named units: a restarted
-        syncer counts the units of those it will get again as not pushed yet."""
-        named = [[e.item.fragment, e.seq, list(e.item.units)] for e in self.entries if e.item.units]
-        return named[-MAX_HELLO:]
+        """[[fragment, seq, [units]], ...] of the kept pushes: a restarted syncer counts the units
+        of those it will get again as not pushed yet, and says how many come again."""
+        return [[e.item.fragment, e.seq, list(e.item.units)] for e in self.entries[-MAX_HELLO:]]
 
 
 def covered_map(value: Any) -> dict[int, int]:

@@ -129,7 +129,7 @@ class SyncerCore(OuterStep):
             self._refuse("manifest", learner, problem, now, out)
             return
         info, fresh = self.fleet.hello(msg.meta, now)
-        again = self.receipts.again(msg.meta.get("kept"), learner, info.incarnation, self.epoch, self.owned)
+        again = self.receipts.again(msg.meta.get("kept"), learner, info.incarnation, self.epoch, self.owned, now, out)
         if refused := self.data.hello(learner, info.incarnation, fresh, msg.meta, now, out, again):
             self._refuse("data_mismatch", learner, refused, now, out)
             return

@@ -6,9 +6,10 @@ for the fragment (pushes of one fragment merge in order). A checkpoint stores th
 the model they describe. Once it is written, the acks tell each learner its receipts (`saved`)
 and the learner lets go of the pushes they cover (learner/kept.py). The welcome of a syncer
 restarted from that checkpoint tells it the same (`covered`): what it sent above them died with
-the old syncer, and it sends it again. Its hello named those of its kept pushes that carried
-work units (`kept`), so the data ledger counts their units as not pushed yet (`again`): they are
-merged when the pushes arrive again, not handed out to be trained again. Pure.
+the old syncer, and it sends it again. Its hello named its kept pushes and their work units
+(`kept`), so the data ledger counts those units as not pushed yet (`again`): they are merged when
+the pushes arrive again, not handed out to be trained again; a `pushes_resent` event says how
+many pushes come again. Pure.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from syncer.datadesk import MAX_IDS, unit_ids
+from syncer.globalmodel import Outbox
 from syncer.rounds import Contribution
 from syncer.wire.protocol import ProtocolError
 
@@ -57,10 +59,13 @@ class PushReceipts:
         inc, seqs = (self.saved if saved else self.merged).get(learner, ("", {}))
         return _pairs(seqs) if inc == incarnation else []
 
-    def again(self, kept: Any, learner: str, incarnation: str, epoch: int, owned: Sequence[int]) -> dict[int, set[int]]:
+    def again(
+        self, kept: Any, learner: str, incarnation: str, epoch: int, owned: Sequence[int], now: float, out: Outbox
+    ) -> dict[int, set[int]]:
         """From a hello's `kept` ({epoch, pushes: [[fragment, seq, [units]], ...]}): unit -> the
         global fragments (`owned`: the local index's) on which this learner sends it again. Only
-        for pushes sent to another syncer epoch, above this state's receipts."""
+        for pushes sent to another syncer epoch, above this state's receipts (an event says how
+        many)."""
         if kept is None:
             return {}
         if not isinstance(kept, dict) or not isinstance(kept.get("pushes"), list) or len(kept["pushes"]) > MAX_IDS:
@@ -68,15 +73,20 @@ class PushReceipts:
         if kept.get("epoch") == epoch:
             return {}
         covered = {pair[0]: pair[1] for pair in self.covered(learner, incarnation)}
-        out: dict[int, set[int]] = {}
+        units: dict[int, set[int]] = {}
+        pushes = 0
         for entry in kept["pushes"]:
             if not isinstance(entry, list) or len(entry) != 3:
                 raise ProtocolError("schema", "hello: each kept push is [fragment, seq, [units]]")
-            (p, seq), units = unit_ids(entry[:2], "hello kept"), unit_ids(entry[2], "hello kept")
+            (p, seq), uids = unit_ids(entry[:2], "hello kept"), unit_ids(entry[2], "hello kept")
             if p < len(owned) and seq > covered.get(p, -1):
-                for uid in units:
-                    out.setdefault(uid, set()).add(owned[p])
-        return out
+                pushes += 1
+                for uid in uids:
+                    units.setdefault(uid, set()).add(owned[p])
+        if pushes:
+            why = "merged after the checkpoint this syncer restarted from, or lost with the syncer that died"
+            out.event(now, "pushes_resent", learner, f"{pushes} pushes sent again ({why})")
+        return units
 
 
 def _pairs(seqs: dict[int, int]) -> list[list[int]]:

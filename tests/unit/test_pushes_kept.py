@@ -18,6 +18,7 @@ from learner.link import Identity, LinkCore, LinkOutbox
 from learner.sends import PushItem, push_message
 from syncer import checkpoint
 from syncer.core import SyncerCore
+from syncer.globalmodel import Outbox
 from syncer.receipts import PushReceipts
 from syncer.wire import fragments
 from syncer.wire.protocol import Message, encode
@@ -58,9 +59,11 @@ def test_receipts_follow_merges_and_name_the_units_a_learner_sends_again() -> No
     r.written(saved)
     assert r.covered("a", "i1") == [[0, 7]] and r.covered("a", "i1", saved=True) == [[0, 4]]
     assert r.covered("a", "i2") == [], "another incarnation's receipts are not this one's"
-    kept = {"epoch": 1, "pushes": [[0, 4, [1]], [0, 8, [2]], [1, 5, [2, 3]]]}
-    assert r.again(kept, "a", "i1", epoch=2, owned=(0, 1)) == {2: {0, 1}, 3: {1}}
-    assert r.again(kept, "a", "i1", epoch=1, owned=(0, 1)) == {}, "sent to this very syncer"
+    kept = {"epoch": 1, "pushes": [[0, 4, [1]], [0, 8, [2]], [1, 5, [2, 3]], [1, 6, []]]}
+    out = Outbox()
+    assert r.again(kept, "a", "i1", 2, (0, 1), 9.0, out) == {2: {0, 1}, 3: {1}}
+    assert [(e["kind"], e["detail"][:22]) for e in out.events] == [("pushes_resent", "3 pushes sent again (m")]
+    assert r.again(kept, "a", "i1", 1, (0, 1), 9.0, out) == {}, "sent to this very syncer"
     restored = PushReceipts()
     restored.load_state_dict(saved)
     assert restored.covered("a", "i1", saved=True) == [[0, 4]]
@@ -142,6 +145,7 @@ def test_a_restarted_syncer_gets_again_what_it_lost_and_no_unit_is_trained_twice
         snap = ledger.snapshot()
         assert (snap["lost"], snap["merged"], snap["partial"]) == (0, 3, 0), "0, 1 and 2 merged everywhere"
         assert h.core.receipts.covered("b", "inc-b")  # the pushes sent again were merged
+        assert [e["target"] for e in wire.events if e["kind"] == "pushes_resent"] == ["b"]
     else:  # without the store: unit 1's merge died with the syncer, so it goes out again
         assert requeued and 1 in ledger.requeue and ledger.snapshot()["partial"] == 1  # 2: its fragment 0 lost
 
