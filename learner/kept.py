@@ -5,7 +5,7 @@ since, the rounds still open, and what the learners sent into its socket before 
 was gone. So each push's wire bytes are kept here, with its sequence number and the work units
 it named. The syncer's acks say, per fragment, up to which sequence number its newest written
 checkpoint holds this learner's pushes (`saved`): those go. The welcome of a syncer restarted
-from a checkpoint says the same of that checkpoint (`resend`): what is above it goes again, in
+from a checkpoint says the same of that checkpoint (`covered`): what is above it goes again, in
 order, as a stale push from the base it was taken on. So the work of a learner that stayed up is
 not lost with the syncer, and no unit it trained is handed out again (docs/algorithm.md, "Sent
 again after a syncer restart").

@@ -58,6 +58,15 @@ def write_config(
     return local_config(directory, settings, entries, run_id)
 
 
+def user_module(directory: Path, name: str, source: str) -> Path:
+    """A user's model code, `name`.py, in DIRECTORY/usercode; returns that folder (a test puts it
+    on PYTHONPATH for the processes that may import it)."""
+    code = directory / "usercode"
+    code.mkdir(exist_ok=True)
+    (code / f"{name}.py").write_text(source)
+    return code
+
+
 class LocalRun:
     """Processes of one test run; always call close() (use as a context manager)."""
 

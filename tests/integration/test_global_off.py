@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from syncer.common import modelexport, unscored
-from tests.localrun import LocalRun, write_config
+from tests.localrun import LocalRun, user_module, write_config
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -34,9 +34,7 @@ def factory(ctx):
 def test_a_syncer_that_cannot_build_the_model_says_why_everywhere(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    code = tmp_path / "usercode"
-    code.mkdir()
-    (code / "learner_only_model.py").write_text(FACTORY)
+    code = user_module(tmp_path, "learner_only_model", FACTORY)
     config = write_config(tmp_path, [{}], run={"model": "learner_only_model:factory", "global_eval_every": 2})
     with LocalRun(tmp_path, config) as lr:
         lr.start_syncer()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.localrun import LocalRun, write_config
+from tests.localrun import LocalRun, user_module, write_config
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -38,9 +38,7 @@ def factory(ctx):
 def test_a_learner_whose_loss_turns_nan_reloads_and_keeps_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    code = tmp_path / "usercode"
-    code.mkdir()
-    (code / "nan_model.py").write_text(FACTORY)
+    code = user_module(tmp_path, "nan_model", FACTORY)
     run = {"model": "nan_model:factory", "eval_every": 1, "global_eval_every": 0}
     config = write_config(tmp_path, [{}], run=run)
     with LocalRun(tmp_path, config) as lr:
