@@ -5,6 +5,7 @@ nor kills the learner; and `control.json`, the chaos controls it reads (`Control
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import torch
 
+from learner import corrupt
 from learner.logline import log
 from syncer.common.atomic import atomic_file, atomic_write
 from syncer.common.smallmath import ema
@@ -49,8 +51,9 @@ def save_replica(snapshot: Any, path: Path) -> None:
 
 
 class Controls:
-    """Chaos hooks from `control.json` (dldctl chaos slow / partition), re-read only when the
-    file's mtime changes: `partition_until` and `slow_until` are wall-clock deadlines."""
+    """Chaos hooks from `control.json` (dldctl chaos slow / partition / corrupt), re-read only
+    when the file's mtime changes: `partition_until`, `slow_until` and `corrupt_until` are
+    wall-clock deadlines. A value of the wrong type reads as the control being off."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -66,14 +69,26 @@ class Controls:
             self.mtime = mtime
             self.values = read_json(self.path)
 
+    def _number(self, key: str, default: float) -> float:
+        value = self.values.get(key, default)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
     def partitioned(self) -> bool:
-        return time.time() < float(self.values.get("partition_until", 0))
+        return time.time() < self._number("partition_until", 0)
 
     def slow_factor(self) -> float:
         """> 1 while a slow-down is in force: the learner stretches each step by it."""
-        if time.time() < float(self.values.get("slow_until", 0)):
-            return max(1.0, float(self.values.get("slow_factor", 1.0)))
+        if time.time() < self._number("slow_until", 0):
+            return max(1.0, self._number("slow_factor", 1.0))
         return 1.0
+
+    def corruption(self) -> tuple[str, float, float] | None:
+        """(mode, factor, until) while `dldctl chaos corrupt` is in force (learner/corrupt.py), else None."""
+        until, mode = self._number("corrupt_until", 0), self.values.get("corrupt_mode")
+        if time.time() >= until or not isinstance(mode, str) or mode not in corrupt.MODES:
+            return None
+        factor = self._number("corrupt_factor", 0.0)
+        return mode, factor if 0 < factor < math.inf else corrupt.default_factor(mode), until
 
 
 class Slowdown:

@@ -13,7 +13,9 @@ Counters (steps, tokens, time) run over the same span as the delta.
 
 Applying a global fragment: overwrite (alpha = 0, ALGORITHM.md's default) drops the work done
 between the push and the reply; `rebase` keeps it, local := global + (local - mark), so that
-work is sent with the next push instead of lost (no step is lost, none is sent twice).
+work is sent with the next push instead of lost (no step is lost, none is sent twice). A reload
+(a learner whose values turned non-finite: learner/health.py) overwrites whatever the settings:
+rebasing or mixing would keep a NaN of the local weights.
 """
 
 from __future__ import annotations
@@ -92,18 +94,26 @@ class OuterState:
 
     @torch.no_grad()
     def apply(
-        self, p: int, version: int, value: torch.Tensor, params: Mapping[str, torch.Tensor], epoch: int = 0
+        self,
+        p: int,
+        version: int,
+        value: torch.Tensor,
+        params: Mapping[str, torch.Tensor],
+        epoch: int = 0,
+        overwrite: bool = False,
     ) -> None:
-        """Take a global fragment: overwrite (alpha = 0), mix, or rebase; it becomes the new mark.
+        """Take a global fragment: overwrite (alpha = 0, or `overwrite`: a reload), mix, or rebase;
+        it becomes the new mark.
 
         Overwrite drops the local work since the last push (the price of the overlap); rebase
         keeps it on top of the global value and keeps its counters, so the next push carries it."""
-        if self.rebase:
+        rebase = self.rebase and not overwrite
+        if rebase:
             local = self.plan.gather(p, params)
             local.sub_(self.mark[p].to(local.device)).add_(value.to(local.device))
             self.plan.scatter(p, local, params)
             self.mark[p] = value.to(local.device, copy=True)
-        elif self.alpha == 0.0:
+        elif self.alpha == 0.0 or overwrite:
             self.plan.scatter(p, value, params)
             self.mark[p] = value.clone()
         else:
@@ -113,7 +123,7 @@ class OuterState:
             self.mark[p] = mixed
         self.base_version[p] = version
         self.base_epoch[p] = epoch
-        if not self.rebase:  # rebase keeps the work since the push, and its counters
+        if not rebase:  # rebase keeps the work since the push, and its counters
             self.counters[p].reset()
         self.awaiting[p] = False
 

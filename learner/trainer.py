@@ -6,16 +6,17 @@ Reads straight through, nanoGPT style:
             initial one if this is the run's first learner), start from it
     step    forward, backward, clip, AdamW; count tokens and time per fragment; (throttle)
     sync    apply the global fragments that answer our pushes (rebase, overwrite or mix; max_lag:
-            wait for one that late); push each fragment due; a non-finite loss reloads them all
+            wait for one that late); push each fragment due; a non-finite loss, gradient or
+            outer gradient reloads them all (learner/health.py)
     report  eval loss every eval_every steps; progress to the syncer with every heartbeat
-Chaos hooks: `control.json` in the work dir can slow this learner or cut its link to the syncer.
+Chaos hooks: `control.json` in the work dir can slow this learner, cut its link to the syncer, or
+corrupt its weights or pushes (learner/health.py, learner/corrupt.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import signal
 import threading
@@ -25,15 +26,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import learner
-from learner import files, initmodel, offload, recipe
+from learner import files, health, initmodel, offload, recipe
 from learner.config import LearnerConfig
 from learner.datafeed import LearnerUnits, restore_loader, save_loader
 from learner.logline import log, shown
 from learner.outer import OuterState
+from learner.progress import Progress
 from learner.schedule import learning_rate
 from learner.sends import PushItem
 from learner.syncerlink import SyncerLink
-from syncer.common.smallmath import ema
 from syncer.wire import fragments
 from workload import Workload, WorkloadContext, build_workload
 
@@ -54,12 +55,6 @@ class Trainer:
         self.device = recipe.resolve_device(cfg.spec.device, island)
         self.step = self.tokens = 0
         self.resumed_at = 0  # the step this incarnation started at (resume)
-        self.loss_ema: float | None = None
-        self.eval_loss: float | None = None
-        self.step_time: float | None = None
-        self.tokens_per_s = 0.0
-        self.blocked_s = self.busy_s = 0.0
-        self.train_started = self.train_ended = 0.0  # monotonic seconds: the training loop
         self.waited: set[int] = set()  # max_lag: fragments whose unanswered push was waited for
         self.controls, self.slowdown = files.Controls(cfg.workdir / "control.json"), files.Slowdown()
         self.wl: Workload | None = None
@@ -68,8 +63,11 @@ class Trainer:
         self._initial: list[torch.Tensor] | None = None
         self._joined: list[torch.Tensor] = []
         self.recipe = recipe.resolve(self.s.precision, self.s.compile, self.s.tf32, self.device)
+        fsdp = island is not None and island.fsdp  # its gradient norm is sharded: read every step
+        self.health = health.Health(self.recipe.fused and not fsdp, island is not None)
+        self.reloaded = False  # this sync reloads the global model (non-finite values)
         self.losses = recipe.LossMeter.for_device(self.device)
-        self.steady = recipe.Steady(self.recipe.warmup_steps, learner.STARTED)
+        self.progress = Progress(recipe.Steady(self.recipe.warmup_steps, learner.STARTED))
         ledger = self.s.data_order == "ledger" and island is None  # an island's ranks train their shards
         self.units = LearnerUnits(cfg.workdir, cfg.spec.id, self.s.fragments, incarnation, ledger)  # its data units
 
@@ -145,6 +143,8 @@ class Trainer:
             if time.monotonic() - last_note > 10:
                 last_note = time.monotonic()
                 log(f"still joining: waiting for the syncer at {', '.join(client.not_ready())}")
+        if not health.wait_quarantine(client, self.stop):
+            return None
         full = [client.latest(p) for p in range(self.plan.count)]
         self._joined = [t for _, t in full]  # what an FSDP island's other ranks start from too
         values = [(v, self.to_local(p, t).to(self.device)) for p, (v, t) in enumerate(full)]
@@ -209,27 +209,28 @@ class Trainer:
         self._joined = []
         self.phase = self.schedule_phase(outer)
         opt = self.optimizer()
-        started = self.train_started = time.monotonic()
+        started = self.progress.train_started = time.monotonic()
         stop = False
         while not stop:
             self._train_step(opt, outer)
             t0 = time.perf_counter()
-            stop = self._budget_spent(started) or client.fatal is not None
+            stop = self._budget_spent(started) or client.fatal is not None or client.restart is not None
             if not stop:
                 self._bound_lag(client, outer)
             applies = self._collect(client, opt)
             due = self._due(client, outer) if not stop else []
             if self.island is not None:  # every rank applies, and moves its marks for, the same fragments
                 stop, applies, due = self.island.share(stop, applies, self.plan.sizes(), due)
+            reload = self.reloaded and self.island is None  # an island's ranks all apply alike (rebase)
             for p, version, value in applies:
-                outer.apply(p, version, self.to_local(p, value), self.params, client.epoch(p))
+                outer.apply(p, version, self.to_local(p, value), self.params, client.epoch(p), overwrite=reload)
                 self.waited.discard(p)
-            if not stop:
+            if not stop and not reload:  # after a reload no fragment has work to push
                 self._push(client, outer, due)
-            self.blocked_s += time.perf_counter() - t0
+            self.progress.blocked_s += time.perf_counter() - t0
             self._report(client)
         recipe.synchronize(self.device)
-        self.train_ended = time.monotonic()
+        self.progress.train_ended = time.monotonic()
         return self._finish(client, outer)
 
     def _budget_spent(self, started: float) -> bool:
@@ -256,12 +257,12 @@ class Trainer:
         wl = self.workload
         for group in opt.param_groups:
             group["lr"] = self._lr()
+        self.health.before_step(self.outer_plan, self.params, self.step)  # chaos: corrupt --mode nan
         batch = wl.next_batch()
         opt.zero_grad(set_to_none=True)
         loss = self._forward_backward(batch)
-        if self.s.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(wl.model.parameters(), self.s.grad_clip)
-        opt.step()
+        if self.health.step_ok(wl.model.parameters(), self.s.grad_clip, opt):  # clipped; finite
+            opt.step()
         self.losses.add(loss)
         compute = time.perf_counter() - t0
         if (wait := self.slowdown.wait_s(compute, self.cfg.spec.throttle * self.controls.slow_factor())) > 0:
@@ -271,13 +272,10 @@ class Trainer:
         self.step += 1
         self.units.stepped(self.step)
         self.tokens += ntok
-        self.busy_s += dt
         outer.count_step(ntok, dt)
-        self.step_time = ema(self.step_time, dt)
-        self.tokens_per_s = ntok / self.step_time if self.step_time else 0.0
-        if self.step - self.resumed_at == self.steady.warmup_steps:
+        if self.step - self.resumed_at == self.progress.steady.warmup_steps:
             recipe.synchronize(self.device)  # the warm-up's end is when the device is done with it
-        self.steady.stepped(self.step - self.resumed_at, self.tokens, time.monotonic(), self.train_started)
+        self.progress.stepped(ntok, dt, self.step - self.resumed_at, self.tokens)
         if self.losses.due():
             self._read_losses()
 
@@ -303,27 +301,28 @@ class Trainer:
         return loss
 
     def _read_losses(self) -> None:
-        """Fold the losses read since the last time into the EMA; a non-finite one marks divergence."""
-        for value in self.losses.read():
-            finite = self.loss_ema is not None and math.isfinite(self.loss_ema)
-            self.loss_ema = 0.9 * self.loss_ema + 0.1 * value if finite and self.loss_ema is not None else value
-            if not math.isfinite(value):
-                self._diverged = True
+        """Fold the losses read since the last time into the EMA; a non-finite one (or gradient
+        norm kept on the device) marks divergence."""
+        self.health.read_norms()
+        if not self.progress.losses(self.losses.read()):
+            self.health.mark("loss")
 
     # -- sync --------------------------------------------------------------------------------
     def _collect(self, client: SyncerLink, opt: torch.optim.Optimizer) -> list[tuple[int, int, torch.Tensor]]:
         """Global fragments to apply now: replies to our pushes (rounds that merged them), forced
-        resyncs, or all of them after a non-finite loss (local progress is thrown away, the
-        optimizer state reset)."""
+        resyncs, or all of them after a non-finite value (`reloaded`: local progress is thrown
+        away, the optimizer state reset)."""
         replies, forced = client.take_updates()
         wanted = replies | forced
         self.units.receive(*client.take_units())
-        if getattr(self, "_diverged", False):
-            log(f"non-finite loss at step {self.step}; reloading the global model")
+        self.reloaded = self.health.diverged
+        if self.reloaded:
+            if line := self.health.reload_line(self.step):
+                log(line)
             wanted = set(range(self.plan.count))
             opt.state.clear()
             self.losses.read()  # the losses of the weights thrown away: not the reloaded model's
-            self.loss_ema, self._diverged = None, False
+            self.progress.loss_ema = None
         out = []
         for p in sorted(wanted):
             version, value = client.latest(p)
@@ -340,21 +339,26 @@ class Trainer:
         """Hand the due fragments' outer gradients to the sender (synchronous mode: and wait)."""
         for p in due:
             pushed_at = client.versions()[p]
-            self._send_outer(client, outer, p)
-            if not self.s.overlap:
+            if self._send_outer(client, outer, p) and not self.s.overlap:
                 self._wait_for_merge(client, p, pushed_at)
 
-    def _send_outer(self, client: SyncerLink, outer: OuterState, p: int, last: bool = False) -> None:
+    def _send_outer(self, client: SyncerLink, outer: OuterState, p: int, last: bool = False) -> bool:
         """Take fragment p's outer gradient and queue it (encoded on a GPU there: learner/offload.py);
-        `last`: the partial window of a learner stopped by a signal."""
+        `last`: the partial window of a learner stopped by a signal. False: it was non-finite,
+        and is not pushed (the next sync reloads the global model)."""
+        self.health.before_take(self.outer_plan, p, self.params, self.step)  # chaos: corrupt --mode scale
         local, c = outer.take_outer_gradient(p, self.params)
-        delta = self.outer_full(p, local)
-        assert delta is not None, "rank 0 holds the gathered outer gradient"
+        full = self.outer_full(p, local)
+        assert full is not None, "rank 0 holds the gathered outer gradient"
+        delta = self.health.outgoing(p, full, self.step)  # chaos: corrupt's push modes
+        if delta is None:
+            return False
         sent = offload.take(delta, self.s.compression, self.s.block)
-        item = PushItem(p, sent, outer.base_version[p], c.steps, c.tokens, c.time, self.step_time or 0.0)
+        item = PushItem(p, sent, outer.base_version[p], c.steps, c.tokens, c.time, self.progress.step_time or 0.0)
         client.push(dataclasses.replace(item, base_epoch=outer.base_epoch[p], last=last, units=self.units.for_push(p)))
         if p == 0:
             save_loader(self.workload, self.cfg.workdir)
+        return True
 
     def _bound_lag(self, client: SyncerLink, outer: OuterState) -> None:
         """max_lag > 0 (bounded staleness): wait for a reply that is max_lag steps late (steps
@@ -404,26 +408,23 @@ class Trainer:
                     f"island of {self.island.world} ranks "
                     + ("identical" if same else "DIVERGED: ranks hold different parameters")
                 )
-            self.eval_loss = self.evaluate()
+            progress = self.progress
+            progress.eval_loss = self.evaluate()
             log(
-                f"step {self.step} loss {shown(self.loss_ema)} eval {shown(self.eval_loss)} "
-                f"{self.tokens_per_s:.0f} tok/s versions {client.versions()}"
+                f"step {self.step} loss {shown(progress.loss_ema)} eval {shown(progress.eval_loss)} "
+                f"{progress.tokens_per_s:.0f} tok/s versions {client.versions()}"
             )
         self._publish(client)
 
     def _publish(self, client: SyncerLink) -> None:
-        """Progress for the next heartbeat (cheap: called while waiting, too)."""
-        total = self.busy_s + self.blocked_s
+        """Progress for the next heartbeat (cheap: called while waiting, too). A corrupting learner
+        says `running`: a fault that simulates silent corruption does not announce itself."""
         client.set_stats(
             step=self.step,
             tokens=self.tokens,
             state="slow" if self.controls.slow_factor() > 1.0 else "running",
-            tokens_per_s=self.tokens_per_s,
-            step_time=self.step_time or 0.0,
-            blocked_frac=self.blocked_s / total if total else 0.0,
-            loss=_finite(self.loss_ema),
-            eval_loss=_finite(self.eval_loss),
-            data=self.units.published(self.tokens_per_s, client.queued_units),
+            **self.progress.stats(),
+            data=self.units.published(self.progress.tokens_per_s, client.queued_units),
         )
 
     @torch.no_grad()
@@ -438,9 +439,10 @@ class Trainer:
         return sum(losses) / max(1, len(losses))
 
     def _read_control(self, client: SyncerLink) -> None:
-        """Chaos hooks from `control.json`: a partition cuts the link."""
+        """Chaos hooks from `control.json`: a partition cuts the link; a corruption (learner/health.py)."""
         self.controls.read()
         client.set_partitioned(self.controls.partitioned())
+        self.health.control(self.controls.corruption())
 
     def _write_finished(self) -> None:
         """The marker that says the budget is spent (the supervisor does not restart it), with what
@@ -449,26 +451,27 @@ class Trainer:
             "steps": self.step,
             "tokens": self.tokens,
             "device": str(self.device),
-            "train_s": self.train_ended - self.train_started,
-            "busy_s": self.busy_s,
-            "blocked_s": self.blocked_s,
             "precision": self.recipe.precision,
             "compiled": self.recipe.compile,
             "peak_memory_bytes": recipe.peak_memory(self.device),
-            **self.steady.record(self.tokens, self.train_ended),
+            **self.progress.finished(self.tokens),
         }
         files.write_marker(self.cfg.workdir / "finished", json.dumps(record) + "\n")
 
     def _finish(self, client: SyncerLink, outer: OuterState | None) -> int:
         """Send the due fragments, say bye, stop the sender."""
-        if outer is not None and (client.fatal is None or self.layout is not None):  # FSDP: the others gather too
+        if outer is not None and client.restart is None and (client.fatal is None or self.layout is not None):
             for p in range(self.plan.count):  # stopped by a signal: at `down` the syncer keeps these out
                 if outer.counters[p].steps:
                     self._send_outer(client, outer, p, last=self.stop.is_set())
-        client.stop(flush_s=3.0, finished=client.fatal is None and not self.stop.is_set())
+        healthy = client.fatal is None and client.restart is None
+        client.stop(flush_s=3.0, finished=healthy and not self.stop.is_set())
         if outer is not None:
             files.save_replica(client.replica_snapshot(), self.cfg.workdir / "replica.pt")
-        if outer is not None and client.fatal is None and not self.stop.is_set():
+        if client.restart:  # its state is wrong: nothing more is pushed, the supervisor restarts it
+            log(f"{client.restart}; exiting to restart from the global state")
+            return 3
+        if outer is not None and healthy and not self.stop.is_set():
             self._write_finished()  # budget spent: do not restart
         if client.fatal:
             log(f"the syncer refused this learner: {client.fatal}")
@@ -481,11 +484,6 @@ class Trainer:
             )
         log(f"stopped after {self.step} steps, {self.tokens} tokens")
         return 0
-
-
-def _finite(value: float | None) -> float | None:
-    """None for a missing or non-finite number (JSON has no NaN)."""
-    return value if value is not None and math.isfinite(value) else None
 
 
 def install_signal_handlers(trainer: Trainer) -> None:

@@ -4,10 +4,12 @@
     pause      SIGSTOP the group; undo: SIGCONT (a hung straggler)
     slow       the learner sleeps (F-1) x its compute time after each step; undo: factor 1
     partition  the learner closes its socket to the syncer and ignores it; undo: reconnect
+    corrupt    the learner damages its weights or its pushes (dldctl/chaos/corruption.py's modes,
+               done by learner/corrupt.py); undo: it stops
 
-slow and partition go through the learner's `control.json` (written atomically on its host) and
-carry their own expiry time, so they end on time even if nobody is left to undo them; pause is
-undone by the supervisor (or the command that paused, if it is still running).
+slow, partition and corrupt go through the learner's `control.json` (written atomically on its
+host) and carry their own expiry time, so they end on time even if nobody is left to undo them;
+pause is undone by the supervisor (or the command that paused, if it is still running).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dldctl.hosts import Host, ProcRef
 from dldctl.lifecycle.launch import learner_workdir
 from dldctl.lifecycle.provision import HostRuntime
 
-KINDS = ("kill", "pause", "slow", "partition")
+KINDS = ("kill", "pause", "slow", "partition", "corrupt")
 
 
 def control_file(runtime: HostRuntime, lid: str) -> str:
@@ -54,8 +56,9 @@ def apply(
     duration: float,
     factor: float = 1.0,
     sig: int = signal.SIGKILL,
+    mode: str = "",
 ) -> bool:
-    """Inject a fault; False if the target process was not there to receive it."""
+    """Inject a fault (`mode`: corrupt's); False if the target process was not there to receive it."""
     until = time.time() + duration
     if kind == "kill":
         return proc is not None and host.signal(proc, sig, group=True)
@@ -66,6 +69,9 @@ def apply(
         return True
     if kind == "partition":
         write_control(host, runtime, target, {"partition_until": until})
+        return True
+    if kind == "corrupt":
+        write_control(host, runtime, target, {"corrupt_mode": mode, "corrupt_factor": factor, "corrupt_until": until})
         return True
     raise ValueError(f"unknown fault kind {kind!r}")
 
@@ -79,5 +85,8 @@ def undo(kind: str, host: Host, runtime: HostRuntime, target: str, proc: ProcRef
         return True
     if kind == "partition":
         write_control(host, runtime, target, {"partition_until": 0})
+        return True
+    if kind == "corrupt":
+        write_control(host, runtime, target, {"corrupt_until": 0})
         return True
     return False  # kill: the supervisor's restart is the undo

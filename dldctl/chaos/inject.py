@@ -1,4 +1,4 @@
-"""Carrying chaos out on a live run: kill, pause, slow, partition, heal, with the quorum guard.
+"""Carrying chaos out on a live run: kill, pause, slow, partition, corrupt, heal, with the quorum guard.
 
 Every fault with a duration is registered in the run state *before* it is applied, with its
 expiry time, so the supervisor undoes it on time even if this command is interrupted. A kill
@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from dldctl import shards
-from dldctl.chaos import faults, linkcap, links
+from dldctl.chaos import corruption, faults, linkcap, links
 from dldctl.chaos.plan import ACTIONS
 from dldctl.chaos.records import Injection
 from dldctl.errors import ChaosError, DldError, UsageError
@@ -84,8 +84,8 @@ class Chaos:
     # -- the guard ---------------------------------------------------------------------------
     def guard(self, action: str, target: str, force: bool, confirm: Confirm | None) -> None:
         """Refuse (unless forced or confirmed) a fault that drops the live fleet below quorum."""
-        if action == "slow" or shards.shard_of(target) is not None or force:
-            return  # a syncer shard is not a learner: killing it leaves the quorum as it is
+        if action in ("slow", "corrupt") or shards.shard_of(target) is not None or force:
+            return  # slow, corrupt: it keeps training; a syncer shard is not a learner
         after, quorum = quorum_left(collect(self.run), target)
         if after >= quorum:
             return
@@ -148,14 +148,17 @@ class Chaos:
         self.run.event("fault_inject", target, detail)
         return Injection("preempt", target, entry.host, ref.pid, now, hold, now + hold, detail)
 
-    def fault(self, action: str, target: str, duration: float, factor: float = 3.0) -> Injection:
-        """pause / slow / partition for `duration` seconds (undone by the supervisor at expiry)."""
-        if action not in ACTIONS or action == "kill":
+    def fault(self, action: str, target: str, duration: float, factor: float = 3.0, mode: str = "") -> Injection:
+        """pause / slow / partition / corrupt (its `mode`) for `duration` seconds (undone by the
+        supervisor at expiry)."""
+        if action not in ACTIONS or action in ("kill", "link"):
             raise UsageError(f"unknown fault {action!r}")
         if duration <= 0:
             raise UsageError("--duration must be > 0")
         if action == "slow" and factor <= 1.0:
             raise UsageError("--factor must be > 1 (how many times slower)")
+        if action == "corrupt":  # a factor of a mode that takes none (a plan's default) is no factor
+            factor = self.corruption(target, mode, factor if mode in corruption.DEFAULT_FACTOR else None)
         entry, host, runtime = self._target(target, action)
         ref = entry.proc
         if entry.status is not ProcStatus.RUNNING or not ref:
@@ -166,7 +169,8 @@ class Chaos:
         with self.run.update() as edit:  # registered first: the undo survives our death
             edit.state = edit.state.with_fault(record)
         try:
-            ok = faults.apply(action, host, runtime, target, ProcRef(ref.pid, ref.start_ticks), duration, factor)
+            ref_now = ProcRef(ref.pid, ref.start_ticks)
+            ok = faults.apply(action, host, runtime, target, ref_now, duration, factor, mode=mode)
         except DldError as exc:
             self._forget(record.id)
             raise ChaosError(f"could not {action} {target}: {exc.line()}") from exc
@@ -178,16 +182,23 @@ class Chaos:
                 else f"pid {ref.pid} was already gone"
             )
             raise ChaosError(f"{target}: {what}")
-        detail = {
-            "pause": f"SIGSTOP for {duration:g} s",
-            "slow": f"x{factor:g} slower for {duration:g} s",
-            "partition": f"cut off from the syncer for {duration:g} s",
-        }[action]
+        detail = _detail(action, duration, factor, mode)
         self.run.event("fault_inject", target, detail)
-        slowed = factor if action == "slow" else None
-        return Injection(
-            action, target, entry.host, ref.pid, now, duration, record.until, detail, None, slowed, record.id
-        )
+        shown = factor if action == "slow" or mode in corruption.DEFAULT_FACTOR else None
+        hit = (entry.host, ref.pid, now, duration, record.until, detail)
+        return Injection(action, target, *hit, factor=shown, fault_id=record.id, mode=mode or None)
+
+    def corruption(self, target: str, mode: str, factor: float | None) -> float:
+        """The factor a corruption of `target` runs with; UsageError (one line) for a bad mode or
+        factor, or a weight mode on an island (only its rank 0 reads control.json)."""
+        used = corruption.checked(mode, factor)
+        entry = next((e for e in self.run.read_config().learners if e.id == target), None)
+        if entry is not None and entry.nproc > 1 and mode in corruption.WEIGHT_MODES:
+            raise UsageError(
+                f"--mode {mode}: {target} is an island of {entry.nproc} ranks, whose weights must stay the same",
+                hint="corrupt an island's pushes: --mode signflip, noise or bitflip",
+            )
+        return used
 
     # -- link caps (dldctl/chaos/links.py) --------------------------------------------------------
     def link_ends(self, target: str) -> links.Ends:
@@ -282,3 +293,13 @@ class Chaos:
                     self.run.event("fault_undo", name, "kill hold lifted: restarting now")
                     done.append(f"hold {name}")
         return done
+
+
+def _detail(action: str, duration: float, factor: float, mode: str) -> str:
+    """A pause's, slow's, partition's or corruption's `fault_inject` detail (and the command's line)."""
+    return {
+        "pause": f"SIGSTOP for {duration:g} s",
+        "slow": f"x{factor:g} slower for {duration:g} s",
+        "partition": f"cut off from the syncer for {duration:g} s",
+        "corrupt": f"{corruption.describe(mode, factor)} for {duration:g} s" if mode else "",
+    }[action]

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dldctl.chaos import linkcap
+from dldctl.chaos import corruption, linkcap
 from dldctl.units import parse_duration
 
-ACTIONS = ("kill", "pause", "slow", "partition", "link")
+ACTIONS = ("kill", "pause", "slow", "partition", "link", "corrupt")
 SIGNALS = ("KILL", "TERM")
 _CHECK = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(>=|<=|==|!=|>|<)\s*(-?[\d.]+(?:e-?\d+)?|true|false)\s*$")
 _RISING = re.compile(r"^\s*([A-Za-z_][\w.]*)\s+rising\s*$")
@@ -40,10 +40,11 @@ class Fault:
     at: float
     action: str
     target: str
-    duration: float = 0.0  # pause/slow/partition; kill: the time it stays down (down_for)
-    factor: float = 3.0  # slow
+    duration: float = 0.0  # pause/slow/partition/link/corrupt; kill: the time it stays down (down_for)
+    factor: float = 3.0  # slow; corrupt: scale's multiplier, bitflip's count
     signal: str = "KILL"  # kill
     rate: str = "1mbit"  # link: the cap (tc's units)
+    mode: str = ""  # corrupt (dldctl/chaos/corruption.py)
 
     def describe(self) -> str:
         extra = {
@@ -52,8 +53,12 @@ class Fault:
             "slow": f"x{self.factor:g} for {self.duration:g} s",
             "partition": f"for {self.duration:g} s",
             "link": f"{self.rate} for {self.duration:g} s",
+            "corrupt": f"{self._corruption()} for {self.duration:g} s",
         }[self.action]
         return f"t+{self.at:7.1f}s {self.action:<9} {self.target:<10} {extra}"
+
+    def _corruption(self) -> str:
+        return f"{self.mode} x{self.factor:g}" if self.mode in corruption.DEFAULT_FACTOR else self.mode
 
 
 @dataclass(frozen=True)
@@ -132,7 +137,9 @@ def monkey_schedule(
     down_for_s: float = 0.0,
     link_rate: str = "1mbit",
 ) -> list[Fault]:
-    """Faults at exponential gaps (a Poisson process of mean gap `mtbf_s`) over `duration_s`."""
+    """Faults at exponential gaps (a Poisson process of mean gap `mtbf_s`) over `duration_s`; a
+    corrupt fault's mode is drawn from the same generator (only for a corrupt fault: a schedule
+    without one is the same as before corrupt existed)."""
     if mtbf_s <= 0 or duration_s <= 0:
         raise PlanError("mtbf and duration must be > 0")
     if not targets or not actions:
@@ -146,7 +153,12 @@ def monkey_schedule(
         action = rng.choice(list(actions))
         target = rng.choice(list(targets))
         duration = down_for_s if action == "kill" else fault_s
-        out.append(Fault(round(t, 3), action, target, duration, slow_factor, rate=link_rate))
+        if action == "corrupt":
+            mode = rng.choice(corruption.MODES)
+            fault = Fault(round(t, 3), action, target, duration, corruption.factor_of(mode, None), mode=mode)
+        else:
+            fault = Fault(round(t, 3), action, target, duration, slow_factor, rate=link_rate)
+        out.append(fault)
         t += rng.expovariate(1.0 / mtbf_s)
     return out
 
@@ -169,7 +181,7 @@ class Experiment:
 def _fault(entry: Any, i: int) -> Fault:
     if not isinstance(entry, dict):
         raise PlanError(f"[[fault]] #{i + 1} must be a table")
-    known = {"at", "action", "target", "duration", "factor", "signal", "down_for", "rate"}
+    known = {"at", "action", "target", "duration", "factor", "signal", "down_for", "rate", "mode"}
     extra = set(entry) - known
     if extra:
         raise PlanError(f"[[fault]] #{i + 1}: unknown key {sorted(extra)[0]!r} (known: {', '.join(sorted(known))})")
@@ -196,7 +208,35 @@ def _fault(entry: Any, i: int) -> Fault:
             linkcap.parse_rate(rate)
         except linkcap.LinkCapError as exc:
             raise PlanError(f"{where} rate: {exc}") from None
-    return Fault(seconds(entry["at"], f"{where} at"), action, str(entry["target"]), duration, factor, signal, rate)
+    mode = _mode(entry, action, where)
+    if mode:
+        factor = _corrupt_factor(mode, entry.get("factor"), where)
+    at = seconds(entry["at"], f"{where} at")
+    return Fault(at, action, str(entry["target"]), duration, factor, signal, rate, mode)
+
+
+def _mode(entry: dict[str, Any], action: str, where: str) -> str:
+    """A corrupt fault's mode ("" for the other actions, which take none)."""
+    if action != "corrupt":
+        if "mode" in entry:
+            raise PlanError(f"{where} mode: only a corrupt fault has a mode; leave it out of a {action} fault")
+        return ""
+    if "mode" not in entry:
+        raise PlanError(f"{where}: a corrupt fault needs mode = one of {', '.join(corruption.MODES)}")
+    try:
+        corruption.check_mode(str(entry["mode"]))
+    except ValueError as exc:
+        raise PlanError(f"{where} mode: {exc}") from None
+    return str(entry["mode"])
+
+
+def _corrupt_factor(mode: str, given: Any, where: str) -> float:
+    try:
+        return corruption.factor_of(mode, None if given is None else number(given, f"{where} factor"))
+    except ValueError as exc:
+        if isinstance(exc, PlanError):
+            raise
+        raise PlanError(f"{where} factor: {exc}") from None
 
 
 def seconds(value: Any, where: str) -> float:

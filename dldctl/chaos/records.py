@@ -1,7 +1,7 @@
 """What `dldctl chaos ... --json` prints, built from pure data (the shapes: docs/chaos.md#--json).
 
 Every object carries `"schema": "dldctl.chaos/1"` and the run's name. `kill`, `pause`, `slow`,
-`partition` print one `Injection`; `heal` one list of what it undid. `monkey` and `run` print
+`partition`, `corrupt` print one `Injection`; `heal` one list of what it undid. `monkey` and `run` print
 JSON lines as they go: a `"record": "fault"` line per fault of the plan (injected or not), then
 one `"record": "summary"` line (the monkey's counts; an experiment's verdict and its report).
 No I/O and no clock here: the times come in as arguments.
@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from dldctl.chaos import corruption
 from dldctl.chaos.plan import Experiment, Fault, Result
 
 SCHEMA = "dldctl.chaos/1"
@@ -23,7 +24,7 @@ class Injection:
 
     `duration_s`: a kill's hold (the least time it stays down), else how long the fault lasts;
     `until`: when that ends (unix s): a killed target is restarted then at the earliest, a pause,
-    slow or partition is undone then (by the supervisor, or by the learner itself)."""
+    slow, partition or corruption is undone then (by the supervisor, or by the learner itself)."""
 
     action: str
     target: str
@@ -34,16 +35,21 @@ class Injection:
     until: float
     detail: str
     signal: str | None = None  # kill
-    factor: float | None = None  # slow
-    fault_id: str | None = None  # pause, slow, partition, link: its id in state.json's `faults`
+    factor: float | None = None  # slow; corrupt: scale's multiplier, bitflip's count
+    fault_id: str | None = None  # pause, slow, partition, link, corrupt: its id in state.json's `faults`
     rate: str | None = None  # link: the cap
+    mode: str | None = None  # corrupt: nan, scale, signflip, noise or bitflip
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Its fields; `mode` only for a corruption (the other actions' documents are as they were)."""
+        out = asdict(self)
+        if out["mode"] is None:
+            del out["mode"]
+        return out
 
 
 def injected(run: str, injection: Injection) -> dict[str, Any]:
-    """The document of `chaos kill|pause|slow|partition --json`."""
+    """The document of `chaos kill|pause|slow|partition|corrupt --json`."""
     return {"schema": SCHEMA, "run": run, **injection.to_dict()}
 
 
@@ -55,8 +61,9 @@ def planned(fault: Fault) -> dict[str, Any]:
         "target": fault.target,
         "duration_s": fault.duration,
         "signal": fault.signal if fault.action == "kill" else None,
-        "factor": fault.factor if fault.action == "slow" else None,
+        "factor": fault.factor if fault.action == "slow" or fault.mode in corruption.DEFAULT_FACTOR else None,
         "rate": fault.rate if fault.action == "link" else None,
+        **({"mode": fault.mode} if fault.mode else {}),
     }
 
 
@@ -67,7 +74,7 @@ def fault_line(run: str, fault: Fault, injection: Injection | None, error: str |
         body = injection.to_dict()
     else:
         body = {
-            **dict.fromkeys(f.name for f in fields(Injection)),
+            **dict.fromkeys(f.name for f in fields(Injection) if f.name != "mode"),  # planned() has a mode
             **{k: v for k, v in planned(fault).items() if k != "at"},
             "t": now,
         }

@@ -53,6 +53,8 @@ def inject(chaos: Chaos, fault: Fault, *, force: bool) -> Injection:
         return chaos.kill(fault.target, fault.signal, fault.duration or None)
     if fault.action == "link":
         return chaos.link(fault.target, fault.rate, fault.duration)
+    if fault.action == "corrupt":
+        return chaos.fault(fault.action, fault.target, fault.duration, fault.factor, mode=fault.mode)
     return chaos.fault(fault.action, fault.target, fault.duration, fault.factor)
 
 

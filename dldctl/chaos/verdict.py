@@ -19,6 +19,10 @@ DETECT = {
     "pause": ("learner_lost",),
     "partition": ("learner_lost",),
     "slow": (),
+    "link": (),
+    # the syncer refused one of its pushes: malformed or non-finite (reject), or judged out by its
+    # screen (contribution_rejected, then quarantined: syncer/screening.py)
+    "corrupt": ("reject", "contribution_rejected", "quarantined"),
 }
 # recovery = the syncer hears the learner again; a fault too short to be noticed by the syncer
 # (no detection event) counts as back when it is undone
@@ -27,6 +31,8 @@ BACK = {
     "pause": ("learner_back",),
     "partition": ("learner_back",),
     "slow": ("fault_undo",),
+    "link": ("fault_undo",),
+    "corrupt": ("fault_undo",),
 }
 AFTER_S = 30.0
 

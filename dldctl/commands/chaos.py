@@ -1,6 +1,6 @@
 """CLI: `dldctl chaos ...` — break a live run on purpose, safely and reproducibly.
 
-`--json`: `kill`, `pause`, `slow`, `partition` and `heal` print one object; `monkey` and `run`
+`--json`: `kill`, `pause`, `slow`, `partition`, `corrupt` and `heal` print one object; `monkey` and `run`
 print JSON lines, one per fault as it happens, then a summary (shapes: dldctl/chaos/records.py,
 docs/chaos.md). Progress goes to stderr then. The quorum guard asks only on a terminal.
 """
@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from dldctl import rundir, shards
-from dldctl.chaos import records, runner, verdict
+from dldctl.chaos import corruption, records, runner, verdict
 from dldctl.chaos.inject import Chaos, Confirm
 from dldctl.chaos.linkcap import LinkCapError
 from dldctl.chaos.plan import ACTIONS, Experiment, PlanError, monkey_schedule, parse_experiment, seconds
@@ -33,7 +33,8 @@ from dldctl.errors import ChaosError, ConfigError, OperationError, UsageError
 from syncer.common import strictjson
 
 app = typer.Typer(
-    help="Break a live run on purpose: kill, pause, slow, partition, a monkey, experiments.", no_args_is_help=True
+    help="Break a live run on purpose: kill, pause, slow, partition, corrupt, a monkey, experiments.",
+    no_args_is_help=True,
 )
 console = output_console()
 err_console = output_console(stderr=True)  # what a human reads while stdout carries JSON
@@ -199,6 +200,40 @@ def partition(
 
 
 @app.command()
+def corrupt(
+    target: str = typer.Argument(..., help="learner-N"),
+    mode: str = typer.Option(..., "--mode", help=f"How it goes bad: {', '.join(corruption.MODES)} (docs/chaos.md)."),
+    factor: float | None = typer.Option(
+        None,
+        "--factor",
+        help="scale: the weights' multiplier (default 1e6); bitflip: values flipped per push (default 4).",
+    ),
+    duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."),
+    run: str | None = RunOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Make a learner go bad while it keeps running: NaN or scaled weights, or corrupted pushes.
+
+    nan and scale damage its weights; signflip, noise and bitflip only what it pushes (silent data
+    corruption). For testing the syncer's defences; the learner stays in the quorum.
+
+    Example: dldctl chaos corrupt learner-1 --mode signflip --duration 30s
+    """
+    span = _seconds("--duration", duration, positive=True)
+    used = corruption.checked(mode, factor)  # refused before any run is looked for
+    _inject(
+        run,
+        "corrupt",
+        target,
+        True,
+        json_out,
+        lambda chaos: chaos.fault("corrupt", target, span, used, mode),
+        "corrupt",
+        True,
+    )
+
+
+@app.command()
 def link(
     target: str = typer.Argument(..., help="learner-N"),
     rate: str = typer.Option(..., "--rate", help="The cap, in tc's units: 1mbit, 500kbit, 1gbit."),
@@ -289,7 +324,9 @@ def monkey(
         None, "--targets", help="Comma-separated learners and syncer shards (syncer, syncer-N) (default: all learners)."
     ),
     actions: str = typer.Option("kill", "--actions", help=f"Comma-separated, from {','.join(ACTIONS)}."),
-    fault_duration: str = typer.Option("10s", "--fault-duration", help="How long a pause/slow/partition/link lasts."),
+    fault_duration: str = typer.Option(
+        "10s", "--fault-duration", help="How long a pause/slow/partition/link/corrupt lasts (corrupt: a random mode)."
+    ),
     link_rate: str = typer.Option("1mbit", "--link-rate", help="The cap of a link fault, e.g. 1mbit."),
     down_for: str = typer.Option("0", "--down-for", help="How long a killed learner stays down (0: restart delay)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the schedule, inject nothing."),
