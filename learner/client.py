@@ -127,6 +127,17 @@ class SyncerClient(threading.Thread):
             return self._core.fatal
 
     @property
+    def restart(self) -> str | None:
+        """Why this process must restart from the global state (quarantined), or None."""
+        with self._lock:
+            return self._core.restart
+
+    def held_s(self, now: float) -> float:
+        """Seconds of a quarantine left to wait out before training (0: none)."""
+        with self._lock:
+            return max(0.0, self._core.hold_until - now)
+
+    @property
     def resume_step(self) -> int:
         with self._lock:
             return self._core.resume_step

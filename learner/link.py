@@ -129,6 +129,8 @@ class LinkCore:
         self.partitioned = False
         self.ready = False
         self.fatal: str | None = None
+        self.restart: str | None = None  # quarantined by the syncer: this process restarts from the global state
+        self.hold_until = 0.0  # a restarted quarantined learner trains only from then on (the welcome says)
         self.goodbye_confirmed = False
         self.finished = False  # the budget is spent: the bye says so (the syncer keeps it in the average)
         self.resume_step = 0  # where the syncer says this incarnation's step counter starts
@@ -367,6 +369,7 @@ class LinkCore:
             "error": self._on_error,
             "call": self._on_call,
             "units": self._on_units,
+            "quarantine": self._on_quarantine,
             "bye": self._on_bye,
         }.get(msg.kind)
         if handler is None:
@@ -383,6 +386,7 @@ class LinkCore:
         self._backoff = BACKOFF_MIN_S
         self.chunk = max(1024, int(msg["chunk_numel"]))
         self.resume_step = max(0, int(msg["step"]))
+        self.hold_until = self._heard_at + max(0.0, float(msg.get("quarantine_s") or 0.0))
         if again := self.kept.welcome(int(msg["epoch"]), covered_map(msg.get("covered"))):
             self.again += again
             out.events.append(LinkEvent("resend", f"{len(again)} pushes the restarted syncer's checkpoint lacks"))
@@ -473,6 +477,11 @@ class LinkCore:
         elif "hello" in str(msg["reason"]):
             self.phase = Phase.JOINING
             self._hello_at = 0.0  # the syncer restarted and does not know us: hello at once
+
+    def _on_quarantine(self, msg: Message, out: LinkOutbox) -> None:
+        """The syncer's screen shut this learner out (syncer/screening.py): its state is wrong."""
+        self.restart = f"quarantined by the syncer for {float(msg['seconds']):.0f} s: {msg['reason']}"
+        out.events.append(LinkEvent("quarantined", self.restart))
 
     def _on_bye(self, msg: Message, out: LinkOutbox) -> None:
         self.goodbye_confirmed = True  # the receipt: our bye, and every push before it, arrived

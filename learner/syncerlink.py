@@ -87,6 +87,15 @@ class SyncerLink:
         return next((f for c in self.clients if (f := c.fatal) is not None), None)
 
     @property
+    def restart(self) -> str | None:
+        """Why this process must restart from the global state (a shard quarantined it), or None."""
+        return next((r for c in self.clients if (r := c.restart) is not None), None)
+
+    def held_s(self, now: float) -> float:
+        """Seconds of a quarantine left to wait out before training (the longest of the shards')."""
+        return max(c.held_s(now) for c in self.clients)
+
+    @property
     def resume_step(self) -> int:
         return max(c.resume_step for c in self.clients)
 

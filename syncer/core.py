@@ -17,8 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from syncer.clock import RoundClock
 from syncer.common import memfit
 from syncer.common.settings import RunSettings
@@ -29,6 +27,8 @@ from syncer.guard import QualityGuard
 from syncer.outerstep import OuterStep
 from syncer.receipts import PushReceipts
 from syncer.rounds import Contribution, GraceFn, Round, drop_oldest, withdraw
+from syncer.screening import Screen
+from syncer.serving import StateServing
 from syncer.upload import InitUpload
 from syncer.wire import codec, fragments, shards
 from syncer.wire.protocol import Message, ProtocolError, check_fragment_index, check_raw_fragment
@@ -80,12 +80,12 @@ class SyncerCore(OuterStep):
         self.upload = InitUpload()  # the first upload of the global model, while no model exists
         self.receipts = PushReceipts()  # which pushes the state holds: learners keep the rest (learner/kept.py)
         self.unsettled: list[tuple[int, list[Contribution]]] = []  # rounds closed, not yet in the ledger
-        self._crcs: dict[int, int | None] = {}  # None: not computed for this version (`_crc`)
-        self._previous: dict[int, tuple[int, torch.Tensor, int]] = {}
-        self._serving: dict[int, dict[str, float]] = {}  # fragment -> learner -> last chunk of a transfer under way
+        self.serving = StateServing(settings.state_chunk_mb)  # state transfers (joins, rejoins, resyncs)
         self._last_seq: dict[tuple[str, str], int] = {}
         self.membership = Membership()  # learner_lost/back and quorum events
         self._backlogged: set[tuple[str, int]] = set()
+        s = settings
+        self.screen = Screen(s.judge_size, s.judge_agree, s.quarantine_strikes, s.quarantine_s)  # judges contributions
         self.guard = QualityGuard(settings.quality_guard)  # syncer/quality.py scores and rolls back
         self.scored_at: int | None = None  # outer step of the last snapshot scored (None: score at once)
         self.snapshot_tag = 0
@@ -154,6 +154,7 @@ class SyncerCore(OuterStep):
                     "chunk_numel": self.chunk_numel(),
                     "step": info.step,
                     "covered": self.receipts.covered(learner, info.incarnation),  # above: sent again (restarted)
+                    "quarantine_s": self.screen.quarantine.remaining(learner, now),  # wait it out first
                     "shard": self.shard,
                     "shards": self.shards,
                     "owned": list(self.owned or self._owned_of(manifest)),
@@ -236,20 +237,10 @@ class SyncerCore(OuterStep):
 
     # -- state transfer ----------------------------------------------------------------------
     def chunk_numel(self) -> int:
-        return max(1024, int(self.s.state_chunk_mb * (1 << 20)) // 4)
-
-    def _crc(self, p: int) -> int:
-        """crc32 of fragment p's current version, computed once per version when first needed."""
-        assert self.model is not None  # a version is only asked for once the model exists
-        crc = self._crcs.get(p)
-        if crc is None:
-            crc = self._crcs[p] = self.model.crc(p)
-        return crc
+        return self.serving.chunk_numel
 
     def crcs(self) -> list[int | None]:
-        """The crc32 of each fragment's current version where known (never computed here: a
-        status request must not cost a pass over the model); None where not computed."""
-        return [self._crcs.get(p) for p in range(self.model.plan.count)] if self.model else []
+        return self.serving.known(self.model)
 
     def versions(self) -> list[int]:
         return list(self.model.versions) if self.model else []
@@ -258,34 +249,8 @@ class SyncerCore(OuterStep):
         if self.model is None:
             out.send(learner, Message("error", {"reason": "not initialized yet", "fatal": False}))
             return
-        p = check_fragment_index(msg, self.model.plan.count)
-        total = self.model.theta[p].numel()
-        offset = msg["offset"]
-        if not 0 <= offset < total:
-            raise ProtocolError("shape", f"state_req: offset {offset} outside fragment {p}")
-        n = min(self.chunk_numel(), total - offset)
-        fetching = self._serving.setdefault(p, {})
-        if offset + n < total:
-            fetching[learner] = now
-        else:  # its last chunk: the transfer is done (a fetch asks in order; a retry starts it again)
-            fetching.pop(learner, None)
-        version, value, crc = self._version_of(p, msg.get("version"))
-        # zero-copy: a view of a value never written again (GlobalModel.lend, `_keep_previous`)
-        payload = value[offset : offset + n].numpy().data.cast("B")
-        meta = {"fragment": p, "version": version, "offset": offset, "numel": n, "total": total}
-        out.send(learner, Message("state", {**meta, "epoch": self.epoch, "crc": crc}, [payload]))
+        out.send(learner, self.serving.chunk(self.model, learner, msg, now, self.epoch))
         self.counters["state_chunks"] += 1
-
-    def _version_of(self, p: int, wanted: Any) -> tuple[int, torch.Tensor, int]:
-        """The version a fetch asked for, if still kept (the current and the previous one), so a
-        multi-chunk transfer stays consistent while merges go on; else the current one. Either
-        value is lent (never written again): its chunks go out without a copy."""
-        assert self.model is not None
-        current = self.model.versions[p]
-        previous = self._previous.get(p)
-        if isinstance(wanted, int) and wanted != current and previous is not None and previous[0] == wanted:
-            return previous
-        return current, self.model.lend(p), self._crc(p)
 
     # -- contributions -----------------------------------------------------------------------
     def _push(self, learner: str, msg: Message, now: float, out: Outbox) -> None:
@@ -293,6 +258,8 @@ class SyncerCore(OuterStep):
             self.rejected["not_initialized"] += 1
             return
         p = check_fragment_index(msg, self.model.plan.count)
+        if self.screen.refuses(learner, now):
+            return  # quarantined: counted (syncer/screening.py)
         if len(msg.payloads) != 1 or msg["c_steps"] < 1 or msg["c_tokens"] < 0 or msg["c_time"] < 0:
             raise ProtocolError("schema", "push: needs one payload, c_steps >= 1, c_tokens >= 0, c_time >= 0")
         blob = msg.blob()
@@ -356,7 +323,8 @@ class SyncerCore(OuterStep):
         """Advance time: accounting, quorum events, and close every round that is ready."""
         self.settle(now, out)
         self.fleet.tick(now)
-        live = self.fleet.live(now)
+        self.screen.released(now, out)
+        live = self.fleet.live(now) - self.screen.shut_out(now)
         self.membership.events(self.fleet, live, self.s.quorum, now, out)
         self.data.tick(live, now, out)
         if self.model is None:
@@ -436,14 +404,17 @@ class SyncerCore(OuterStep):
         t0 = self.clock()
         p = rnd.fragment
         m = self.model
-        self._keep_previous(p, now)
+        contribs, grams = self._screened(p, sorted(rnd.contributions.values(), key=lambda c: c.learner), now, out)
+        if not contribs:  # every one rejected: no new version; their units missed this fragment
+            self.unsettled.append((p, []))
+            return []
+        self.serving.keep_previous(m, p, now)
         m.writable(p)  # from here on fragment p is written in place: never a value a send may still read
         if self.on_merge is not None:
             self.on_merge(p)
-        contribs = sorted(rnd.contributions.values(), key=lambda c: c.learner)
         carried = self._cap_backlogs(p, contribs, now, out)
-        blob, crc = self._step(p, contribs, now, want_crc=(m.versions[p] + 1) % self.s.checksum_every == 0)
-        self._crcs[p] = crc  # None: computed only if a state transfer needs it (`_crc`)
+        blob, crc = self._step(p, contribs, now, grams, want_crc=(m.versions[p] + 1) % self.s.checksum_every == 0)
+        self.serving.crcs[p] = crc  # None: computed only if a state transfer needs it
         m.versions[p] += 1
         recipients = list(self.fleet.connected(now))
         out.broadcast(
@@ -456,7 +427,7 @@ class SyncerCore(OuterStep):
                     "from_version": m.versions[p] - 1,
                     "epoch": self.epoch,
                     "contributors": [c.learner for c in contribs],
-                    "crc": self._crcs[p],
+                    "crc": crc,
                 },
                 [blob],
             ),
@@ -466,22 +437,8 @@ class SyncerCore(OuterStep):
         self._account(rnd, contribs, weights, now, out, blob_bytes=len(blob) * len(recipients), t0=t0)
         return carried
 
-    def _keep_previous(self, p: int, now: float) -> None:
-        """While a state transfer of p is under way (a chunk served in the last 30 s and its last
-        chunk not yet), keep the version about to be replaced, so the transfer can finish on it
-        (`_version_of`): the value itself, lent, so the merge writes into a copy
-        (`GlobalModel.writable`), one per merge. A finished transfer costs the merges nothing (they
-        copied a fragment for 30 s after every join: a quarter of a gpt2-124m round)."""
-        assert self.model is not None
-        if any(now - t < 30.0 for t in self._serving.get(p, {}).values()):
-            self._previous[p] = (self.model.versions[p], self.model.lend(p), self._crc(p))
-        else:
-            self._previous.pop(p, None)
-
     def drop_caches(self) -> None:
-        """Forget the kept crcs and previous versions (the global model was replaced)."""
-        self._crcs.clear()
-        self._previous.clear()
+        self.serving.clear()
 
     def checkpoint_due(self) -> bool:
         return self.model is not None and self.since_checkpoint >= self.s.checkpoint_every

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from syncer import fused, merge
@@ -24,6 +25,7 @@ from syncer.common.settings import RunSettings
 from syncer.fleet import Ledger
 from syncer.globalmodel import GlobalModel, Outbox
 from syncer.rounds import Contribution, Round, backlog_factor
+from syncer.screening import Screen
 from syncer.wire import codec
 
 PERIOD_SLACK = 0.2  # a contribution of at least 80% of its learner's sync period is a whole one
@@ -45,6 +47,7 @@ class OuterStep:
     recent_rounds: collections.deque[dict[str, Any]]
     _norm_history: collections.defaultdict[int, collections.deque[float]]
     _backlogged: set[tuple[str, int]]
+    screen: Screen
     _share: float = 1.0  # the closing round's share of a sync period (`_fleet_scale`)
 
     def _cap_backlogs(self, p: int, contribs: list[Contribution], now: float, out: Outbox) -> list[Contribution]:
@@ -75,16 +78,47 @@ class OuterStep:
                 carried.append(rest)
         return carried
 
+    def _grams(self, p: int, contribs: list[Contribution]) -> torch.Tensor | None:
+        """(S, M, M) Gram matrices of the learners' outer gradients per segment, in one
+        cache-blocked pass over their wire values (syncer/fused.py; a learner that pushed twice is
+        the sum of its pushes: `_learner_grams`); None where nothing needs them, or where values
+        are too large for an fp32 Gram (the reference path then)."""
+        assert self.model is not None
+        need = (self.s.merge == "rda" and len(contribs) > 1) or self.s.robust_clip > 0 or self.screen.on
+        if not need:
+            return None
+        parts = [q for c in contribs for q in c.parts]
+        grams = fused.gram(parts, self.model.plan.segments(p), self.s.block, self.kernel)
+        if grams is not None and len(parts) > len(contribs):
+            grams = _learner_grams(grams, [i for i, c in enumerate(contribs) for _ in c.parts], len(contribs))
+        return grams
+
+    def _screened(
+        self, p: int, contribs: list[Contribution], now: float, out: Outbox
+    ) -> tuple[list[Contribution], torch.Tensor | None]:
+        """The contributions the screen accepts (syncer/screening.py) and their Gram matrices."""
+        grams = self._grams(p, contribs)
+        if not self.screen.on:
+            return contribs, grams
+        whole = grams.to(torch.float64).sum(0).numpy() if grams is not None else _gram64(contribs)
+        numel = contribs[0].delta.numel
+        backlog, parts = [self._backlog(c) for c in contribs], self._parts(contribs)
+        kept = self.screen.screen(p, contribs, whole, backlog, parts, numel, now, out)
+        if len(kept) == len(contribs) or grams is None:
+            return kept, grams
+        index = [i for i, c in enumerate(contribs) if any(c is k for k in kept)]
+        return kept, grams[:, index][:, :, index]
+
     def _step(
-        self, p: int, contribs: list[Contribution], now: float, want_crc: bool = True
+        self, p: int, contribs: list[Contribution], now: float, grams: torch.Tensor | None, want_crc: bool = True
     ) -> tuple[bytes, int | None]:
         """Merge, Nesterov and publish fragment p in place; returns the update blob and the new
         crc32 (None unless `want_crc`: updates carry it every `checksum_every` versions).
 
-        Cache-blocked (syncer/fused.py): the contributions stay in their wire precision, one pass
-        takes the Gram matrices of their pushes (norms for clipping and RDA; a learner that pushed
-        twice is the sum of its pushes: `_learner_grams`), a second merges, steps and publishes a
-        slice at a time. Values too large for an fp32 Gram take the reference path.
+        Cache-blocked (syncer/fused.py): the contributions stay in their wire precision; `grams`
+        (`_grams`: norms for clipping and RDA) was the first pass, a second merges, steps and
+        publishes a slice at a time. Without them where norms are needed (values too large for
+        an fp32 Gram), the reference path.
         """
         m = self.model
         assert m is not None  # only a round of an initialized model closes (`_close`)
@@ -92,11 +126,8 @@ class OuterStep:
         owner = [i for i, c in enumerate(contribs) for _ in c.parts]  # the learner of each push
         segments = m.plan.segments(p)
         need_norms = (self.s.merge == "rda" and len(contribs) > 1) or self.s.robust_clip > 0
-        grams = fused.gram(parts, segments, self.s.block, self.kernel) if need_norms else None
         if need_norms and grams is None:
             return self._step_reference(p, contribs, now, want_crc)
-        if grams is not None and len(parts) > len(contribs):
-            grams = _learner_grams(grams, owner, len(contribs))
         sqnorms = torch.diagonal(grams, dim1=1, dim2=2).t().tolist() if grams is not None else None
         factors = self._clipped(p, sqnorms, [c.backlog for c in contribs])
         scale, self._share = self._fleet_scale(contribs, now)
@@ -273,8 +304,20 @@ class OuterStep:
                 "quorum": self.s.quorum,
                 "staleness": max(version - 1 - c.base_version for c in contribs),
                 "period_share": round(self._share, 4),
+                "judged": self.screen.last,  # [norm / recent median, mean cosine with the others] (syncer/judge.py)
             }
         )
+
+
+def _gram64(contribs: list[Contribution]) -> np.ndarray:
+    """(M, M) Gram matrix of the outer gradients in float64, for values an fp32 Gram cannot hold
+    (a damaged learner's: weights scaled, an exponent bit flipped)."""
+    values = [c.values().to(torch.float64) for c in contribs]
+    gram = np.empty((len(values), len(values)))
+    for i, u in enumerate(values):
+        for j in range(i, len(values)):
+            gram[i, j] = gram[j, i] = float(torch.dot(u, values[j]))
+    return gram
 
 
 def _learner_grams(grams: torch.Tensor, owner: list[int], count: int) -> torch.Tensor:

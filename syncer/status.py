@@ -95,7 +95,8 @@ def snapshot(core: SyncerCore, now: float) -> dict[str, Any]:
             "rollbacks": core.counters["rollbacks"],
             "off": guard_off(core),  # why no score is judged (None: the guard runs)
         },
-        "learners": _with_replicas(core, fleet.rows(now)),
+        "learners": _quarantined(core, _with_replicas(core, fleet.rows(now)), now),
+        "screen": core.screen.snapshot(now),  # judged, rejected, quarantined (syncer/screening.py)
         "data": core.data.snapshot(),  # the data ledger (None: off, or not this shard's)
         "wire_bytes": wire,
     }
@@ -123,6 +124,14 @@ def _with_replicas(core: SyncerCore, rows: list[dict[str, Any]]) -> list[dict[st
             "identical": sum(1 for p in same if _agree(info.crcs, crcs, p)),
             "crc_mismatches": info.crc_mismatches,
         }
+    return rows
+
+
+def _quarantined(core: SyncerCore, rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """A quarantined learner's state is "quarantined", whatever its process says."""
+    for row in rows:
+        if (left := core.screen.quarantine.remaining(row["id"], now)) > 0:
+            row["state"], row["quarantine_s"] = "quarantined", round(left, 1)
     return rows
 
 

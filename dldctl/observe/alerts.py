@@ -51,6 +51,8 @@ KINDS: dict[str, str] = {
     "checkpoint_failed": "the syncer could not write a checkpoint",
     "checkpoint_corrupt": "the syncer skipped a corrupt checkpoint",
     "quality_guard": "the quality guard flagged the global model (and rolled it back where it could)",
+    "contribution_rejected": "the syncer rejected a learner's contribution (docs/algorithm.md, Judging contributions)",
+    "quarantined": "the syncer quarantined a learner whose contributions keep being rejected",
     "supervisor_lost": "the watchdog found the supervisor dead or hung",
     "supervisor_restart_failed": "the watchdog could not restart the supervisor",
     "watchdog_restart_failed": "the supervisor could not restart the watchdog",
@@ -61,7 +63,7 @@ KINDS: dict[str, str] = {
     "export_failed": "the final model could not be exported",
 }
 DERIVED = ("below_quorum", "crash_loop")
-DEFAULT_ON = ("quorum_lost", "syncer_death", "crash_loop", "host_unreachable", "below_quorum")
+DEFAULT_ON = ("quorum_lost", "syncer_death", "crash_loop", "host_unreachable", "below_quorum", "quarantined")
 DEATHS = ("death", "syncer_death")
 STALE_S = 900.0  # a record older than this when read (a backlog) updates the state but alerts no one
 

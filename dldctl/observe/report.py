@@ -191,7 +191,20 @@ def _honesty_rows(run: RunRecord) -> list[tuple[str, str]]:
     return [
         ("no data (gaps, syncer restarts)", f"{len(spans)} stretch(es), {total:.1f} s" if spans else "none"),
         ("rollbacks", "; ".join(m.label for m in marks) if marks else "none"),
+        ("quarantined learners", quarantine_text(run.events)),
     ]
+
+
+def quarantine_text(events: Sequence[dict]) -> str:
+    """Who the syncer's screen quarantined, how often, and the numbers of the last time."""
+    shut = [e for e in events if e.get("kind") == "quarantined"]
+    if not shut:
+        return "none"
+    last: dict[str, dict] = {}
+    for e in shut:
+        last[str(e.get("target"))] = e
+    counts = {lid: sum(1 for e in shut if str(e.get("target")) == lid) for lid in last}
+    return "; ".join(f"{lid} {counts[lid]}x, last: {str(e.get('detail', ''))[:160]}" for lid, e in sorted(last.items()))
 
 
 LEDGER_EVENTS = ("epoch_done", "units_requeued", "units_partial", "data_mismatch")

@@ -150,7 +150,7 @@ def learner_state(
     if syncer_row is None:  # the syncer is down (or has not heard of it): the process is up
         return "starting" if recently else "running"
     reported = syncer_row.get("state")
-    if reported in ("joining", "running", "slow"):
+    if reported in ("joining", "running", "slow", "quarantined"):
         return reported
     if reported == "unreachable":  # alive but not heard: just (re)started, or cut off
         return "starting" if recently else "partitioned"

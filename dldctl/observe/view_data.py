@@ -30,6 +30,8 @@ STATE_STYLES = {
     "partitioned": "bold magenta",
     "dead": "bold red",
     "refused": "red",
+    "quarantined": "bold red",
+    "corrupt": "bold magenta",
     "restarting": "cyan",
     "queued": "cyan",
     "degraded": "yellow",

@@ -193,6 +193,7 @@ def header_notes(snapshot: dict, now: float, history: History | None = None) -> 
             notes.append((f"{words} {int(rise)} in {WARN_WINDOW_S:.0f}s", "yellow"))
     notes += [(str(w), "bold red") for w in dig(snapshot, "syncer", "warnings") or []]
     notes += [(guard, "bold red")] if (guard := guard_note(snapshot)) else []
+    notes += [(held, "bold red")] if (held := quarantine_note(snapshot)) else []
     notes += [(unscored_note, "yellow")] if (unscored_note := global_off_note(snapshot)) else []
     risks = dig(snapshot, "syncer", "risks") or []
     notes += [(f"{len(risks)} risky setting(s): {str(risks[0]).split(':')[0]}", "yellow")] if risks else []
@@ -380,6 +381,19 @@ def guard_note(snapshot: dict) -> str:
             f"QUALITY GUARD: {guard['trips']} trip(s), {guard.get('rollbacks', 0)} rollback(s); "
             f"last score {fmt_float(last.get('loss'))} ({'good' if last.get('good') else 'FLAGGED'})"
         )
+    )
+
+
+def quarantine_note(snapshot: dict) -> str:
+    """The learners the syncer's screen shuts out now, with why ("" when none)."""
+    rows = [r for r in dicts(dig(snapshot, "screen", "learners")) if r.get("state") == "quarantined"]
+    if not rows:
+        return ""
+    first = rows[0]
+    more = f" (+{len(rows) - 1} more)" if len(rows) > 1 else ""
+    return (
+        f"QUARANTINED: {text_of(first.get('learner'))} for {fmt_duration(num(first.get('remaining_s')) or 0)}{more}: "
+        f"{text_of(first.get('reason'))}"
     )
 
 

@@ -88,6 +88,10 @@ class RunSettings:
     rebase: bool = True  # apply a reply on top of the work done since the push (none lost)
     checksum_every: int = 8  # updates carry the fragment's crc32 every N versions (1 = always)
     robust_clip: float = 10.0  # >0: clip each contribution's norm to this x median (0 = off)
+    judge_size: float = 8.0  # reject a contribution whose norm is this x the fragment's recent median (0 = off)
+    judge_agree: float = 3.0  # reject a mean cosine with the others below this many sigmas of noise's (0 = off)
+    quarantine_strikes: int = 3  # rejections among a learner's last 8 contributions that quarantine it (0 = never)
+    quarantine_s: float = 30.0  # the first quarantine; each next one of the same learner twice as long
     fleet_scale: bool = True  # a round's share of the period's tokens (learner clock); finished learners stay in
     global_eval_every: int = 32  # score the global model every this many outer steps (0 = off)
     quality_guard: float = 0.1  # roll back a score this far above the recent best (0 = off)
@@ -202,6 +206,11 @@ class RunSettings:
             f"must be a relative rise between 0 (off) and 10, got {self.quality_guard}",
         )
         _check(self.robust_clip >= 0, "robust_clip", f"must be >= 0 (0 = off), got {self.robust_clip}")
+        size, strikes = self.judge_size, self.quarantine_strikes
+        _check(size == 0 or size >= 2, "judge_size", f"must be 0 (off) or >= 2, got {size}")
+        _check(0 <= self.judge_agree <= 100, "judge_agree", f"must be 0 (off) to 100 sigmas, got {self.judge_agree}")
+        _check(0 <= strikes <= 8, "quarantine_strikes", f"must be 0 (never) to 8, got {strikes}")
+        _check(self.quarantine_s > 0, "quarantine_s", f"must be > 0 seconds, got {self.quarantine_s}")
         for key in (
             "seq_len",
             "batch_size",

@@ -98,6 +98,7 @@ SCHEMAS: dict[str, tuple[int, dict[str, tuple[type, ...]]]] = {
     "error": (15, {"reason": (str,), "fatal": (bool,)}),
     "call": (16, {"fragment": (int,), "epoch": (int,), "version": (int,)}),  # the round clock: push p now
     "units": (17, {"units": (list,), "drop": (list,)}),  # the data ledger: work units to train, to drop
+    "quarantine": (18, {"seconds": _NUM, "reason": (str,)}),  # the screen shut this learner out (syncer/screening.py)
     # operator <-> syncer (control socket)
     "status_req": (20, {}),
     "status": (21, {"snapshot": (dict,)}),

@@ -308,11 +308,11 @@ def test_a_finished_transfer_keeps_no_previous_version() -> None:
     h.beat_all(2.0)
     h.push("a", 0, h.delta(0, 1), now=2.0)
     h.tick(2.0 + h.core.rounds[0].grace_s + 1.0)
-    assert h.core.model.versions[0] == 1 and 0 not in h.core._previous
+    assert h.core.model.versions[0] == 1 and 0 not in h.core.serving.previous
     h.send("b", Message("state_req", {"fragment": 0, "offset": 0, "version": 1}), 4.0)  # another under way
     h.push("a", 0, h.delta(0, 2), now=4.0)
     h.tick(4.0 + h.core.rounds[0].grace_s + 1.0)
-    assert h.core._previous[0][0] == 1
+    assert h.core.serving.previous[0][0] == 1
 
 
 def test_chunks_of_the_kept_version_are_served_across_several_merges() -> None:

@@ -68,6 +68,7 @@ VALID: dict[str, tuple[dict[str, Any], list[bytes]]] = {
     "error": ({"reason": "no", "fatal": True}, []),
     "call": ({"fragment": 1, "epoch": 2, "version": 7}, []),
     "units": ({"units": [3, 4], "drop": []}, []),
+    "quarantine": ({"seconds": 30.0, "reason": "3 contributions rejected"}, []),
     "status_req": ({}, []),
     "status": ({"snapshot": {"run": "r", "nested": {"a": [1, 2.5, None]}}}, []),
     "control": ({"action": "fleet", "learners": ["learner-0"]}, []),

@@ -1,0 +1,120 @@
+"""Quarantine: a learner whose contributions keep failing the judge is shut out for a while.
+
+Pure (times passed in, no I/O). Each learner's last `WINDOW` judged contributions are kept; when
+`strikes` of them were rejected the learner is quarantined for `base_s` seconds, doubled each
+time it is quarantined again (at most `MAX_S`): its pushes are refused, its process is told to
+restart from the global state, and it waits out the rest. Released, it is on probation: any
+rejections among its next `WINDOW` judged contributions quarantine it again at once (a single
+one may be the noise of a freshly restarted learner). `FORGIVE_S` without a rejection brings its
+level back to 0.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+WINDOW = 8  # judged contributions remembered per learner (and the length of a probation)
+PROBATION_STRIKES = 2  # rejections on probation that quarantine again
+MAX_S = 3600.0
+FORGIVE_S = 1800.0
+
+
+@dataclass
+class Record:
+    """One learner's standing."""
+
+    recent: collections.deque[bool] = field(default_factory=lambda: collections.deque(maxlen=WINDOW))
+    level: int = 0  # quarantines so far (since it was last forgiven)
+    until: float = 0.0  # quarantined before this time
+    probation: int = 0  # judged contributions left on probation
+    last_reject: float = 0.0
+    rejected: int = 0  # every rejection, for status
+    reason: str = ""  # the numbers behind the last quarantine
+
+
+@dataclass
+class Quarantine:
+    strikes: int = 3  # rejections among the last WINDOW that quarantine (0: never)
+    base_s: float = 30.0
+    records: dict[str, Record] = field(default_factory=dict)
+
+    def _of(self, learner: str) -> Record:
+        return self.records.setdefault(learner, Record())
+
+    def remaining(self, learner: str, now: float) -> float:
+        """Seconds of quarantine left (0: not quarantined)."""
+        rec = self.records.get(learner)
+        return max(0.0, rec.until - now) if rec is not None else 0.0
+
+    def suspects(self, now: float) -> set[str]:
+        """Learners with a rejection among their recent contributions (they lose a round of two)."""
+        return {lid for lid, rec in self.records.items() if not all(rec.recent) and now - rec.last_reject < FORGIVE_S}
+
+    def record(self, learner: str, ok: bool, reason: str, now: float) -> float:
+        """A judged contribution of `learner`; the seconds of a quarantine it starts (0: none)."""
+        rec = self._of(learner)
+        if rec.until > now:
+            return 0.0  # quarantined: its pushes are not judged
+        if rec.level and now - rec.last_reject >= FORGIVE_S:
+            rec.level = 0
+        rec.recent.append(ok)
+        on_probation = rec.probation > 0
+        rec.probation = max(0, rec.probation - 1)
+        if ok:
+            return 0.0
+        rec.rejected += 1
+        rec.last_reject = now
+        needed = min(self.strikes, PROBATION_STRIKES) if on_probation else self.strikes
+        if self.strikes <= 0 or list(rec.recent).count(False) < needed:
+            return 0.0
+        seconds = min(MAX_S, self.base_s * 2.0**rec.level)
+        rec.level += 1
+        rec.until = now + seconds
+        rec.probation = WINDOW
+        rec.recent.clear()
+        rec.reason = reason
+        return seconds
+
+    def snapshot(self, now: float) -> list[dict[str, Any]]:
+        """The learners quarantined now, on probation or with rejections, for status."""
+        rows = []
+        for lid, rec in sorted(self.records.items()):
+            if not rec.rejected:
+                continue
+            left = max(0.0, rec.until - now)
+            state = "quarantined" if left > 0 else ("probation" if rec.probation else "admitted")
+            rows.append(
+                {
+                    "learner": lid,
+                    "state": state,
+                    "remaining_s": round(left, 1),
+                    "quarantines": rec.level,
+                    "rejected": rec.rejected,
+                    "reason": rec.reason,
+                }
+            )
+        return rows
+
+    def state_dict(self, now: float) -> dict[str, Any]:
+        """Standing a checkpoint keeps: remaining time, level, probation (times made relative)."""
+        return {
+            lid: {
+                "remaining_s": max(0.0, r.until - now),
+                "level": r.level,
+                "probation": r.probation,
+                "rejected": r.rejected,
+                "reason": r.reason,
+            }
+            for lid, r in self.records.items()
+            if r.rejected
+        }
+
+    def load_state_dict(self, state: dict[str, Any], now: float) -> None:
+        for lid, r in (state or {}).items():
+            rec = self._of(str(lid))
+            rec.until = now + float(r.get("remaining_s", 0.0))
+            rec.level, rec.probation = int(r.get("level", 0)), int(r.get("probation", 0))
+            rec.rejected, rec.reason = int(r.get("rejected", 0)), str(r.get("reason", ""))
+            rec.last_reject = now

@@ -1,0 +1,186 @@
+"""Judging contributions and quarantining learners (syncer/judge.py, syncer/quarantine.py,
+syncer/screening.py), alone and wired into a real SyncerCore."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from syncer import checkpoint
+from syncer.core import SyncerCore
+from syncer.judge import WARMUP, Judge
+from syncer.quarantine import WINDOW, Quarantine
+from tests.unit.coreharness import Harness, events_of, make_settings, rounds_of, sent_of
+
+N = 4096
+
+
+def honest(seed: int, count: int, shared: torch.Tensor, spread: float = 1.0) -> list[torch.Tensor]:
+    """Outer gradients that share a direction (pairwise cosine ~ 1 / (1 + spread^2) = 0.5)."""
+    g = torch.Generator().manual_seed(seed)
+    return [shared + spread * torch.randn(len(shared), generator=g) for _ in range(count)]
+
+
+def gram(vectors: list[torch.Tensor]) -> np.ndarray:
+    v = torch.stack(vectors).double()
+    return (v @ v.t()).numpy()
+
+
+def warm(judge: Judge, shared: torch.Tensor, rounds: int = WARMUP) -> None:
+    for r in range(rounds):
+        verdicts = judge.judge(0, ["a", "b", "c"], gram(honest(100 + r, 3, shared)), [1.0] * 3, set(), N, [True] * 3)
+        assert all(v.ok for v in verdicts)
+
+
+@pytest.mark.parametrize("bad", ["signflip", "noise", "scale", "bitflip"])
+def test_the_judge_rejects_each_kind_of_bad_contribution_and_only_it(bad: str) -> None:
+    shared = torch.randn(N, generator=torch.Generator().manual_seed(0))
+    judge = Judge()
+    warm(judge, shared)
+    a, b, c = honest(7, 3, shared)
+    if bad == "signflip":
+        c = -c
+    elif bad == "noise":
+        c = torch.randn(N, generator=torch.Generator().manual_seed(9)) * c.norm() / N**0.5
+    elif bad == "scale":
+        c = c * 1e3
+    else:  # one exponent bit: a value 2^64 times larger
+        c = c.clone()
+        c[5] *= 2.0**64
+    verdicts = judge.judge(0, ["a", "b", "c"], gram([a, b, c]), [1.0] * 3, set(), N, [True] * 3)
+    assert [v.ok for v in verdicts] == [True, True, False]
+    assert verdicts[2].reason == ("size" if bad in ("scale", "bitflip") else "direction")
+    assert verdicts[2].describe(judge.typical(0), judge.bound(0, N))  # the numbers that condemned it
+
+
+def test_honest_contributions_of_every_size_the_fleet_makes_are_accepted() -> None:
+    """A slow learner's half period, a backlog capped to 2 periods, a fresh joiner's few steps."""
+    shared = torch.randn(N, generator=torch.Generator().manual_seed(0))
+    judge = Judge()
+    warm(judge, shared)
+    a, b, c, d = honest(11, 4, shared)
+    verdicts = judge.judge(
+        0, list("abcd"), gram([a, 0.5 * b, 4.0 * c, 0.05 * d]), [1.0, 1.0, 0.5, 1.0], set(), N, [True] * 4
+    )
+    assert all(v.ok for v in verdicts), verdicts
+
+
+def test_a_round_of_two_rejects_only_a_learner_with_recent_rejections() -> None:
+    shared = torch.randn(N, generator=torch.Generator().manual_seed(0))
+    judge = Judge()
+    warm(judge, shared)
+    a, b = honest(13, 2, shared)
+    assert all(v.ok for v in judge.judge(0, ["a", "b"], gram([a, -b]), [1.0, 1.0], set(), N, [True] * 2))  # cannot tell
+    verdicts = judge.judge(0, ["a", "b"], gram([a, -b]), [1.0, 1.0], {"b"}, N, [True] * 2)
+    assert [v.ok for v in verdicts] == [True, False]
+
+
+def test_no_direction_test_where_honest_learners_do_not_agree() -> None:
+    """Independent directions (typical cosine ~0): the test says nothing, nothing is rejected."""
+    judge = Judge()
+    g = torch.Generator().manual_seed(3)
+    for _ in range(WARMUP + 4):
+        vectors = [torch.randn(N, generator=g) for _ in range(3)]
+        assert all(v.ok for v in judge.judge(0, ["a", "b", "c"], gram(vectors), [1.0] * 3, set(), N, [True] * 3))
+    assert judge.bound(0, N) is None
+
+
+def test_quarantine_after_strikes_doubles_and_probation_is_strict() -> None:
+    q = Quarantine(strikes=3, base_s=30.0)
+    assert q.record("x", False, "r1", 0.0) == 0.0
+    assert q.record("x", True, "", 1.0) == 0.0
+    assert q.record("x", False, "r2", 2.0) == 0.0
+    assert q.record("x", False, "r3", 3.0) == 30.0
+    assert q.remaining("x", 10.0) == pytest.approx(23.0)
+    assert q.snapshot(10.0)[0]["state"] == "quarantined"
+    assert q.remaining("x", 33.0) == 0.0 and q.snapshot(33.0)[0]["state"] == "probation"
+    assert q.record("x", False, "noise?", 40.0) == 0.0  # one rejection on probation may be a restart's noise
+    assert q.record("x", False, "again", 41.0) == 60.0  # two are enough
+    for t in range(WINDOW):  # released, a whole probation clean
+        assert q.record("x", True, "", 200.0 + t) == 0.0
+    assert q.snapshot(300.0)[0]["state"] == "admitted"
+    restored = Quarantine(3, 30.0)
+    restored.load_state_dict(q.state_dict(50.0), 1000.0)
+    assert restored.records["x"].level == 2
+
+
+# -- wired into the core -----------------------------------------------------------------------
+
+
+def push_round(h: Harness, p: int, vectors: dict[str, torch.Tensor], now: float) -> list:
+    for lid, v in vectors.items():
+        h.push(lid, p, v, now=now)
+    return [h.tick(now)]
+
+
+def test_a_learner_pushing_flipped_signs_is_rejected_quarantined_refused_and_readmitted() -> None:
+    h = Harness(make_settings(quorum=2, compression="none", quarantine_s=30.0, max_queue=1024))
+    h.join_all()
+    shared = torch.randn(h.plan.numel(0), generator=torch.Generator().manual_seed(0)) * 1e-3
+    now = 2.0
+    for r in range(WARMUP + 1):  # a learner's first contribution to a fragment is judged by size only
+        a, b, c = honest(r, 3, shared, spread=1e-3)
+        h.beat_all(now)
+        push_round(h, 0, {"a": a, "b": b, "c": c}, now)
+        now += 1.0
+    outs = []
+    for r in range(3):  # c goes bad: three rejections quarantine it
+        a, b, c = honest(50 + r, 3, shared, spread=1e-3)
+        h.beat_all(now)
+        outs.append(h.push("c", 0, -c, now=now))
+        outs += push_round(h, 0, {"a": a, "b": b}, now)
+        now += 1.0
+    rounds = [m for o in outs for m in rounds_of(o)]
+    assert [sorted(m["contributors"]) for m in rounds] == [["a", "b"]] * 3
+    assert all(m["judged"]["c"][1] < 0 for m in rounds)
+    events = [e for o in outs for e in o.events]
+    assert [e["kind"] for e in events if e["target"] == "c"] == ["contribution_rejected", "quarantined"]
+    assert [m.meta["reason"] for o in outs for to, m in sent_of(o, "resync") if to == ["c"]]
+    assert [m.meta["seconds"] for o in outs for to, m in sent_of(o, "quarantine") if to == ["c"]] == [30.0]
+    before = h.core.model.versions[0]
+    h.beat_all(now)
+    h.push("c", 0, honest(99, 1, shared, 1e-3)[0], now=now)  # refused while quarantined
+    assert h.core.screen.counters["refused_pushes"] == 1 and not h.core.rounds.get(0)
+    assert "c" not in h.core.fleet.live(now) - h.core.screen.shut_out(now)
+    welcome = sent_of(h.hello("c", now), "welcome")[0][1]
+    assert 0 < welcome.meta["quarantine_s"] <= 30.0
+    state = checkpoint.state_dict(h.core, now)
+    later = now + 31.0
+    h.beat_all(later)
+    assert [e["kind"] for e in events_of(h.tick(later), "probation")] == ["probation"]
+    a, b, c = honest(77, 3, shared, spread=1e-3)
+    out = push_round(h, 0, {"a": a, "b": b, "c": c}, later)[0]
+    assert sorted(rounds_of(out)[0]["contributors"]) == ["a", "b", "c"] and h.core.model.versions[0] == before + 1
+    fresh = SyncerCore(h.s, h.core.run_id, ["a", "b", "c"], now=now)
+    checkpoint.restore(fresh, state, now)
+    assert fresh.screen.quarantine.remaining("c", now) > 0 and fresh.screen.judge.typical(0) is not None
+
+
+def test_a_round_whose_every_contribution_is_rejected_publishes_nothing() -> None:
+    h = Harness(make_settings(quorum=1, compression="none", max_queue=1024), declared=("a",))
+    h.join_all(("a",))
+    shared = torch.randn(h.plan.numel(0), generator=torch.Generator().manual_seed(0)) * 1e-3
+    for r in range(WARMUP + 1):  # a learner's first contribution to a fragment is judged by size only
+        h.beat_all(2.0 + r)
+        push_round(h, 0, {"a": honest(r, 1, shared, 1e-3)[0]}, 2.0 + r)
+    version, theta = h.core.model.versions[0], h.core.model.theta[0].clone()
+    out = push_round(h, 0, {"a": shared * 1e4}, 10.0)[0]
+    assert not rounds_of(out) and h.core.model.versions[0] == version
+    assert torch.equal(h.core.model.theta[0], theta)
+    assert h.core.screen.counters["rejected_size"] == 1
+
+
+def test_a_joiners_first_steps_are_not_judged_by_direction_nor_judge_the_others() -> None:
+    """A contribution of a step or two is mostly one minibatch's noise (cosine ~0 with the others,
+    measured on a real fleet): it is judged by size only, and left out of the others' agreement."""
+    shared = torch.randn(N, generator=torch.Generator().manual_seed(0))
+    judge = Judge()
+    warm(judge, shared)
+    a, b = honest(17, 2, shared)
+    first = torch.randn(N, generator=torch.Generator().manual_seed(5)) * 0.1
+    whole = [True, True, False]
+    verdicts = judge.judge(0, ["a", "b", "c"], gram([a, b, first]), [1.0] * 3, set(), N, whole)
+    assert all(v.ok for v in verdicts) and verdicts[2].agree is None
+    verdicts = judge.judge(0, ["a", "b", "c"], gram([a, b, first]), [1.0] * 3, set(), N, [True] * 3)
+    assert not verdicts[2].ok  # the same values, claimed as a whole period, are noise
