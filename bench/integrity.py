@@ -31,7 +31,10 @@ supervisor kill -9; every checkpoint corrupt (then a syncer kill, with `on_no_ch
 "from-learner"`; with the default "refuse" the syncer waits for the operator by design); a
 sharded syncer (`[syncer] shards = 2`) without a fault, and with shard 1 killed -9, both judged
 against the same unsharded clean run (a sharded run's scores are shard 0's, of the model of both
-shards' newest checkpoints: syncer/shardscore.py).
+shards' newest checkpoints: syncer/shardscore.py); a learner gone bad (`bad_*`, bench/badlearner.py:
+its own columns and targets, against one more run, the fleet without that learner); and
+`monkey_hetero`, the false positives: 2 learners at full and 2 at half speed under the chaos monkey
+for 10 minutes [5], judged by quarantines alone (target: none).
 
     .venv/bin/python bench/integrity.py --quick                       # ~40 min on 2 cores
     .venv/bin/python bench/integrity.py                               # every class, full durations, ~75 min
@@ -56,7 +59,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common
+from bench import badlearner, common
 from bench.fleet import BenchRun, Plan, diloco_run, local_host, read_jsonl, run_diloco
 from dldctl.rundir import RunDir
 from dldctl.runstate import RunState
@@ -132,6 +135,11 @@ def corrupt_checkpoints(fleet: BenchRun, stop: threading.Event, _seconds: float)
     return f"{len(files)} checkpoint files overwritten, then the syncer killed"
 
 
+def monkey(fleet: BenchRun, stop: threading.Event, seconds: float) -> str:
+    res = fleet.monkey(20.0, seconds, 1, "kill,pause,slow,partition", stop)
+    return f"chaos monkey, a fault every 20 s for {seconds:g} s: {res['injected']} injected"
+
+
 def faults(quick: bool) -> dict[str, tuple[Fault, float, dict[str, Any]]]:
     """name -> (fault, its duration in seconds, extra [run] settings)."""
     q = lambda full, short: short if quick else full
@@ -160,6 +168,8 @@ def faults(quick: bool) -> dict[str, tuple[Fault, float, dict[str, Any]]]:
         "sharded": (lambda f, s, d: "no fault: [syncer] shards = 2", 0.0, {SYNCER: {"shards": 2}}),
         "shard_kill": (lambda f, s, d: _dl(f, "chaos", "kill", "syncer-1"), 0.0, {SYNCER: {"shards": 2}}),
     }
+    out.update(badlearner.classes(_dl, 60.0))
+    out["monkey_hetero"] = (monkey, q(600, 300), {})
     if not quick:
         out["syncer_down_600"] = (lambda f, s, d: _dl(f, "chaos", "kill", "syncer", "--down-for", f"{d:g}s"), 600.0, {})
     return out
@@ -223,11 +233,17 @@ def plan_for(name: str, fault: Fault | None, seconds: float, extra: dict[str, An
 
     extra = dict(extra)
     syncer = extra.pop(SYNCER, None)
+    hosts = [local_host("here", LEARNERS)]
+    if name == "monkey_hetero":  # 2 at full speed, 2 at half
+        hosts = [local_host("fast", 2), local_host("slow", 2, throttle=2.0)]
+    elif name == "without":  # the fleet without its bad learner
+        hosts = [local_host("here", LEARNERS - 1)]
+    learners = sum(h["learners"] for h in hosts)
     return Plan(
         f"i-{name}",
         {**base_run(), **extra},
-        [local_host("here", LEARNERS)],
-        LEARNERS,
+        hosts,
+        learners,
         duration_s=at + seconds + settle,
         chaos=chaos if fault is not None else None,
         inspect=_scores,
@@ -240,9 +256,13 @@ def plan_for(name: str, fault: Fault | None, seconds: float, extra: dict[str, An
 def _scores(fleet: BenchRun) -> dict[str, Any]:
     assert fleet.run_dir is not None
     metrics = read_jsonl(fleet.run_dir / "metrics.jsonl")
+    samples = [m for m in metrics if m.get("kind") == "sample"]
+    kinds = ("quarantined", "contribution_rejected", "probation")
     return {
         "scores": [m for m in metrics if m.get("kind") == "global_eval"],
-        "quorum": [(m["t"], m.get("quorum_live")) for m in metrics if m.get("kind") == "sample"],
+        "quorum": [(m["t"], m.get("quorum_live")) for m in samples],
+        "events": [e for e in read_jsonl(fleet.run_dir / "events.jsonl") if e.get("kind") in kinds],
+        "learner_loss": [(m["t"], {k: v.get("loss") for k, v in m.get("learners", {}).items()}) for m in samples],
     }
 
 
@@ -326,6 +346,31 @@ def row(name: str, res: dict[str, Any], cleans: list[dict[str, Any]]) -> dict[st
     return out
 
 
+def judged(name: str, res: dict[str, Any], runs: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """`row`, and for a bad learner its own columns and targets (the bad learner may be out at
+    the end by design); the monkey's false positives by quarantines alone."""
+    if name == "monkey_hetero":
+        events = (res.get("inspect") or {}).get("events", [])
+        quarantines = sum(1 for e in events if e["kind"] == "quarantined")
+        rejected = sum(1 for e in events if e["kind"] == "contribution_rejected")
+        return {
+            "fault": name,
+            "quarantines": quarantines,
+            "learners with a rejection": rejected,
+            "met": not quarantines,
+        }
+    out = row(name, res, references(name, runs))
+    if name.startswith("bad_"):
+        out.update(badlearner.columns(name, res, seconds, runs.get("without")))
+        out["met"] = bool(
+            out["bad met"]
+            and out["final vs clean"] is not None
+            and out["final vs clean"] <= TARGET_FINAL
+            and (out["worst vs before"] is None or out["worst vs before"] <= TARGET_WORST)
+        )
+    return out
+
+
 CLEAN_MARGIN = 0.3  # the clean run trains this much longer than the longest faulted one
 
 
@@ -359,11 +404,13 @@ def main(argv: list[str] | None = None) -> int:
     clean_plan = plan_for("clean", None, longest, {}, at, clean_settle(at, longest, settle))
     clean = saved["clean"] if saved else run_diloco(clean_plan)
     runs: dict[str, Any] = {"clean": clean}
+    if any(n.startswith("bad_") for n in chosen):  # the rate a bad learner's fleet is judged against
+        runs["without"] = saved["without"] if saved else run_diloco(plan_for("without", None, 60.0, {}, at, settle))
     rows = []
     for name in chosen if not saved else [n for n in chosen if n in saved]:
         fault, seconds, extra = table[name]
         runs[name] = saved[name] if saved else run_diloco(plan_for(name, fault, seconds, extra, at, settle))
-        rows.append(row(name, runs[name], references(name, runs)))
+        rows.append(judged(name, runs[name], runs, seconds))
         print(f"{name}: {rows[-1]}", flush=True)
     common.print_table(
         f"The global model under faults: {LEARNERS} learners, gpt-tiny, H=16, fault at {at:g} s, "
