@@ -66,7 +66,7 @@ def columns(name: str, res: dict[str, Any], seconds: float, without: dict[str, A
     events = inspect.get("events", [])
     mine = [e for e in events if e["kind"] == "quarantined" and e["target"] == BAD and e["t"] >= t_fault]
     first = mine[0] if mine else None
-    rejected = re.search(r"(\d+) contributions rejected", first["detail"]) if first else None
+    rejected = re.search(r"(\d+) of its contributions rejected", first["detail"]) if first else None
     out: dict[str, Any] = {
         "quarantined s": None if first is None else round(first["t"] - t_fault, 1),
         "rejected first": int(rejected.group(1)) if rejected else None,

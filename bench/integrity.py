@@ -34,7 +34,7 @@ against the same unsharded clean run (a sharded run's scores are shard 0's, of t
 shards' newest checkpoints: syncer/shardscore.py); a learner gone bad (`bad_*`, bench/badlearner.py:
 its own columns and targets, against one more run, the fleet without that learner); and
 `monkey_hetero`, the false positives: 2 learners at full and 2 at half speed under the chaos monkey
-for 10 minutes [5], judged by quarantines alone (target: none).
+for 10 minutes, judged by quarantines alone (target: none).
 
     .venv/bin/python bench/integrity.py --quick                       # ~40 min on 2 cores
     .venv/bin/python bench/integrity.py                               # every class, full durations, ~75 min
@@ -169,7 +169,7 @@ def faults(quick: bool) -> dict[str, tuple[Fault, float, dict[str, Any]]]:
         "shard_kill": (lambda f, s, d: _dl(f, "chaos", "kill", "syncer-1"), 0.0, {SYNCER: {"shards": 2}}),
     }
     out.update(badlearner.classes(_dl, 60.0))
-    out["monkey_hetero"] = (monkey, q(600, 300), {})
+    out["monkey_hetero"] = (monkey, 600.0, {})  # the issue's 10 minutes, quick or not
     if not quick:
         out["syncer_down_600"] = (lambda f, s, d: _dl(f, "chaos", "kill", "syncer", "--down-for", f"{d:g}s"), 600.0, {})
     return out
@@ -356,7 +356,7 @@ def judged(name: str, res: dict[str, Any], runs: dict[str, Any], seconds: float)
         return {
             "fault": name,
             "quarantines": quarantines,
-            "learners with a rejection": rejected,
+            "rejection events": rejected,
             "met": not quarantines,
         }
     out = row(name, res, references(name, runs))
@@ -400,10 +400,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown fault class(es) {', '.join(unknown)}; known: {', '.join(table)}", file=sys.stderr)
         return 2
     saved = json.loads(args.rescore.read_text())["runs"] if args.rescore else None
-    longest = max(table[f][1] for f in chosen)
+    longest = max((table[f][1] for f in chosen if f != "monkey_hetero"), default=0.0)
     clean_plan = plan_for("clean", None, longest, {}, at, clean_settle(at, longest, settle))
-    clean = saved["clean"] if saved else run_diloco(clean_plan)
-    runs: dict[str, Any] = {"clean": clean}
+    runs: dict[str, Any] = {}
+    if any(n != "monkey_hetero" for n in chosen):  # the monkey's false positives need no clean run
+        runs["clean"] = saved["clean"] if saved else run_diloco(clean_plan)
     if any(n.startswith("bad_") for n in chosen):  # the rate a bad learner's fleet is judged against
         runs["without"] = saved["without"] if saved else run_diloco(plan_for("without", None, 60.0, {}, at, settle))
     rows = []

@@ -6,22 +6,24 @@ matrix G[m, n] = <v_m, v_n> of the round's outer gradients (syncer/fused.py), so
 free:
 
 - **size**: ||v_m|| (times its backlog factor) against the median of the fragment's recent
-  accepted norms. An honest outer gradient is a few inner steps' progress; a damaged model
-  (weights scaled, an exponent bit flipped) pushes its whole weights' worth: orders of magnitude
-  more. Rejected above `size` times the median.
-- **direction**: each contribution's mean cosine with the others of its round. Learners that
-  start from the same global model and train on the same distribution move the same way (on
-  gpt-tiny, 4 learners under the chaos monkey: median 0.14, 1% quantile 0.06, lowest 0.02 in
-  779 rounds); a flipped sign points against the others, and noise is orthogonal to them: the
-  cosine of a random direction in n dimensions is about N(0, 1/n). The least agreeing
-  contribution is rejected when its mean cosine is below `agree` / sqrt(n) (`agree` standard
-  deviations of a random direction's: 0.017 on a 30k-value fragment at the default 3): it is no
-  more aligned with the others than noise would be, or points against them. The rest are then
-  judged again, so one bad contribution does not drag the honest ones' scores down with it. A
-  round of two cannot say which of its two is wrong: the one with recent rejections is, else
-  neither. Only contributions of at least half their learner's sync period are judged (and
-  judged against) by direction: a joiner's first step or two is mostly one minibatch's noise
-  (cosine ~0 with the others, measured), and small.
+  regular accepted norms. An honest outer gradient is a few inner steps' progress; a damaged
+  model (weights scaled, an exponent bit flipped) pushes its whole weights' worth: orders of
+  magnitude more. Rejected above `size` times the median.
+- **direction**: each regular contribution's mean cosine with the round's other regular ones
+  (`whole`: a fresh, whole sync period that is not a learner process's first, syncer/screening.py).
+  Learners that start from the same global model and train on the same distribution move the
+  same way; a flipped sign points against the others, and noise is orthogonal to them: the
+  cosine of a random direction in n dimensions is about N(0, 1/n). `bound` = `agree` / sqrt(n)
+  (`agree` standard deviations of a random direction's: 0.017 on a 30k-value fragment at the
+  default 3). The least agreeing contribution is rejected when its mean cosine is below
+  -max(bound, `AGAINST` x the typical cosine): it points against the others beyond what noise
+  does (an embedding fragment's honest cosines, over the few rows a batch touches, spread
+  wider than 1/sqrt(n): down to -0.038 measured), and the rest are judged again, so one bad
+  contribution does not drag the honest ones' scores down with it. One inside +-bound is as
+  aligned as noise: an honest one is, now and then (1 in 700 on a heterogeneous fleet under
+  the chaos monkey), so it is merged, and the learner's record decides (its median cosine over
+  its last contributions, syncer/quarantine.py). A round of two cannot say which of its two
+  is wrong: the one with recent rejections is, else neither.
 
 A fragment judges direction only once `WARMUP` accepted rounds show a typical cosine (their
 median) of at least twice that bound and `MIN_SIGNAL`: where honest learners do not agree
@@ -42,6 +44,7 @@ import numpy as np
 HISTORY = 32  # accepted norms and round cosines kept per fragment
 WARMUP = 4  # accepted rounds of 2+ before a fragment's typical cosine counts
 MIN_SIGNAL = 0.02  # a typical cosine below this says nothing about direction
+AGAINST = 0.5  # rejected alone: a mean cosine below -max(bound, this x the typical one)
 
 
 @dataclass
@@ -51,8 +54,15 @@ class Verdict:
     learner: str
     ok: bool
     size: float | None  # norm / the fragment's recent median (None: nothing to compare yet)
-    agree: float | None  # mean cosine with the round's others (None: alone)
+    agree: float | None  # mean cosine with the round's others (None: alone, or not judged by direction)
     reason: str = ""  # why it was rejected: "size" or "direction"
+    bound: float | None = None  # the noise bound its cosine was judged against (None: no direction test)
+
+    @property
+    def signal(self) -> float | None:
+        """Its cosine in units of the noise bound (< 1: no more aligned than noise), for the
+        learner's record (syncer/quarantine.py)."""
+        return None if self.agree is None or not self.bound else self.agree / self.bound
 
     def describe(self, typical: float | None, bound: float | None) -> str:
         """One line with the numbers that condemned it."""
@@ -66,7 +76,7 @@ class Verdict:
 class Judge:
     """The thresholds (0 turns a test off) and each fragment's recent history."""
 
-    size: float = 8.0
+    size: float = 16.0
     agree: float = 3.0
     norms: collections.defaultdict[int, collections.deque[float]] = field(
         default_factory=lambda: collections.defaultdict(lambda: collections.deque(maxlen=HISTORY))
@@ -107,10 +117,14 @@ class Judge:
         for v in verdicts:
             if self.size > 0 and v.size is not None and not (v.size <= self.size):  # NaN fails too
                 v.ok, v.reason = False, "size"
-        self._directions(verdicts, gram, suspects, self.bound(p, numel), whole)
-        kept = [i for i, v in enumerate(verdicts) if v.ok]
-        self.norms[p].extend(float(norms[i]) for i in kept)
-        if len(full := [i for i in kept if whole[i]]) >= 2:
+        bound = self.bound(p, numel)
+        floor = None if bound is None else -max(bound, AGAINST * (self.typical(p) or 0.0))
+        self._directions(verdicts, gram, suspects, floor, whole)
+        for v in verdicts:
+            v.bound = bound if v.agree is not None else None
+        full = [i for i, v in enumerate(verdicts) if v.ok and whole[i]]
+        self.norms[p].extend(float(norms[i]) for i in full)  # the reference: regular contributions only
+        if len(full) >= 2:
             self.cosines[p].append(_mean_offdiag(_cosines(gram[np.ix_(full, full)])))
         return verdicts
 
@@ -128,9 +142,11 @@ class Judge:
         return [float(n) / reference for n in norms]
 
     def _directions(
-        self, verdicts: list[Verdict], gram: np.ndarray, suspects: set[str], bound: float | None, whole: Sequence[bool]
+        self, verdicts: list[Verdict], gram: np.ndarray, suspects: set[str], floor: float | None, whole: Sequence[bool]
     ) -> None:
-        """Reject the least agreeing whole contribution while its mean cosine is below `bound`."""
+        """Reject the least agreeing whole contribution while its mean cosine is below `floor`:
+        it points against the others beyond what noise does. (One about as aligned as noise is
+        not rejected alone: honest ones are, now and then; the learner's record judges that.)"""
         while True:
             alive = [i for i, v in enumerate(verdicts) if v.ok and whole[i]]
             if len(alive) < 2:
@@ -139,10 +155,10 @@ class Judge:
             means = (cos.sum(axis=1) - np.diag(cos)) / (len(alive) - 1)
             for i, a in zip(alive, means):
                 verdicts[i].agree = float(a)
-            if bound is None:
+            if floor is None:
                 return
             worst = int(np.argmin(means))
-            if not means[worst] < bound:
+            if not means[worst] < floor:
                 return
             if len(alive) == 2:
                 named = [i for i in alive if verdicts[i].learner in suspects]

@@ -103,7 +103,8 @@ class OuterStep:
         whole = grams.to(torch.float64).sum(0).numpy() if grams is not None else _gram64(contribs)
         numel = contribs[0].delta.numel
         backlog, parts = [self._backlog(c) for c in contribs], self._parts(contribs)
-        kept = self.screen.screen(p, contribs, whole, backlog, parts, numel, now, out)
+        version = self.model.versions[p] if self.model is not None else 0
+        kept = self.screen.screen(p, contribs, whole, backlog, parts, (numel, version), now, out)
         if len(kept) == len(contribs) or grams is None:
             return kept, grams
         index = [i for i, c in enumerate(contribs) if any(c is k for k in kept)]
@@ -304,7 +305,7 @@ class OuterStep:
                 "quorum": self.s.quorum,
                 "staleness": max(version - 1 - c.base_version for c in contribs),
                 "period_share": round(self._share, 4),
-                "judged": self.screen.last,  # [norm / recent median, mean cosine with the others] (syncer/judge.py)
+                "judged": self.screen.last,  # [norm / median, mean cosine with the others, regular] (syncer/judge.py)
             }
         )
 

@@ -1,7 +1,9 @@
 """Quarantine: a learner whose contributions keep failing the judge is shut out for a while.
 
 Pure (times passed in, no I/O). Each learner's last `WINDOW` judged contributions are kept; when
-`strikes` of them were rejected the learner is quarantined for `base_s` seconds, doubled each
+`strikes` of them were rejected, or the median cosine of its last `WINDOW` regular contributions
+with the others is inside the noise bound (`SIGNAL_MIN` of them at least: it sends noise, however
+large), the learner is quarantined for `base_s` seconds, doubled each
 time it is quarantined again (at most `MAX_S`): its pushes are refused, its process is told to
 restart from the global state, and it waits out the rest. Released, it is on probation: any
 rejections among its next `WINDOW` judged contributions quarantine it again at once (a single
@@ -12,11 +14,13 @@ level back to 0.
 from __future__ import annotations
 
 import collections
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 WINDOW = 8  # judged contributions remembered per learner (and the length of a probation)
 PROBATION_STRIKES = 2  # rejections on probation that quarantine again
+SIGNAL_MIN = 6  # regular contributions before a learner's median cosine is judged
 MAX_S = 3600.0
 FORGIVE_S = 1800.0
 
@@ -26,6 +30,7 @@ class Record:
     """One learner's standing."""
 
     recent: collections.deque[bool] = field(default_factory=lambda: collections.deque(maxlen=WINDOW))
+    signals: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=WINDOW))
     level: int = 0  # quarantines so far (since it was last forgiven)
     until: float = 0.0  # quarantined before this time
     probation: int = 0  # judged contributions left on probation
@@ -52,28 +57,42 @@ class Quarantine:
         """Learners with a rejection among their recent contributions (they lose a round of two)."""
         return {lid for lid, rec in self.records.items() if not all(rec.recent) and now - rec.last_reject < FORGIVE_S}
 
-    def record(self, learner: str, ok: bool, reason: str, now: float) -> float:
-        """A judged contribution of `learner`; the seconds of a quarantine it starts (0: none)."""
+    def record(self, learner: str, ok: bool, reason: str, now: float, signal: float | None = None) -> float:
+        """A judged contribution of `learner` (`signal`: its cosine with the others over the noise
+        bound, when judged by direction); the seconds of a quarantine it starts (0: none)."""
         rec = self._of(learner)
         if rec.until > now:
             return 0.0  # quarantined: its pushes are not judged
         if rec.level and now - rec.last_reject >= FORGIVE_S:
             rec.level = 0
         rec.recent.append(ok)
+        if signal is not None:
+            rec.signals.append(signal)
         on_probation = rec.probation > 0
         rec.probation = max(0, rec.probation - 1)
-        if ok:
+        if self.strikes > 0 and len(rec.signals) >= SIGNAL_MIN and (median := statistics.median(rec.signals)) < 1:
+            reason = (
+                f"its median cosine with the others over its last {len(rec.signals)} is {median:.2f}x the noise bound"
+            )
+        elif ok:
             return 0.0
-        rec.rejected += 1
-        rec.last_reject = now
-        needed = min(self.strikes, PROBATION_STRIKES) if on_probation else self.strikes
-        if self.strikes <= 0 or list(rec.recent).count(False) < needed:
-            return 0.0
+        else:
+            rec.rejected += 1
+            rec.last_reject = now
+            needed = min(self.strikes, PROBATION_STRIKES) if on_probation else self.strikes
+            if self.strikes <= 0 or list(rec.recent).count(False) < needed:
+                return 0.0
+        return self._shut(rec, reason, now)
+
+    def _shut(self, rec: Record, reason: str, now: float) -> float:
+        """Quarantine `rec`'s learner: the seconds it lasts."""
         seconds = min(MAX_S, self.base_s * 2.0**rec.level)
         rec.level += 1
         rec.until = now + seconds
         rec.probation = WINDOW
         rec.recent.clear()
+        rec.signals.clear()
+        rec.last_reject = now
         rec.reason = reason
         return seconds
 
@@ -81,7 +100,7 @@ class Quarantine:
         """The learners quarantined now, on probation or with rejections, for status."""
         rows = []
         for lid, rec in sorted(self.records.items()):
-            if not rec.rejected:
+            if not rec.rejected and not rec.level:
                 continue
             left = max(0.0, rec.until - now)
             state = "quarantined" if left > 0 else ("probation" if rec.probation else "admitted")
@@ -108,7 +127,7 @@ class Quarantine:
                 "reason": r.reason,
             }
             for lid, r in self.records.items()
-            if r.rejected
+            if r.rejected or r.level
         }
 
     def load_state_dict(self, state: dict[str, Any], now: float) -> None:

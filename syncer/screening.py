@@ -26,6 +26,7 @@ from syncer.rounds import Contribution
 from syncer.wire.protocol import Message
 
 WHOLE = 0.5  # a contribution of at least this share of its learner's sync period is judged by direction
+STALE = 1  # ... from a base at most this many versions old
 
 
 class Screen:
@@ -34,7 +35,7 @@ class Screen:
         self.quarantine = Quarantine(strikes, base_s)
         self.counters: collections.Counter[str] = collections.Counter()
         self._said: set[str] = set()  # learners whose first rejection since their last quarantine was an event
-        self.last: dict[str, list[float | None]] = {}  # the last round's [size, agreement] per learner (its metric)
+        self.last: dict[str, list[float | None]] = {}  # the last round's [size, agreement, regular] per learner
         self.pushed: dict[str, tuple[str, set[int]]] = {}  # learner -> (incarnation, fragments it contributed to)
 
     @property
@@ -48,12 +49,14 @@ class Screen:
         gram: np.ndarray,
         backlog: Sequence[float],
         parts: Sequence[float],
-        numel: int,
+        shape: tuple[int, int],
         now: float,
         out: Outbox,
     ) -> list[Contribution]:
         """The contributions the judge accepts; the rejected ones counted, told and recorded. A
-        learner quarantined since it pushed is left out unjudged (what it pushed came before)."""
+        learner quarantined since it pushed is left out unjudged (what it pushed came before).
+        `shape`: the fragment's values and current version."""
+        numel, version = shape
         shut = self.shut_out(now)
         if shut & {c.learner for c in contribs}:
             index = [i for i, c in enumerate(contribs) if c.learner not in shut]
@@ -61,9 +64,9 @@ class Screen:
             contribs, gram = [contribs[i] for i in index], gram[np.ix_(index, index)]
             backlog, parts = [backlog[i] for i in index], [parts[i] for i in index]
         learners, suspects = [c.learner for c in contribs], self.quarantine.suspects(now)
-        whole = [part >= WHOLE and self._before(c, p) for c, part in zip(contribs, parts)]
+        whole = [self._regular(c, p, part, b, version) for c, part, b in zip(contribs, parts, backlog)]
         verdicts = self.judge.judge(p, learners, gram, backlog, suspects, numel, whole)
-        self.last = {v.learner: [_rounded(v.size), _rounded(v.agree)] for v in verdicts}
+        self.last = {v.learner: [_rounded(v.size), _rounded(v.agree), int(w)] for v, w in zip(verdicts, whole)}
         kept = []
         for c, v in zip(contribs, verdicts):
             if v.ok:
@@ -71,9 +74,18 @@ class Screen:
             else:
                 self._rejected(p, c, v, numel, now, out)
             self.counters["judged"] += 1
-            if seconds := self.quarantine.record(c.learner, v.ok, self._why(p, v, numel), now):
+            if seconds := self.quarantine.record(c.learner, v.ok, self._why(p, v, numel), now, v.signal):
                 self._quarantined(c.learner, seconds, now, out)
         return kept
+
+    def _regular(self, c: Contribution, p: int, part: float, backlog: float, version: int) -> bool:
+        """Whether c is judged by direction: at least half a sync period, at most max_backlog of
+        them, fresh (its base at most one version old), pushed (not the carried rest of a backlog),
+        and not its learner process's first on p. The others are mostly noise, or point where the
+        model was, not where it is (measured: a partitioned or paused learner's contributions,
+        the rest carried after them, a joiner's first; docs/algorithm.md)."""
+        fresh = version - c.base_version <= STALE and c.seq >= 0
+        return self._before(c, p) and part >= WHOLE and backlog >= 1.0 and fresh
 
     def _before(self, c: Contribution, p: int) -> bool:
         """Whether c's learner incarnation contributed to fragment p before (its first one after a
@@ -105,12 +117,12 @@ class Screen:
         rec = self.quarantine.records[learner]
         self.counters["quarantines"] += 1
         self._said.discard(learner)
+        reason = f"{rec.reason}; {rec.rejected} of its contributions rejected so far"
         detail = (
-            f"{seconds:.0f} s (quarantine {rec.level}): {rec.rejected} contributions rejected so far, "
-            f"last {rec.reason}; its pushes are refused, it restarts from the global state, then probation"
+            f"{seconds:.0f} s (quarantine {rec.level}): {reason}; its pushes are refused, "
+            "it restarts from the global state, then probation"
         )
         out.event(now, "quarantined", learner, detail)
-        reason = f"{rec.rejected} contributions rejected, last {rec.reason}"
         out.send(learner, Message("quarantine", {"seconds": seconds, "reason": reason[:300]}))
 
     def refuses(self, learner: str, now: float) -> bool:

@@ -190,7 +190,10 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     )
     snap["supervisor"] = supervisor_status(run, state, now)
     snap["faults"] = [f.to_json() for f in state.faults if not f.undone]
-    snap["spares"] = sorted(state.spares)  # hosts with a warm spare ready
+    # hosts with a warm spare ready (a crashed run's died with it, or wait for a supervisor that is gone)
+    snap["spares"] = [] if snap["status"] == "crashed" else sorted(state.spares)
+    for row in snap["learners"] if snap["status"] == "crashed" else []:
+        row["state"] = "dead" if row.get("state") == "restarting" else row.get("state")  # nobody restarts it
     snap["shards"] = shard_rows  # one per syncer shard (dldctl/observe/shardrows.py); one row unsharded
     snap["events"] = jsonl.tail(run.events, EVENTS)
     return snap

@@ -88,7 +88,7 @@ class RunSettings:
     rebase: bool = True  # apply a reply on top of the work done since the push (none lost)
     checksum_every: int = 8  # updates carry the fragment's crc32 every N versions (1 = always)
     robust_clip: float = 10.0  # >0: clip each contribution's norm to this x median (0 = off)
-    judge_size: float = 8.0  # reject a contribution whose norm is this x the fragment's recent median (0 = off)
+    judge_size: float = 16.0  # reject a contribution whose norm is this x the fragment's recent median (0 = off)
     judge_agree: float = 3.0  # reject a mean cosine with the others below this many sigmas of noise's (0 = off)
     quarantine_strikes: int = 3  # rejections among a learner's last 8 contributions that quarantine it (0 = never)
     quarantine_s: float = 30.0  # the first quarantine; each next one of the same learner twice as long

@@ -30,6 +30,7 @@ def test_a_run_that_lost_every_process_is_crashed_everywhere_and_resumes(tmp_pat
 
         snap = dl.status()
         assert snap["status"] == "crashed", snap["status"]
+        assert snap["spares"] == [] and {r["state"] for r in snap["learners"]} == {"dead"}, snap
         rows = json.loads(dl("runs", "--json").stdout)["runs"]
         assert [r["state"] for r in rows if r["name"] == name] == ["crashed"]
         assert resume in dl("status", "--once").stdout

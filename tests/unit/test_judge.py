@@ -10,8 +10,8 @@ import torch
 from syncer import checkpoint
 from syncer.core import SyncerCore
 from syncer.judge import WARMUP, Judge
-from syncer.quarantine import WINDOW, Quarantine
-from tests.unit.coreharness import Harness, events_of, make_settings, rounds_of, sent_of
+from syncer.quarantine import SIGNAL_MIN, WINDOW, Quarantine
+from tests.unit.coreharness import Harness, events_of, make_settings, rounds_of, sent_of, tensor_manifest
 
 N = 4096
 
@@ -49,6 +49,10 @@ def test_the_judge_rejects_each_kind_of_bad_contribution_and_only_it(bad: str) -
         c = c.clone()
         c[5] *= 2.0**64
     verdicts = judge.judge(0, ["a", "b", "c"], gram([a, b, c]), [1.0] * 3, set(), N, [True] * 3)
+    if bad == "noise":  # as aligned as noise, as an honest one now and then: the learner's record judges it
+        assert all(v.ok for v in verdicts) and verdicts[2].signal is not None and abs(verdicts[2].signal) < 1
+        assert all(v.signal is not None and v.signal > 1 for v in verdicts[:2])
+        return
     assert [v.ok for v in verdicts] == [True, True, False]
     assert verdicts[2].reason == ("size" if bad in ("scale", "bitflip") else "direction")
     assert verdicts[2].describe(judge.typical(0), judge.bound(0, N))  # the numbers that condemned it
@@ -100,6 +104,11 @@ def test_quarantine_after_strikes_doubles_and_probation_is_strict() -> None:
     for t in range(WINDOW):  # released, a whole probation clean
         assert q.record("x", True, "", 200.0 + t) == 0.0
     assert q.snapshot(300.0)[0]["state"] == "admitted"
+    for t in range(SIGNAL_MIN):  # noise, however large: its median cosine inside the noise bound
+        seconds = q.record("y", True, "", 500.0 + t, signal=0.3 if t % 2 else -0.2)
+    assert seconds == 30.0 and "median cosine" in q.records["y"].reason
+    for t in range(SIGNAL_MIN * 3):  # an honest learner: one as aligned as noise now and then
+        assert q.record("z", True, "", 600.0 + t, signal=0.5 if t % 7 == 0 else 6.0) == 0.0
     restored = Quarantine(3, 30.0)
     restored.load_state_dict(q.state_dict(50.0), 1000.0)
     assert restored.records["x"].level == 2
@@ -183,4 +192,26 @@ def test_a_joiners_first_steps_are_not_judged_by_direction_nor_judge_the_others(
     verdicts = judge.judge(0, ["a", "b", "c"], gram([a, b, first]), [1.0] * 3, set(), N, whole)
     assert all(v.ok for v in verdicts) and verdicts[2].agree is None
     verdicts = judge.judge(0, ["a", "b", "c"], gram([a, b, first]), [1.0] * 3, set(), N, [True] * 3)
-    assert not verdicts[2].ok  # the same values, claimed as a whole period, are noise
+    assert verdicts[2].signal is not None and verdicts[2].signal < 1  # claimed as a whole period: noise
+
+
+def test_a_learner_sending_noise_is_merged_at_first_then_quarantined_by_its_record() -> None:
+    """On gpt-tiny's fragments (a noise bound of 3 / sqrt(n) well below the honest cosine)."""
+    h = Harness(make_settings(quorum=2, compression="none", max_queue=1024), manifest=tensor_manifest())
+    h.join_all()
+    shared = torch.randn(h.plan.numel(0), generator=torch.Generator().manual_seed(0)) * 1e-3
+    now, quarantined_at = 2.0, None
+    for r in range(WARMUP + 1 + 2 * SIGNAL_MIN):
+        a, b, c = honest(r, 3, shared, spread=1e-3)
+        if r > WARMUP:  # c goes bad: noise of its own norm
+            c = torch.randn(len(c), generator=torch.Generator().manual_seed(1000 + r)) * c.norm() / len(c) ** 0.5
+        h.beat_all(now)
+        outs = push_round(h, 0, {"a": a, "b": b, "c": c}, now)
+        if quarantined_at is None and [e for e in events_of(outs[0], "quarantined") if e["target"] == "c"]:
+            quarantined_at = r - WARMUP
+        now += 1.0
+    assert quarantined_at is not None and quarantined_at <= SIGNAL_MIN + 1, quarantined_at
+    assert "median cosine" in h.core.screen.quarantine.records["c"].reason
+    assert set(h.core.screen.quarantine.records) == {"c"} or not any(
+        r.level for lid, r in h.core.screen.quarantine.records.items() if lid != "c"
+    )
