@@ -36,26 +36,31 @@ MODES: dict[str, tuple[str, str | None]] = {  # class -> (mode, factor)
     "noise": ("noise", None),
     "bitflip": ("bitflip", None),
 }
-Dl = Callable[..., str]
 
 
-def corrupt(dl: Dl, mode: str, factor: str | None, seconds: float) -> Callable[[Any, threading.Event, float], str]:
-    """The fault: `dldctl chaos corrupt learner-1` for `seconds` (the class's duration)."""
+def corrupt(mode: str, factor: str | None, seconds: float) -> Callable[[Any, threading.Event, float], str]:
+    """The fault: `dldctl chaos corrupt learner-1` for `seconds` (the class's duration). A
+    command that fails raises: the run is then reported with the error, never judged as if the
+    learner had gone bad."""
 
     def fault(fleet: Any, stop: threading.Event, _d: float) -> str:
         args = ["chaos", "corrupt", BAD, "--mode", mode, "--duration", f"{seconds:g}s"]
-        return dl(fleet, *args, *(["--factor", factor] if factor else []))
+        args += ["--factor", factor] if factor else []
+        proc = fleet.dl(*args, check=False, timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"dldctl {' '.join(args)} -> {proc.returncode}: {proc.stderr.strip()[-500:]}")
+        return f"dldctl {' '.join(args)} -> 0"
 
     return fault
 
 
-def classes(dl: Dl, seconds: float) -> dict[str, tuple[Any, float, dict[str, Any]]]:
+def classes(seconds: float) -> dict[str, tuple[Any, float, dict[str, Any]]]:
     """integrity's table entries: bad_<kind>_<seconds>s and bad_<kind>_rest for every kind."""
     out: dict[str, tuple[Any, float, dict[str, Any]]] = {}
     for kind, (mode, factor) in MODES.items():
-        out[f"bad_{kind}_{seconds:g}s"] = (corrupt(dl, mode, factor, seconds), seconds, {})
+        out[f"bad_{kind}_{seconds:g}s"] = (corrupt(mode, factor, seconds), seconds, {})
         # the rest of the run: the window is as long as the timed class's, the fault never ends
-        out[f"bad_{kind}_rest"] = (corrupt(dl, mode, factor, REST_S), seconds, {})
+        out[f"bad_{kind}_rest"] = (corrupt(mode, factor, REST_S), seconds, {})
     return out
 
 
@@ -79,7 +84,8 @@ def columns(name: str, res: dict[str, Any], seconds: float, without: dict[str, A
         out["rate vs without"] = rate_ratio(res, without, window)
     caught = "nan" in name or first is not None  # a learner catches its own non-finite loss
     out["bad met"] = bool(
-        caught
+        (res.get("chaos") or {}).get("t") is not None  # the fault was injected
+        and caught
         and out["others quarantined"] == 0
         and (out["healthy worst"] is None or out["healthy worst"] <= TARGET_HEALTHY)
         and (out["rate vs without"] is None or out["rate vs without"] >= TARGET_RATE)

@@ -168,7 +168,7 @@ def faults(quick: bool) -> dict[str, tuple[Fault, float, dict[str, Any]]]:
         "sharded": (lambda f, s, d: "no fault: [syncer] shards = 2", 0.0, {SYNCER: {"shards": 2}}),
         "shard_kill": (lambda f, s, d: _dl(f, "chaos", "kill", "syncer-1"), 0.0, {SYNCER: {"shards": 2}}),
     }
-    out.update(badlearner.classes(_dl, 60.0))
+    out.update(badlearner.classes(60.0))
     out["monkey_hetero"] = (monkey, 600.0, {})  # the 10 minutes, quick or not
     if not quick:
         out["syncer_down_600"] = (lambda f, s, d: _dl(f, "chaos", "kill", "syncer", "--down-for", f"{d:g}s"), 600.0, {})
