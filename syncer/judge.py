@@ -111,7 +111,10 @@ class Judge:
         matrix over the fragment's `numel` values; `suspects` are learners with recent rejections
         (they lose a round of two); `whole`: which span at least half a sync period (the only
         ones judged by direction). The accepted ones' norms and mean cosine join the history."""
-        norms = np.sqrt(np.maximum(np.diag(gram), 0.0)) * np.asarray(backlog, dtype=np.float64)
+        gram = np.asarray(gram, dtype=np.float64)
+        raw = np.sqrt(np.maximum(gram.diagonal(), 0.0))
+        cos = _cosines(gram, raw)  # once: the tests below index it (a few microseconds a round)
+        norms = raw * np.asarray(backlog, dtype=np.float64)
         sizes = self._sizes(p, norms)
         verdicts = [Verdict(lid, True, s, None) for lid, s in zip(learners, sizes)]
         for v in verdicts:
@@ -119,13 +122,13 @@ class Judge:
                 v.ok, v.reason = False, "size"
         bound = self.bound(p, numel)
         floor = None if bound is None else -max(bound, AGAINST * (self.typical(p) or 0.0))
-        self._directions(verdicts, gram, suspects, floor, whole)
+        self._directions(verdicts, cos, suspects, floor, whole)
         for v in verdicts:
             v.bound = bound if v.agree is not None else None
         full = [i for i, v in enumerate(verdicts) if v.ok and whole[i]]
         self.norms[p].extend(float(norms[i]) for i in full)  # the reference: regular contributions only
         if len(full) >= 2:
-            self.cosines[p].append(_mean_offdiag(_cosines(gram[np.ix_(full, full)])))
+            self.cosines[p].append(_mean_offdiag(cos[full][:, full]))
         return verdicts
 
     def _sizes(self, p: int, norms: np.ndarray) -> list[float | None]:
@@ -142,7 +145,7 @@ class Judge:
         return [float(n) / reference for n in norms]
 
     def _directions(
-        self, verdicts: list[Verdict], gram: np.ndarray, suspects: set[str], floor: float | None, whole: Sequence[bool]
+        self, verdicts: list[Verdict], cos: np.ndarray, suspects: set[str], floor: float | None, whole: Sequence[bool]
     ) -> None:
         """Reject the least agreeing whole contribution while its mean cosine is below `floor`:
         it points against the others beyond what noise does. (One about as aligned as noise is
@@ -151,10 +154,10 @@ class Judge:
             alive = [i for i, v in enumerate(verdicts) if v.ok and whole[i]]
             if len(alive) < 2:
                 return
-            cos = _cosines(gram[np.ix_(alive, alive)])
-            means = (cos.sum(axis=1) - np.diag(cos)) / (len(alive) - 1)
-            for i, a in zip(alive, means):
-                verdicts[i].agree = float(a)
+            sub = cos[alive][:, alive]
+            means = (sub.sum(axis=1) - sub.diagonal()) / (len(alive) - 1)
+            for i, a in zip(alive, means.tolist()):
+                verdicts[i].agree = a
             if floor is None:
                 return
             worst = int(np.argmin(means))
@@ -180,16 +183,18 @@ class Judge:
                 target[int(p)].extend(float(x) for x in values if math.isfinite(float(x)))
 
 
-def _cosines(gram: np.ndarray) -> np.ndarray:
-    """Cosine matrix of a Gram matrix (0 where a norm is 0)."""
-    norms = np.sqrt(np.maximum(np.diag(gram), 0.0))
-    outer = np.outer(norms, norms)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        result: np.ndarray = np.where(outer > 0, gram / outer, 0.0)
+def _cosines(gram: np.ndarray, norms: np.ndarray) -> np.ndarray:
+    """Cosine matrix of a Gram matrix whose diagonal's roots are `norms` (0 where a norm is 0)."""
+    zero = norms == 0
+    safe = np.where(zero, 1.0, norms)
+    result: np.ndarray = gram / np.outer(safe, safe)
+    if zero.any():
+        result[zero, :] = 0.0
+        result[:, zero] = 0.0
     return result
 
 
 def _mean_offdiag(cos: np.ndarray) -> float:
     """Mean of the off-diagonal entries (the round's mean pairwise cosine)."""
     m = len(cos)
-    return float((cos.sum() - np.trace(cos)) / (m * (m - 1)))
+    return float((cos.sum() - cos.trace()) / (m * (m - 1)))

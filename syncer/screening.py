@@ -157,4 +157,4 @@ class Screen:
 
 
 def _rounded(x: float | None) -> float | None:
-    return None if x is None else float(f"{x:.4g}")
+    return None if x is None else round(x, 4)
