@@ -10,7 +10,8 @@ merged tokens, worst score after the fault against the last before):
   loss is caught by the learner itself (it reloads), not by the syncer;
 - **others quarantined**: quarantines of any other learner (false positives): 0;
 - **healthy worst**: the healthy learners' train loss (the EMA each learner reports in the
-  samples) at its worst after the fault, against its last value before: at most 5% above;
+  samples, about one a second; smoothed again over `SMOOTH` samples: one batch is 256 tokens) at
+  its worst after the fault, against its mean over the `SMOOTH` samples before: at most 5% above;
 - **rate vs without**: the global loss's drop per second over the fault's window (`at` to
   `at + duration`, from the scores by time since training started), against the same fleet
   without the bad learner (one learner fewer, no fault) over the same window: at least 90%.
@@ -28,6 +29,7 @@ from typing import Any
 BAD = "learner-1"
 REST_S = 100_000.0  # "for the rest of the run": longer than any run
 TARGET_HEALTHY, TARGET_RATE = 0.05, 0.9
+SMOOTH = 5
 MODES: dict[str, tuple[str, str | None]] = {  # class -> (mode, factor)
     "nan": ("nan", None),
     "scale1e6": ("scale", "1e6"),
@@ -99,10 +101,11 @@ def healthy_worst(samples: list[list[Any]], t_fault: float) -> float | None:
     healthy = {lid for _, losses in samples for lid in losses if lid != BAD}
     for lid in healthy:
         series = [(t, losses.get(lid)) for t, losses in samples if _finite(losses.get(lid))]
-        before = [loss for t, loss in series if t < t_fault]
+        before = [loss for t, loss in series if t < t_fault][-SMOOTH:]
         after = [loss for t, loss in series if t >= t_fault]
-        if before and after:
-            rise = max(after) / before[-1] - 1
+        runs = [sum(after[i : i + SMOOTH]) / SMOOTH for i in range(len(after) - SMOOTH + 1)]
+        if before and runs:
+            rise = max(runs) / (sum(before) / len(before)) - 1
             worst = rise if worst is None else max(worst, rise)
     return worst
 

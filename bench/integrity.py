@@ -189,6 +189,13 @@ def _extra(parser: Any) -> None:
         help="recompute the table from an earlier run's results file (no fleet is run)",
     )
     parser.add_argument(
+        "--reuse",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="the clean runs (and the fleet without the bad learner) of an earlier results file; the classes run",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -400,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown fault class(es) {', '.join(unknown)}; known: {', '.join(table)}", file=sys.stderr)
         return 2
     saved = json.loads(args.rescore.read_text())["runs"] if args.rescore else None
+    if args.reuse:  # the references of an earlier run on this code's settings; the classes run anew
+        refs = json.loads(args.reuse.read_text())["runs"]
+        saved = {k: v for k, v in refs.items() if k in ("clean", "clean_repeat", "without")}
     longest = max((table[f][1] for f in chosen if f != "monkey_hetero"), default=0.0)
     clean_plan = plan_for("clean", None, longest, {}, at, clean_settle(at, longest, settle))
     runs: dict[str, Any] = {}
@@ -408,9 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     if any(n.startswith("bad_") for n in chosen):  # the rate a bad learner's fleet is judged against
         runs["without"] = saved["without"] if saved else run_diloco(plan_for("without", None, 60.0, {}, at, settle))
     rows = []
-    for name in chosen if not saved else [n for n in chosen if n in saved]:
+    have: dict[str, Any] = saved or {}
+    for name in chosen if not args.rescore else [n for n in chosen if n in have]:
         fault, seconds, extra = table[name]
-        runs[name] = saved[name] if saved else run_diloco(plan_for(name, fault, seconds, extra, at, settle))
+        runs[name] = have[name] if name in have else run_diloco(plan_for(name, fault, seconds, extra, at, settle))
         rows.append(judged(name, runs[name], runs, seconds))
         print(f"{name}: {rows[-1]}", flush=True)
     common.print_table(

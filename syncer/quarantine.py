@@ -2,8 +2,8 @@
 
 Pure (times passed in, no I/O). Each learner's last `WINDOW` judged contributions are kept; when
 `strikes` of them were rejected, or the median cosine of its last `WINDOW` regular contributions
-with the others is inside the noise bound (`SIGNAL_MIN` of them at least: it sends noise, however
-large), the learner is quarantined for `base_s` seconds, doubled each
+with the others is below `NOISE` times the noise bound (it sends noise, however large), the
+learner is quarantined for `base_s` seconds, doubled each
 time it is quarantined again (at most `MAX_S`): its pushes are refused, its process is told to
 restart from the global state, and it waits out the rest. Released, it is on probation: any
 rejections among its next `WINDOW` judged contributions quarantine it again at once (a single
@@ -20,7 +20,8 @@ from typing import Any
 
 WINDOW = 8  # judged contributions remembered per learner (and the length of a probation)
 PROBATION_STRIKES = 2  # rejections on probation that quarantine again
-SIGNAL_MIN = 6  # regular contributions before a learner's median cosine is judged
+SIGNAL_MIN = 8  # regular contributions before a learner's median cosine is judged
+NOISE = 0.5  # ... quarantined below this x the noise bound (slow learners' medians went down to 0.76)
 MAX_S = 3600.0
 FORGIVE_S = 1800.0
 
@@ -53,6 +54,11 @@ class Quarantine:
         rec = self.records.get(learner)
         return max(0.0, rec.until - now) if rec is not None else 0.0
 
+    def watched(self, learner: str) -> bool:
+        """Whether `learner` was quarantined and is not forgiven yet."""
+        rec = self.records.get(learner)
+        return rec is not None and rec.level > 0
+
     def suspects(self, now: float) -> set[str]:
         """Learners with a rejection among their recent contributions (they lose a round of two)."""
         return {lid for lid, rec in self.records.items() if not all(rec.recent) and now - rec.last_reject < FORGIVE_S}
@@ -70,7 +76,7 @@ class Quarantine:
             rec.signals.append(signal)
         on_probation = rec.probation > 0
         rec.probation = max(0, rec.probation - 1)
-        if self.strikes > 0 and len(rec.signals) >= SIGNAL_MIN and (median := statistics.median(rec.signals)) < 1:
+        if self.strikes > 0 and len(rec.signals) >= SIGNAL_MIN and (median := statistics.median(rec.signals)) < NOISE:
             reason = (
                 f"its median cosine with the others over its last {len(rec.signals)} is {median:.2f}x the noise bound"
             )

@@ -81,11 +81,13 @@ class Screen:
     def _regular(self, c: Contribution, p: int, part: float, backlog: float, version: int) -> bool:
         """Whether c is judged by direction: at least half a sync period, at most max_backlog of
         them, fresh (its base at most one version old), pushed (not the carried rest of a backlog),
-        and not its learner process's first on p. The others are mostly noise, or point where the
-        model was, not where it is (measured: a partitioned or paused learner's contributions,
-        the rest carried after them, a joiner's first; docs/algorithm.md)."""
+        and not its learner process's first on p (unless that learner was quarantined before: a
+        bad one's first after each restart was merged). The others are mostly noise, or point
+        where the model was, not where it is (measured: a partitioned or paused learner's
+        contributions, the rest carried after them, a joiner's first; docs/algorithm.md)."""
         fresh = version - c.base_version <= STALE and c.seq >= 0
-        return self._before(c, p) and part >= WHOLE and backlog >= 1.0 and fresh
+        before = self._before(c, p) or self.quarantine.watched(c.learner)  # a quarantined one's first too
+        return before and part >= WHOLE and backlog >= 1.0 and fresh
 
     def _before(self, c: Contribution, p: int) -> bool:
         """Whether c's learner incarnation contributed to fragment p before (its first one after a

@@ -215,3 +215,25 @@ def test_a_learner_sending_noise_is_merged_at_first_then_quarantined_by_its_reco
     assert set(h.core.screen.quarantine.records) == {"c"} or not any(
         r.level for lid, r in h.core.screen.quarantine.records.items() if lid != "c"
     )
+
+
+def test_a_quarantined_learners_first_contribution_after_its_restart_is_judged_by_direction() -> None:
+    """An honest joiner's first contribution is judged by size only; a learner quarantined before
+    gets no such pass (a bad one's first contribution after every restart was merged)."""
+    settings = make_settings(quorum=2, compression="none", quarantine_s=5.0, max_queue=1024)
+    h = Harness(settings, manifest=tensor_manifest())  # gpt-tiny's fragments: a noise bound well below honest cosines
+    h.join_all()
+    shared = torch.randn(h.plan.numel(0), generator=torch.Generator().manual_seed(0)) * 1e-3
+    now = 2.0
+    for r in range(WARMUP + 4):  # c flips its signs after the warm-up: quarantined
+        a, b, c = honest(r, 3, shared, spread=1e-3)
+        h.beat_all(now)
+        push_round(h, 0, {"a": a, "b": b, "c": -c if r > WARMUP else c}, now)
+        now += 1.0
+    assert h.core.screen.quarantine.watched("c")
+    now += 6.0  # released; its new process says hello and pushes its first contribution, flipped
+    h.hello("c", now)
+    h.beat_all(now)
+    a, b, c = honest(90, 3, shared, spread=1e-3)
+    out = push_round(h, 0, {"a": a, "b": b, "c": -c}, now)[0]
+    assert sorted(rounds_of(out)[0]["contributors"]) == ["a", "b"]

@@ -170,6 +170,33 @@ def test_a_called_round_closes_at_its_window_without_the_straggler_whose_push_wa
     assert h.core.rounds[0].contributions.keys() == {"c"}
 
 
+def test_a_live_learner_that_pushes_nothing_is_waited_for_twice_then_not_until_it_pushes() -> None:
+    """c heartbeats but pushes nothing (a learner reloading after every step): every round waited
+    for it until its deadline, and every merge reached the fleet a period late."""
+    h = _fleet()
+    now = 1.0
+    closed_at = []
+    for turn in range(4):
+        p = turn % 2
+        called = _call_fragment(h, p, now)
+        deadline = h.core.rounds[p].deadline
+        for lid in ("a", "b", "c"):
+            _beat(h, lid, called)
+        h.push("a", p, h.delta(p, 1), now=called + 0.002, step_time=0.01)
+        h.push("b", p, h.delta(p, 2), now=called + 0.003, step_time=0.01)
+        now = called + 0.004
+        while not rounds_of(h.tick(now)):
+            now += 0.001
+        closed_at.append((now < deadline, turn))
+    assert closed_at == [(False, 0), (False, 1), (True, 2), (True, 3)]  # twice at the deadline, then at once
+    called = _call_fragment(h, 0, now)
+    h.push("c", 0, h.delta(0, 3), now=called + 0.001, step_time=0.01)  # c pushes again: waited for again
+    h.push("a", 0, h.delta(0, 1), now=called + 0.002, step_time=0.01)
+    h.push("b", 0, h.delta(0, 2), now=called + 0.003, step_time=0.01)
+    (record,) = rounds_of(h.tick(called + 0.004))
+    assert record["contributors"] == ["a", "b", "c"] and h.core.missed["c"] == 0
+
+
 def test_a_call_nobody_answered_is_made_again_at_the_fragments_next_turn() -> None:
     """A call can be lost (after a hang every learner had a new socket and the calls went to
     the old ones); the open round must be called again, or the fragment is never merged again."""
