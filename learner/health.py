@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     from learner.syncerlink import SyncerLink
 
 QUIET_S = 1.0  # reloads closer together than this are counted, and said with the next line
+IN_A_ROW = 3  # reloads with at most ROW_STEPS steps between them before the learner waits between reloads
+ROW_STEPS = 2
+WAIT_MAX_S = 10.0  # the longest wait (0.5 s, doubling with each reload in a row)
 CAUSES = ("loss", "gradients")  # said in this order: a NaN loss makes NaN gradients, not the reverse
 
 
@@ -58,6 +61,8 @@ class Health:
         self.corruption: tuple[str, float, float] | None = None  # (mode, factor, until)
         self._said_at = 0.0
         self._unsaid = 0  # reloads not logged (closer than QUIET_S)
+        self._row = 0  # reloads in a row (a bad device or model: non-finite again right after each)
+        self._last_step = -(10**9)
 
     # -- non-finite values -------------------------------------------------------------------
     def mark(self, what: str) -> None:
@@ -99,13 +104,27 @@ class Health:
         what = " and ".join(sorted(self.reasons, key=_first_cause))
         self.reasons = []
         self.norms.clear()  # of the weights thrown away
+        self._row = self._row + 1 if step - self._last_step <= ROW_STEPS else 1
+        self._last_step = step
         now = time.monotonic()
         if now - self._said_at < QUIET_S:
             self._unsaid += 1
             return None
         more = f" ({self._unsaid} more since the last line)" if self._unsaid else ""
+        if wait := self.wait_s():
+            more += (
+                f"; {self._row} in a row: waiting {wait:g} s before training on, its host's resources left to others"
+            )
         self._said_at, self._unsaid = now, 0
         return f"non-finite {what} at step {step}; reloading the global model{more}"
+
+    def wait_s(self) -> float:
+        """Seconds to wait after this reload: 0 until IN_A_ROW reloads came a step or two apart
+        (the device or the model keeps producing them: spinning would only burn what the other
+        learners on the host could use), then 0.5 s doubling to WAIT_MAX_S."""
+        if self._row < IN_A_ROW:
+            return 0.0
+        return min(WAIT_MAX_S, 0.5 * 2.0 ** (self._row - IN_A_ROW))
 
     # -- chaos: dldctl chaos corrupt -----------------------------------------------------------
     def control(self, corruption: tuple[str, float, float] | None) -> None:

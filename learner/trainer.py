@@ -319,6 +319,7 @@ class Trainer:
         if self.reloaded:
             if line := self.health.reload_line(self.step):
                 log(line)
+            self.stop.wait(self.health.wait_s())  # reloads in a row: not spinning on a bad device
             wanted = set(range(self.plan.count))
             opt.state.clear()
             self.losses.read()  # the losses of the weights thrown away: not the reloaded model's

@@ -305,7 +305,7 @@ class OuterStep:
                 "quorum": self.s.quorum,
                 "staleness": max(version - 1 - c.base_version for c in contribs),
                 "period_share": round(self._share, 4),
-                "judged": self.screen.last,  # [norm / median, mean cosine with the others, regular] (syncer/judge.py)
+                "judged": self.screen.last,  # [norm / median, mean cosine, regular, signal] (syncer/judge.py)
             }
         )
 

@@ -35,7 +35,7 @@ class Screen:
         self.quarantine = Quarantine(strikes, base_s)
         self.counters: collections.Counter[str] = collections.Counter()
         self._said: set[str] = set()  # learners whose first rejection since their last quarantine was an event
-        self.last: dict[str, list[float | None]] = {}  # the last round's [size, agreement, regular] per learner
+        self.last: dict[str, list[float | None]] = {}  # the last round's [size, agreement, regular, signal]
         self.pushed: dict[str, tuple[str, set[int]]] = {}  # learner -> (incarnation, fragments it contributed to)
 
     @property
@@ -66,7 +66,10 @@ class Screen:
         learners, suspects = [c.learner for c in contribs], self.quarantine.suspects(now)
         whole = [self._regular(c, p, part, b, version) for c, part, b in zip(contribs, parts, backlog)]
         verdicts = self.judge.judge(p, learners, gram, backlog, suspects, numel, whole)
-        self.last = {v.learner: [_rounded(v.size), _rounded(v.agree), int(w)] for v, w in zip(verdicts, whole)}
+        self.last = {
+            v.learner: [_rounded(v.size), _rounded(v.agree), int(w), _rounded(v.signal)]
+            for v, w in zip(verdicts, whole)
+        }
         kept = []
         for c, v in zip(contribs, verdicts):
             if v.ok:

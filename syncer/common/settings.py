@@ -89,7 +89,7 @@ class RunSettings:
     checksum_every: int = 8  # updates carry the fragment's crc32 every N versions (1 = always)
     robust_clip: float = 10.0  # >0: clip each contribution's norm to this x median (0 = off)
     judge_size: float = 16.0  # reject a contribution whose norm is this x the fragment's recent median (0 = off)
-    judge_agree: float = 3.0  # reject a mean cosine with the others below this many sigmas of noise's (0 = off)
+    judge_agree: float = 3.0  # direction judged beyond this many sigmas of noise's cosine (0 = off; syncer/judge.py)
     quarantine_strikes: int = 3  # rejections among a learner's last 8 contributions that quarantine it (0 = never)
     quarantine_s: float = 30.0  # the first quarantine; each next one of the same learner twice as long
     fleet_scale: bool = True  # a round's share of the period's tokens (learner clock); finished learners stay in

@@ -540,6 +540,10 @@ def test_down_stops_everything_with_a_summary(fleet: tuple[DldctlHome, Path]) ->
         assert again_json[key] == out[key], key
     assert again_json["schema"] == "dldctl.down/1"
     assert (dl.run_dir / "events.jsonl").read_text() == events_before
+    # the faults above stopped processes and links, none made a learner bad: the judge, which saw
+    # every contribution of this slow, contended, half-throttled fleet, never quarantined one
+    quarantined = [e for e in map(json.loads, events_before.splitlines()) if e["kind"] == "quarantined"]
+    assert quarantined == [], quarantined
 
 
 def _resume_refused_where_the_syncer_no_longer_fits(dl: DldctlHome) -> None:
