@@ -13,13 +13,18 @@ merged tokens, worst score after the fault against the last before):
   samples, about one a second; smoothed again over `SMOOTH` samples: one batch is 256 tokens) at
   its worst after the fault, against its mean over the `SMOOTH` samples before: at most 5% above;
 - **rate vs without**: the global loss's drop per second over the fault's window (`at` to
-  `at + duration`, from the scores by time since training started), against the same fleet
-  without the bad learner (one learner fewer, no fault) over the same window: at least 90%.
+  `at + duration`: the slope of a line through the scores in it, by time since training
+  started), against the same fleet without the bad learner (one learner fewer, no fault) over
+  the same window: at least 90%;
+- **final vs without** (bench/integrity.py): the final model against that fleet without the bad
+  learner at equal merged tokens, and **without vs clean**, that fleet's own final against the
+  clean run's: what losing a learner costs by itself. A `_rest` class is held to the fleet
+  without it (2%): shutting the bad learner out is the best any defence can do, and at a
+  constant inner lr a smaller fleet's plateau is higher (its averaged outer gradient noisier).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 import threading
@@ -30,6 +35,7 @@ BAD = "learner-1"
 REST_S = 100_000.0  # "for the rest of the run": longer than any run
 TARGET_HEALTHY, TARGET_RATE = 0.05, 0.9
 SMOOTH = 5
+MIN_POINTS = 10  # scores in a fault window before its rate is measured
 MODES: dict[str, tuple[str, str | None]] = {  # class -> (mode, factor)
     "nan": ("nan", None),
     "scale1e6": ("scale", "1e6"),
@@ -121,18 +127,21 @@ def rate_ratio(res: dict[str, Any], without: dict[str, Any], window: tuple[float
 
 
 def _drop(res: dict[str, Any], a: float, b: float) -> float | None:
-    """Loss at `a` minus loss at `b` seconds after training started (linear between scores)."""
+    """How much the global loss fell from `a` to `b` seconds after training started: the slope of
+    a least-squares line through the scores in between, times b - a. (The difference of two
+    interpolated scores moved the ratio by +-50% run to run: one score's noise, about 1%, is as
+    large as a minute's drop late in the run; a line through the window's ~150 scores is not.)"""
     scores = (res.get("inspect") or {}).get("scores", [])
-    pts = sorted((m.get("taken_at", m["t"]) - res["training_started"], m["loss"]) for m in scores)
-    la, lb = _interp(pts, a), _interp(pts, b)
-    return None if la is None or lb is None else la - lb
-
-
-def _interp(pts: list[tuple[float, float]], x: float) -> float | None:
-    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return pts[-1][1] if pts and x >= pts[-1][0] else None
+    pts = [(m.get("taken_at", m["t"]) - res["training_started"], m["loss"]) for m in scores]
+    pts = [(x, y) for x, y in pts if a <= x <= b and _finite(y)]
+    if len(pts) < MIN_POINTS:
+        return None
+    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+    var = sum((x - mx) ** 2 for x, _ in pts)
+    if var <= 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in pts) / var
+    return -slope * (b - a)
 
 
 def _finite(x: Any) -> bool:
