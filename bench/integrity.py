@@ -396,10 +396,13 @@ def versus_without(res: dict[str, Any], runs: dict[str, Any]) -> dict[str, float
     if without is None or res.get("eval_loss") is None:
         return {"final vs without": None, "without vs clean": None}
     at = reference([without], res["tokens_merged"], final=True)
-    own = reference(references("without", runs), without["tokens_merged"], final=True)
+    cleans = references("without", runs)
+    # both curves where both reach (the fleet without runs as long as the clean one, on 2 learners)
+    tokens = min(without["tokens_merged"], *(c["tokens_merged"] for c in cleans))
+    ours, theirs = reference([without], tokens, final=False), reference(cleans, tokens, final=False)
     return {
         "final vs without": None if not at else res["eval_loss"] / at - 1,
-        "without vs clean": None if not own or without.get("eval_loss") is None else without["eval_loss"] / own - 1,
+        "without vs clean": None if not ours or not theirs else ours / theirs - 1,
     }
 
 
