@@ -8,7 +8,7 @@ large, or points against them), the learner is quarantined for `base_s` seconds,
 time it is quarantined again (at most `MAX_S`): its pushes are refused, its process is told to
 restart from the global state, and it waits out the rest. Released, it is on probation: two
 rejections among its next `WINDOW` judged contributions quarantine it again (a single one may be
-the noise of a freshly restarted learner), and its record of signals is kept. `FORGIVE_S`
+the noise of a freshly restarted learner), and its record of signals starts anew. `FORGIVE_S`
 without a rejection brings its level back to 0.
 """
 
@@ -81,7 +81,7 @@ class Quarantine:
             rec.signals.append(max(-CLIP, min(CLIP, signal)))
         on_probation = rec.probation > 0
         rec.probation = max(0, rec.probation - 1)
-        if self.strikes > 0 and signal is not None and (low := _low(rec.signals)) is not None:  # new evidence
+        if self.strikes > 0 and signal is not None and (low := _low(rec.signals)) is not None:
             reason = (
                 f"its contributions move with the others' at {low[0]:.2f}x their agreement among themselves "
                 f"(at most {low[1]:.2f}x, last {len(rec.signals)}; honest ~1)"
@@ -102,9 +102,9 @@ class Quarantine:
         rec.level += 1
         rec.until = now + seconds
         rec.probation = WINDOW
-        rec.recent.clear()  # its signals are kept: released still sending noise, it is quarantined
-        # again at its first signal (noise re-merged for a whole record after every release held
-        # the rest-of-the-run class at 0.84 of the fleet without it); cured, its honest ~1s lift it at once
+        rec.recent.clear()
+        rec.signals.clear()  # kept, a learner cured by its restart was quarantined again at its
+        # first signal (a fresh optimizer's is low); still bad, a new record takes < 1 s
         rec.last_reject = now
         rec.reason = reason
         return seconds
