@@ -54,7 +54,7 @@ def test_the_rate_is_a_line_through_the_window_not_two_noisy_scores() -> None:
     def noisy(sign: int) -> dict[str, Any]:
         scores = [
             {"t": t, "loss": (3.0 - 0.01 * t) * (1 + sign * 0.02 * (-1) ** int(t)), "tokens_merged": 100 * t}
-            for t in range(0, 100)
+            for t in range(100)
         ]
         return {"inspect": {"scores": scores}, "training_started": 0.0}
 
