@@ -91,7 +91,8 @@ class SyncerCore(OuterStep):
         self.missed: collections.Counter[str] = collections.Counter()  # rounds closed in a row without it
         self._backlogged: set[tuple[str, int]] = set()
         s = settings
-        self.screen = Screen(s.judge_size, s.judge_agree, s.quarantine_strikes, s.quarantine_s)  # judges contributions
+        # judges contributions (syncer/screening.py)
+        self.screen = Screen(s.judge_size, s.judge_agree, s.quarantine_strikes, s.quarantine_s, s.H)
         self.guard = QualityGuard(settings.quality_guard)  # syncer/quality.py scores and rolls back
         self.scored_at: int | None = None  # outer step of the last snapshot scored (None: score at once)
         self.snapshot_tag = 0

@@ -30,8 +30,9 @@ STALE = 1  # ... from a base at most this many versions old
 
 
 class Screen:
-    def __init__(self, size: float, agree: float, strikes: int, base_s: float) -> None:
+    def __init__(self, size: float, agree: float, strikes: int, base_s: float, period: float = 0.0) -> None:
         self.judge = Judge(size, agree)
+        self.min_steps = WHOLE * period  # inner steps a contribution needs to be judged by direction (of H)
         self.quarantine = Quarantine(strikes, base_s)
         self.counters: collections.Counter[str] = collections.Counter()
         self._said: set[str] = set()  # learners whose first rejection since their last quarantine was an event
@@ -82,15 +83,18 @@ class Screen:
         return kept
 
     def _regular(self, c: Contribution, p: int, part: float, backlog: float, version: int) -> bool:
-        """Whether c is judged by direction: at least half a sync period, at most max_backlog of
-        them, fresh (its base at most one version old), pushed (not the carried rest of a backlog),
-        and not its learner process's first on p (unless that learner was quarantined before: a
-        bad one's first after each restart was merged). The others are mostly noise, or point
-        where the model was, not where it is (measured: a partitioned or paused learner's
-        contributions, the rest carried after them, a joiner's first; docs/algorithm.md)."""
+        """Whether c is judged by direction: at least half a sync period of its own and half of H's
+        steps (on the syncer's clock a learner 6x slower than the fleet pushes a step or two a
+        period: one minibatch's noise, which quarantined a slowed learner of the test fleet), at
+        most max_backlog of them, fresh (its base at most one version old), pushed (not the
+        carried rest of a backlog), and not its learner process's first on p (unless that learner
+        was quarantined before: a bad one's first after each restart was merged). The others are
+        mostly noise, or point where the model was, not where it is (measured: a partitioned or
+        paused learner's contributions, the rest carried after them, a joiner's first;
+        docs/algorithm.md)."""
         fresh = version - c.base_version <= STALE and c.seq >= 0
         before = self._before(c, p) or self.quarantine.watched(c.learner)  # a quarantined one's first too
-        return before and part >= WHOLE and backlog >= 1.0 and fresh
+        return before and part >= WHOLE and c.c_steps >= self.min_steps and backlog >= 1.0 and fresh
 
     def _before(self, c: Contribution, p: int) -> bool:
         """Whether c's learner incarnation contributed to fragment p before (its first one after a

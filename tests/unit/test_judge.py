@@ -3,6 +3,9 @@ syncer/screening.py), alone and wired into a real SyncerCore."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, cast
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +14,8 @@ from syncer import checkpoint
 from syncer.core import SyncerCore
 from syncer.judge import WARMUP, Judge
 from syncer.quarantine import RECORD, SIGNAL_MIN, WINDOW, Quarantine
+from syncer.rounds import Contribution
+from syncer.screening import Screen
 from tests.unit.coreharness import Harness, events_of, make_settings, rounds_of, sent_of, tensor_manifest
 
 N = 4096
@@ -276,3 +281,16 @@ def test_a_quarantined_learners_first_contribution_after_its_restart_is_judged_b
     a, b, c = honest(90, 3, shared, spread=1e-3)
     out = push_round(h, 0, {"a": a, "b": b, "c": -c}, now)[0]
     assert sorted(rounds_of(out)[0]["contributors"]) == ["a", "b"]
+
+
+def test_a_learner_slowed_to_a_step_a_period_is_judged_by_size_only() -> None:
+    """On the syncer's clock a learner 6x slower than the fleet pushes a step or two a period,
+    a whole period of its own: one minibatch's noise (a test fleet's slowed learner read 0.04x the
+    others' agreement and was quarantined). Below half of H's steps it is judged by size only."""
+    screen = Screen(16.0, 3.0, 3, 30.0, period=8)
+    one = Contribution(
+        "c", cast(Any, None), 1, 256, 1.0, 6.0, base_version=5, arrived=0.0, nbytes=0, incarnation="x", seq=3
+    )
+    screen._before(one, 0)  # its process contributed to fragment 0 before
+    assert not screen._regular(one, 0, part=1.0, backlog=1.0, version=5)
+    assert screen._regular(dataclasses.replace(one, c_steps=4), 0, part=1.0, backlog=1.0, version=5)
