@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.sites import STATE_DIR, SiteHost, Sites, _start_time
+from bench.sites import SiteHost, Sites
+from bench.sites_ledger import STATE_DIR, start_time
 from dldctl import inventory
 from syncer.common import strictjson
 from syncer.common.atomic import atomic_write
@@ -169,7 +170,7 @@ def test_a_dead_runs_leftovers_are_removed_and_a_live_runs_are_not(tmp_path: Pat
     sleeper = subprocess.Popen(["ip", "netns", "exec", dead_ns, "sleep", "600"])  # a process left inside
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     dead = {"namespace": dead_ns, "veth_operator": veth, "owner_pid": gone.pid, "owner_start": "1"}
-    live = {"namespace": live_ns, "owner_pid": os.getpid(), "owner_start": _start_time(os.getpid())}
+    live = {"namespace": live_ns, "owner_pid": os.getpid(), "owner_start": start_time(os.getpid())}
     for record in (dead, live):
         atomic_write(STATE_DIR / f"{record['namespace']}.json", strictjson.dumps(record))
     try:
