@@ -20,7 +20,7 @@ so numbers stay comparable across machines. Typical use:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as python bench/<name>.py
     from bench import common
-    args = common.parse_args("codec_throughput", __doc__)
+    args = common.parse_args("syncer_throughput", __doc__)
     t = common.measure(lambda: work(), repeat=5 if args.quick else 20)
     rows = [{"case": "work", "median_ms": t.median * 1e3, "spread": t.spread}]
     common.print_table("Work", rows)
@@ -41,6 +41,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from syncer.common.atomic import atomic_write
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -220,7 +222,7 @@ def write_json(path: Path | str, payload: Mapping[str, Any]) -> Path:
         "machine": machine_info(),
         **payload,
     }
-    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    atomic_write(path, json.dumps(doc, indent=2, default=str) + "\n")  # a stopped run never leaves half a file
     return path
 
 

@@ -3,7 +3,9 @@
 Two reducers for `bench/ddp_worker.py` (its config "reducer"): DDP's stock all-reduce comm hook
 plus a counter of the bytes it hands to all-reduce (`counting_allreduce_hook`, state in
 `CommCounter`), or the explicit bucketed `dist.all_reduce` after backward (`FlatAllReduce`); and
-`ring_wire_bytes`, the traffic a ring all-reduce of those bytes puts on each rank's link.
+`ring_wire_bytes`, the traffic a ring all-reduce of those bytes puts on each rank's link. Each
+reducer is a `bench.baseline_loop.Strategy` (`reducer(...)`): the one inner loop the baselines
+share runs its backward through it.
 The worker runs as a script under torchrun: it puts the checkout on sys.path, then imports this as
 `bench.ddp_comm`.
 """
@@ -17,6 +19,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from bench.baseline_loop import Strategy
 
 
 @dataclass
@@ -80,6 +85,53 @@ class FlatAllReduce:
                 p.grad = flat[offset : offset + n].view_as(p)
                 offset += n
         return time.perf_counter() - t0
+
+
+class DDPReduce(Strategy):
+    """DistributedDataParallel: bucketed all-reduce overlapped with backward, its bytes counted.
+    Exposed: what backward() spent after the last bucket became ready (local backward done)."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, payload_bytes: int) -> None:
+        ids = [device.index] if device.type == "cuda" else None
+        self.comm = CommCounter(payload_bytes=payload_bytes)
+        ddp = DDP(model, device_ids=ids, forward_sync_buffers=False)
+        ddp.register_comm_hook(self.comm, counting_allreduce_hook)
+        super().__init__(ddp)
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.comm.payload_bytes
+
+    def backward(self, loss: torch.Tensor, began: float) -> float:
+        self.comm.last_ready = began
+        loss.backward()  # the comm hook all-reduces the buckets as they fill
+        return max(0.0, time.perf_counter() - self.comm.last_ready)
+
+
+class FlatReduce(Strategy):
+    """No DDP: after backward, the explicit bucketed all-reduce (`FlatAllReduce`), all of it exposed."""
+
+    def __init__(self, model: torch.nn.Module, world: int, bucket_mb: float, payload_bytes: int) -> None:
+        super().__init__(model)
+        self.flat = FlatAllReduce(model, world, bucket_mb, payload_bytes)
+        self.flat.broadcast_params()
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.flat.payload_bytes
+
+    def backward(self, loss: torch.Tensor, began: float) -> float:
+        loss.backward()
+        return self.flat.reduce()
+
+
+def reducer(
+    name: str, model: torch.nn.Module, device: torch.device, world: int, bucket_mb: float, payload_bytes: int
+) -> DDPReduce | FlatReduce:
+    """The worker config's "reducer": "ddp" or "flat" (counting on from `payload_bytes`)."""
+    if name == "flat":
+        return FlatReduce(model, world, bucket_mb, payload_bytes)
+    return DDPReduce(model, device, payload_bytes)
 
 
 def ring_wire_bytes(payload_bytes: float, world: int) -> float:

@@ -31,7 +31,7 @@ What it counts, and how:
 Start-up (the bulk of a restart's cost) is timed by stage and reported with the "start" event:
 imports, process group, workload + checkpoint, DDP + AdamW (whose construction imports
 torch._dynamo: about 2 s on a small CPU host, learners pay it too), first step.
-Rank 0 checkpoints model + optimizer + counters + data position atomically (temp file, rename)
+Rank 0 checkpoints model + optimizer + counters + data position atomically (syncer.common.atomic)
 every `checkpoint_every_s`; every rank resumes from it at start and fast-forwards its batch
 stream to the checkpointed step (exactly, for the built-in `Batches`). Rank 0 evaluates on the
 learners' held-out batches at the start, every `eval_every` steps and at the end, and appends
@@ -62,13 +62,12 @@ if str(ROOT) not in sys.path:
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bench.ddp_comm import CommCounter, FlatAllReduce, counting_allreduce_hook, ring_wire_bytes
-from learner.files import Slowdown
-from learner.schedule import learning_rate
+from bench.baseline_loop import InnerLoop, inner_optimizer, workload
+from bench.ddp_comm import reducer, ring_wire_bytes
+from syncer.common.atomic import atomic_file, atomic_write
 from syncer.common.settings import settings_from_dict
-from workload import Workload, WorkloadContext, build_workload
+from workload import Workload
 from workload import data as data_mod
 
 _BOOT: dict[str, float] = {"imported": time.time()}  # when each start-up stage ended (restart cost)
@@ -155,40 +154,22 @@ class Job:
         self.resumed = Counters(**asdict(self.c))
         self.wl = self._build(ckpt)
         _BOOT["workload"] = time.time()
-        self.comm = CommCounter(payload_bytes=self.c.payload_bytes)
-        self.flat: FlatAllReduce | None = None
-        if cfg.reducer == "flat":
-            self.train_model = self.wl.model
-            self.flat = FlatAllReduce(self.wl.model, self.world, cfg.bucket_mb, self.c.payload_bytes)
-            self.flat.broadcast_params()
-        else:
-            ids = [device.index] if device.type == "cuda" else None
-            self.train_model = DDP(self.wl.model, device_ids=ids, forward_sync_buffers=False)
-            self.train_model.register_comm_hook(self.comm, counting_allreduce_hook)
-        self.opt = torch.optim.AdamW(self.wl.model.parameters(), lr=self.s["lr"], weight_decay=self.s["weight_decay"])
+        self.reduce = reducer(cfg.reducer, self.wl.model, device, self.world, cfg.bucket_mb, self.c.payload_bytes)
+        self.opt = inner_optimizer(self.wl.model, self.s)
         if ckpt:
             self.opt.load_state_dict(ckpt["optimizer"])
+        self.loop = InnerLoop(self.wl, self.opt, self.reduce, self.s, device=device, throttle=cfg.throttle)
         self._agree_on_step()
         self.pending_blocked = 0.0
-        self.slowdown = Slowdown()
         self.last_checkpoint = time.monotonic()
         _BOOT["job_ready"] = time.time()
 
     def _build(self, ckpt: dict | None) -> Workload:
-        ctx = WorkloadContext(
-            settings=self.s,
-            learner_index=self.rank,
-            shards=self.world,
-            batch_size=int(self.s["batch_size"]),
-            device=self.device,
-            seed=int(self.s["seed"]),
-        )
-        wl = build_workload(ctx)
+        wl = workload(self.s, self.rank, self.world, self.device, int(self.s["seed"]))
         if ckpt:
             if not fast_forward(wl.next_batch, self.c.step):
                 # a custom workload: its stream cannot be fast-forwarded; draw a fresh one instead
-                ctx.seed = int(self.s["seed"]) + 7_919 * self.c.step
-                wl = build_workload(ctx)
+                wl = workload(self.s, self.rank, self.world, self.device, int(self.s["seed"]) + 7_919 * self.c.step)
             wl.model.load_state_dict(ckpt["model"])
         return wl
 
@@ -231,39 +212,13 @@ class Job:
         self._finish()
         return 0
 
-    def _lr(self) -> float:
-        return learning_rate(
-            self.c.step,
-            float(self.s["lr"]),
-            int(self.s["warmup"]),
-            self.s.get("lr_schedule", "constant"),
-            int(self.s.get("steps") or 0),
-        )
-
     def _train_step(self) -> bool:
-        """One DDP step and the control all-reduce; True when the job should stop."""
-        t0 = time.perf_counter()
-        for group in self.opt.param_groups:
-            group["lr"] = self._lr()
-        batch = self.wl.next_batch()
-        loss = self.wl.loss(self.train_model, batch)
-        self.opt.zero_grad(set_to_none=True)
-        self.comm.last_ready = t0
-        loss.backward()  # DDP: the comm hook all-reduces the buckets as they fill
-        if self.flat is not None:
-            exposed = self.flat.reduce()
-        else:
-            exposed = max(0.0, time.perf_counter() - self.comm.last_ready)
-        if float(self.s["grad_clip"]) > 0:
-            torch.nn.utils.clip_grad_norm_(self.wl.model.parameters(), float(self.s["grad_clip"]))
-        self.opt.step()
-        value = float(loss.detach())
-        compute = time.perf_counter() - t0 - exposed
-        if (wait := self.slowdown.wait_s(compute, self.cfg.throttle)) > 0:
-            time.sleep(wait)  # an emulated slower device (bench/wallclock.py --throttle)
-            compute += wait
+        """One inner step (the reducer averages the gradients) and the control all-reduce; True when
+        the job should stop."""
+        step = self.loop.step(self.loop.lr(self.c.step))
+        value, exposed, compute = float(step.loss.detach()), step.exposed_s, step.compute_s
         ctrl = torch.tensor(
-            [self.wl.tokens(batch), compute, exposed + self.pending_blocked, value, float(self._out_of_time())],
+            [step.tokens, compute, exposed + self.pending_blocked, value, float(self._out_of_time())],
             dtype=torch.float64,
             device=self.device,
         )
@@ -276,7 +231,7 @@ class Job:
         c.tokens += round(tokens)
         c.compute_s += compute_sum
         c.blocked_s += blocked_sum
-        c.payload_bytes = self.flat.payload_bytes if self.flat is not None else self.comm.payload_bytes
+        c.payload_bytes = self.reduce.payload_bytes
         c.control_bytes += ctrl.numel() * ctrl.element_size()
         c.loss = loss_sum / self.world
         return stop > 0 or bool(self.cfg.budget_tokens and c.tokens >= self.cfg.budget_tokens)
@@ -391,22 +346,13 @@ def load_checkpoint(path: Path, device: torch.device) -> dict | None:
 
 
 def save_atomic(obj: Any, path: Path) -> None:
-    """torch.save to a temp file beside `path`, fsync, rename over it: never a torn checkpoint."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """torch.save through the one atomic write: never a torn checkpoint."""
+    with atomic_file(path) as fh:
+        torch.save(obj, fh)
 
 
 def write_json_atomic(path: Path, doc: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(doc, indent=1) + "\n")
 
 
 def setup(cfg: JobConfig) -> torch.device:

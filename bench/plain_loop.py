@@ -26,7 +26,6 @@ can be cut at any warmup up to that (at the learner's own, should it report anot
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import resource
@@ -34,10 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -74,11 +72,15 @@ def train(spec: dict[str, Any]) -> dict[str, Any]:
     the origin of `first_step_s`)."""
     import torch
 
+    from bench.baseline_loop import InnerLoop, Strategy, inner_optimizer
+
     recipe, device = Recipe(**spec["recipe"]), torch.device(spec["device"])
     s, wl = _build(spec, device, recipe)
     fused = device.type == "cuda"
-    opt = torch.optim.AdamW(wl.model.parameters(), lr=s["lr"], weight_decay=s["weight_decay"], fused=fused or None)
-    out = _loop(s, wl, opt, device, recipe, int(spec["warmup_steps"]))
+    model = cast(torch.nn.Module, torch.compile(wl.model)) if recipe.compile else wl.model
+    opt = inner_optimizer(wl.model, s, fused)
+    loop = InnerLoop(wl, opt, Strategy(model), s, device=device, precision=recipe.precision)
+    out = _loop(loop, int(s["steps"]), int(spec["warmup_steps"]))
     out["first_step_s"] -= float(spec["launched"])
     return {
         **out,
@@ -92,39 +94,25 @@ def train(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _loop(s: dict[str, Any], wl: Any, opt: Any, device: Any, recipe: Recipe, warmup: int) -> dict[str, Any]:
-    """Forward (autocast), backward, clip, step: `steps` times. The `warmup` first steps (at least
-    one) end in a synchronize and a timestamp; the loss is read once, at the end."""
-    import torch
-
-    from learner.schedule import learning_rate
-
-    model = torch.compile(wl.model) if recipe.compile else wl.model
-    steps, tokens = int(s["steps"]), 0
+def _loop(loop: Any, steps: int, warmup: int) -> dict[str, Any]:
+    """`steps` inner steps and nothing else. The `warmup` first steps (at least one) end in a
+    synchronize and a timestamp; the loss is read once, at the end."""
+    tokens = 0
     marks: list[float] = []
     mark_tokens: list[int] = []
     first_step_at = 0.0
-    _sync(device)
+    _sync(loop.device)
     t0 = time.perf_counter()
     for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = learning_rate(step, s["lr"], s["warmup"], s["lr_schedule"], steps)
-        batch = wl.next_batch()
-        with _autocast(device, recipe.precision):
-            loss = wl.loss(model, batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if s["grad_clip"] > 0:
-            torch.nn.utils.clip_grad_norm_(wl.model.parameters(), s["grad_clip"])
-        opt.step()
-        tokens += wl.tokens(batch)
+        result = loop.step(loop.lr(step))
+        tokens += result.tokens
         if step < max(1, warmup):
-            _sync(device)
+            _sync(loop.device)
             marks.append(time.perf_counter() - t0)
             mark_tokens.append(tokens)
         if step == 0:
             first_step_at = time.time()
-    final = float(loss.detach())  # waits for the device
+    final = float(result.loss.detach())  # waits for the device
     loop_s = time.perf_counter() - t0
     return {
         "steps": steps,
@@ -141,8 +129,8 @@ def _build(spec: dict[str, Any], device: Any, recipe: Recipe) -> tuple[dict[str,
     """Threads, TF32, a clean peak-memory counter, then the workload (the model on the device)."""
     import torch
 
+    from bench.baseline_loop import workload
     from syncer.common.settings import settings_from_dict
-    from workload import WorkloadContext, build_workload
 
     torch.set_num_threads(int(spec["threads"]))
     if device.type == "cuda":
@@ -151,22 +139,7 @@ def _build(spec: dict[str, Any], device: Any, recipe: Recipe) -> tuple[dict[str,
         torch.backends.cudnn.allow_tf32 = recipe.tf32
         torch.cuda.reset_peak_memory_stats(device)
     s = settings_from_dict(dict(spec["run"])).to_dict()
-    ctx = WorkloadContext(
-        settings=s, learner_index=0, shards=1, batch_size=int(s["batch_size"]), device=device, seed=int(s["seed"])
-    )
-    return s, build_workload(ctx)
-
-
-@contextlib.contextmanager
-def _autocast(device: Any, precision: str) -> Iterator[None]:
-    """bf16 autocast of what runs inside (the forward and the loss), or nothing for fp32."""
-    if precision != "bf16":
-        yield
-        return
-    import torch
-
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
-        yield
+    return s, workload(s, 0, 1, device, int(s["seed"]))
 
 
 def _sync(device: Any) -> None:

@@ -18,7 +18,7 @@ every byte / the last one's time), and the CPU the shard processes (all of them)
 (the learner's side) used meanwhile, in cores (of the machine's 2).
 
 Baselines, one of each right after every fetch (the same machine state): raw TCP over loopback
-from other processes (`sendall` / `recv_into`, rejoin.py's), one stream of one shard's bytes
+from other processes (`sendall` / `recv_into`: `_serve_tcp`, `tcp_fetch`), one stream of one shard's bytes
 (`tcp 1 stream`), and S streams at once, one per shard's bytes, each from its own process into
 its own thread here (`tcp S streams`: aggregate and per stream). `vs tcp` compares a shard's
 transfer with a raw stream under the same concurrency (S streams), the aggregate with S raw
@@ -36,6 +36,7 @@ import multiprocessing as mp
 import os
 import secrets
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -53,7 +54,6 @@ from bench import common
 from bench import loadgen_core as core
 from bench.loadgen_measure import proc_cpu
 from bench.loadgen_syncer import SyncerProcess, write_run
-from bench.rejoin import _serve_tcp, tcp_fetch
 from learner.config import load as load_learner_config
 from learner.link import fetch_window
 from learner.syncerlink import SyncerLink
@@ -158,8 +158,35 @@ class ShardedRun:
         return Fetch(per_shard, max(per_shard), shard_cpu, proc_cpu(os.getpid()) - own0)
 
 
+def _serve_tcp(port_q: Any, nbytes: int, times: int) -> None:
+    """Baseline server: send `nbytes` to each of `times` connections."""
+    payload = bytes(nbytes)
+    srv = socket.create_server(("127.0.0.1", 0))
+    port_q.put(srv.getsockname()[1])
+    for _ in range(times):
+        conn, _ = srv.accept()
+        conn.sendall(payload)
+        conn.close()
+    srv.close()
+
+
+def tcp_fetch(port: int, nbytes: int) -> float:
+    """Seconds to receive `nbytes` from a `_serve_tcp` on `port` (the baseline client)."""
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    t0 = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        got = 0
+        while got < nbytes:
+            n = conn.recv_into(view[got:], min(nbytes - got, 1 << 22))
+            if n == 0:
+                break
+            got += n
+    return time.perf_counter() - t0
+
+
 class TcpServers:
-    """One raw TCP server process per shard's bytes (rejoin.py `_serve_tcp`): shard 0's serves
+    """One raw TCP server process per shard's bytes (`_serve_tcp`): shard 0's serves
     2 x `times` connections (one stream alone, then with the others), the rest `times`."""
 
     def __init__(self, sizes: list[int], times: int) -> None:

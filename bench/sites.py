@@ -20,7 +20,7 @@ beside 1:1. Without `operator_rate` the operator's total egress is count x rate;
 Each site runs a real `/usr/sbin/sshd -D` on port 22 with a generated host key, accepting one
 generated root key (tests/sshfleet.py's recipe). Teardown (`close()`, the context exit, or
 SIGINT/SIGTERM) stops each sshd by pid, SIGKILLs what is left inside our namespaces (`ip netns
-pids`) and deletes veths, ifb and namespaces. Each namespace is recorded first in
+pids`) and deletes veths, ifb and namespaces. Each namespace is recorded first (bench/sites_ledger.py) in
 /run/dldctl-sites/<namespace>.json with its owner's pid and start time; a later `Sites` with the
 same prefix removes what dead owners left and never touches a live owner's.
 
@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
-import ipaddress
 import json
 import os
 import re
@@ -48,8 +46,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -57,12 +53,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as python bench/sites.py
 
+from bench.sites_ledger import STATE_DIR, block_net, free_blocks, purge, purge_stale, sh, start_time, state_lock
 from syncer.common import strictjson
 from syncer.common.atomic import atomic_write
 from tests.sshfleet import PRIVSEP_DIR, SSHD, SSHFleet, keygen
 from tests.sshfleet import _stop as stop_sshd_tree
 
-STATE_DIR = Path("/run/dldctl-sites")
 SITE_DEV = "eth0"  # the site's veth end, created directly inside its namespace
 SSH_PORT = 22
 LATENCY = "50ms"
@@ -72,7 +68,6 @@ _AS_ROOT = "run as root, or with CAP_NET_ADMIN and CAP_SYS_ADMIN"
 _CAPS = (12, 21)  # CAP_NET_ADMIN (veths, qdiscs), CAP_SYS_ADMIN (ip netns add mounts)
 _MATCH_ALL = ("protocol", "all", "u32", "match", "u32", "0", "0")
 _REDIRECT = ("action", "mirred", "egress", "redirect", "dev")
-_GONE = ("No such file", "Cannot find device", "Cannot open network namespace")
 
 
 class SitesUnavailable(RuntimeError):
@@ -124,18 +119,6 @@ def tbf(rate: str) -> list[str]:
     return ["root", "tbf", "rate", f"{bits}bit", "burst", str(max(bits // 8 // 250, 32 * 1024)), "latency", LATENCY]
 
 
-def sh(*cmd: str, ok: tuple[str, ...] = ()) -> str:
-    """Run one command, return its stdout; a failure raises RuntimeError (one line) unless its
-    stderr mentions one of `ok` (then "")."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
-    if proc.returncode == 0:
-        return proc.stdout
-    if any(o in proc.stderr for o in ok):
-        return ""
-    first = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[0]
-    raise RuntimeError(f"{' '.join(cmd)}: {first}")
-
-
 def check_available() -> None:
     """Raise SitesUnavailable (one line) unless this process can make namespaces and veths."""
     if os.geteuid() != 0:
@@ -150,88 +133,6 @@ def check_available() -> None:
         raise SitesUnavailable(f"cannot start the sites' sshd: {SSHD} not found (install openssh-server)")
 
 
-def _stat(pid: int) -> list[str]:
-    """/proc/<pid>/stat's fields from the state on (field 3); [] when the process is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return []
-
-
-def _start_time(pid: int) -> str:
-    """The kernel's start time of `pid` (stat field 22); "" when it is gone."""
-    return "".join(_stat(pid)[19:20])
-
-
-def _alive(record: dict[str, Any]) -> bool:
-    """Whether the process that wrote `record` still runs (same pid AND start time: no reuse)."""
-    start = str(record.get("owner_start", ""))
-    return bool(start) and _start_time(int(record.get("owner_pid", 0))) == start
-
-
-def _read_state(path: Path) -> dict[str, Any] | None:
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
-@contextlib.contextmanager
-def _state_lock() -> Iterator[None]:
-    """Serialise leftover removal and address allocation between concurrent runs."""
-    STATE_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
-    fd = os.open(STATE_DIR / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _wait_gone(pids: list[int], timeout: float = 5.0) -> None:
-    """Until none of `pids` runs any more (a zombie counts as gone) or `timeout` passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(_stat(p)[:1] in ([], ["Z"]) for p in pids):
-            return
-        time.sleep(0.02)
-
-
-def kill_namespace(namespace: str) -> list[int]:
-    """SIGKILL every process inside `namespace` (one this harness made); their pids."""
-    out = sh("ip", "netns", "pids", namespace, ok=_GONE)
-    pids = [int(p) for p in out.split() if p.isdigit() and int(p) != os.getpid()]
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    _wait_gone(pids)
-    return pids
-
-
-def purge(record: dict[str, Any]) -> None:
-    """Remove one site's leftovers: its processes, its veth (both ends), the ifb, the namespace,
-    then its state file. Each step tolerates an already-missing part."""
-    namespace = str(record.get("namespace", ""))
-    if namespace:
-        kill_namespace(namespace)
-    for dev in (record.get("veth_operator"), record.get("ifb")):
-        if dev:
-            sh("ip", "link", "del", str(dev), ok=_GONE)
-    if namespace:
-        sh("ip", "netns", "delete", namespace, ok=_GONE)
-        (STATE_DIR / f"{namespace}.json").unlink(missing_ok=True)
-
-
-def purge_stale(prefix: str) -> list[str]:
-    """Remove the sites of earlier runs with this prefix whose owner died; their namespaces."""
-    records = [r for p in sorted(STATE_DIR.glob(f"{prefix}s*.json")) if (r := _read_state(p)) is not None]
-    stale = [r for r in records if not _alive(r) and str(r.get("namespace", "")).startswith(f"{prefix}s")]
-    for record in stale:  # a live owner's, or not one of ours, is never touched
-        purge(record)
-    return [str(r["namespace"]) for r in stale]
-
-
 def _add_namespace(ns: str) -> None:
     try:
         sh("ip", "netns", "add", ns)
@@ -239,22 +140,6 @@ def _add_namespace(ns: str) -> None:
         if "not permitted" in str(exc) or "Permission denied" in str(exc):
             raise SitesUnavailable(f"cannot create network namespaces: {exc}") from None
         raise
-
-
-def _block_net(block: int) -> ipaddress.IPv4Network:
-    """The /24 number `block` (1..511) of 198.18.0.0/15."""
-    return ipaddress.IPv4Network(f"198.{18 + block // 256}.{block % 256}.0/24")
-
-
-def free_blocks(count: int) -> list[int]:
-    """`count` /24s of 198.18.0.0/15 that no live run records and the root namespace doesn't use."""
-    used = {r.get("block") for p in STATE_DIR.glob("*.json") if (r := _read_state(p))}
-    seen = sh("ip", "-4", "-o", "addr", "show") + sh("ip", "-4", "route", "show", "table", "all")
-    used |= {(int(b) - 18) * 256 + int(c) for b, c in re.findall(r"\b198\.(18|19)\.(\d+)\.\d+", seen)}
-    free = [n for n in range(1, 512) if n not in used][:count]
-    if len(free) < count:
-        raise RuntimeError(f"198.18.0.0/15 has only {len(free)} free /24s left, {count} sites need one each")
-    return free
 
 
 class Sites:
@@ -302,7 +187,7 @@ class Sites:
         check_available()
         self._install_signals()
         try:
-            with _state_lock():
+            with state_lock():
                 self.removed_stale = purge_stale(self.prefix)
                 blocks = free_blocks(self.count)
                 self._records = [self._record(i, block) for i, block in enumerate(blocks, 1)]
@@ -326,9 +211,7 @@ class Sites:
     def _record(self, i: int, block: int) -> dict[str, Any]:
         """What a later run needs to remove this site if we die: names, /24, owner (pid + start)."""
         ns, op, me = f"{self.prefix}s{i}-{self.token}", f"{self.prefix}{i}o{self.token}", os.getpid()
-        return dict(
-            namespace=ns, veth_operator=op, ifb=self.ifb, block=block, owner_pid=me, owner_start=_start_time(me)
-        )
+        return dict(namespace=ns, veth_operator=op, ifb=self.ifb, block=block, owner_pid=me, owner_start=start_time(me))
 
     def _make_ifb(self) -> None:
         try:
@@ -340,7 +223,7 @@ class Sites:
 
     def _make_site(self, i: int, record: dict[str, Any]) -> SiteHost:
         ns, op = record["namespace"], record["veth_operator"]
-        net = _block_net(record["block"])
+        net = block_net(record["block"])
         op_addr, addr = str(net[1]), str(net[2])
         _add_namespace(ns)
         sh("ip", "link", "add", op, "type", "veth", "peer", "name", SITE_DEV, "netns", ns)

@@ -63,11 +63,11 @@ from torchft import Manager, ProcessGroupGloo
 from torchft.checkpointing import HTTPTransport
 from torchft.local_sgd import DiLoCo
 
+from bench.baseline_loop import InnerLoop, Strategy, inner_optimizer, workload
 from bench.evaluate import eval_loss
-from learner.files import Slowdown
-from learner.schedule import learning_rate
+from syncer.common.atomic import atomic_file, atomic_write
 from syncer.common.settings import settings_from_dict
-from workload import Workload, WorkloadContext, build_workload
+from workload import Workload
 
 HOST = "127.0.0.1"
 PROGRESS, FINAL, FINAL_MODEL = "progress.jsonl", "final.json", "final_model.pt"
@@ -152,6 +152,13 @@ class LoopbackHTTPTransport(HTTPTransport):
         return f"http://{HOST}:{port}/checkpoint/"
 
 
+class DiLoCoSync(Strategy):
+    """torchft's DiLoCo: gradients stay local; the outer sync runs inside the inner optimizer's step
+    (DiLoCo's hook: every H/fragments steps a quorum, an all-reduce, the outer step)."""
+
+    syncs_in_update = True
+
+
 class Replica:
     """This replica group's training job."""
 
@@ -161,8 +168,9 @@ class Replica:
         self.incarnation = int(os.environ.get("TORCHFT_INCARNATION", "0"))
         self.every = check_schedule(int(self.s["H"]), cfg.fragments)
         self.wl = self._build()
-        self.inner = torch.optim.AdamW(
-            self.wl.model.parameters(), lr=float(self.s["lr"]), weight_decay=float(self.s["weight_decay"])
+        self.inner = inner_optimizer(self.wl.model, self.s)
+        self.loop = InnerLoop(
+            self.wl, self.inner, DiLoCoSync(self.wl.model), self.s, device=torch.device("cpu"), throttle=cfg.throttle
         )
         sizes = [(n, p.numel()) for n, p in self.wl.model.named_parameters()]
         self.fragments = [ParamFragment(self.wl.model, names) for names in balanced_fragments(sizes, cfg.fragments)]
@@ -178,7 +186,6 @@ class Replica:
         self.eval_model: nn.Module | None = None
         self._diloco: DiLoCo | None = None
         self.loss: float | None = None
-        self.slowdown = Slowdown()
         self._event(
             "boot",
             boot_s=time.time() - _PROCESS_T0,
@@ -186,15 +193,8 @@ class Replica:
         )
 
     def _build(self) -> Workload:
-        ctx = WorkloadContext(
-            settings=self.s,
-            learner_index=self.group,
-            shards=self.cfg.replicas,
-            batch_size=int(self.s["batch_size"]),
-            device=torch.device("cpu"),
-            seed=int(self.s["seed"]) + DATA_RESEED * self.incarnation,
-        )
-        return build_workload(ctx)
+        seed = int(self.s["seed"]) + DATA_RESEED * self.incarnation
+        return workload(self.s, self.group, self.cfg.replicas, torch.device("cpu"), seed)
 
     def _manager(self) -> Manager:
         c = self.cfg
@@ -253,35 +253,15 @@ class Replica:
         self._finish()
         return 0
 
-    def _lr(self) -> float:
-        step = self.manager.current_step() * self.every + self.steps % self.every
-        return learning_rate(
-            step,
-            float(self.s["lr"]),
-            int(self.s["warmup"]),
-            self.s.get("lr_schedule", "constant"),
-            int(self.s.get("steps") or 0),
-        )
-
     def _train_step(self) -> None:
-        t0 = time.perf_counter()
-        for group in self.inner.param_groups:
-            group["lr"] = self._lr()
-        batch = self.wl.next_batch()
-        loss = self.wl.loss(self.wl.model, batch)
-        self.inner.zero_grad(set_to_none=True)
-        loss.backward()
-        if float(self.s["grad_clip"]) > 0:
-            torch.nn.utils.clip_grad_norm_(self.wl.model.parameters(), float(self.s["grad_clip"]))
-        if (wait := self.slowdown.wait_s(time.perf_counter() - t0, self.cfg.throttle)) > 0:
-            time.sleep(wait)  # an emulated slower device (bench/wallclock.py --throttle); AdamW's own time not counted
+        """One inner step at the learning rate of inner step committed outer steps x H/fragments +
+        steps since the last sync; every H/fragments steps it holds a fragment's sync."""
         before = self.manager.current_step()
-        self.inner.step()  # DiLoCo's hook: every H/fragments steps a quorum, an all-reduce, the outer step
-        tokens = self.wl.tokens(batch)
+        step = self.loop.step(self.loop.lr(before * self.every + self.steps % self.every))
         self.steps += 1
-        self.tokens_trained += tokens
-        self.pending += tokens
-        self.loss = float(loss.detach())
+        self.tokens_trained += step.tokens
+        self.pending += step.tokens
+        self.loss = float(step.loss.detach())
         if self.steps % self.every == 0:
             self._after_sync(before)
 
@@ -331,14 +311,10 @@ class Replica:
         self._event("eval", eval_loss=value, manager_step=self.manager.current_step(), eval_s=time.perf_counter() - t0)
 
     def _finish(self) -> None:
-        state = self.global_state_dict()
-        tmp = self.out / f".{FINAL_MODEL}.tmp"
-        torch.save({"state_dict": state}, tmp)
-        os.replace(tmp, self.out / FINAL_MODEL)
+        with atomic_file(self.out / FINAL_MODEL) as fh:
+            torch.save({"state_dict": self.global_state_dict()}, fh)
         doc = self._record("final")
-        tmp = self.out / f".{FINAL}.tmp"
-        tmp.write_text(json.dumps(doc) + "\n")
-        os.replace(tmp, self.out / FINAL)
+        atomic_write(self.out / FINAL, json.dumps(doc) + "\n")
         self._append(doc)
 
     # -- reporting ----------------------------------------------------------------------------

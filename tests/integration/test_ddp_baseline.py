@@ -1,7 +1,7 @@
 """The data-parallel baseline (bench/ddp_baseline.py + bench/ddp_worker.py) on real torchrun jobs.
 
 gpt-tiny, seq_len 32, batch 8, 2 gloo workers on this machine:
-- a clean run (DDP, throttled x1.5 as bench/wallclock.py --throttle does): the eval loss falls,
+- a clean run (DDP, throttled x1.5: an emulated slower device, as a host's throttle): the eval loss falls,
   the bytes all-reduced equal the closed-form count (steps x 4 bytes x parameters handed to
   all-reduce; a ring sends 2(N-1)/N of that per worker), the checkpoint holds the final step;
 - a run (explicit all-reduce) with one worker SIGKILLed mid-way and --max-restarts=1: torchrun restarts the job, which

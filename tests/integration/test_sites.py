@@ -6,11 +6,13 @@ namespaces and veths are back to what they were before it ran.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from collections.abc import Iterator
@@ -18,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.sites import STATE_DIR, SiteHost, Sites, _start_time
+from bench.sites import SiteHost, Sites
+from bench.sites_ledger import STATE_DIR, start_time
 from dldctl import inventory
 from syncer.common import strictjson
 from syncer.common.atomic import atomic_write
@@ -167,7 +170,7 @@ def test_a_dead_runs_leftovers_are_removed_and_a_live_runs_are_not(tmp_path: Pat
     sleeper = subprocess.Popen(["ip", "netns", "exec", dead_ns, "sleep", "600"])  # a process left inside
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     dead = {"namespace": dead_ns, "veth_operator": veth, "owner_pid": gone.pid, "owner_start": "1"}
-    live = {"namespace": live_ns, "owner_pid": os.getpid(), "owner_start": _start_time(os.getpid())}
+    live = {"namespace": live_ns, "owner_pid": os.getpid(), "owner_start": start_time(os.getpid())}
     for record in (dead, live):
         atomic_write(STATE_DIR / f"{record['namespace']}.json", strictjson.dumps(record))
     try:
@@ -208,15 +211,48 @@ def test_the_command_line_prints_the_sites_and_tears_down_on_ctrl_c(tmp_path: Pa
     assert code == 0  # and the autouse fixture finds nothing left
 
 
+# The checkout's files bench/sites.py loads (the rest is the standard library), one per line.
+LOADED = """import os, sys
+import bench.sites
+root = os.getcwd() + os.sep
+files = {getattr(m, "__file__", None) or "" for m in list(sys.modules.values())}
+print(*sorted(f for f in files if f.startswith(root)), sep="\\n")
+"""
+
+
+@contextlib.contextmanager
+def readable_by_all() -> Iterator[Path]:
+    """bench/sites.py and the checkout's modules it imports, copied into a fresh directory every
+    user may read, removed afterwards. The checkout may lie where only root enters (a clone under
+    /root, in a fresh `mktemp -d`): what an unprivileged user runs must not depend on that."""
+    root = Path(__file__).resolve().parents[2]
+    listed = subprocess.run([sys.executable, "-c", LOADED], cwd=root, capture_output=True, text=True, check=True)
+    top = Path(tempfile.mkdtemp(prefix="dldctl-sites-anyone-"))
+    try:
+        for name in listed.stdout.split():
+            dest = top / Path(name).relative_to(root)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(name, dest)
+        for path in [top, *top.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        yield top
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def test_without_root_the_command_line_refuses_in_one_line() -> None:
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is not installed")
-    if subprocess.run([*NOBODY, sys.executable, "-c", "pass"], capture_output=True).returncode != 0:
-        pytest.skip(f"nobody cannot run {sys.executable}")
-    if subprocess.run([*NOBODY, sys.executable, "-c", f"open({SCRIPT[1]!r}).close()"], capture_output=True).returncode:
-        pytest.skip(f"nobody cannot read {SCRIPT[1]} (the checkout lies where only root may enter)")
-    refused = subprocess.run([*NOBODY, *SCRIPT, "--count", "1"], capture_output=True, text=True, timeout=30)
-    assert refused.returncode == 1 and refused.stdout == ""
+    # the interpreter's own file: a virtual environment's `python` inside a closed checkout is a
+    # link the unprivileged user cannot follow; what sites.py imports is all copied or stdlib
+    python = os.path.realpath(sys.executable)
+    if subprocess.run([*NOBODY, python, "-c", "pass"], capture_output=True).returncode != 0:
+        pytest.skip(f"nobody cannot run {python}")
+    with readable_by_all() as top:
+        script = [python, str(top / "bench" / "sites.py")]
+        argv = [*NOBODY, *script, "--count", "1"]
+        refused = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=top)
+    assert refused.returncode == 1 and refused.stdout == "", refused.stderr
     assert refused.stderr.strip().splitlines() == [
         "cannot create network namespaces: not root (run as root, or with CAP_NET_ADMIN and CAP_SYS_ADMIN)"
     ]

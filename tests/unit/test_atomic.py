@@ -84,7 +84,7 @@ def _renames(path: Path) -> list[int]:
 
 @pytest.mark.parametrize(
     "path",
-    [p for pkg in ("syncer", "learner", "dldctl", "workload") for p in sorted((ROOT / pkg).rglob("*.py"))],
+    [p for pkg in ("syncer", "learner", "dldctl", "workload", "bench") for p in sorted((ROOT / pkg).rglob("*.py"))],
     ids=lambda p: str(p.relative_to(ROOT)),
 )
 def test_every_atomic_write_goes_through_the_one_helper(path: Path) -> None:
