@@ -98,6 +98,8 @@ def _decode(value: Any, hint: Any, path: str) -> Any:
     """`value` as `hint` says (ints widened to floats, lists to tuples); _Mismatch if it does not fit."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(hint):
+            return None  # before a table's arm, which would call None not a table
         for arm in typing.get_args(hint):
             try:
                 return _decode(value, arm, path)

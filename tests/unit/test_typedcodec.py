@@ -39,6 +39,7 @@ class Outer:
     env: dict[str, str] = field(default_factory=dict, metadata=meta(omit_default=True))
     inner: Inner = Inner()
     items: tuple[Inner, ...] = ()
+    extra: Inner | None = None
 
 
 def _refused(cls: type, data: dict[str, Any], table: str = "t") -> SettingsError:
@@ -94,6 +95,8 @@ def test_a_value_outside_its_rule_is_one_line_naming_the_path_the_value_and_what
 def test_the_values_a_rule_allows() -> None:
     for data in ({"level": 0}, {"level": -1}, {"level": 1}, {"block": 8}, {"path": ""}, {"auto": True}):
         check_fields(from_mapping(Outer, data))
+    assert from_mapping(Outer, {"extra": None}).extra is None  # an optional table may be null
+    assert from_mapping(Outer, {"extra": {"size": 5}}).extra == Inner(5)
 
 
 @pytest.mark.parametrize(
