@@ -12,7 +12,8 @@
     [model]    free-form keys for the run's model (dldctl/modelspec.py), handed to its factory
 
 Unknown keys and wrong types are rejected with the file, the key, a "did you mean" and the fix;
-cross-field rules are checked before anything starts. A relative path (`[run] init_from`) is
+each field's rule is declared with the field (syncer/common/typedcodec.py checks it), and the
+rules that relate fields are checked before anything starts. A relative path (`[run] init_from`) is
 taken from the inventory file's directory (`load` makes it absolute; also `workdir` and an
 `hf:` model's directory). The built-in default
 (`dldctl up` with no argument) is an Inventory built from the same dataclasses.
@@ -25,9 +26,9 @@ import re
 
 # stdlib since 3.11; mypy checks as 3.10 (pyproject's python_version), which has none
 import tomllib
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from dldctl import metricspec, modelspec, shards
 from dldctl.errors import ConfigError
@@ -35,11 +36,13 @@ from dldctl.hosts import slurmjobs
 from dldctl.metricspec import MetricsSpec
 from dldctl.observe import alerts
 from dldctl.observe.alerts import AlertsSpec
-from syncer.common.resolved import ISLANDS
+from syncer.common.resolved import Island
 from syncer.common.settings import RunSettings, SettingsError, from_mapping, suggest
+from syncer.common.typedcodec import check_fields, checked, meta, to_mapping
 
 TABLES = ("run", "ssh", "syncer", "hosts", "sites", "metrics", "alerts", "model")
 SCHEDULERS = ("slurm",)
+_SCHEDULER = "|".join(("", *SCHEDULERS))  # "" = a machine
 # sbatch options dldctl sets itself for every learner job (a site's sbatch_args may not override them)
 OWN_SBATCH: tuple[str, ...] = ("--output", "--error", "--job-name", "--comment", "--parsable", "--requeue")
 OWN_SBATCH += ("--no-requeue", "--chdir", "-o", "-e", "-J", "-D", "--open-mode", "--export", "--wrap")
@@ -49,7 +52,7 @@ SITE_SBATCH |= {"--time": "time", "-t": "time", "--nodes": "nodes", "-N": "nodes
 
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+_ADDRESS_FIX = 'set the host\'s address, or "local" for this machine'
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class SSHSpec:
     identity_file: str = ""  # "" = the SSH agent / ~/.ssh/config
     port: int = 0  # 0 = from ~/.ssh/config, else 22
     known_hosts: str = "~/.ssh/known_hosts"
-    host_key_policy: str = "strict"  # strict | accept-new
+    host_key_policy: Literal["strict", "accept-new"] = "strict"
     proxy_jump: str = ""  # "user@jumphost:port"
     connect_timeout: float = 10.0
     use_ssh_config: bool = True
@@ -84,27 +87,30 @@ class HostSpec:
     """[[hosts]]: one machine and the learners it runs."""
 
     name: str
-    address: str  # "local", an IP, a DNS name or an ~/.ssh/config alias
-    learners: int = 1
-    device: str = "cpu"  # cpu | cuda | cuda:N
-    nproc: int = 1  # ranks per learner (torchrun island)
-    island: str = "ddp"  # ddp: every rank a replica | fsdp: the model sharded across the ranks
-    threads: int = 1  # torch threads per rank
-    batch_size: int = 0  # 0 = [run] batch_size
-    throttle: float = 1.0  # >1 = artificially slower (demos and tests)
+    # "local", an IP, a DNS name or an ~/.ssh/config alias
+    address: str = field(metadata=meta(pattern=r".*\S.*", allowed="an address", fix=_ADDRESS_FIX))
+    learners: int = checked(1, ge=0)
+    device: str = checked("cpu", pattern=r"cpu|cuda(:\d+)?", allowed="a device", fix='use "cpu", "cuda" or "cuda:N"')
+    nproc: int = checked(1, ge=1)  # ranks per learner (torchrun island)
+    # ddp: every rank a replica | fsdp: the model sharded across the ranks
+    island: Island = checked("ddp", fix='use "ddp" (default) or "fsdp"')  # noqa: RUF009 (a field())
+    threads: int = checked(1, ge=1)  # torch threads per rank
+    batch_size: int = checked(0, ge=0)  # 0 = [run] batch_size
+    throttle: float = checked(1.0, ge=1, note="1 = full speed")  # >1 = artificially slower (demos and tests)
     python: str = "python3"  # interpreter on the host (with torch, unless setup = "venv")
-    setup: str = "auto"  # auto: use `python`, add our wheel | venv: fresh venv with torch
+    setup: Literal["auto", "venv"] = "auto"  # auto: use `python`, add our wheel | venv: fresh venv with torch
     torch: str = "torch"  # what `setup = "venv"` installs
     workdir: str = "~/.dldctl"  # remote base directory
     user: str = ""  # overrides [ssh] user
     port: int = 0  # overrides [ssh] port (0 = [ssh] port)
-    env: dict = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     # [[sites]] only: a scheduler's cluster; `address` is its login node
-    scheduler: str = ""  # "" = a machine; "slurm" = learners are Slurm batch jobs
+    # "" = a machine; "slurm" = learners are Slurm batch jobs
+    scheduler: str = checked("", pattern=_SCHEDULER, allowed="a scheduler dldctl drives", fix='use "slurm"')
     partition: str = ""  # "" = the cluster's default partition
     account: str = ""
-    nodes: int = 1  # per learner; > 1 (or nproc > 1) = a torchrun island inside the job
-    gpus_per_node: int = 0
+    nodes: int = checked(1, ge=1)  # per learner; > 1 (or nproc > 1) = a torchrun island inside the job
+    gpus_per_node: int = checked(0, ge=0)
     time: str = ""  # the job's time limit in Slurm's syntax ("12:00:00"); "" = the partition's default
     sbatch_args: tuple[str, ...] = ()  # further sbatch options, e.g. ["--qos=high", "--constraint=a100"]
 
@@ -276,7 +282,7 @@ def _sites(raw: Any) -> tuple[HostSpec, ...]:
 
 
 def validate(inv: Inventory) -> None:
-    """Cross-field rules, checked before anything starts."""
+    """Each field's rule and the rules that relate fields, checked before anything starts."""
     path = inv.path
     try:
         inv.run.validate()
@@ -312,10 +318,17 @@ def validate(inv: Inventory) -> None:
         )
 
 
+def _check_fields(path: str, spec: Any, prefix: str) -> None:
+    """`spec`'s fields against their rules (syncer/common/typedcodec.py), as a ConfigError."""
+    try:
+        check_fields(spec, prefix)
+    except SettingsError as exc:
+        raise ConfigError(path, exc.key, exc.problem, exc.fix) from None
+
+
 def _validate_hosts(inv: Inventory) -> None:
     seen: set[str] = set()
     for h in inv.hosts:
-        key = f"hosts.{h.name}"
         if not _NAME.match(h.name):
             raise ConfigError(
                 inv.path,
@@ -328,17 +341,8 @@ def _validate_hosts(inv: Inventory) -> None:
                 inv.path, "hosts.name", f"duplicate host name {h.name!r}", "give every [[hosts]] entry its own name"
             )
         seen.add(h.name)
-        if not h.address.strip():
-            raise ConfigError(
-                inv.path, f"{key}.address", "is empty", 'set the host\'s address, or "local" for this machine'
-            )
-        if not _DEVICE.match(h.device):
-            raise ConfigError(
-                inv.path, f"{key}.device", f"{h.device!r} is not a device", 'use "cpu", "cuda" or "cuda:N"'
-            )
-        for attr, low in (("learners", 0), ("nproc", 1), ("threads", 1), ("batch_size", 0)):
-            if getattr(h, attr) < low:
-                raise ConfigError(inv.path, f"{key}.{attr}", f"must be >= {low}, got {getattr(h, attr)}")
+        key = f"{'sites' if h.site else 'hosts'}.{h.name}"
+        _check_fields(inv.path, h, key)
         if h.nproc > 1 and h.device.startswith("cuda:"):
             raise ConfigError(
                 inv.path,
@@ -346,23 +350,11 @@ def _validate_hosts(inv: Inventory) -> None:
                 f"{h.device!r} with nproc = {h.nproc} puts every rank on one GPU",
                 'use device = "cuda": each rank of the island takes its own local GPU',
             )
-        if h.throttle < 1.0:
-            raise ConfigError(inv.path, f"{key}.throttle", f"must be >= 1.0 (1 = full speed), got {h.throttle}")
-        if h.setup not in ("auto", "venv"):
-            raise ConfigError(inv.path, f"{key}.setup", f"{h.setup!r} is not a setup mode", 'use "auto" or "venv"')
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in h.env.items()):
-            raise ConfigError(inv.path, f"{key}.env", "keys and values must be strings")
         _validate_site(inv.path, h)
-        _validate_island(inv.path, h)
-
-
-def _validate_island(path: str, h: HostSpec) -> None:
-    key = f"{'sites' if h.site else 'hosts'}.{h.name}.island"
-    if h.island not in ISLANDS:
-        raise ConfigError(path, key, f"island must be ddp or fsdp, got {h.island!r}", 'use "ddp" (default) or "fsdp"')
-    if h.island == "fsdp" and h.nproc * (h.nodes if h.site else 1) < 2:
-        fix = 'set nproc >= 2 (or nodes >= 2 on a site), or island = "ddp"'
-        raise ConfigError(path, key, "fsdp shards the model across an island's ranks, and this one has 1 rank", fix)
+        if h.island == "fsdp" and h.nproc * (h.nodes if h.site else 1) < 2:
+            fix = 'set nproc >= 2 (or nodes >= 2 on a site), or island = "ddp"'
+            msg = "fsdp shards the model across an island's ranks, and this one has 1 rank"
+            raise ConfigError(inv.path, f"{key}.island", msg, fix)
 
 
 def _validate_site(path: str, h: HostSpec) -> None:
@@ -375,11 +367,6 @@ def _validate_site(path: str, h: HostSpec) -> None:
                     path, f"hosts.{h.name}.{attr}", "is a scheduler key", "put the cluster under [[sites]]"
                 )
         return
-    if h.scheduler not in SCHEDULERS:
-        raise ConfigError(path, f"{key}.scheduler", f"{h.scheduler!r} is not a scheduler dldctl drives", 'use "slurm"')
-    for attr, low in (("nodes", 1), ("gpus_per_node", 0)):
-        if getattr(h, attr) < low:
-            raise ConfigError(path, f"{key}.{attr}", f"must be >= {low}, got {getattr(h, attr)}")
     try:
         slurmjobs.parse_time(h.time)
     except ValueError:
@@ -414,11 +401,7 @@ def _validate_alerts(inv: Inventory) -> None:
 
 
 def _validate_ssh(inv: Inventory) -> None:
-    if inv.ssh.host_key_policy not in ("strict", "accept-new"):
-        policy = inv.ssh.host_key_policy
-        raise ConfigError(
-            inv.path, "ssh.host_key_policy", f"{policy!r} is not a policy", 'use "strict" (default) or "accept-new"'
-        )
+    _check_fields(inv.path, inv.ssh, "ssh")
     if inv.ssh.identity_file and any(not h.local for h in inv.hosts):
         path = Path(os.path.expanduser(inv.ssh.identity_file))
         if not path.is_file() or not os.access(path, os.R_OK):
@@ -433,12 +416,12 @@ def _validate_ssh(inv: Inventory) -> None:
 def to_dict(inv: Inventory) -> dict[str, Any]:
     """The inventory as plain data (`parse` reads it back), kept in the run directory."""
     return {
-        "run": asdict(inv.run),
-        "ssh": asdict(inv.ssh),
-        "syncer": asdict(inv.syncer),
-        "hosts": [asdict(h) for h in inv.hosts],
-        "metrics": asdict(inv.metrics),
-        "alerts": asdict(inv.alerts),
+        "run": to_mapping(inv.run),
+        "ssh": to_mapping(inv.ssh),
+        "syncer": to_mapping(inv.syncer),
+        "hosts": [to_mapping(h) for h in inv.hosts],
+        "metrics": to_mapping(inv.metrics),
+        "alerts": to_mapping(inv.alerts),
         "model": dict(inv.model_args),
     }
 

@@ -22,28 +22,30 @@ On disk (keys as dldctl has always written them; "version" is the schema version
 
 Paths in the file are absolute or relative to the file's own directory (`resolve_path`), so the
 same file works in the run directory of whichever host reads it. `load` and `save` are the one
-reader and writer; `from_json` checks the schema version and every field (unknown keys too), so
-a file of another dldctl, or a damaged one, is one line naming the file, the key and what to do.
+reader and writer; `from_json` checks the schema version and every field (unknown keys too; by
+their types and rules, syncer/common/typedcodec.py), so a file of another dldctl, or a damaged one,
+is one line naming the file, the key and what to do. A key holding its default is left out where
+older files had no such key (`omit_default`), so an older reader still reads what this one writes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from syncer.common import strictjson
 from syncer.common.atomic import atomic_write
-from syncer.common.settings import RunSettings, SettingsError, from_mapping, suggest
+from syncer.common.settings import RunSettings, SettingsError
+from syncer.common.typedcodec import check_fields, checked, from_mapping, meta, to_mapping
 
 SCHEMA_VERSION = 1
 VERSION_KEY = "version"
 FIX = "start a new run with `dldctl up`"
-ISLANDS = ("ddp", "fsdp")  # an island's ranks hold replicas (DDP) or shards (FSDP2) of the model
-TOP_KEYS: tuple[str, ...] = (VERSION_KEY, "run_id", "run", "syncer", "learners", "keys", "inventory", "init_model")
-TOP_KEYS += ("model_args", "model_dir")
+Island = Literal["ddp", "fsdp"]  # an island's ranks hold replicas (DDP) or shards (FSDP2) of the model
+ISLANDS: tuple[str, ...] = typing.get_args(Island)
 
 
 class ResolvedConfigError(ValueError):
@@ -61,10 +63,12 @@ class SyncerSection:
     advertise: str = "127.0.0.1"  # the address learners dial
     control_address: str = "127.0.0.1"  # the address the operator's control client dials
     dir: str = "."  # the run directory, relative to the configuration file
-    shards: int = 1  # syncer processes, each owning a balanced subset of the fragments (syncer/wire/shards.py)
-    shard_ports: tuple[int, ...] = ()  # shards 1..S-1: learner port, control port, learner port, ...
-    shard_hosts: tuple[str, ...] = ()  # shards 1..S-1: the host each runs on (empty: all on `host`)
-    shard_addresses: tuple[str, ...] = ()  # shards 1..S-1: the address learners and the operator dial
+    # syncer processes, each owning a balanced subset of the fragments (syncer/wire/shards.py);
+    # an unsharded syncer's file has none of the shard keys, one sharded on one host no shard_hosts
+    shards: int = checked(1, omit_default=True)
+    shard_ports: tuple[int, ...] = checked((), omit_default=True)  # shards 1..S-1: learner port, control port, ...
+    shard_hosts: tuple[str, ...] = checked((), omit_default=True)  # shards 1..S-1: each one's host (empty: `host`)
+    shard_addresses: tuple[str, ...] = checked((), omit_default=True)  # shards 1..S-1: what learners dial
 
     def shard(self, s: int) -> SyncerSection:
         """The section as shard `s` sees it: its own two ports (shard 0: `port`, `control_port`),
@@ -95,12 +99,7 @@ class SyncerSection:
     def to_json(self) -> dict[str, Any]:
         """Its JSON; an unsharded syncer's as dldctl has always written it (no shard keys), and a
         sharded one on one host's without the per-shard hosts."""
-        out = dataclasses.asdict(self)
-        if self.shards == 1:
-            del out["shards"], out["shard_ports"]
-        if not self.shard_hosts:
-            del out["shard_hosts"], out["shard_addresses"]
-        return out
+        return to_mapping(self)
 
     @property
     def addresses(self) -> tuple[str, ...]:
@@ -136,29 +135,13 @@ class LearnerEntry:
     batch_size: int = 0  # 0: the run's batch_size
     throttle: float = 1.0  # >1: artificially this many times slower (demos, tests)
     nproc: int = 1  # ranks in this learner's torchrun island
-    island: str = "ddp"  # how its ranks hold the model: "ddp" replicas or "fsdp" shards (FSDP2)
+    # how its ranks hold the model: "ddp" replicas or "fsdp" shards (FSDP2); a DDP fleet's file has
+    # no island key, as dldctl has always written it (and an older reader still reads it)
+    island: Island = checked("ddp", omit_default=True)  # noqa: RUF009 (a field(), not a shared default)
     threads: int = 1  # torch intra-op threads per rank
-    env: dict[str, str] = field(default_factory=dict)  # str keys and values (checked on load)
+    env: dict[str, str] = field(default_factory=dict)
     shard: int = 0
     shards: int = 1
-
-    @classmethod
-    def from_json(cls, data: Any, where: str) -> LearnerEntry:
-        entry = from_mapping(cls, data, where)
-        for key, value in entry.env.items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise SettingsError(f"{where}.env", f"{key!r} = {value!r}: names and values must be strings")
-        if entry.island not in ISLANDS:
-            raise SettingsError(f"{where}.island", f"island must be ddp or fsdp, got {entry.island!r}")
-        return entry
-
-    def to_json(self) -> dict[str, Any]:
-        """The entry's keys; `island` only where it is not "ddp", so a DDP fleet's file is the
-        one dldctl has always written (and an older reader still reads it)."""
-        out = dataclasses.asdict(self)
-        if self.island == "ddp":
-            del out["island"]
-        return out
 
 
 @dataclass(frozen=True)
@@ -177,10 +160,13 @@ class ResolvedConfig:
     syncer: SyncerSection
     learners: tuple[LearnerEntry, ...] = ()
     keys: KeysSection = KeysSection()
-    inventory: str | None = None  # where the inventory came from (only shown to people)
-    init_model: str | None = None  # the run's copy of [run] init_from, relative to the file (None: from the seed)
-    model_args: dict[str, Any] = field(default_factory=dict)  # the inventory's [model] table, for the factory
-    model_dir: str | None = None  # an `hf:` model's directory (config, tokenizer), the run's copy, relative
+    inventory: str | None = checked(None, omit_default=True)  # where the inventory came from (shown to people)
+    # the run's copy of [run] init_from, relative to the file (None: from the seed)
+    init_model: str | None = checked(None, omit_default=True)
+    # the inventory's [model] table, for the factory
+    model_args: dict[str, Any] = field(default_factory=dict, metadata=meta(omit_default=True))
+    # an `hf:` model's directory (config, tokenizer), the run's copy, relative
+    model_dir: str | None = checked(None, omit_default=True)
 
     @property
     def learner_ids(self) -> tuple[str, ...]:
@@ -234,65 +220,31 @@ class ResolvedConfig:
                 f"{where}: schema version {version!r}, this dldctl reads version {SCHEMA_VERSION}; {FIX}"
             )
         try:
-            return cls._parse(data)
+            config = from_mapping(cls, {k: v for k, v in data.items() if k != VERSION_KEY})
+            _check(config)
         except SettingsError as exc:
             raise ResolvedConfigError(f"{where}: malformed configuration: {exc}; {FIX}") from None
-
-    @classmethod
-    def _parse(cls, data: dict[str, Any]) -> ResolvedConfig:
-        for key in data:
-            if key not in TOP_KEYS:
-                close = suggest(key, list(TOP_KEYS))
-                raise SettingsError(key, "unknown key", f"did you mean {close!r}?" if close else None)
-        learners = _list(data, "learners")
-        entries = tuple(LearnerEntry.from_json(e, f"learners[{i}]") for i, e in enumerate(learners))
-        seen: set[str] = set()
-        for i, entry in enumerate(entries):
-            if entry.id in seen:
-                raise SettingsError(f"learners[{i}].id", f"duplicate learner id {entry.id!r}")
-            seen.add(entry.id)
-        run = _settings(_table(data, "run"))
-        return cls(
-            run_id=_str(data, "run_id"),
-            run=run,
-            syncer=_syncer(_table(data, "syncer"), run.fragments),
-            learners=entries,
-            keys=from_mapping(KeysSection, data.get("keys", {}), "keys"),
-            inventory=_str(data, "inventory") if data.get("inventory") is not None else None,
-            init_model=_str(data, "init_model") if data.get("init_model") is not None else None,
-            model_args=_object(data, "model_args"),
-            model_dir=_str(data, "model_dir") if data.get("model_dir") is not None else None,
-        )
+        return config
 
     def to_json(self) -> dict[str, Any]:
         """The file's JSON, keys as dldctl has always written them."""
-        out: dict[str, Any] = {
-            VERSION_KEY: SCHEMA_VERSION,
-            "run_id": self.run_id,
-            "run": self.run.to_dict(),
-            "syncer": self.syncer.to_json(),
-            "learners": [e.to_json() for e in self.learners],
-            "keys": dataclasses.asdict(self.keys),
-        }
-        if self.inventory is not None:
-            out["inventory"] = self.inventory
-        if self.init_model is not None:
-            out["init_model"] = self.init_model
-        if self.model_args:
-            out["model_args"] = dict(self.model_args)
-        if self.model_dir is not None:
-            out["model_dir"] = self.model_dir
-        return out
+        return {VERSION_KEY: SCHEMA_VERSION, **to_mapping(self)}
 
 
-def _settings(data: dict[str, Any]) -> RunSettings:
-    """The `run` section, checked like an inventory's `[run]` table (its keys named `run.KEY`)."""
-    settings = from_mapping(RunSettings, data, "run")
+def _check(config: ResolvedConfig) -> None:
+    """Each field's rule, then those that relate two: the run's own (checked like an inventory's
+    `[run]` table, its keys named `run.KEY`), the syncer's shards, the learners' ids."""
     try:
-        settings.validate()
+        config.run.validate()
     except SettingsError as exc:
         raise SettingsError(f"run.{exc.key}" if exc.key else "run", exc.problem, exc.fix) from None
-    return settings
+    check_fields(config)
+    _check_shards(config.syncer, config.run.fragments)
+    seen: set[str] = set()
+    for i, entry in enumerate(config.learners):
+        if entry.id in seen:
+            raise SettingsError(f"learners[{i}].id", f"duplicate learner id {entry.id!r}")
+        seen.add(entry.id)
 
 
 def shard_subdir(shard: int) -> str:
@@ -301,9 +253,8 @@ def shard_subdir(shard: int) -> str:
     return "" if shard == 0 else f"shard-{shard}"
 
 
-def _syncer(data: dict[str, Any], fragments: int) -> SyncerSection:
-    """The syncer section, its shards checked against the ports and the run's fragments."""
-    section = from_mapping(SyncerSection, data, "syncer")
+def _check_shards(section: SyncerSection, fragments: int) -> None:
+    """The syncer's shards against the ports, the hosts and the run's fragments."""
     if not 1 <= section.shards <= fragments:
         raise SettingsError("syncer.shards", f"must be between 1 and fragments = {fragments}, got {section.shards}")
     if len(section.shard_ports) != 2 * (section.shards - 1):
@@ -315,39 +266,6 @@ def _syncer(data: dict[str, Any], fragments: int) -> SyncerSection:
             raise SettingsError(f"syncer.{key}", f"needs one entry per shard after the first: {section.shards - 1}")
     if len(section.shard_hosts) != len(section.shard_addresses):
         raise SettingsError("syncer.shard_addresses", "needs one address per entry of shard_hosts")
-    return section
-
-
-def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
-    if key not in data:
-        raise SettingsError(key, "is required")
-    value = data[key]
-    if not isinstance(value, dict):
-        raise SettingsError(key, f"must be an object, got {type(value).__name__}")
-    return value
-
-
-def _object(data: dict[str, Any], key: str) -> dict[str, Any]:
-    value = data.get(key, {})
-    if not isinstance(value, dict):
-        raise SettingsError(key, f"must be an object, got {type(value).__name__}")
-    return dict(value)
-
-
-def _list(data: dict[str, Any], key: str) -> list[Any]:
-    value = data.get(key, [])
-    if not isinstance(value, list):
-        raise SettingsError(key, f"must be a list, got {type(value).__name__}")
-    return value
-
-
-def _str(data: dict[str, Any], key: str) -> str:
-    if key not in data:
-        raise SettingsError(key, "is required")
-    value = data[key]
-    if not isinstance(value, str):
-        raise SettingsError(key, f"must be a string, got {type(value).__name__} {value!r}")
-    return value
 
 
 def resolve_path(base: Path, value: str) -> Path:

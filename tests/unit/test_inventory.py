@@ -228,14 +228,14 @@ def test_island_is_ddp_unless_fsdp_is_asked_on_a_learner_with_ranks(tmp_path: Pa
         (
             GOOD.replace("learners = 2", 'learners = 2\nisland = "zero"'),
             "hosts.a.island",
-            "must be ddp or fsdp, got 'zero'",
+            "'zero' is not one of ddp, fsdp",
         ),
-        (GOOD.replace("learners = 2", 'learners = 2\nnproc = 2\nisland = "FSDP"'), "hosts.a.island", "got 'FSDP'"),
+        (GOOD.replace("learners = 2", 'learners = 2\nnproc = 2\nisland = "FSDP"'), "hosts.a.island", "'FSDP' is not"),
         (GOOD.replace("learners = 2", 'learners = 2\nisland = "fsdp"'), "hosts.a.island", "this one has 1 rank"),
         # `nodes` is a site's: on a [[hosts]] machine it adds no ranks
         (GOOD.replace("learners = 2", 'learners = 2\nnodes = 4\nisland = "fsdp"'), "hosts.a.island", "1 rank"),
         (GOOD + SITE + 'island = "fsdp"\n', "sites.cluster-a.island", "set nproc >= 2 (or nodes >= 2 on a site)"),
-        (GOOD + SITE + 'nproc = 4\nisland = "ring"\n', "sites.cluster-a.island", "must be ddp or fsdp"),
+        (GOOD + SITE + 'nproc = 4\nisland = "ring"\n', "sites.cluster-a.island", "'ring' is not one of ddp, fsdp"),
         (GOOD.replace("learners = 2", "learners = 2\nisland = 2"), "hosts.island", "host a: must be str"),
     ],
 )

@@ -1,0 +1,311 @@
+"""One codec for the frozen settings dataclasses, driven by their fields' types and metadata
+(a leaf: stdlib only; pure, no I/O).
+
+    from_mapping(cls, data, table)  a plain dict (TOML, JSON) -> `cls`: unknown keys refused with a
+                                    "did you mean", each value checked against its annotation (int,
+                                    float (ints widened), bool, str, Literal, optional, tuple/list,
+                                    dict, a nested dataclass), required fields present
+    check_fields(obj, path)         each field's value against its `checked(...)` rule: bounds,
+                                    Literal choices, a pattern, a multiple; nested dataclasses too
+    to_mapping(obj)                 back to a plain, JSON-ready dict (tuples as lists); a field
+                                    marked `omit_default` is left out while it holds its default
+
+A field's rule is declared where the field is (`H: int = checked(64, ge=1)`), so a new setting
+needs no new check written by hand; rules that relate two fields stay explicit in their class.
+Every failure is a `SettingsError` whose message is one line: `[key.path] problem (fix)`, e.g.
+`[run.quorum] must be >= 1, got 0` or `[run.merge] 'avg' is not one of rda, mean (set merge = 'rda')`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal, TypeVar
+
+T = TypeVar("T")
+RULE = "rule"  # the metadata key a `checked` field's Rule sits under
+
+
+class SettingsError(ValueError):
+    """A settings value is wrong: `key` names it, `fix` says what to do."""
+
+    def __init__(self, key: str | None, problem: str, fix: str | None = None) -> None:
+        self.key = key
+        self.problem = problem
+        self.fix = fix
+        where = f"[{key}] " if key else ""
+        super().__init__(f"{where}{problem}" + (f" ({fix})" if fix else ""))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a field's value may be beyond its type. `also`: values allowed outside the bounds,
+    each with its meaning (`((0, "off"),)`); `allowed`: how to say what is allowed where the
+    bounds or the pattern do not say it well; `note`: what a special value means, shown in
+    parentheses; `nonblank`: a non-empty string must not be only spaces."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    also: tuple[tuple[Any, str], ...] = ()
+    multiple_of: int | None = None
+    pattern: str | None = None
+    nonblank: bool = False
+    allowed: str = ""
+    unit: str = ""
+    note: str = ""
+    fix: str | None = None
+    omit_default: bool = False
+
+
+def meta(**rule: Any) -> dict[str, Rule]:
+    """Field metadata holding `Rule(**rule)`, for `field(default_factory=..., metadata=meta(...))`."""
+    return {RULE: Rule(**rule)}
+
+
+def checked(default: T, **rule: Any) -> T:
+    """A field with `default` and the rule `Rule(**rule)`; typed as its default, so that
+    `H: int = checked(64, ge=1)` reads (and type-checks) as `H: int = 64`."""
+    return dataclasses.field(default=default, metadata=meta(**rule))
+
+
+def suggest(name: str, candidates: list[str]) -> str | None:
+    """The closest known name to a misspelled one, if any is close."""
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    if not close:
+        lowered = {c.lower(): c for c in candidates}
+        return lowered.get(name.lower())
+    return close[0]
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+# -- decoding: a dict to the dataclass, every value checked against its annotation ---------------
+class _Mismatch(Exception):
+    """A value that does not fit its annotation (turned into a SettingsError naming the key)."""
+
+
+def _decode(value: Any, hint: Any, path: str) -> Any:
+    """`value` as `hint` says (ints widened to floats, lists to tuples); _Mismatch if it does not fit."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(hint):
+            return None  # before a table's arm, which would call None not a table
+        for arm in typing.get_args(hint):
+            try:
+                return _decode(value, arm, path)
+            except _Mismatch:
+                continue
+        raise _Mismatch
+    if origin is Literal:  # the choices are checked by check_fields, the type here
+        return _decode(value, type(typing.get_args(hint)[0]), path)
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return from_mapping(hint, value, path)
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise _Mismatch
+        arm = (typing.get_args(hint) or (Any,))[0]
+        return tuple(_decode(v, arm, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is dict or hint is dict:
+        return _decode_dict(value, hint, path)
+    if hint is Any:
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float) and isinstance(value, bool):
+        raise _Mismatch
+    if hint is type(None) and value is None:
+        return value
+    if hint is not type(None) and isinstance(value, hint):
+        return value
+    raise _Mismatch
+
+
+def _decode_dict(value: Any, hint: Any, path: str) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise _Mismatch
+    key_type, value_type = typing.get_args(hint) or (Any, Any)
+    return {_decode(k, key_type, path): _decode(v, value_type, path) for k, v in value.items()}
+
+
+def _type_name(hint: Any) -> str:
+    """How an annotation reads in a message: `int`, `int | None`, `list[int]`, `str`."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(arm) for arm in typing.get_args(hint))
+    if origin is Literal:
+        return type(typing.get_args(hint)[0]).__name__
+    if origin in (tuple, list):
+        return f"list[{_type_name((typing.get_args(hint) or (Any,))[0])}]"
+    if hint is type(None):
+        return "None"
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return "table" if dataclasses.is_dataclass(hint) else hint.__name__
+    return str(hint).replace("typing.", "")
+
+
+def from_mapping(cls: type[T], data: Mapping[str, Any], table: str = "") -> T:
+    """Build the frozen dataclass `cls` from `data`, strictly: unknown keys and wrong types fail."""
+    if not isinstance(data, Mapping):
+        raise SettingsError(table or None, f"must be a table, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        path = _join(table, key)
+        if key not in known:
+            close = suggest(key, known)
+            raise SettingsError(path, "unknown key", f"did you mean {close!r}?" if close else _known(known))
+        try:
+            values[key] = _decode(value, hints[key], path)
+        except _Mismatch:
+            kind = _type_name(hints[key])
+            fix = _type_fix(cls, key, kind)
+            raise SettingsError(path, f"must be {kind}, got {type(value).__name__} {value!r}", fix) from None
+    missing = [f.name for f in fields(cls) if f.name not in values and _required(f)]  # type: ignore[arg-type]
+    if missing:
+        add = f"add {missing[0]} = ... to [{table}]" if table else None
+        raise SettingsError(_join(table, missing[0]), "is required", add)
+    return cls(**values)
+
+
+def _known(known: list[str]) -> str:
+    return f"known keys: {', '.join(known)}"
+
+
+def _type_fix(cls: type, key: str, kind: str) -> str:
+    """How to write `key` right: its type, with the default as an example where there is one."""
+    default = next((f.default for f in fields(cls) if f.name == key), dataclasses.MISSING)
+    if default is dataclasses.MISSING or not isinstance(default, (str, int, float)):
+        return f"write {key} as {kind}"
+    example = json.dumps(default)  # TOML and JSON agree on strings, numbers and booleans
+    return f"write {key} as {kind}, e.g. {key} = {example}"
+
+
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+# -- checking: each field's value against its rule --------------------------------------------
+def check_fields(obj: Any, path: str = "") -> None:
+    """Check every field of the dataclass `obj` against its Literal choices and its `checked`
+    rule, and every nested dataclass (`path.field`, `path.field[i]`) the same way."""
+    hints = typing.get_type_hints(type(obj))
+    for f in fields(obj):
+        value, key = getattr(obj, f.name), _join(path, f.name)
+        _check_choices(value, hints[f.name], key, f)
+        rule = f.metadata.get(RULE)
+        if rule is not None:
+            _check_rule(value, rule, key)
+        if dataclasses.is_dataclass(value):
+            check_fields(value, key)
+        elif isinstance(value, tuple):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    check_fields(item, f"{key}[{i}]")
+
+
+def _choices(hint: Any) -> tuple[Any, ...]:
+    """The values a Literal annotation allows (with `bool` in a union: True and False); () if none."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        arms = typing.get_args(hint)
+        if any(typing.get_origin(arm) is Literal for arm in arms):
+            return tuple(v for arm in arms for v in ((True, False) if arm is bool else _choices(arm)))
+    return ()
+
+
+def _check_choices(value: Any, hint: Any, key: str, f: dataclasses.Field[Any]) -> None:
+    allowed = _choices(hint)
+    if allowed and not any(value == a and type(value) is type(a) for a in allowed):
+        names = ", ".join(json.dumps(a) if isinstance(a, bool) else str(a) for a in allowed)
+        rule = f.metadata.get(RULE)
+        fix = rule.fix if rule is not None and rule.fix is not None else f"set {f.name} = {f.default!r}"
+        raise SettingsError(key, f"{value!r} is not one of {names}", fix)
+
+
+def _check_rule(value: Any, rule: Rule, key: str) -> None:
+    if isinstance(value, str):
+        _check_text(value, rule, key)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        _check_number(value, rule, key)
+
+
+def _check_text(value: str, rule: Rule, key: str) -> None:
+    if rule.nonblank and value != "" and not value.strip():
+        raise SettingsError(key, "is blank", rule.fix)
+    if rule.pattern is not None and re.fullmatch(rule.pattern, value) is None:
+        raise SettingsError(key, f"{value!r} is not {rule.allowed}", rule.fix)
+
+
+def _check_number(value: float, rule: Rule, key: str) -> None:
+    if any(value == special for special, _ in rule.also):
+        return
+    ok = (
+        (rule.ge is None or value >= rule.ge)
+        and (rule.gt is None or value > rule.gt)
+        and (rule.le is None or value <= rule.le)
+        and (rule.lt is None or value < rule.lt)
+        and (rule.multiple_of is None or value % rule.multiple_of == 0)
+    )
+    if not ok:
+        raise SettingsError(key, f"must be {_allowed(rule)}, got {value}", rule.fix)
+
+
+def _allowed(rule: Rule) -> str:
+    """What a number may be, e.g. `>= 1`, `in [0, 1)`, `0 (off) or >= 2 sync periods (0 = auto)`."""
+    low = f"[{rule.ge:g}" if rule.ge is not None else f"({rule.gt:g}" if rule.gt is not None else ""
+    high = f"{rule.le:g}]" if rule.le is not None else f"{rule.lt:g})" if rule.lt is not None else ""
+    if rule.allowed or not (low or high):
+        bounds = rule.allowed
+    elif low and high:
+        bounds = f"in {low}, {high}"
+    elif low:
+        bounds = f"{'>=' if low[0] == '[' else '>'} {low[1:]}"
+    else:
+        bounds = f"{'<=' if high[-1] == ']' else '<'} {high[:-1]}"
+    specials = "".join(f"{special} ({meaning}) or " for special, meaning in rule.also)
+    unit = f" {rule.unit}" if rule.unit else ""
+    note = f" ({rule.note})" if rule.note else ""
+    return f"{specials}{bounds}{unit}{note}"
+
+
+# -- encoding: back to a plain dict -------------------------------------------------------------
+def to_mapping(obj: Any) -> dict[str, Any]:
+    """The dataclass `obj` as a plain, JSON-ready dict (the inverse of `from_mapping`); a field
+    whose rule says `omit_default` is left out while it holds its default."""
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        rule = f.metadata.get(RULE)
+        if rule is not None and rule.omit_default and value == _default(f):
+            continue
+        out[f.name] = _plain(value)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_mapping(value)
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
