@@ -13,10 +13,10 @@ from collections.abc import Iterator, MutableMapping
 from typing import Any, cast
 
 import typer
-import typer.core
 from rich.console import Console
 from rich.markup import escape
 
+from dldctl.commands.options import App, Group
 from dldctl.errors import DldError
 
 # command -> (module, attribute): a function is one command, a Typer a group. A module is imported
@@ -45,7 +45,7 @@ def load_command(name: str) -> Any:
     if isinstance(target, typer.Typer):
         command: Any = typer.main.get_group(target)  # a group, without the root's completion options
     else:
-        single = typer.Typer(add_completion=False)
+        single = App(add_completion=False)
         single.command(name=name)(target)
         command = typer.main.get_command(single)
     command.name = name
@@ -78,8 +78,8 @@ class _LazyCommands(MutableMapping[str, Any]):
         return len(COMMANDS)
 
 
-class _RootGroup(typer.core.TyperGroup):
-    """typer's group, with its commands looked up in COMMANDS on demand."""
+class _RootGroup(Group):
+    """dldctl's group, with its commands looked up in COMMANDS on demand."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -28,17 +28,17 @@ from dldctl.chaos.inject import Chaos, Confirm
 from dldctl.chaos.linkcap import LinkCapError
 from dldctl.chaos.plan import ACTIONS, Experiment, PlanError, monkey_schedule, parse_experiment, seconds
 from dldctl.chaos.records import Injection
-from dldctl.commands.options import output_console
+from dldctl.commands import complete
+from dldctl.commands.options import App, LiveRunOpt, output_console
 from dldctl.errors import ChaosError, ConfigError, OperationError, UsageError
 from syncer.common import strictjson
 
-app = typer.Typer(
+app = App(
     help="Break a live run on purpose: kill, pause, slow, partition, corrupt, a monkey, experiments.",
     no_args_is_help=True,
 )
 console = output_console()
 err_console = output_console(stderr=True)  # what a human reads while stdout carries JSON
-RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 ForceOpt = typer.Option(False, "--force", help="Do it even if it leaves fewer live learners than the quorum.")
 JsonOpt = typer.Option(False, "--json", help="Print what was done as one JSON object (messages go to stderr).")
 EXAMPLE = resources.files("dldctl") / "examples" / "chaos-experiment.toml"  # package data: in the wheel
@@ -71,15 +71,17 @@ def _emit(record: dict[str, Any]) -> None:
 
 @app.command()
 def kill(
-    target: str = typer.Argument(..., help="learner-N, or syncer / syncer-N (a shard of a sharded syncer)"),
-    signal: str = typer.Option("KILL", "--signal", help="KILL or TERM"),
+    target: str = typer.Argument(
+        ..., help="learner-N, or syncer / syncer-N (a shard of a sharded syncer)", autocompletion=complete.proc_targets
+    ),
+    signal: str = typer.Option("KILL", "--signal", metavar="KILL|TERM", help="The signal to send."),
     down_for: str | None = typer.Option(
         None,
         "--down-for",
         help="How long until the supervisor brings it back, e.g. 30s or 2m (default: its restart delay).",
     ),
     force: bool = ForceOpt,
-    run: str | None = RunOpt,
+    run: str | None = LiveRunOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Signal a learner's (or a syncer shard's) process group; the supervisor restarts it.
@@ -118,12 +120,14 @@ def _inject(
 
 @app.command()
 def preempt(
-    target: str = typer.Argument(..., help="learner-N (a learner that runs as a scheduler's job)"),
+    target: str = typer.Argument(
+        ..., help="learner-N (a learner that runs as a scheduler's job)", autocompletion=complete.learner_ids
+    ),
     down_for: str | None = typer.Option(
         None, "--down-for", help="How long until the supervisor submits its replacement (default: its restart delay)."
     ),
     force: bool = ForceOpt,
-    run: str | None = RunOpt,
+    run: str | None = LiveRunOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Cancel a learner's Slurm job as a preemption would; the supervisor submits a new one.
@@ -156,10 +160,10 @@ def _timed(
 
 @app.command()
 def pause(
-    target: str = typer.Argument(..., help="learner-N"),
+    target: str = typer.Argument(..., help="learner-N", autocompletion=complete.learner_ids),
     duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."),
     force: bool = ForceOpt,
-    run: str | None = RunOpt,
+    run: str | None = LiveRunOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """SIGSTOP a learner (a hung straggler), SIGCONT after --duration.
@@ -171,10 +175,10 @@ def pause(
 
 @app.command()
 def slow(
-    target: str = typer.Argument(..., help="learner-N"),
+    target: str = typer.Argument(..., help="learner-N", autocompletion=complete.learner_ids),
     factor: float = typer.Option(..., "--factor", help="How many times slower."),
     duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."),
-    run: str | None = RunOpt,
+    run: str | None = LiveRunOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Make a learner run F times slower for a while.
@@ -186,10 +190,10 @@ def slow(
 
 @app.command()
 def partition(
-    target: str = typer.Argument(..., help="learner-N"),
+    target: str = typer.Argument(..., help="learner-N", autocompletion=complete.learner_ids),
     duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."),
     force: bool = ForceOpt,
-    run: str | None = RunOpt,
+    run: str | None = LiveRunOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Cut a learner off from the syncer both ways; it keeps training and reconnects after.
@@ -201,15 +205,17 @@ def partition(
 
 @app.command()
 def corrupt(
-    target: str = typer.Argument(..., help="learner-N"),
-    mode: str = typer.Option(..., "--mode", help=f"How it goes bad: {', '.join(corruption.MODES)} (docs/chaos.md)."),
+    target: str = typer.Argument(..., help="learner-N", autocompletion=complete.learner_ids),
+    mode: str = typer.Option(
+        ..., "--mode", metavar="|".join(corruption.MODES), help="How it goes bad (docs/chaos.md)."
+    ),
     factor: float | None = typer.Option(
         None,
         "--factor",
         help="scale: the weights' multiplier (default 1e6); bitflip: values flipped per push (default 4).",
     ),
     duration: str = typer.Option(..., "--duration", help="How long, e.g. 20s or 2m."),
-    run: str | None = RunOpt,
+    run: str | None = LiveRunOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Make a learner go bad while it keeps running: NaN or scaled weights, or corrupted pushes.
@@ -235,14 +241,14 @@ def corrupt(
 
 @app.command()
 def link(
-    target: str = typer.Argument(..., help="learner-N"),
+    target: str = typer.Argument(..., help="learner-N", autocompletion=complete.learner_ids),
     rate: str = typer.Option(..., "--rate", help="The cap, in tc's units: 1mbit, 500kbit, 1gbit."),
     duration: str = typer.Option(..., "--duration", help="How long, e.g. 60s or 5m."),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Check both hosts and print the tc commands; change nothing."
     ),
     force: bool = ForceOpt,
-    run: str | None = RunOpt,
+    run: str | None = LiveRunOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Cap the bandwidth between a learner and the syncer (tc, both ways), then restore it.
@@ -278,9 +284,11 @@ def _link_dry_run(chaos: Chaos, targets: list[str], rate: str) -> None:
 
 @app.command()
 def heal(
-    target: str | None = typer.Argument(None, help="Only this learner (default: with --all, everything)."),
+    target: str | None = typer.Argument(
+        None, help="Only this learner (default: with --all, everything).", autocompletion=complete.learner_ids
+    ),
     all_: bool = typer.Option(False, "--all", help="Undo every active fault and kill hold."),
-    run: str | None = RunOpt,
+    run: str | None = LiveRunOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Undo active faults now (idempotent).
@@ -331,7 +339,7 @@ def monkey(
     down_for: str = typer.Option("0", "--down-for", help="How long a killed learner stays down (0: restart delay)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the schedule, inject nothing."),
     force: bool = ForceOpt,
-    run: str | None = RunOpt,
+    run: str | None = LiveRunOpt,
     json_out: bool = LinesOpt,
 ) -> None:
     """A chaos monkey: Poisson-distributed faults, reproducible with --seed.
@@ -396,7 +404,7 @@ def example() -> None:
 def run_experiment(
     experiment: Path = typer.Argument(..., help="Experiment TOML (`dldctl chaos example` prints a complete one)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, inject nothing."),
-    run: str | None = RunOpt,
+    run: str | None = LiveRunOpt,
     json_out: bool = LinesOpt,
 ) -> None:
     """Run a declarative chaos experiment; ends with a verdict (exit 1 on fail) and a report.

@@ -9,17 +9,17 @@ import time
 import typer
 
 from dldctl import rundir
-from dldctl.commands.options import duration
+from dldctl.commands.options import RunOpt, duration
 from dldctl.interrupts import interruptible
 from dldctl.observe import events as events_mod
 from syncer.common import strictjson
 
-RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent run).")
-
 
 def events(
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new events until interrupted."),
-    kind: list[str] = typer.Option([], "--kind", help="Only these kinds (repeat or comma-separate): death,restart."),
+    kind: list[str] = typer.Option(
+        [], "--kind", metavar="KIND", help="Only these kinds (repeat or comma-separate): death,restart."
+    ),
     target: str | None = typer.Option(None, "--target", help="Only targets matching this glob: learner-*, syncer."),
     since: str | None = typer.Option(None, "--since", help="Only events of the last 5m, 2h, 30s."),
     tail: int = typer.Option(50, "--tail", help="How many past events to print first (0 = none, -1 = all)."),

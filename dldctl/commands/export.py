@@ -1,4 +1,4 @@
-"""CLI: `dldctl export RUN` — the run's global model as safetensors + config.json, or with
+"""CLI: `dldctl export [RUN]` — the run's global model as safetensors + config.json, or with
 `--format hf` as a directory transformers' `from_pretrained` loads, verified (docs/model.md)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from dldctl import rundir
+from dldctl.commands import complete
 from dldctl.commands.options import output_console
 from dldctl.errors import UsageError
 from dldctl.lifecycle import export as export_mod
@@ -20,15 +21,20 @@ FORMATS = ("safetensors", "hf")
 
 
 def export(
-    run: str = typer.Argument(..., help="Run directory or run name (a run that is down, or live)."),
+    run: str | None = typer.Argument(
+        None,
+        help="Run directory or run name, down or live (default: the most recent live run, else the most recent run).",
+        autocompletion=complete.run_names,
+    ),
     out: Path | None = typer.Option(
         None, "--out", help="Write the files here (default: <run>/export, with --format hf <run>/export-hf)."
     ),
     fmt: str = typer.Option(
         "safetensors",
         "--format",
+        metavar="|".join(FORMATS),
         help="safetensors: model.safetensors + config.json (named_parameters() names); "
-        "hf: a transformers from_pretrained directory (needs dldctl[hf]).",
+        "hf: a transformers from_pretrained directory (needs the hf extra).",
     ),
     no_verify: bool = typer.Option(
         False, "--no-verify", help="--format hf: do not load it back and score it on the held-out batches."
@@ -42,6 +48,8 @@ def export(
     presets as GPT2LMHeadModel, an `hf:` model as its own class with its tokenizer; loaded back
     with AutoModelForCausalLM and scored on the run's held-out batches (it fails if that is not
     the run's own held-out loss).
+
+    Without RUN: the most recent live run, else the most recent run, as `status` takes.
 
     Example: dldctl export default --format hf --out ./model
     """

@@ -14,7 +14,8 @@ import typer
 
 from dldctl import inventory, rundir
 from dldctl.chaos.inject import quorum_left
-from dldctl.commands.options import output_console
+from dldctl.commands import complete
+from dldctl.commands.options import App, LiveRunOpt, output_console
 from dldctl.errors import UsageError
 from dldctl.lifecycle import converge
 from dldctl.observe.snapshot import collect
@@ -22,10 +23,9 @@ from dldctl.rundir import RunDir
 from dldctl.runstate import RunState
 from syncer.common import strictjson
 
-app = typer.Typer(help="Add or remove learners of a live run.", no_args_is_help=True)
+app = App(help="Add or remove learners of a live run.", no_args_is_help=True)
 console = output_console()
 err_console = output_console(stderr=True)
-RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 JsonOpt = typer.Option(False, "--json", help="Print what was done as one JSON object (messages go to stderr).")
 SCHEMA = "dldctl.learner/1"
 JOIN_TIMEOUT_S = 120.0  # how long `add` waits for its learners to run
@@ -78,7 +78,7 @@ def add(
     no_memory_check: bool = typer.Option(
         False, "--no-memory-check", help="Add them even where the host's free memory cannot hold them (CPU learners)."
     ),
-    run: str | None = RunOpt,
+    run: str | None = LiveRunOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Add learners mid-run; they join by fetching the current global state.
@@ -103,8 +103,8 @@ def add(
 
 @app.command("remove")
 def remove(
-    learner: str = typer.Argument(..., help="learner-N"),
-    run: str | None = RunOpt,
+    learner: str = typer.Argument(..., help="learner-N", autocompletion=complete.learner_ids),
+    run: str | None = LiveRunOpt,
     json_out: bool = JsonOpt,
     force: bool = typer.Option(False, "--force", help="Remove it even if the live fleet falls below the quorum."),
 ) -> None:

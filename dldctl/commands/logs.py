@@ -22,7 +22,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from dldctl import inventory, rundir
-from dldctl.commands.options import duration
+from dldctl.commands import complete
+from dldctl.commands.options import RunOpt, duration
 from dldctl.errors import DldError, UsageError
 from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.interrupts import interruptible
@@ -32,7 +33,6 @@ from dldctl.runstate import JOB_TICKS
 from syncer.common import jsonl
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
-RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 LOCAL_LOGS = {"supervisor": "supervisor.log", "watchdog": "watchdog.log"}  # in the run dir on this machine
 RETRY_S = 5.0  # a followed log whose host stopped answering is tried again this often
 ALL_LINES = 1 << 30
@@ -67,6 +67,7 @@ def logs(
         ...,
         metavar="TARGET",
         help="learner-N, syncer (syncer-N: a shard), supervisor, watchdog, or a glob: 'learner-*'.",
+        autocompletion=complete.log_targets,
     ),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines (of every target)."),
     tail: int | None = typer.Option(None, "--tail", help="Lines from the end of each log to start with (default 50)."),

@@ -13,7 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from dldctl import extras, inventory, rundir, syncermem, uplock
-from dldctl.commands.options import duration, output_console
+from dldctl.commands import complete
+from dldctl.commands.options import RunOpt, duration, output_console
 from dldctl.errors import DldError, OperationError, UsageError
 from dldctl.inventory import Inventory
 from dldctl.lifecycle import check as check_mod
@@ -27,7 +28,6 @@ from syncer.common import jsonl, strictjson, unscored
 console = output_console()
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 DOWN_SCHEMA = "dldctl.down/1"
-RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 
 
 def load_inventory(path: Path | None) -> Inventory:
@@ -36,7 +36,7 @@ def load_inventory(path: Path | None) -> Inventory:
 
 def up(
     inventory_file: Path | None = typer.Argument(
-        None, metavar="[INVENTORY]", help="Inventory TOML; none = the built-in local default."
+        None, metavar="INVENTORY", help="Inventory TOML; none = the built-in local default."
     ),
     detach: bool = typer.Option(
         False, "--detach", "-d", help="Return once the fleet is up instead of opening the live view."
@@ -44,7 +44,11 @@ def up(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and touch nothing."),
     timeout: str = typer.Option("3m", "--timeout", help="How long to wait for every process to run: 90s, 3m, 180."),
     resume: str | None = typer.Option(
-        None, "--resume", metavar="RUN", help="Continue a down or crashed run from its newest checkpoint."
+        None,
+        "--resume",
+        metavar="RUN",
+        autocompletion=complete.run_names,
+        help="Continue a down or crashed run from its newest checkpoint.",
     ),
     wait: bool = typer.Option(
         False, "--wait", help="Return once the quorum is live and merges happened (up to --timeout more); implies -d."
@@ -285,7 +289,7 @@ def _describe(run: rundir.RunDir) -> str:
 
 def check(
     inventory_file: Path | None = typer.Argument(
-        None, metavar="[INVENTORY]", help="Inventory TOML; none = the built-in default."
+        None, metavar="INVENTORY", help="Inventory TOML; none = the built-in default."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON (the exit code says pass/fail)."),
 ) -> None:

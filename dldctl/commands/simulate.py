@@ -20,6 +20,7 @@ from rich.table import Table
 from dldctl import extras
 from dldctl.commands import simulate_calibrate
 from dldctl.commands import simulate_common as sc
+from dldctl.commands.options import App
 from dldctl.errors import OperationError, UsageError
 from dldctl.sim import bandwidth as bw
 from dldctl.sim import goodput as gp
@@ -34,7 +35,7 @@ from dldctl.units import (
     parse_sweep,
 )
 
-app = typer.Typer(
+app = App(
     help="Plan at fleet scale: goodput under failures, and the wide-area bandwidth training needs.",
     no_args_is_help=True,
 )
@@ -381,7 +382,10 @@ def bandwidth(
     utilization: float = typer.Option(0.95, "--utilization", help="Target share of time computing, 0..1."),
     dp_bits: int = typer.Option(16, "--dp-bits", help="Data-parallel gradient precision: 8, 16 or 32."),
     dp_overlap: float = typer.Option(
-        2 / 3, "--dp-overlap", help="Share of a step the all-reduce hides behind (the backward pass)."
+        2 / 3,
+        "--dp-overlap",
+        show_default="2/3",
+        help="Share of a step the all-reduce hides behind (the backward pass).",
     ),
     link_gbps: float | None = typer.Option(None, "--link-gbps", help="Also: utilization each reaches on this link."),
     as_json: bool = typer.Option(False, "--json", help=f"Print JSON (schema in {sc.SIM_DOC})."),

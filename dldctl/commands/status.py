@@ -13,7 +13,7 @@ from rich.console import Console
 from dldctl import extras, rundir
 from dldctl.chaos.inject import Chaos
 from dldctl.commands.logs import log_location as _log_location
-from dldctl.commands.options import duration, output_console
+from dldctl.commands.options import RunOpt, duration, output_console
 from dldctl.errors import DldError
 from dldctl.interrupts import interruptible
 from dldctl.observe import snapshot
@@ -22,8 +22,6 @@ from dldctl.observe.view_keys import Command
 from dldctl.observe.view_tty import KeyReader, Sources, drive
 from dldctl.rundir import RunDir
 from syncer.common import strictjson
-
-RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 
 
 def live_view(run: RunDir, interval: float = 1.0) -> None:

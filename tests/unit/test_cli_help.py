@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -59,6 +60,38 @@ def test_every_command_has_help_with_an_example(path: list[str]) -> None:
     result = CliRunner().invoke(app, [*path, "--help"])
     assert result.exit_code == 0
     assert "Example" in result.output and f"dldctl {' '.join(path)}" in result.output
+
+
+def pages() -> list[list[str]]:
+    """Every help page: the root, each group and each command."""
+    groups = {tuple(p[:i]) for p in commands() for i in range(len(p))}
+    return sorted([list(g) for g in groups]) + commands()
+
+
+@pytest.mark.parametrize("path", pages(), ids=lambda p: " ".join(p) or "dldctl")
+def test_help_shows_flags_as_flags_and_arguments_plainly(path: list[str]) -> None:
+    """No `<bool>` after a flag, no `[[INVENTORY]]` or `{target}` on the usage line: the page an
+    operator reads, at a width where nothing is cut."""
+    result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for pattern in (r"<bool>", r"\[\[", r"\{\w+\}"):
+        assert re.search(pattern, result.output) is None, f"{pattern} in:\n{result.output}"
+
+
+def test_usage_lines_write_arguments_as_click_does() -> None:
+    usage = {
+        ("up",): "Usage: dldctl up [OPTIONS] [INVENTORY]",
+        ("chaos", "kill"): "Usage: dldctl chaos kill [OPTIONS] TARGET",
+        ("chaos", "heal"): "Usage: dldctl chaos heal [OPTIONS] [TARGET]",
+        ("logs",): "Usage: dldctl logs [OPTIONS] TARGET...",
+        ("export",): "Usage: dldctl export [OPTIONS] [RUN]",
+    }
+    for path, line in usage.items():
+        result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert line in result.output, result.output
+    chaos_kill = CliRunner().invoke(app, ["chaos", "kill", "--help"], env={"COLUMNS": "200"}).output
+    assert "KILL|TERM" in chaos_kill  # a choice is spelled out
+    assert "safetensors|hf" in CliRunner().invoke(app, ["export", "--help"], env={"COLUMNS": "200"}).output
 
 
 def test_mistakes_exit_2_with_one_red_line(tmp_path) -> None:

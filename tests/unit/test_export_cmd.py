@@ -68,6 +68,22 @@ def test_a_run_with_no_model_is_one_line_naming_the_run_and_what_to_do(run: rund
     assert "Traceback" not in proc.stderr
 
 
+def test_without_a_run_it_takes_the_latest_as_status_does(run: rundir.RunDir) -> None:
+    older = rundir.create("older")
+    with older.locked():
+        older.write_state(RunState(status="down", run="older", created=0.5, stopped_at=1.0))
+    os.utime(older.state_file, (1, 1))
+    assert rundir.resolve(None, live_only=False).name == run.name
+    proc = dl("export")
+    assert proc.returncode == 1 and f"run {run.name} has no final model" in proc.stderr, proc.stderr
+
+
+def test_without_any_run_it_says_so_in_one_line(tmp_path: Path) -> None:
+    proc = dl("export", extra_env={"DLDCTL_HOME": str(tmp_path / "empty")})
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == ["error: no run yet (start one with `dldctl up`)"]
+
+
 def test_converting_without_torch_says_to_install_the_train_extra(run: rundir.RunDir, tmp_path: Path) -> None:
     run.final_model.write_bytes(b"not read: torch is checked first")
     site = tmp_path / "site"
