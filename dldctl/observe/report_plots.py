@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from dldctl.observe import report_series as rs
 
 if TYPE_CHECKING:
-    from dldctl.observe.report import RunRecord
+    from dldctl.observe.runrecord import RunRecord
 
 FAULT_COLOURS = {  # mark kind -> line colour
     "fault_inject": "tab:purple",
