@@ -21,7 +21,7 @@ from pathlib import Path
 from dldctl.errors import ConfigError
 from dldctl.inventory import Inventory
 from dldctl.metricspec import MetricsSpec
-from dldctl.supervise.feeds import Sink
+from dldctl.supervise.feeds import Feeds, Sink
 from dldctl.supervise.metricpoints import Point, PointSink
 
 Report = Callable[[str, str], object]  # (event kind, detail): RunDir.event with the target "supervisor"
@@ -95,9 +95,7 @@ def build_sinks(inv: Inventory, run_path: Path, t0: float, report: Report) -> li
 def drain(inv: Inventory, run_path: Path, t0: float, report: Report) -> int:
     """At `down`, after the supervisor and syncer have stopped: hand the records they wrote last
     (the learners' final fragments, the syncer's final sample) to the file sinks
-    (TensorBoard, W&B), so an export ends where the run did. Returns the records handed over."""
-    from dldctl.supervise.feeds import Feeds
-
+    (TensorBoard, W&B), so what the sinks wrote ends where the run did. Returns the records handed over."""
     no_alerts = replace(inv.alerts, command="", webhook="")  # down's own departures alert no one
     files_only = replace(inv, metrics=replace(inv.metrics, prometheus_port=0), alerts=no_alerts)
     sinks = build_sinks(files_only, run_path, t0, lambda *_: None)
