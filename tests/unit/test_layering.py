@@ -51,7 +51,7 @@ def _dotted(path: Path) -> list[str]:
         return list(path.relative_to(ROOT).with_suffix("").parts)
     except ValueError:
         parts = path.with_suffix("").parts
-        first = max(i for i, part in enumerate(parts) if part in PROJECT)
+        first = min(i for i, part in enumerate(parts[:-1]) if part in PROJECT)  # a file may be learner.py
         return list(parts[first:])
 
 
@@ -247,6 +247,13 @@ def test_an_import_against_the_floors_fails(tmp_path: Path, where: str, source: 
     assert floor_violations(probe), (where, source)
     probe.write_text("from dldctl.errors import RunError\n")  # the base: allowed everywhere
     assert floor_violations(probe) == set(), where
+
+
+def test_a_probe_named_like_a_package_is_placed_by_its_folder(tmp_path: Path) -> None:
+    probe = tmp_path / "dldctl" / "commands" / "learner.py"  # the face's learner.py, not the learner package
+    probe.parent.mkdir(parents=True)
+    probe.write_text("from dldctl.commands import options\nfrom dldctl.chaos import plan\n")
+    assert _module_name(probe) == "dldctl.commands.learner" and floor_violations(probe) == set()
 
 
 # The pure core of ARCHITECTURE.md: no I/O (files, sockets, processes, clocks, sleeps); clocks and
