@@ -21,7 +21,7 @@ from typing import Any
 
 import zmq
 
-from dldctl.lifecycle.ports import free_port
+from dldctl.ports import free_port
 from dldctl.testing import Processes, local_config, read_jsonl, wait_until
 from syncer.common import keys, resolved
 from syncer.config import shard_dir

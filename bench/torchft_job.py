@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dldctl.lifecycle.ports import free_port
+from dldctl.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "bench" / "torchft_worker.py"

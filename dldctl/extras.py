@@ -3,7 +3,7 @@
     pip install dldctl              the operator: every command that drives remote hosts, no torch
     pip install 'dldctl[train]'     + torch: learners or the syncer on this machine (the built-in default)
     pip install 'dldctl[plot]'      + matplotlib: `dldctl report`, `dldctl simulate goodput --plot`
-    pip install 'dldctl[tensorboard]' / '[prometheus]' / '[wandb]'   the [metrics] exporters
+    pip install 'dldctl[tensorboard]' / '[prometheus]' / '[wandb]'   the [metrics] sinks
 
 torch is a range in the `train` extra (`torch>=2.1,<3`), so a CUDA torch installed first is kept.
 A command that needs an extra this Python lacks fails before it touches anything, with one line
@@ -96,7 +96,7 @@ def data_modules(inv: Inventory) -> list[tuple[str, str]]:
 
 
 def exporter_modules(inv: Inventory) -> list[tuple[str, str]]:
-    """(module, [metrics] key) of each exporter the run turns on (the supervisor, here, runs them)."""
+    """(module, [metrics] key) of each sink the run turns on (the supervisor, here, runs them)."""
     m = inv.metrics
     wanted = [
         ("tensorboard", "tensorboard", m.tensorboard),

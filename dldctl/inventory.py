@@ -7,8 +7,8 @@
     [[sites]]  a scheduler's cluster (Slurm) whose learners run as batch jobs, reached through its
                login node; kept as a HostSpec with `scheduler` set (login -> address), so every
                room that knows hosts knows sites
-    [metrics]  MetricsSpec (dldctl/metricspec.py): TensorBoard, Prometheus, W&B exporters
-    [alerts]   AlertsSpec (dldctl/observe/alerts.py): a command and/or webhook on chosen events
+    [metrics]  MetricsSpec (dldctl/metricspec.py): TensorBoard, Prometheus, W&B sinks
+    [alerts]   AlertsSpec (dldctl/alertspec.py): a command and/or webhook on chosen events
     [model]    free-form keys for the run's model (dldctl/modelspec.py), handed to its factory
 
 Unknown keys and wrong types are rejected with the file, the key, a "did you mean" and the fix;
@@ -30,12 +30,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from dldctl import metricspec, modelspec, shards
+from dldctl import alertspec, metricspec, modelspec, shards
+from dldctl.alertspec import AlertsSpec
 from dldctl.errors import ConfigError
 from dldctl.hosts import slurmjobs
 from dldctl.metricspec import MetricsSpec
-from dldctl.observe import alerts
-from dldctl.observe.alerts import AlertsSpec
 from syncer.common.resolved import Island
 from syncer.common.settings import RunSettings, SettingsError, from_mapping, suggest
 from syncer.common.typedcodec import check_fields, checked, meta, to_mapping
@@ -392,12 +391,10 @@ def _validate_site(path: str, h: HostSpec) -> None:
 
 
 def _validate_alerts(inv: Inventory) -> None:
-    """[alerts]: its own rules (dldctl/observe/alerts.py), then its command exists on this machine
+    """[alerts]: its own rules (dldctl/alertspec.py), then its command exists on this machine
     (the supervisor, which runs it, runs here)."""
-    from dldctl.observe import alertsend
-
-    alerts.validate(inv.alerts, inv.path)
-    alertsend.check_command(inv.alerts, inv.path)
+    alertspec.validate(inv.alerts, inv.path)
+    alertspec.check_command(inv.alerts, inv.path)
 
 
 def _validate_ssh(inv: Inventory) -> None:

@@ -1,4 +1,4 @@
-"""The inventory's [metrics] table: which exporters the supervisor feeds (all off by default).
+"""The inventory's [metrics] table: which sinks the supervisor feeds (all off by default).
 
     [metrics]
     tensorboard = true            # scalars into <run dir>/tensorboard/ (tensorboard --logdir ...)
@@ -9,7 +9,7 @@
     wandb_mode = "offline"        # offline (synced later with `wandb sync`) | online
 
 Parsed by `dldctl/inventory.py` like every other table (unknown keys, wrong types: one line naming
-the key); `validate` holds the cross-field rules. The exporters themselves are dldctl/observe/exports.py.
+the key); `validate` holds the cross-field rules. The sinks themselves are dldctl/supervise/sinks.py.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ WANDB_MODES = ("offline", "online")
 
 @dataclass(frozen=True)
 class MetricsSpec:
-    """[metrics]: the exporters of a run's metrics and events."""
+    """[metrics]: the sinks of a run's metrics and events."""
 
     tensorboard: bool = False
     prometheus_port: int = 0  # 0 = no Prometheus endpoint

@@ -26,7 +26,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dldctl import inventory
 from dldctl.errors import RunError
+from dldctl.inventory import Inventory
 from dldctl.runstate import RunState
 from syncer.common import jsonl, resolved, strictjson
 from syncer.common.atomic import atomic_write
@@ -57,30 +59,96 @@ class RunDir:
     def name(self) -> str:
         return self.path.name
 
-    def __getattr__(self, item: str) -> Path:
-        files = {
-            "config": "config.json",
-            "inventory": "inventory.toml",
-            "state_file": "state.json",
-            "lock_file": "state.lock",
-            "events": "events.jsonl",
-            "metrics": "metrics.jsonl",
-            "keys": "keys",
-            "checkpoints": "checkpoints",
-            "logs": "logs",
-            "learners": "learners",
-            "supervisor_log": "supervisor.log",
-            "final_model": "final_model.pt",
-        }
-        if item in files:
-            return self.path / files[item]
-        raise AttributeError(item)
+    @property
+    def config(self) -> Path:
+        """config.json: the resolved configuration (read_config / write_config)."""
+        return self.path / "config.json"
+
+    @property
+    def inventory(self) -> Path:
+        """inventory.toml: the inventory as the operator wrote it (a copy, for people)."""
+        return self.path / "inventory.toml"
+
+    @property
+    def inventory_json(self) -> Path:
+        """inventory.json: the inventory the run lives by (read_inventory / write_inventory)."""
+        return self.path / "inventory.json"
+
+    @property
+    def state_file(self) -> Path:
+        """state.json: the run state (read_state / write_state)."""
+        return self.path / "state.json"
+
+    @property
+    def lock_file(self) -> Path:
+        """state.lock: held around every read-modify-write of the state."""
+        return self.path / "state.lock"
+
+    @property
+    def events(self) -> Path:
+        """events.jsonl: the event log."""
+        return self.path / "events.jsonl"
+
+    @property
+    def metrics(self) -> Path:
+        """metrics.jsonl: the syncer's samples and rounds."""
+        return self.path / "metrics.jsonl"
+
+    @property
+    def keys(self) -> Path:
+        """keys: the run's keys (0700)."""
+        return self.path / "keys"
+
+    @property
+    def checkpoints(self) -> Path:
+        """checkpoints: the syncer's checkpoints."""
+        return self.path / "checkpoints"
+
+    @property
+    def logs(self) -> Path:
+        """logs: every process's output."""
+        return self.path / "logs"
+
+    @property
+    def learners(self) -> Path:
+        """learners: the learners' working directories."""
+        return self.path / "learners"
+
+    @property
+    def supervisor_log(self) -> Path:
+        """supervisor.log: the supervisor's own output."""
+        return self.path / "supervisor.log"
+
+    @property
+    def final_model(self) -> Path:
+        """final_model.pt: the global model the syncer wrote at the end."""
+        return self.path / "final_model.pt"
 
     def log_path(self, target: str) -> Path:
         return self.logs / f"{target}.log"
 
     def learner_dir(self, learner: str) -> Path:
         return self.learners / learner
+
+    # -- the inventory -----------------------------------------------------------------------
+    def read_inventory(self) -> Inventory:
+        """inventory.json, typed; RunError (one line naming the file) if it is missing or unreadable,
+        ConfigError if what it holds is no inventory."""
+        try:
+            data = json.loads(self.inventory_json.read_text())
+        except FileNotFoundError:
+            raise RunError(
+                f"{self.inventory_json}: no inventory; this is not a run directory (or `up` never got far)"
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise RunError(f"{self.inventory_json}: unreadable inventory ({exc})") from None
+        if not isinstance(data, dict):
+            raise RunError(f"{self.inventory_json}: not an inventory (a JSON object)")
+        return inventory.parse(data, str(self.inventory))
+
+    def write_inventory(self, inv: Inventory) -> None:
+        """Replace inventory.json whole (atomic)."""
+        atomic_write(self.inventory_json, strictjson.dumps(inventory.to_dict(inv), indent=1))
 
     # -- the resolved configuration -----------------------------------------------------------
     def read_config(self) -> ResolvedConfig:

@@ -5,9 +5,9 @@
     ProcStatus  where a process is in its life (the JSON value is the status string itself)
     PidRecord   a started process: pid and start time (so a reused pid is not mistaken for it);
                 on a scheduler site, a job id with start_ticks JOB_TICKS
-    JobInfo     a scheduler's job as it last said (state, why it waits, its nodes)
+    JobInfo     a scheduler's job as it last said (dldctl/hosts/slurmjobs.py)
     Daemon      the supervisor or the watchdog: a PidRecord with its start time and restarts
-    HostRecord  a host of the run: how to run things there (HostRuntime as a dict)
+    HostRecord  a host of the run: how to run things there (a HostRuntime, dldctl/hostruntime.py)
     Fault       an injected fault the supervisor undoes at `until`
 
 Only `dldctl/rundir.py` loads and saves it (under the state lock); everyone else reads attributes
@@ -24,6 +24,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from dldctl.errors import RunError
+from dldctl.hostruntime import HostRuntime
+from dldctl.hosts.slurmjobs import JobInfo
 
 SCHEMA_VERSION = 1
 VERSION_KEY = "schema_version"
@@ -42,48 +44,6 @@ class ProcStatus(enum.StrEnum):
     UNREACHABLE = "unreachable"
     FINISHED = "finished"
     STOPPED = "stopped"
-
-
-# Where a PidRecord's start_ticks is this, its pid is a scheduler's job id (no process ever starts
-# at -1 clock ticks after boot, so a pid-based liveness check of such a record never matches).
-JOB_TICKS = -1
-# Slurm job states in which the learner runs or may still (squeue's %T); any other state, or a job
-# the scheduler no longer lists, means the job has ended.
-ACTIVE_JOB_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "REQUEUED", "SIGNALING"})
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """One scheduler job as it was last listed (squeue)."""
-
-    job_id: int
-    state: str  # PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, PREEMPTED, NODE_FAIL, ...
-    reason: str = ""  # why it waits (Resources, Priority, ...) or ended; "" for none
-    nodes: str = ""
-    name: str = ""
-
-    @property
-    def active(self) -> bool:
-        return self.state in ACTIVE_JOB_STATES
-
-    def describe(self) -> str:
-        """`PENDING (Resources)`, `RUNNING on node7`, `FAILED (NonZeroExitCode)`."""
-        if self.state == "RUNNING" and self.nodes:
-            return f"RUNNING on {self.nodes}"
-        return f"{self.state} ({self.reason})" if self.reason else self.state
-
-    @classmethod
-    def from_json(cls, data: Any, where: str) -> JobInfo:
-        d = _obj(data, where, {"id", "state", "reason", "nodes"})
-        return cls(
-            _get(d, "id", int, where),
-            _get(d, "state", str, where),
-            _get(d, "reason", str, where, ""),
-            _get(d, "nodes", str, where, ""),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.job_id, "state": self.state, "reason": self.reason, "nodes": self.nodes}
 
 
 class Malformed(ValueError):
@@ -183,7 +143,7 @@ class Proc:
             hold_until=_opt(d, "hold_until", float, where),
             chaos_kill=_get(d, "chaos_kill", bool, where, False),
             reason=_opt(d, "reason", str, where),
-            job=None if job is None else JobInfo.from_json(job, f"{where}.job"),
+            job=None if job is None else _job(job, f"{where}.job"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -200,18 +160,42 @@ class Proc:
 
 @dataclass(frozen=True)
 class HostRecord:
-    """A host of the run: its HostRuntime (as HostRuntime.to_dict wrote it) and a status word."""
+    """A host of the run: how to start processes there and a status word."""
 
-    runtime: Mapping[str, Any]
+    runtime: HostRuntime
     status: str = "ok"
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> HostRecord:
         d = _obj(data, where, {"runtime", "status"})
-        return cls(_get(d, "runtime", dict, where), _get(d, "status", str, where, "ok"))
+        return cls(_runtime(_get(d, "runtime", dict, where), f"{where}.runtime"), _get(d, "status", str, where, "ok"))
 
     def to_json(self) -> dict[str, Any]:
-        return {"runtime": dict(self.runtime), "status": self.status}
+        return {"runtime": self.runtime.to_dict(), "status": self.status}
+
+
+def _job(data: Any, where: str) -> JobInfo:
+    """A JobInfo as JobInfo.to_json wrote it."""
+    d = _obj(data, where, {"id", "state", "reason", "nodes"})
+    return JobInfo(
+        _get(d, "id", int, where),
+        _get(d, "state", str, where),
+        _get(d, "reason", str, where, ""),
+        _get(d, "nodes", str, where, ""),
+    )
+
+
+def _runtime(data: dict[str, Any], where: str) -> HostRuntime:
+    """A HostRuntime as HostRuntime.to_dict wrote it (a run of an older dldctl has no `code`)."""
+    d = _obj(data, where, set(HostRuntime.__dataclass_fields__))
+    return HostRuntime(
+        host=_get(d, "host", str, where),
+        python=_get(d, "python", str, where),
+        pythonpath=_get(d, "pythonpath", str, where),
+        run_dir=_get(d, "run_dir", str, where),
+        config=_get(d, "config", str, where),
+        code=_get(d, "code", str, where, ""),
+    )
 
 
 @dataclass(frozen=True)
@@ -327,8 +311,8 @@ class RunState:
         """Names of the learner processes (`live`: those not stopped), in state order."""
         return [n for n, p in self.procs.items() if p.learner and not (live and p.status is ProcStatus.STOPPED)]
 
-    def runtime_of(self, host: str) -> Mapping[str, Any]:
-        """The runtime dict of a host (HostRuntime.from_dict makes it typed)."""
+    def runtime_of(self, host: str) -> HostRuntime:
+        """How to start processes on a host of the run."""
         return self.hosts[host].runtime
 
     # -- load and save (called by RunDir only) -------------------------------------------------

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from dldctl.hosts.local import read_stat
-from dldctl.lifecycle.ports import free_port
+from dldctl.ports import free_port
 from dldctl.rundir import RunDir
 from syncer.common import jsonl, keys, resolved
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from dldctl.lifecycle.ports import free_port
+from dldctl.ports import free_port
 
 MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"

@@ -9,7 +9,6 @@ every undo is an event.
 
 from __future__ import annotations
 
-import json
 import secrets
 import signal
 import time
@@ -18,13 +17,14 @@ from dataclasses import replace
 from typing import Any
 
 from dldctl import shards
-from dldctl.chaos import corruption, faults, linkcap, links
+from dldctl.chaos import corruption
 from dldctl.chaos.plan import ACTIONS
 from dldctl.chaos.records import Injection
 from dldctl.errors import ChaosError, DldError, UsageError
+from dldctl.faults import linkcap, links, procs
+from dldctl.hostopen import host_for
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts import Host, ProcRef
-from dldctl.inventory import parse
-from dldctl.lifecycle.provision import HostRuntime, host_for
 from dldctl.observe.snapshot import collect
 from dldctl.rundir import RunDir
 from dldctl.runstate import Fault, Proc, ProcStatus
@@ -46,7 +46,7 @@ class Chaos:
         if not run.live():
             raise UsageError(f"run {run.name} is not live", hint="chaos needs a running fleet: `dldctl up`")
         self.run = run
-        self.inv = parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
+        self.inv = run.read_inventory()
         config = run.read_config()
         self.settings = config.run
         self.shards = config.syncer.shards  # syncer processes: `syncer`, `syncer-1`, ... (dldctl/shards.py)
@@ -79,7 +79,7 @@ class Chaos:
                 hint=f"learners: {known}" + ("; a syncer shard can only be killed" if syncer else ""),
             )
         entry = procs[syncer or target]
-        return entry, self._host(entry.host), HostRuntime.from_dict(dict(state.runtime_of(entry.host)))
+        return entry, self._host(entry.host), state.runtime_of(entry.host)
 
     # -- the guard ---------------------------------------------------------------------------
     def guard(self, action: str, target: str, force: bool, confirm: Confirm | None) -> None:
@@ -170,7 +170,7 @@ class Chaos:
             edit.state = edit.state.with_fault(record)
         try:
             ref_now = ProcRef(ref.pid, ref.start_ticks)
-            ok = faults.apply(action, host, runtime, target, ref_now, duration, factor, mode=mode)
+            ok = procs.apply(action, host, runtime, target, ref_now, duration, factor, mode=mode)
         except DldError as exc:
             self._forget(record.id)
             raise ChaosError(f"could not {action} {target}: {exc.line()}") from exc
@@ -200,7 +200,7 @@ class Chaos:
             )
         return used
 
-    # -- link caps (dldctl/chaos/links.py) --------------------------------------------------------
+    # -- link caps (dldctl/faults/links.py) --------------------------------------------------------
     def link_ends(self, target: str) -> links.Ends:
         """The learner's link, refused where a cap would also cap other learners."""
         state = self.run.read_state()
@@ -276,7 +276,7 @@ class Chaos:
                 else:
                     entry, host, runtime = self._target(fault.target, fault.kind)
                     ref = entry.proc
-                    faults.undo(
+                    procs.undo(
                         fault.kind, host, runtime, fault.target, ProcRef(ref.pid, ref.start_ticks) if ref else None
                     )
                 self._forget(fault.id)

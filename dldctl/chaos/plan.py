@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dldctl.chaos import corruption, linkcap
+from dldctl.chaos import corruption
+from dldctl.faults import linkcap
 from dldctl.units import parse_duration
 
 ACTIONS = ("kill", "pause", "slow", "partition", "link", "corrupt")

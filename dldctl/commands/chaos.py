@@ -25,12 +25,12 @@ from rich.markup import escape
 from dldctl import rundir, shards
 from dldctl.chaos import corruption, records, runner, verdict
 from dldctl.chaos.inject import Chaos, Confirm
-from dldctl.chaos.linkcap import LinkCapError
 from dldctl.chaos.plan import ACTIONS, Experiment, PlanError, monkey_schedule, parse_experiment, seconds
 from dldctl.chaos.records import Injection
 from dldctl.commands import complete
 from dldctl.commands.options import App, LiveRunOpt, output_console
 from dldctl.errors import ChaosError, ConfigError, OperationError, UsageError
+from dldctl.faults.linkcap import LinkCapError
 from syncer.common import strictjson
 
 app = App(

@@ -8,10 +8,9 @@ import time
 
 import typer
 
-from dldctl import rundir
+from dldctl import eventlog, rundir
 from dldctl.commands.options import RunOpt, duration
 from dldctl.interrupts import interruptible
-from dldctl.observe import events as events_mod
 from syncer.common import strictjson
 
 
@@ -32,23 +31,23 @@ def events(
     """
     kinds = frozenset(k.strip() for item in kind for k in item.split(",") if k.strip())
     start = time.time() - duration("--since", since) if since is not None else None
-    keep = events_mod.Filter(kinds, target, start)
+    keep = eventlog.Filter(kinds, target, start)
     path = rundir.resolve(run, live_only=False).events
-    so_far, where = events_mod.past(path)
+    so_far, where = eventlog.past(path)
     matching = [r for r in so_far if keep(r)]
     shown = matching if tail < 0 else matching[len(matching) - tail :] if tail > 0 else []
     today = time.strftime("%Y-%m-%d")
     emit = (
-        (lambda r: print(strictjson.dumps(events_mod.as_json(r)), flush=True))
+        (lambda r: print(strictjson.dumps(eventlog.as_json(r)), flush=True))
         if json_out
-        else (lambda r: print(events_mod.line(r, today), flush=True))
+        else (lambda r: print(eventlog.line(r, today), flush=True))
     )
     try:
         for record in shown:
             emit(record)
         if follow:
             with interruptible():  # a script stops it with `kill`
-                for record in events_mod.follow(path, lambda: False, where):
+                for record in eventlog.follow(path, lambda: False, where):
                     if keep(record):
                         emit(record)
     except (KeyboardInterrupt, BrokenPipeError):  # stopped, or the reader left (`| head`)

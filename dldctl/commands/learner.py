@@ -92,7 +92,7 @@ def add(
     live: RunDir = rundir.resolve(run)
     if inventory_file is not None:
         converge.adopt_host(live, inventory.load(inventory_file).host(name))
-    spec = converge.stored_inventory(live).host(name)
+    spec = live.read_inventory().host(name)
     if site is not None and not spec.site:
         raise UsageError(f"{name} is a host, not a scheduler site", hint=f"use --host {name}")
     out = err_console if json_out else console

@@ -9,7 +9,6 @@ follows its log and the lines come out interleaved as they arrive. Ctrl-C (or SI
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import sys
@@ -21,15 +20,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from dldctl import inventory, rundir
+from dldctl import rundir
 from dldctl.commands import complete
 from dldctl.commands.options import RunOpt, duration
 from dldctl.errors import DldError, UsageError
+from dldctl.hostopen import host_for
 from dldctl.hosts import Host, LocalHost, ProcRef
+from dldctl.hosts.slurmjobs import JOB_TICKS
 from dldctl.interrupts import interruptible
-from dldctl.lifecycle.provision import HostRuntime, host_for
 from dldctl.observe import logmerge
-from dldctl.runstate import JOB_TICKS
 from syncer.common import jsonl
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -206,8 +205,8 @@ def log_location(run: rundir.RunDir, target: str, hosts: dict[str, Host] | None 
     if proc is None:
         known = ", ".join(logmerge.known_order([*state.procs, *LOCAL_LOGS]))
         raise UsageError(f"no process named {target!r} in run {run.name}", hint=f"known: {known}")
-    runtime = HostRuntime.from_dict(dict(state.runtime_of(proc.host)))
+    runtime = state.runtime_of(proc.host)
     if proc.host not in hosts:
-        inv = inventory.parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
+        inv = run.read_inventory()
         hosts[proc.host] = host_for(inv, proc.host)
     return hosts[proc.host], f"{runtime.run_dir}/logs/{target}.log"

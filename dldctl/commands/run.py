@@ -134,7 +134,7 @@ def _resume(
     if target.live():  # nothing to do: as a second `down` is
         out.print(f"run {target.name} is up already")
         return target
-    stored = converge.stored_inventory(target)
+    stored = target.read_inventory()
     extras.require_for_run(stored)
     with uplock.holding(stored.run.name):
         if target.live():  # another `up --resume` brought it back meanwhile

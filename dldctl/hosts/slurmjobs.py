@@ -17,10 +17,39 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
+from typing import Any
 
-from dldctl.runstate import ACTIVE_JOB_STATES, JOB_TICKS, JobInfo
+# Where a PidRecord's start_ticks is this, its pid is a scheduler's job id (no process ever starts
+# at -1 clock ticks after boot, so a pid-based liveness check of such a record never matches).
+JOB_TICKS = -1
+# Slurm job states in which the learner runs or may still (squeue's %T); any other state, or a job
+# the scheduler no longer lists, means the job has ended.
+ACTIVE_JOB_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "REQUEUED", "SIGNALING"})
 
-__all__ = ["ACTIVE_JOB_STATES", "JOB_TICKS", "JobInfo", "SiteJob"]
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One scheduler job as it was last listed (squeue)."""
+
+    job_id: int
+    state: str  # PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, PREEMPTED, NODE_FAIL, ...
+    reason: str = ""  # why it waits (Resources, Priority, ...) or ended; "" for none
+    nodes: str = ""
+    name: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_JOB_STATES
+
+    def describe(self) -> str:
+        """`PENDING (Resources)`, `RUNNING on node7`, `FAILED (NonZeroExitCode)`."""
+        if self.state == "RUNNING" and self.nodes:
+            return f"RUNNING on {self.nodes}"
+        return f"{self.state} ({self.reason})" if self.reason else self.state
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.job_id, "state": self.state, "reason": self.reason, "nodes": self.nodes}
+
 
 SQUEUE_FORMAT = "%i|%T|%r|%N|%j"
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 from dldctl import extras
 from dldctl.errors import DldError
+from dldctl.hostopen import open_host
 from dldctl.hosts.slurm import SlurmHost
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.lifecycle import plan
-from dldctl.lifecycle.provision import open_host
 
 PROBE = r"""
 import json, sys, socket

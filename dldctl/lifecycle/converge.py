@@ -9,7 +9,6 @@ they join by fetching the global state). Removing: marked stopped (never restart
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from dataclasses import dataclass, replace
@@ -18,25 +17,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from dldctl import extras, inventory, rundir, shards
+from dldctl import extras, hostopen, inventory, rundir, shards, syncerctl
 from dldctl.errors import RunError, UsageError
 from dldctl.hosts import ProcRef
 from dldctl.inventory import HostSpec, Inventory
-from dldctl.lifecycle import codeship, memcheck, modelprobe, plan, provision, sites, syncerctl, wheel
+from dldctl.lifecycle import codeship, memcheck, modelprobe, plan, provision, sites, wheel
 from dldctl.rundir import RunDir
 from dldctl.runstate import HostRecord, ProcStatus
 from dldctl.supervise import reconcile
-from syncer.common import strictjson
-from syncer.common.atomic import atomic_write
 from syncer.common.resolved import ResolvedConfig
-
-
-def stored_inventory(run: RunDir) -> Inventory:
-    return inventory.parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
-
-
-def _save_inventory(run: RunDir, inv: Inventory) -> None:
-    atomic_write(run.path / "inventory.json", strictjson.dumps(inventory.to_dict(inv), indent=1))
 
 
 def _tell_syncer(run: RunDir, config: ResolvedConfig) -> None:
@@ -57,12 +46,12 @@ def adopt_host(run: RunDir, spec: HostSpec) -> None:
     `learner add --inventory`); the run's other settings and hosts stay as they are."""
     if not run.live():
         raise RunError(f"run {run.name} is not live", hint="start it with `dldctl up`")
-    inv = stored_inventory(run)
+    inv = run.read_inventory()
     if any(h.name == spec.name for h in inv.hosts):
         return
     merged = replace(inv, hosts=(*inv.hosts, replace(spec, learners=0)))
     inventory.validate(merged)
-    _save_inventory(run, merged)
+    run.write_inventory(merged)
     run.event("host_add", spec.name, f"{spec.address} joins run {run.name}")
 
 
@@ -75,7 +64,7 @@ def add(
         raise UsageError(f"--count must be >= 1, got {count}")
     if not run.live():
         raise RunError(f"run {run.name} is not live", hint="start it with `dldctl up`")
-    inv = stored_inventory(run)
+    inv = run.read_inventory()
     spec = inv.host(host_name)
     if spec.local:
         extras.require("torch", f"learners on {spec.name} (this machine) need")
@@ -83,7 +72,7 @@ def add(
     if memory_check and (warning := memcheck.add_check(inv, spec, count)) is not None:
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     config, new_ids = plan.add_learners(run, run.read_config(), spec, count)
-    host = provision.open_host(spec, inv.ssh)
+    host = hostopen.open_host(spec, inv.ssh)
     try:
         # a local host runs from this checkout: prepare() never reads the wheel (as in up.py)
         built, digest = wheel.build(rundir.home() / "wheels") if not spec.local else (Path(), "")
@@ -95,10 +84,10 @@ def add(
         host.close()
     modelprobe.at_up(inv, config, {spec.name: runtime}, say)  # the model builds there too, before any joins
     _push_keys_to_remote_syncer(run, inv, config)
-    _save_inventory(run, inventory.with_host_learners(inv, spec.name, spec.learners + count))
+    run.write_inventory(inventory.with_host_learners(inv, spec.name, spec.learners + count))
     with run.update() as edit:
         old = edit.state.hosts.get(spec.name)
-        edit.state = edit.state.with_host(spec.name, HostRecord(runtime.to_dict(), old.status if old else "ok"))
+        edit.state = edit.state.with_host(spec.name, HostRecord(runtime, old.status if old else "ok"))
         for lid in new_ids:
             edit.state = edit.state.with_proc(lid, reconcile.new_proc("learner", spec.name))
     for lid in new_ids:
@@ -112,7 +101,7 @@ def _shipped_tree(run: RunDir, inv: Inventory) -> codeship.Tree | None:
     """The workdir for a host that joins a live run: the very snapshot the fleet runs (recorded
     in any host's runtime) when the directory still hashes to it, else it as it is now."""
     tree = codeship.scan(inv.run, inv.path)
-    running = {str(r.runtime.get("code", "")) for r in run.read_state().hosts.values()} - {""}
+    running = {r.runtime.code for r in run.read_state().hosts.values()} - {""}
     if tree is not None and running and not any(p.endswith("/" + tree.digest) for p in running):
         run.event("workdir_changed", "run", f"{inv.run.workdir} changed since up: the new host gets it as it is now")
     return tree
@@ -121,8 +110,8 @@ def _shipped_tree(run: RunDir, inv: Inventory) -> codeship.Tree | None:
 def _push_keys_to_remote_syncer(run: RunDir, inv: Inventory, config: ResolvedConfig) -> None:
     """A syncer (or shard) on another host must learn the new learners' public keys (and config)."""
     for name in sorted(set(config.syncer.hosts) - {"local"}):
-        runtime = provision.HostRuntime.from_dict(dict(run.read_state().runtime_of(name)))
-        host = provision.open_host(inv.host(name), inv.ssh)
+        runtime = run.read_state().runtime_of(name)
+        host = hostopen.open_host(inv.host(name), inv.ssh)
         try:
             host.put_bytes(run.config.read_bytes(), runtime.config, 0o600)
             provision.push_syncer_keys(host, run, runtime.run_dir, config)
@@ -164,8 +153,8 @@ def remove(run: RunDir, lid: str, console: Console) -> Removed:
         host_name = proc.host
     signalled = False
     if ref:
-        inv = stored_inventory(run)
-        host = provision.host_for(inv, host_name)
+        inv = run.read_inventory()
+        host = hostopen.host_for(inv, host_name)
         try:
             signalled = host.signal(ProcRef(ref.pid, ref.start_ticks), signal.SIGTERM, group=True)
         finally:
@@ -182,7 +171,7 @@ def remove(run: RunDir, lid: str, console: Console) -> Removed:
 def converge(run: RunDir, inv: Inventory, console: Console, memory_check: bool = True) -> None:
     """Bring a live run's fleet to the inventory's learner counts (settings cannot change live);
     learners added as `add` adds them (`memory_check`: refused where they would not fit)."""
-    stored = stored_inventory(run)
+    stored = run.read_inventory()
     if inventory.to_dict(stored)["run"] != inventory.to_dict(inv)["run"]:
         console.print(
             "[yellow]the \\[run] table differs from the live run's; settings cannot change on a live run "

@@ -13,7 +13,6 @@ killed by process group. Processes are found in `procs.jsonl` (every process eve
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import time
@@ -22,19 +21,18 @@ from typing import Any
 
 from rich.console import Console
 
-from dldctl import shards
-from dldctl.chaos import links
+from dldctl import shards, syncerctl
 from dldctl.errors import ChaosError, DldError, OperationError, RunError
+from dldctl.faults import links
+from dldctl.hostopen import host_for
 from dldctl.hosts import Host, ProcRef
 from dldctl.hosts.slurm import SlurmHost
-from dldctl.inventory import parse
 from dldctl.lifecycle import export as export_mod
-from dldctl.lifecycle import shardgather, syncerctl
-from dldctl.lifecycle.provision import host_for
-from dldctl.lifecycle.syncerctl import SyncerControl
-from dldctl.observe import mirror
+from dldctl.lifecycle import shardgather
 from dldctl.rundir import RunDir
 from dldctl.runstate import DOWN_REASON, Proc, ProcStatus, RunState
+from dldctl.supervise import mirror
+from dldctl.syncerctl import SyncerControl
 from syncer.common.modelexport import CONFIG, EXPORT_DIR, WEIGHTS
 from syncer.common.resolved import ResolvedConfig
 
@@ -47,10 +45,8 @@ class RunProcesses:
     """Every process ever started for the run, grouped by host, with the host connections."""
 
     def __init__(self, run: RunDir) -> None:
-        import json
-
         self.run = run
-        self.inv = parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
+        self.inv = run.read_inventory()
         self.hosts: dict[str, Host] = {}
         latest: dict[str, dict[str, Any]] = {}
         self.procs: list[dict[str, Any]] = run.started_procs()
@@ -132,7 +128,7 @@ class RunProcesses:
         for spec in (h for h in self.inv.hosts if h.site):
             targets = sorted(n for n, p in state.procs.items() if p.host == spec.name and p.learner)
             record = state.hosts.get(spec.name)
-            run_dir = record.runtime.get("run_dir") if record is not None else None
+            run_dir = record.runtime.run_dir if record is not None else None
             host = self.host(spec.name)
             if not isinstance(host, SlurmHost) or not run_dir or not targets:
                 continue
@@ -391,13 +387,13 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
 
 def _drain_exports(run: RunDir) -> None:
     """The run's last records to its TensorBoard/W&B exporters (the supervisor stopped first)."""
-    from dldctl.observe import exports
+    from dldctl.supervise import sinks
 
     try:
-        inv = parse(json.loads((run.path / "inventory.json").read_text()), str(run.inventory))
+        inv = run.read_inventory()
         if inv.metrics.tensorboard or inv.metrics.wandb:
             created = run.read_state().created or time.time()
-            exports.drain(inv, run.path, created, lambda kind, detail: run.event(kind, "supervisor", detail))
+            sinks.drain(inv, run.path, created, lambda kind, detail: run.event(kind, "supervisor", detail))
     except Exception as exc:  # an exporter never stands in the way of stopping a run
         run.event("metrics_export_failed", "supervisor", f"final records: {type(exc).__name__}: {exc}")
 

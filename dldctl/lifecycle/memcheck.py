@@ -23,10 +23,10 @@ from pathlib import Path
 
 from dldctl import learnermem, shards, syncermem
 from dldctl.errors import DldError, OperationError
+from dldctl.hostopen import open_host
 from dldctl.hosts import Host, LocalHost
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.lifecycle import plan
-from dldctl.lifecycle.provision import open_host
 from syncer.common import hostmem, memfit
 
 # runs on each syncer host with its Python: the same file the syncer reads its own memory with

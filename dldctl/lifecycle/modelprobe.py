@@ -32,10 +32,11 @@ from typing import Any
 
 from dldctl import modelspec, rundir
 from dldctl.errors import DldError, OperationError
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts import Host, LocalHost
 from dldctl.inventory import HostSpec, Inventory
-from dldctl.lifecycle import codeship, launch, modeldir
-from dldctl.lifecycle.provision import HostRuntime
+from dldctl.lifecycle import codeship, modeldir
+from dldctl.supervise import launch
 from syncer.common.resolved import LearnerEntry, ResolvedConfig
 
 Progress = Callable[[str, str], None]
@@ -265,7 +266,8 @@ def _remote_target(
 ) -> Target | Answer:
     """Ship the code, dldctl's workload package and an `hf:` model's files into the host's code
     store; the target runs the host's `python` (its venv's, once `up` made it)."""
-    from dldctl.lifecycle.provision import base_dir, open_host
+    from dldctl.hostopen import open_host
+    from dldctl.lifecycle.provision import base_dir
 
     host = open_host(spec, inv.ssh)
     skipped = Target(spec.name, roles, spec.python, "", None, lambda: open_host(spec, inv.ssh))
@@ -302,7 +304,7 @@ def at_up(inv: Inventory, config: ResolvedConfig, runtimes: dict[str, HostRuntim
     processes will build it; OperationError naming the first problem (and how many more)."""
     if not needed(inv):
         return
-    from dldctl.lifecycle.provision import host_for
+    from dldctl.hostopen import host_for
 
     learners = [e for e in config.learners if e.host in runtimes]
     targets = targets_for_run(inv, runtimes, learners, config.syncer.host, lambda n: host_for(inv, n), config.model_dir)

@@ -15,7 +15,7 @@ from dldctl import modelspec, shards
 from dldctl.errors import ConfigError
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.lifecycle import initmodel, modeldir
-from dldctl.lifecycle.ports import free_port
+from dldctl.ports import free_port
 from dldctl.rundir import RunDir
 from syncer.common import keys, modelfile
 from syncer.common.resolved import KeysSection, LearnerEntry, ResolvedConfig, SyncerSection

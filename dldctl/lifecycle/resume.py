@@ -25,11 +25,11 @@ from rich.markup import escape
 
 from dldctl import shards
 from dldctl.errors import DldError, OperationError, UsageError
+from dldctl.hostruntime import HostRuntime
 from dldctl.inventory import Inventory
-from dldctl.lifecycle import codeship, converge, memcheck, modelprobe, plan, provision
+from dldctl.lifecycle import codeship, memcheck, modelprobe, plan, provision
 from dldctl.lifecycle import down as down_mod
 from dldctl.lifecycle import up as up_mod
-from dldctl.lifecycle.provision import HostRuntime
 from dldctl.rundir import RunDir
 from dldctl.runstate import DOWN_REASON, HostRecord, ProcStatus, RunState, new_proc
 from syncer.common.resolved import ResolvedConfig
@@ -50,7 +50,7 @@ def resume(run: RunDir, console: Console, timeout: float, memory_check: bool = T
     _refuse_if_running(run)
     config = run.read_config()
     _require_checkpoint(run, config)
-    inv = converge.stored_inventory(run)
+    inv = run.read_inventory()
     plan.check_fixed_ports(inv)  # the ports it fixed, taken while it was down
     for warning in memcheck.preflight(inv) if memory_check else []:  # the host may have less now
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
@@ -121,5 +121,5 @@ def resumed_state(state: RunState, runtimes: dict[str, HostRuntime], errors: dic
             procs[name] = replace(proc, status=ProcStatus.STOPPED, reason=errors[proc.host].line())
         else:
             procs[name] = new_proc(proc.kind, proc.host)
-    hosts = {**state.hosts, **{name: HostRecord(rt.to_dict()) for name, rt in runtimes.items()}}
+    hosts = {**state.hosts, **{name: HostRecord(rt) for name, rt in runtimes.items()}}
     return replace(state, status="starting", stopped_at=None, procs=procs, hosts=hosts, faults=(), spares={})

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from dldctl import shards
 from dldctl.errors import DldError
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts import Host
-from dldctl.lifecycle.provision import HostRuntime
 from dldctl.rundir import RunDir
 from dldctl.runstate import RunState
 from syncer.common.resolved import ResolvedConfig
@@ -65,7 +65,7 @@ def gather(run: RunDir, config: ResolvedConfig, state: RunState, host_of: Callab
 def _runtime(state: RunState, host: str, run: RunDir) -> HostRuntime:
     if host == "local":
         return HostRuntime("local", "", "", str(run.path), str(run.config))
-    return HostRuntime.from_dict(dict(state.runtime_of(host)))
+    return state.runtime_of(host)
 
 
 def _copy_one(

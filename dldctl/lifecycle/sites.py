@@ -10,9 +10,9 @@ configuration error: `up` leaves that site out as it leaves out an unreachable h
 from __future__ import annotations
 
 from dldctl.errors import ConfigError, HostError
+from dldctl.hostopen import open_host
 from dldctl.hosts.slurm import SlurmHost
 from dldctl.inventory import HostSpec, Inventory
-from dldctl.lifecycle.provision import open_host
 
 
 def problems(inv: Inventory, spec: HostSpec) -> list[str]:

@@ -28,18 +28,17 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from dldctl import extras, inventory, rundir, shards
+from dldctl import extras, hostopen, rundir, shards
 from dldctl.errors import DldError, Interrupted, OperationError
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts import Host, LocalHost
 from dldctl.hosts.slurm import SlurmHost
 from dldctl.inventory import HostSpec, Inventory
 from dldctl.lifecycle import codeship, initmodel, kernel, memcheck, modeldir, modelprobe, plan, provision, sites, wheel
-from dldctl.observe import exports
 from dldctl.rundir import RunDir
 from dldctl.runstate import HostRecord, ProcStatus, RunState
-from dldctl.supervise import reconcile, watchdog
-from syncer.common import faultpoints, strictjson
-from syncer.common.atomic import atomic_write
+from dldctl.supervise import reconcile, sinks, watchdog
+from syncer.common import faultpoints
 from syncer.common.resolved import ResolvedConfig
 
 
@@ -90,7 +89,7 @@ def _open_remote(inv: Inventory, board: Board) -> tuple[dict[str, Host], dict[st
 
     def connect(spec: HostSpec) -> None:
         board(spec.name, "connect")
-        host = provision.open_host(spec, inv.ssh)
+        host = hostopen.open_host(spec, inv.ssh)
         try:
             host.home()
             hosts[spec.name] = host
@@ -105,7 +104,7 @@ def _open_remote(inv: Inventory, board: Board) -> tuple[dict[str, Host], dict[st
         list(pool.map(connect, remote))
     for spec in inv.hosts:
         if spec.local:
-            hosts[spec.name] = provision.open_host(spec, inv.ssh)  # a site with login "local": its SlurmHost
+            hosts[spec.name] = hostopen.open_host(spec, inv.ssh)  # a site with login "local": its SlurmHost
     return hosts, errors
 
 
@@ -158,11 +157,11 @@ def _provision_all(
     errors: dict[str, DldError],
     board: Board,
     tree: codeship.Tree | None,
-) -> dict[str, provision.HostRuntime]:
+) -> dict[str, HostRuntime]:
     needs_wheel = any(not h.local for h in inv.hosts if h.name in hosts)
     built, digest = wheel.build(rundir.home() / "wheels") if needs_wheel else (Path(), "")
     by_host = provision.learners_by_host(config)
-    runtimes: dict[str, provision.HostRuntime] = {}
+    runtimes: dict[str, HostRuntime] = {}
     # two entries for one machine share its work dir: set them up one after the other
     locks = {(h.address, h.port, h.workdir): threading.Lock() for h in inv.hosts}
 
@@ -186,7 +185,7 @@ def initial_state(
     inv: Inventory,
     run: RunDir,
     config: ResolvedConfig,
-    runtimes: dict[str, provision.HostRuntime],
+    runtimes: dict[str, HostRuntime],
     errors: dict[str, DldError],
     tree: codeship.Tree | None = None,
 ) -> RunState:
@@ -199,9 +198,9 @@ def initial_state(
         if entry.host in errors:
             proc = replace(proc, status=ProcStatus.STOPPED, reason=errors[entry.host].line())
         procs[entry.id] = proc
-    hosts = {name: HostRecord(rt.to_dict()) for name, rt in runtimes.items()}
+    hosts = {name: HostRecord(rt) for name, rt in runtimes.items()}
     if "local" not in hosts:  # a syncer on this machine ("local" is no [[hosts]] entry)
-        hosts["local"] = HostRecord(provision.local_runtime("local", run, tree).to_dict())
+        hosts["local"] = HostRecord(provision.local_runtime("local", run, tree))
     return RunState(
         run=inv.run.name,
         run_id=config.run_id,
@@ -213,10 +212,10 @@ def initial_state(
     )
 
 
-def runtimes_of(state: RunState, errors: dict[str, DldError]) -> dict[str, provision.HostRuntime]:
+def runtimes_of(state: RunState, errors: dict[str, DldError]) -> dict[str, HostRuntime]:
     """The runtime of every host of `state` that was set up ("local": a syncer here)."""
     records = {name: r for name, r in state.hosts.items() if name not in errors}
-    return {name: provision.HostRuntime.from_dict(dict(record.runtime)) for name, record in records.items()}
+    return {name: record.runtime for name, record in records.items()}
 
 
 def start_supervisor(run: RunDir) -> None:
@@ -252,7 +251,7 @@ def wait_running(run: RunDir, board: Board, timeout: float) -> list[str]:
 
 def create_run(inv: Inventory, source: str | None) -> RunDir:
     run = rundir.create(inv.run.name)
-    atomic_write(run.path / "inventory.json", strictjson.dumps(inventory.to_dict(inv), indent=1))
+    run.write_inventory(inv)
     if source:
         shutil.copyfile(source, run.inventory)
     return run
@@ -264,7 +263,7 @@ def prepare_fleet(
     board: Board,
     make_config: Callable[[str], ResolvedConfig],
     tree: codeship.Tree | None = None,
-) -> tuple[ResolvedConfig, dict[str, provision.HostRuntime], dict[str, DldError]]:
+) -> tuple[ResolvedConfig, dict[str, HostRuntime], dict[str, DldError]]:
     """Connect to the hosts, write the configuration (`make_config(advertise address)`), set up
     every reachable host (with the run's code `tree`); (config, runtimes, unreachable hosts).
     Fails below the quorum."""
@@ -342,7 +341,7 @@ def up(
 ) -> RunDir:
     """Bring a new run up; returns its directory (processes keep running after we return)."""
     initmodel.check(inv)  # [run] init_from: a bad model file fails here, before any host or run directory
-    exports.preflight(inv)  # [metrics] prometheus_port in use: likewise
+    sinks.preflight(inv)  # [metrics] prometheus_port in use: likewise
     plan.check_fixed_ports(inv)  # [syncer] port, control_port in use: likewise
     sites.preflight(inv)  # a Slurm site's partition, account, time limit: before any job is queued
     tree = codeship.scan(inv.run, inv.path)  # [run] workdir: missing or over its size limit fails here

@@ -1,2 +1,2 @@
-"""Looking at a run: the `status --json` snapshot, the live view, the report, and mirroring a remote
-syncer's records home."""
+"""Looking at a run (the read side): the `status --json` snapshot, the live view, the report, the
+list of runs and the merged logs."""

@@ -19,39 +19,18 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from dldctl.errors import RunError
 from dldctl.observe import report_series as rs
 from dldctl.observe import runs
+from dldctl.observe.runrecord import RunRecord
 from dldctl.observe.view_data import fmt_bytes, fmt_duration
 from dldctl.rundir import RunDir
 from syncer.common import unscored
 
 PLOTS = ("loss.png", "goodput.png", "throughput.png", "bandwidth.png", "quorum.png", "headline.png")
-
-
-@dataclass
-class RunRecord:
-    """What the run directory holds, split by kind and sorted by time."""
-
-    name: str
-    samples: list[dict]
-    rounds: list[dict]
-    events: list[dict]
-    unscored: str | None = None  # why the global model has no score (None: it has)
-
-    @property
-    def t0(self) -> float:
-        """The first time stamp of any record (the run's start as far as the files know)."""
-        return min(r["t"] for r in self.samples + self.rounds + self.events)
-
-    @property
-    def t1(self) -> float:
-        """The last time stamp of any record."""
-        return max(r["t"] for r in self.samples + self.rounds + self.events)
 
 
 _number = rs.number

@@ -26,7 +26,7 @@ from dldctl.observe import report_series as rs
 from dldctl.observe.view_data import fmt_rate
 
 if TYPE_CHECKING:
-    from dldctl.observe.report import RunRecord
+    from dldctl.observe.runrecord import RunRecord
 
 FAULT_COLOURS = {  # mark kind -> line colour
     "fault_inject": "tab:purple",

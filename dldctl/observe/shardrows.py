@@ -25,9 +25,9 @@ from typing import Any
 
 from dldctl import shards
 from dldctl.errors import DldError
-from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.rundir import RunDir
 from dldctl.runstate import Proc, ProcStatus, RunState
+from dldctl.syncerctl import SyncerControl
 from syncer.common import jsonl
 from syncer.common.resolved import ResolvedConfig
 

@@ -15,18 +15,17 @@ supervisor has noticed, and `supervisor` says whether one is alive and beating (
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from dldctl.errors import DldError
-from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.observe import runs, shardrows
 from dldctl.rundir import RunDir
 from dldctl.runstate import Daemon, Fault, Proc, ProcStatus, RunState
 from dldctl.supervise import reconcile, watchdog
+from dldctl.syncerctl import SyncerControl
 from syncer.common import jsonl
 from syncer.common.resolved import ResolvedConfig
 
@@ -224,11 +223,11 @@ def _local_pids_alive(run: RunDir, procs: Mapping[str, Proc]) -> dict[str, bool]
     (address "local", or a host the inventory does not name, as the supervisor sees them)."""
     try:
         remote = {
-            h["name"]
-            for h in json.loads((run.path / "inventory.json").read_text())["hosts"]
-            if h.get("address") != "local" or h.get("scheduler")  # a site's records are job ids, not pids
+            h.name
+            for h in run.read_inventory().hosts
+            if not h.local or h.site  # a site's records are job ids, not pids
         }
-    except (OSError, ValueError, KeyError, TypeError):
+    except DldError:
         return {}  # cannot tell which hosts are this machine: check none
     return {
         name: watchdog.alive(proc.proc)

@@ -1,4 +1,4 @@
-"""The supervisor's reading of its run's records for the exporters and alerts ("sinks").
+"""The supervisor's reading of its run's records for the metrics sinks and the alerts (each a `Sink`).
 
 Each loop, `Feeds.poll` reads what events.jsonl and metrics.jsonl gained (whole lines only) and
 hands the new records to every sink, in order. Where it stopped is kept in `feeds.json` in the run
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from dldctl.observe.events import inode_of, parse_lines
+from dldctl.eventlog import inode_of, parse_lines
 from syncer.common.atomic import atomic_write
 
 FILES = ("events.jsonl", "metrics.jsonl")
@@ -26,7 +26,7 @@ MAX_READ = 4 << 20  # bytes per file per poll: a big backlog is caught up over a
 
 
 class Sink(Protocol):
-    """Something fed with a run's records (an exporter, the alerts)."""
+    """Something fed with a run's records (a metrics sink, the alerts)."""
 
     def on_events(self, records: list[dict[str, Any]]) -> None: ...
     def on_metrics(self, records: list[dict[str, Any]]) -> None: ...
@@ -119,7 +119,7 @@ class Feeds:
         for sink in self.sinks:
             try:
                 getattr(sink, method)(arg)
-            except Exception as exc:  # a broken exporter must never stop the supervisor
+            except Exception as exc:  # a broken sink must never stop the supervisor
                 self._failed(sink, exc)
 
     def _failed(self, sink: Sink, exc: Exception) -> None:

@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dldctl.runstate import Daemon, Fault, JobInfo, PidRecord, Proc, ProcStatus, RunState
+from dldctl.hosts.slurmjobs import JobInfo
+from dldctl.runstate import Daemon, Fault, PidRecord, Proc, ProcStatus, RunState
 from dldctl.runstate import new_proc as new_proc
 
 FAST_DEATH_S = 30.0

@@ -17,10 +17,10 @@ import json
 import shlex
 from collections.abc import Iterable
 
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts import Host, ProcRef
-from dldctl.lifecycle import launch
-from dldctl.lifecycle.provision import HostRuntime
 from dldctl.runstate import ProcStatus, RunState
+from dldctl.supervise import launch
 from syncer.common.resolved import LearnerEntry
 
 SPARE_DELAY_S = 1.0  # after a handover (or a spare's death): the new learner joins from a spare in ~0.2 s
@@ -48,13 +48,13 @@ def start_spare(host: Host, runtime: HostRuntime, host_name: str, entry: Learner
     host.run("rm -f " + shlex.quote(assignment_path(runtime, host_name)), check=False)
     env = launch.learner_env(runtime, entry, restarts=0)
     argv = [runtime.python, "-m", "learner", "--config", runtime.config, "--spare", assignment_path(runtime, host_name)]
-    return host.start(argv, cwd=runtime.run_dir, log=launch.log_path(runtime, f"spare-{host_name}"), env=env)
+    return host.start(argv, cwd=runtime.run_dir, log=runtime.log_path(f"spare-{host_name}"), env=env)
 
 
 def hand_over(host: Host, runtime: HostRuntime, host_name: str, entry: LearnerEntry, restarts: int) -> None:
     """Tell the host's spare to become learner `entry.id` (put_bytes renames it into place whole)."""
     lid = entry.id
-    workdir = launch.learner_workdir(runtime, lid)
+    workdir = runtime.learner_workdir(lid)
     host.mkdir(workdir)
-    payload = {"id": lid, "workdir": workdir, "log": launch.log_path(runtime, lid), "restarts": restarts}
+    payload = {"id": lid, "workdir": workdir, "log": runtime.log_path(lid), "restarts": restarts}
     host.put_bytes(json.dumps(payload).encode(), assignment_path(runtime, host_name), 0o600)

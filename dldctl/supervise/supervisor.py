@@ -14,7 +14,6 @@ hangs. A restarted supervisor first adopts (or starts again) what its predecesso
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import signal
@@ -25,16 +24,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from dldctl import shards
-from dldctl.chaos import faults, links
 from dldctl.errors import DldError, HostError
+from dldctl.faults import links, procs
+from dldctl.hostopen import host_for
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts import Host, ProcRef
-from dldctl.inventory import Inventory, parse
-from dldctl.lifecycle import launch
-from dldctl.lifecycle.provision import HostRuntime, host_for
-from dldctl.observe import exports, mirror
+from dldctl.hosts.slurmjobs import JobInfo
 from dldctl.rundir import RunDir
-from dldctl.runstate import Fault, JobInfo, PidRecord, ProcStatus, RunState
-from dldctl.supervise import decisionlog, reconcile, spares, watchdog
+from dldctl.runstate import Fault, PidRecord, ProcStatus, RunState
+from dldctl.supervise import decisionlog, launch, mirror, reconcile, sinks, spares, watchdog
 from dldctl.supervise.feeds import Feeds
 from syncer.common.resolved import LearnerEntry, ResolvedConfig
 
@@ -54,7 +52,7 @@ class Supervisor:
     def __init__(self, run: RunDir) -> None:
         self.run = run
         self.stop = threading.Event()
-        self.inv = self._read_inventory()
+        self.inv = self.run.read_inventory()
         self.hosts: dict[str, Host] = {}
         self._host_retry: dict[str, float] = {}
         self._ooms: dict[str, int | None] = {}  # host -> its OOM-kill count at the last look
@@ -64,18 +62,12 @@ class Supervisor:
         self._dog_backoff = watchdog.Backoff(base=2.0)
 
     # -- hosts -------------------------------------------------------------------------------
-    def _read_inventory(self) -> Inventory:
-        return parse(json.loads((self.run.path / "inventory.json").read_text()), str(self.run.inventory))
-
     def host(self, name: str) -> Host:
         if name not in self.hosts:
             if all(h.name != name for h in self.inv.hosts):  # added to the live run (learner add, up) since we started
-                self.inv = self._read_inventory()
+                self.inv = self.run.read_inventory()
             self.hosts[name] = host_for(self.inv, name)
         return self.hosts[name]
-
-    def runtime(self, state: RunState, host: str) -> HostRuntime:
-        return HostRuntime.from_dict(dict(state.runtime_of(host)))
 
     def config(self) -> ResolvedConfig:
         return self.run.read_config()
@@ -134,7 +126,7 @@ class Supervisor:
         """The last line of a dead process's log (a crash's error), at most 300 characters."""
         entry = state.procs[name]
         try:
-            text = self.host(entry.host).tail(launch.log_path(self.runtime(state, entry.host), name), 5)
+            text = self.host(entry.host).tail(state.runtime_of(entry.host).log_path(name), 5)
         except (DldError, OSError):
             return ""
         lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -145,12 +137,12 @@ class Supervisor:
         refused to start: its run's history was lost), from the marker file the learner leaves in
         its work dir or the syncer in the run dir; None for an ordinary death."""
         entry = state.procs[name]
-        runtime = self.runtime(state, entry.host)
+        runtime = state.runtime_of(entry.host)
         syncer = entry.kind == "syncer"
         if syncer:  # each shard's marker is in its own directory (dldctl/shards.py)
             workdir = shards.remote_dir(runtime.run_dir, shards.shard_of(name) or 0)
         else:
-            workdir = launch.learner_workdir(runtime, name)
+            workdir = runtime.learner_workdir(name)
         refused = f"{workdir}/{'syncer.refused' if syncer else 'refused'}"  # syncer: syncer/checkpoint.py REFUSED
         host = self.host(entry.host)
         try:
@@ -195,14 +187,14 @@ class Supervisor:
             host.close()
 
     def feeds(self) -> Feeds:
-        """The run's exporters and alerts, fed from its records (dldctl/supervise/feeds.py)."""
+        """The run's sinks and alerts, fed from its records (dldctl/supervise/feeds.py)."""
         created = self.run.read_state().created or time.time()
 
         def report(kind: str, detail: str) -> None:
             self.run.event(kind, "supervisor", detail)
 
-        sinks = exports.build_sinks(self.inv, self.run.path, created, report)
-        return Feeds(self.run.path, sinks, report=lambda line: report("metrics_export_failed", line))
+        outs = sinks.build_sinks(self.inv, self.run.path, created, report)
+        return Feeds(self.run.path, outs, report=lambda line: report("metrics_export_failed", line))
 
     def resume(self) -> None:
         """Processes a dead predecessor left `starting`: adopted if procs.jsonl has them, else started again."""
@@ -263,7 +255,7 @@ class Supervisor:
         """Start (or restart) one process, then record its ProcRef under the lock."""
         state = self.run.read_state()
         entry = state.procs[name]
-        runtime = self.runtime(state, entry.host)
+        runtime = state.runtime_of(entry.host)
         host = self.host(entry.host)
         how = ""
         try:
@@ -271,7 +263,7 @@ class Supervisor:
                 ref = launch.start_syncer(host, runtime, name)
             else:
                 learner = self.config().learner(name)
-                wd = launch.learner_workdir(runtime, name)
+                wd = runtime.learner_workdir(name)
                 host.run("rm -f " + shlex.quote(f"{wd}/finished") + " " + shlex.quote(f"{wd}/refused"), check=False)
                 restarts = entry.restarts + (entry.started_at is not None)
                 spare = self._from_spare(entry.host, runtime, learner, restarts)
@@ -342,7 +334,7 @@ class Supervisor:
         entry = next(e for e in config.learners_on(host_name) if e.nproc == 1)
         self._spare_after[host_name] = time.monotonic() + 30.0  # if it fails (or dies soon), not again at once
         try:
-            ref = spares.start_spare(self.host(host_name), self.runtime(state, host_name), host_name, entry)
+            ref = spares.start_spare(self.host(host_name), state.runtime_of(host_name), host_name, entry)
         except DldError as exc:
             self.run.event("spare_failed", f"spare-{host_name}", f"{exc.line()}; next try in 30 s")
             return
@@ -378,10 +370,10 @@ class Supervisor:
                 return
         elif entry is not None:
             try:
-                ok = faults.undo(
+                ok = procs.undo(
                     fault.kind,
                     self.host(entry.host),
-                    self.runtime(state, entry.host),
+                    state.runtime_of(entry.host),
                     fault.target,
                     proc_ref(entry.proc),
                 )

@@ -137,7 +137,7 @@ def test_a_factory_in_a_shipped_workdir_runs_everywhere_with_its_model_args(
         up = dl("up", str(inv), "-d").stdout
         assert re.search(r"far: shipped 3 files", up), up
         dl.wait(lambda s: s["loss"]["global"] is not None and s["syncer"]["outer_steps"] >= 8, 150, "a score")
-        code = {dict(r.runtime)["code"] for r in dl.state().hosts.values()}
+        code = {r.runtime.code for r in dl.state().hosts.values()}
         assert len({Path(c).name for c in code}) == 1 and all(c for c in code)  # one snapshot, on every host
         assert not any(Path(c, "data.bin").exists() for c in code)  # .dldctlignore
         summary = json.loads(dl("down", "--json").stdout)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dldctl.lifecycle.ports import free_port
+from dldctl.ports import free_port
 from dldctl.testing import DldctlHome, alive, inventory_text, local_host, read_jsonl, wait_until
 from tests.e2e.fleetutil import run_table
 

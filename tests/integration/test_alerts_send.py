@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from dldctl.observe import alertsend
-from dldctl.observe.alerts import AlertsSpec
-from dldctl.observe.alertsend import AlertSink
+from dldctl import alertspec
+from dldctl.alertspec import AlertsSpec
 from dldctl.rundir import RunDir
+from dldctl.supervise import alertsend
+from dldctl.supervise.alertsend import AlertSink
 from dldctl.supervise.feeds import Feeds
 from dldctl.testing import read_jsonl, wait_until
 from tests.integration.alerthook import Hook
@@ -171,9 +172,9 @@ def test_an_inventory_command_that_is_not_there_is_refused_at_up(tmp_path: Path)
     from dldctl.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"\[alerts.command\] .* is not an executable file"):
-        alertsend.check_command(AlertsSpec(command=str(tmp_path / "missing --now")), "inv.toml")
+        alertspec.check_command(AlertsSpec(command=str(tmp_path / "missing --now")), "inv.toml")
     cmd, _ = writer(tmp_path)
-    alertsend.check_command(AlertsSpec(command=f"{cmd} --now"), "inv.toml")
+    alertspec.check_command(AlertsSpec(command=f"{cmd} --now"), "inv.toml")
     os.chmod(cmd, 0o644)
     with pytest.raises(ConfigError, match="chmod"):
-        alertsend.check_command(AlertsSpec(command=str(cmd)), "inv.toml")
+        alertspec.check_command(AlertsSpec(command=str(cmd)), "inv.toml")

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from dldctl import inventory
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts.local import read_stat
-from dldctl.lifecycle.provision import HostRuntime
 from dldctl.rundir import RunDir
 from dldctl.runstate import Daemon, HostRecord, PidRecord, Proc, ProcStatus, RunState
 from dldctl.testing import DLDCTL, inventory_text, local_host
@@ -80,7 +80,7 @@ class LiveRun:
             procs=procs,
             run=NAME,
             dir=str(self.path),
-            hosts={"here": HostRecord(self.runtime.to_dict())},
+            hosts={"here": HostRecord(self.runtime)},
             supervisor=Daemon(sup.pid, _ref(sup).start_ticks),
         )
         run = RunDir(self.path)

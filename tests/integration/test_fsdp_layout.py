@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from dldctl.lifecycle.ports import free_port
+from dldctl.ports import free_port
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]
 

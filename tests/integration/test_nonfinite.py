@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from dldctl.chaos import faults
+from dldctl.faults import procs
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts.local import LocalHost
-from dldctl.lifecycle.provision import HostRuntime
 from tests.localrun import LocalRun, user_module, write_config
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -100,7 +100,7 @@ def test_chaos_corrupt_nan_through_control_json_reloads_and_pushes_again(tmp_pat
         learner = lr.spawn("learner-0", tail)
         lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 4, 120, "merges before the fault")
         # what `dldctl chaos corrupt learner-0 --mode nan --duration 3s` does on the learner's host
-        assert faults.apply("corrupt", LocalHost("here"), runtime, "learner-0", None, 3.0, 1.0, mode="nan")
+        assert procs.apply("corrupt", LocalHost("here"), runtime, "learner-0", None, 3.0, 1.0, mode="nan")
         lr.wait_log("learner-0", "chaos: corrupting weights (nan) until", 30)
         lr.wait_log("learner-0", "chaos: corruption (nan) over", 30)
         log = lr.log("learner-0")

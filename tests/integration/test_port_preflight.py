@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dldctl.lifecycle.ports import free_port
+from dldctl.ports import free_port
 from dldctl.testing import DLDCTL
 
 HOST = '[[hosts]]\nname = "a"\naddress = "local"\n'

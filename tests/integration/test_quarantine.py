@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from dldctl.chaos import faults
+from dldctl.faults import procs
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts.local import LocalHost
-from dldctl.lifecycle.provision import HostRuntime
 from tests.localrun import LocalRun, write_config
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -34,7 +34,7 @@ def test_a_learner_pushing_scaled_weights_is_quarantined_named_and_readmitted(tm
         bad = lr.spawn(BAD, tail)
         lr.start_learner(2)
         lr.wait_for(lambda s: s["syncer"]["outer_steps"] >= 40, 180, "merges before the fault (the judge's warm-up)")
-        assert faults.apply("corrupt", LocalHost("here"), runtime, BAD, None, 6.0, 1e6, mode="scale")
+        assert procs.apply("corrupt", LocalHost("here"), runtime, BAD, None, 6.0, 1e6, mode="scale")
         snap = lr.wait_for(
             lambda s: any(r["state"] == "quarantined" for r in s["screen"].get("learners", [])), 60, "a quarantine"
         )

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from dldctl.lifecycle.ports import free_port
+from dldctl.ports import free_port
 from syncer.wire import fragments, shards
 from tests.localrun import LocalRun, write_config
 from workload import WorkloadContext, build_workload

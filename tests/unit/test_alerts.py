@@ -1,4 +1,4 @@
-"""The pure part of alerts (dldctl/observe/alerts.py): the [alerts] table's rules, which records
+"""The pure part of alerts (dldctl/supervise/alerts.py): the [alerts] table's rules, which records
 become alerts, the rate limit, the below-quorum timer and crash-loop detection on a fake clock,
 and the JSON and environment an alert carries."""
 
@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from dldctl import inventory
+from dldctl import alertspec, inventory
+from dldctl.alertspec import AlertsSpec
 from dldctl.errors import ConfigError
-from dldctl.observe import alerts
-from dldctl.observe.alerts import Alert, AlertsSpec, BelowQuorum, CrashLoop, RateLimit, Rules
+from dldctl.supervise import alerts
+from dldctl.supervise.alerts import Alert, BelowQuorum, CrashLoop, RateLimit, Rules
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000.0
@@ -49,9 +50,9 @@ def test_every_kind_alerts_know_is_one_the_code_records() -> None:
     source = "\n".join(
         p.read_text() for pkg in ("dldctl", "syncer") for p in (ROOT / pkg).rglob("*.py") if p.name != "alerts.py"
     )
-    for kind in set(alerts.KINDS) - set(alerts.DERIVED):
+    for kind in set(alertspec.KINDS) - set(alertspec.DERIVED):
         assert re.search(rf'"{kind}"', source), f"{kind} is recorded nowhere"
-    assert set(alerts.DEFAULT_ON) <= set(alerts.KINDS)
+    assert set(alertspec.DEFAULT_ON) <= set(alertspec.KINDS)
 
 
 def test_a_table_round_trips_through_the_run_directory_copy(tmp_path: Path) -> None:
@@ -102,8 +103,8 @@ def test_the_example_inventory_documents_the_table() -> None:
     commented = "\n".join(line[2:] for line in text.splitlines() if line.startswith("# ") or line == "#")
     block = commented[commented.index("[alerts]") :].split("\n\n")[0]
     spec = inventory.parse({"alerts": tomllib.loads(block)["alerts"]}, "example").alerts
-    alerts.validate(spec, "example")
-    assert spec.active and set(spec.on) == set(alerts.DEFAULT_ON)
+    alertspec.validate(spec, "example")
+    assert spec.active and set(spec.on) == set(alertspec.DEFAULT_ON)
 
 
 # -- matching ----------------------------------------------------------------------------------
@@ -234,5 +235,5 @@ def test_the_payload_and_the_environment() -> None:
 
 def test_the_docs_name_every_kind_and_key() -> None:
     text = (ROOT / "docs" / "alerts.md").read_text()
-    assert not [k for k in alerts.KINDS if f"`{k}`" not in text]
+    assert not [k for k in alertspec.KINDS if f"`{k}`" not in text]
     assert not [f for f in AlertsSpec.__dataclass_fields__ if f"\n{f} = " not in text]

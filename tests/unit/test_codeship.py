@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from dldctl.errors import ConfigError
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts import LocalHost
-from dldctl.lifecycle import codeship, launch
-from dldctl.lifecycle.provision import HostRuntime
+from dldctl.lifecycle import codeship
+from dldctl.runstate import HostRecord
+from dldctl.supervise import launch
 from syncer.common.resolved import LearnerEntry
 from syncer.common.settings import RunSettings
 
@@ -123,5 +125,6 @@ def test_every_process_imports_the_snapshot_first() -> None:
     assert launch.syncer_env(runtime)["PYTHONPATH"] == "/store/code/d1:/site/abc"
     bare = HostRuntime("h", "py", "", "/run", "/run/config.json")
     assert "PYTHONPATH" not in launch.syncer_env(bare)
-    old = HostRuntime.from_dict({k: v for k, v in runtime.to_dict().items() if k != "code"})
+    written = {k: v for k, v in runtime.to_dict().items() if k != "code"}
+    old = HostRecord.from_json({"runtime": written}, "state.hosts").runtime
     assert old.code == ""  # a state written by an older dldctl still reads

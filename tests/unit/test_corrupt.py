@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dldctl.chaos import corruption, faults, plan, records, verdict
+from dldctl.chaos import corruption, plan, records, verdict
+from dldctl.faults import procs
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts.local import LocalHost
-from dldctl.lifecycle.provision import HostRuntime
 from learner import corrupt, files, offload
 from learner.health import Health
 from learner.outer import OuterState
@@ -280,13 +281,13 @@ def test_the_learner_reads_the_corruption_the_chaos_code_writes(tmp_path: Path) 
     runtime = HostRuntime("here", "python3", "", str(tmp_path), str(tmp_path / "config.json"))
     host = LocalHost("here")
     control = files.Controls(tmp_path / "learners" / "learner-0" / "control.json")
-    assert faults.apply("corrupt", host, runtime, "learner-0", None, 30.0, 4.0, mode="bitflip")
-    faults.apply("slow", host, runtime, "learner-0", None, 30.0, 2.0)  # merged, not replacing
+    assert procs.apply("corrupt", host, runtime, "learner-0", None, 30.0, 4.0, mode="bitflip")
+    procs.apply("slow", host, runtime, "learner-0", None, 30.0, 2.0)  # merged, not replacing
     control.read()
     mode, factor, until = control.corruption() or ("", 0.0, 0.0)
     assert (mode, factor) == ("bitflip", 4.0) and until == pytest.approx(time.time() + 30, abs=5)
     assert control.slow_factor() == 2.0
-    assert faults.undo("corrupt", host, runtime, "learner-0", None)
+    assert procs.undo("corrupt", host, runtime, "learner-0", None)
     control.mtime = 0.0  # as if its mtime changed (a coarse clock may not show it yet)
     control.read()
     assert control.corruption() is None and control.slow_factor() == 2.0

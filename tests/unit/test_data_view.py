@@ -16,10 +16,10 @@ from rich.console import Console
 
 from dldctl import rundir
 from dldctl.observe import report, snapshot
-from dldctl.observe.metricpoints import Points, sample_values
 from dldctl.observe.view import History, plan_sections, render_live, render_plain
 from dldctl.observe.view_ledger import data_text
 from dldctl.runstate import Proc, ProcStatus, RunState
+from dldctl.supervise.metricpoints import Points, sample_values
 from syncer.common import jsonl
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "data" / "snapshots"
@@ -205,7 +205,7 @@ def test_the_exports_carry_the_ledgers_figures() -> None:
     assert values["learner/learner-2/data_merged_tokens"] == 3_000_000.0
     assert not any(k.startswith("data/") for k in sample_values({"t": 1.0, "kind": "sample", "goodput": 0.5}))
     pytest.importorskip("prometheus_client")
-    from dldctl.observe.export_prom import families
+    from dldctl.supervise.sink_prom import families
 
     (point,) = Points(1000.0).feed([SAMPLE])
     fams = {f.name: f for f in families(point, "run-a", 1012.0)}

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dldctl import rundir
-from dldctl.observe import events
+from dldctl import eventlog, rundir
 from dldctl.runstate import RunState
 from dldctl.testing import DLDCTL
 
@@ -26,18 +25,18 @@ T0 = 1_796_190_000.0
 def test_filter_by_kind_target_glob_and_age() -> None:
     death = {"t": T0, "kind": "death", "target": "learner-2", "detail": "gone"}
     ckpt = {"t": T0 - 600, "kind": "checkpoint", "target": "syncer", "detail": "ckpt"}
-    assert events.Filter()(death) and events.Filter()(ckpt)
-    assert events.Filter(frozenset({"death", "restart"}))(death) and not events.Filter(frozenset({"death"}))(ckpt)
-    assert events.Filter(target="learner-*")(death) and not events.Filter(target="learner-*")(ckpt)
-    assert events.Filter(since=T0 - 60)(death) and not events.Filter(since=T0 - 60)(ckpt)
-    assert not events.Filter(since=T0)({"kind": "x"})  # no time: not known to be recent
+    assert eventlog.Filter()(death) and eventlog.Filter()(ckpt)
+    assert eventlog.Filter(frozenset({"death", "restart"}))(death) and not eventlog.Filter(frozenset({"death"}))(ckpt)
+    assert eventlog.Filter(target="learner-*")(death) and not eventlog.Filter(target="learner-*")(ckpt)
+    assert eventlog.Filter(since=T0 - 60)(death) and not eventlog.Filter(since=T0 - 60)(ckpt)
+    assert not eventlog.Filter(since=T0)({"kind": "x"})  # no time: not known to be recent
 
 
 def test_line_names_the_date_only_when_it_is_not_today() -> None:
     record = {"t": T0, "kind": "death", "target": "learner-2", "detail": "process gone"}
     today = time.strftime("%Y-%m-%d", time.localtime(T0))
-    assert events.line(record, today).split()[1:] == ["death", "learner-2", "process", "gone"]
-    assert events.line(record, "1999-01-01").startswith(today + " ")
+    assert eventlog.line(record, today).split()[1:] == ["death", "learner-2", "process", "gone"]
+    assert eventlog.line(record, "1999-01-01").startswith(today + " ")
 
 
 def _append(path: Path, *records: dict[str, object], raw: bytes = b"") -> None:
@@ -48,10 +47,10 @@ def _append(path: Path, *records: dict[str, object], raw: bytes = b"") -> None:
 def test_follow_goes_on_from_past_across_a_partial_line_and_a_rotation(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     _append(path, {"kind": "a"}, raw=b'{"kind": "b"')  # b is being written
-    so_far, where = events.past(path)
+    so_far, where = eventlog.past(path)
     assert [r["kind"] for r in so_far] == ["a"]
     got: list[str] = []
-    stream = events.follow(path, lambda: len(got) >= 3, where, poll_s=0.01)
+    stream = eventlog.follow(path, lambda: len(got) >= 3, where, poll_s=0.01)
     _append(path, raw=b"}\n")
     got.append(next(stream)["kind"])
     path.rename(path.with_name("events.jsonl.1"))  # rotated past max_log_mb
@@ -89,7 +88,7 @@ def test_the_command_filters_past_events_and_follows_new_ones(tmp_path: Path, mo
         check=True,
     )
     records = [json.loads(ln) for ln in picked.stdout.splitlines()]
-    assert [(r["schema"], r["kind"], r["target"]) for r in records] == [(events.SCHEMA, "death", "learner-1")]
+    assert [(r["schema"], r["kind"], r["target"]) for r in records] == [(eventlog.SCHEMA, "death", "learner-1")]
     follower = subprocess.Popen(
         [DLDCTL, "events", "-f", "--tail", "0", "--kind", "quorum_lost", "--json"],
         env=env,

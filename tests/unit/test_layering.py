@@ -15,7 +15,11 @@ Stated exactly, never widened to fit the code:
 - learner, syncer and workload never import the operator-only packages typer, rich, paramiko,
   matplotlib;
 - the harness that tests and benchmarks drive dldctl with (`dldctl.testing`) is dldctl and keeps
-  its rules; it imports neither torch nor the code built on it (tests, bench).
+  its rules; it imports neither torch nor the code built on it (tests, bench);
+- dldctl's folders are floors (FLOORS, docs/architecture.md): a module imports only from its own
+  floor and the floors below it, at file level, inside functions and under TYPE_CHECKING alike.
+
+Probes that show a check failing are written under pytest's tmp_path, never into the source tree.
 """
 
 from __future__ import annotations
@@ -40,10 +44,21 @@ def shared(module: str) -> bool:
     return any(module == pkg or module.startswith(pkg + ".") for pkg in SHARED)
 
 
+def _dotted(path: Path) -> list[str]:
+    """A file's module path as parts: relative to the checkout, or, for a probe outside it, from
+    the first project package on its path (tmp/dldctl/hosts/p.py: dldctl, hosts, p)."""
+    try:
+        return list(path.relative_to(ROOT).with_suffix("").parts)
+    except ValueError:
+        parts = path.with_suffix("").parts
+        first = min(i for i, part in enumerate(parts[:-1]) if part in PROJECT)  # a file may be learner.py
+        return list(parts[first:])
+
+
 def imports(path: Path) -> set[str]:
     """Absolute module names imported by a file (relative imports resolved to the package)."""
     tree = ast.parse(path.read_text(), str(path))
-    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    package = ".".join(_dotted(path)[:-1])
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -59,14 +74,14 @@ def imports(path: Path) -> set[str]:
     return out
 
 
-def _is_module(name: str) -> bool:
+def _is_module(name: str, root: Path = ROOT) -> bool:
     """Whether a dotted name is a project module (not a class or function inside one)."""
     rel = Path(*name.split("."))
-    return (ROOT / rel.with_suffix(".py")).exists() or (ROOT / rel / "__init__.py").exists()
+    return (root / rel.with_suffix(".py")).exists() or (root / rel / "__init__.py").exists()
 
 
-def files(package: str) -> list[Path]:
-    return sorted((ROOT / package).rglob("*.py"))
+def files(package: str, root: Path = ROOT) -> list[Path]:
+    return sorted((root / package).rglob("*.py"))
 
 
 def project_imports(path: Path) -> set[str]:
@@ -151,13 +166,94 @@ def test_the_harness_needs_no_torch_and_no_test_code() -> None:
         ("learner", "import dldctl.lifecycle.up\n", learner_violations),
     ],
 )
-def test_a_reintroduced_forbidden_import_fails(package: str, source: str, rule: object) -> None:
-    probe = ROOT / package / "_layering_probe.py"
+def test_a_reintroduced_forbidden_import_fails(tmp_path: Path, package: str, source: str, rule: object) -> None:
+    probe = tmp_path / package / "_layering_probe.py"
+    probe.parent.mkdir()
     probe.write_text(source)
-    try:
-        assert callable(rule) and rule(probe), source
-    finally:
-        probe.unlink()
+    assert callable(rule) and rule(probe), source
+
+
+# dldctl's floors, top to bottom (docs/architecture.md). A module imports only from its own floor
+# and the floors below: its floor is its longest listed prefix, and every top-level module of dldctl
+# not listed is the run model. The base, the package itself included, anyone may import.
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("face", ("dldctl.cli", "dldctl.__main__", "dldctl.commands", "dldctl.testing")),
+    ("chaos", ("dldctl.chaos",)),  # fault experiments: plans, runner, verdicts, records, inject
+    ("lifecycle", ("dldctl.lifecycle",)),  # up, down, check, converge, resume, provision, export
+    ("observe", ("dldctl.observe",)),  # the read side: snapshot, view, report, runs, logs
+    ("supervise", ("dldctl.supervise",)),  # the supervisor and what only it runs: launch, sinks, alerts
+    ("faults", ("dldctl.faults",)),  # fault mechanics: process faults, link faults
+    ("run model", ()),  # inventory, rundir, runstate, hostruntime, syncerctl, eventlog, ...
+    ("hosts", ("dldctl.hosts",)),  # transports: local, ssh, slurm
+    ("base", ("dldctl.errors", "dldctl.units", "dldctl.interrupts", "dldctl.docpath", "dldctl.sim")),
+)
+RUN_MODEL = [name for name, _ in FLOORS].index("run model")
+BASE = len(FLOORS) - 1
+
+
+def floor_of(module: str) -> int:
+    """The floor (0 = the top) of a dldctl module."""
+    if module == "dldctl":
+        return BASE
+    hits = [
+        (len(prefix), index)
+        for index, (_, prefixes) in enumerate(FLOORS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    return max(hits)[1] if hits else RUN_MODEL
+
+
+def floor_violations(path: Path) -> set[str]:
+    """The dldctl modules a dldctl file imports from a floor above its own (any import: file level,
+    in a function, under TYPE_CHECKING)."""
+    here = floor_of(_module_name(path))
+    return {m for m in imports(path) if m.split(".")[0] == "dldctl" and floor_of(m) < here}
+
+
+@pytest.mark.parametrize("path", files("dldctl"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_dldctl_imports_only_its_own_floor_and_below(path: Path) -> None:
+    assert floor_violations(path) == set(), FLOORS[floor_of(_module_name(path))][0]
+
+
+def test_every_floor_is_where_the_tree_has_it() -> None:
+    names = {_module_name(p) for p in files("dldctl")}
+    for _, prefixes in FLOORS:
+        for prefix in prefixes:
+            assert prefix in names, prefix
+    assert [FLOORS[floor_of(m)][0] for m in ("dldctl.inventory", "dldctl.hosts.ssh", "dldctl", "dldctl.sim.paper")] == [
+        "run model",
+        "hosts",
+        "base",
+        "base",
+    ]
+
+
+@pytest.mark.parametrize(
+    "where, source",
+    [
+        ("hosts/_probe.py", "from dldctl.runstate import RunState\n"),  # hosts under the run model
+        ("_probe.py", "from dldctl.observe import snapshot\n"),  # the run model reading up
+        ("supervise/_probe.py", "def f() -> None:\n    from dldctl.lifecycle import up\n"),  # in a function
+        ("faults/_probe.py", "from dldctl.supervise import launch\n"),
+        ("observe/_probe.py", "from . import runs\nfrom ..chaos import plan\n"),  # relative, one level up
+        ("sim/_probe.py", "from dldctl import runstate\n"),  # the pure simulator reads only the base
+    ],
+)
+def test_an_import_against_the_floors_fails(tmp_path: Path, where: str, source: str) -> None:
+    probe = tmp_path / "dldctl" / where
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    probe.write_text(source)
+    assert floor_violations(probe), (where, source)
+    probe.write_text("from dldctl.errors import RunError\n")  # the base: allowed everywhere
+    assert floor_violations(probe) == set(), where
+
+
+def test_a_probe_named_like_a_package_is_placed_by_its_folder(tmp_path: Path) -> None:
+    probe = tmp_path / "dldctl" / "commands" / "learner.py"  # the face's learner.py, not the learner package
+    probe.parent.mkdir(parents=True)
+    probe.write_text("from dldctl.commands import options\nfrom dldctl.chaos import plan\n")
+    assert _module_name(probe) == "dldctl.commands.learner" and floor_violations(probe) == set()
 
 
 # The pure core of ARCHITECTURE.md: no I/O (files, sockets, processes, clocks, sleeps); clocks and
@@ -180,8 +276,10 @@ PURE_CORE = (
     "workload/gpt.py",
     "dldctl/supervise/reconcile.py",
     "dldctl/runstate.py",
+    "dldctl/hostruntime.py",
+    "dldctl/supervise/alerts.py",
     "dldctl/hosts/slurmjobs.py",
-    "dldctl/chaos/linkcap.py",
+    "dldctl/faults/linkcap.py",
     "dldctl/units.py",
     "dldctl/chaos/plan.py",
     "dldctl/chaos/verdict.py",
@@ -264,21 +362,19 @@ def test_the_io_scan_catches_a_violation(tmp_path: Path) -> None:
 
 
 def test_the_scanner_catches_a_violation(tmp_path: Path) -> None:
-    bad = ROOT / "syncer" / "_layering_probe.py"
+    bad = tmp_path / "syncer" / "_layering_probe.py"
+    bad.parent.mkdir()
     bad.write_text("from learner import trainer\nimport rich\n")
-    try:
-        assert "learner.trainer" in project_imports(bad)
-        assert "rich" in imports(bad)
-    finally:
-        bad.unlink()
+    assert "learner.trainer" in project_imports(bad)
+    assert "rich" in imports(bad)
 
 
 def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+    parts = _dotted(path)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _top_level_imports(path: Path) -> set[str]:
+def _top_level_imports(path: Path, root: Path = ROOT) -> set[str]:
     """Project modules imported when `path` is imported (module level, outside `if TYPE_CHECKING:`)."""
     out: set[str] = set()
     for node in ast.parse(path.read_text(), str(path)).body:
@@ -291,13 +387,13 @@ def _top_level_imports(path: Path) -> set[str]:
                 out.update(a.name for a in sub.names)
             elif isinstance(sub, ast.ImportFrom) and sub.module and not sub.level:
                 out.add(sub.module)
-                out.update(f"{sub.module}.{a.name}" for a in sub.names if _is_module(f"{sub.module}.{a.name}"))
+                out.update(f"{sub.module}.{a.name}" for a in sub.names if _is_module(f"{sub.module}.{a.name}", root))
     return {m for m in out if m.split(".")[0] in PROJECT}
 
 
-def import_cycles(package: str) -> list[list[str]]:
+def import_cycles(package: str, root: Path = ROOT) -> list[list[str]]:
     """Every circle of module-level imports among a package's modules (depth-first search)."""
-    graph = {_module_name(p): _top_level_imports(p) for p in files(package)}
+    graph = {_module_name(p): _top_level_imports(p, root) for p in files(package, root)}
     cycles: list[list[str]] = []
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
 
@@ -322,14 +418,11 @@ def test_no_import_circles(package: str) -> None:
 
 
 def test_the_circle_scan_finds_a_circle(tmp_path: Path) -> None:
-    a, b = ROOT / "dldctl" / "_circle_a.py", ROOT / "dldctl" / "_circle_b.py"
+    (tmp_path / "dldctl").mkdir()
+    a, b = tmp_path / "dldctl" / "_circle_a.py", tmp_path / "dldctl" / "_circle_b.py"
     a.write_text("from dldctl import _circle_b\n")
     b.write_text("import dldctl._circle_a\n")
-    try:
-        assert ["dldctl._circle_a", "dldctl._circle_b", "dldctl._circle_a"] in import_cycles("dldctl")
-    finally:
-        a.unlink()
-        b.unlink()
+    assert ["dldctl._circle_a", "dldctl._circle_b", "dldctl._circle_a"] in import_cycles("dldctl", tmp_path)
 
 
 THIRD_PARTY = ("typer", "rich", "zmq", "torch", "paramiko", "zstandard", "numpy", "matplotlib", "click")

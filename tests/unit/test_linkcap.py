@@ -1,4 +1,4 @@
-"""`chaos link` as data (dldctl/chaos/linkcap.py): rates, what a host's probe says, the tc
+"""`chaos link` as data (dldctl/faults/linkcap.py): rates, what a host's probe says, the tc
 commands for each end and their undo; the plan's `link` faults. The commands run for real on
 shaped network namespaces in tests/e2e/test_sites.py."""
 
@@ -9,8 +9,9 @@ import re
 
 import pytest
 
-from dldctl.chaos import linkcap, plan
-from dldctl.chaos.linkcap import LinkCapError, LinkSide
+from dldctl.chaos import plan
+from dldctl.faults import linkcap
+from dldctl.faults.linkcap import LinkCapError, LinkSide
 
 PROBE = """uid=0
 tc=/usr/sbin/tc

@@ -1,4 +1,4 @@
-"""dldctl/lifecycle/ports.py: the syncer's ports come from below the kernel's ephemeral range."""
+"""dldctl/ports.py: the syncer's ports come from below the kernel's ephemeral range."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import socket
 
 import pytest
 
+from dldctl import ports
 from dldctl.inventory import HostSpec, Inventory, SSHSpec, SyncerSpec
-from dldctl.lifecycle import plan, ports
-from dldctl.lifecycle.ports import ephemeral_low, free_port
+from dldctl.lifecycle import plan
+from dldctl.ports import ephemeral_low, free_port
 from syncer.common.settings import RunSettings
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from dldctl import rundir
+from dldctl import inventory, rundir
 from dldctl.errors import RunError
 from dldctl.hosts.local import read_stat
 from dldctl.runstate import Daemon, RunState
@@ -70,3 +71,25 @@ def test_no_live_run_says_how_to_start_one(home: Path) -> None:
         rundir.resolve(None)
     assert "no live run" in info.value.line() and "dldctl up" in info.value.line()
     assert rundir.resolve(None, live_only=False).name.startswith("a-")
+
+
+def test_the_inventory_round_trips_and_a_missing_or_bad_one_is_one_line(home: Path) -> None:
+    run = rundir.create("a")
+    with pytest.raises(RunError) as info:
+        run.read_inventory()
+    assert str(run.inventory_json) in info.value.line() and "no inventory" in info.value.line()
+    inv = inventory.parse({"hosts": [{"name": "here", "address": "local", "learners": 2}]}, "inv.toml")
+    run.write_inventory(inv)
+    assert run.read_inventory() == replace(inv, path=str(run.inventory))
+    for bad in ("{not json", "[1, 2]"):
+        run.inventory_json.write_text(bad)
+        with pytest.raises(RunError) as info:
+            run.read_inventory()
+        assert "\n" not in info.value.line() and str(run.inventory_json) in info.value.line()
+
+
+def test_a_run_directory_has_no_path_it_does_not_name(home: Path) -> None:
+    run = rundir.create("a")
+    assert run.events == run.path / "events.jsonl" and run.final_model == run.path / "final_model.pt"
+    with pytest.raises(AttributeError):
+        _ = run.event_log  # type: ignore[attr-defined]  # a misspelled path is an error, not a file name

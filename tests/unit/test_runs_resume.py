@@ -15,8 +15,8 @@ import pytest
 from dldctl import rundir
 from dldctl.commands.run import last_syncer_death, why_not_merging
 from dldctl.errors import OperationError
+from dldctl.hostruntime import HostRuntime
 from dldctl.lifecycle import down, resume
-from dldctl.lifecycle.provision import HostRuntime
 from dldctl.observe import runs
 from dldctl.runstate import DOWN_REASON, PidRecord, Proc, ProcStatus, RunState
 from syncer.common import strictjson
@@ -65,7 +65,7 @@ def test_down_marks_what_it_stopped_and_resume_starts_only_that() -> None:
     }
     assert out.procs["learner-0"].restarts == 0 and out.procs["learner-0"].proc is None
     assert out.procs["learner-4"].reason == gone.line()
-    assert out.hosts["a"].runtime["python"] == "/usr/bin/python3"
+    assert out.hosts["a"].runtime.python == "/usr/bin/python3"
 
 
 def test_a_run_downed_by_an_older_dldctl_resumes_every_process() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dldctl.errors import RunError
+from dldctl.hostruntime import HostRuntime
 from dldctl.rundir import RunDir
 from dldctl.runstate import (
     SCHEMA_VERSION,
@@ -41,7 +42,7 @@ def full_state() -> RunState:
             "learner-0": Proc("learner", "a", ProcStatus.DEAD, restarts=2, fast_deaths=1, next_start=1010.0),
             "learner-1": Proc("learner", "b", ProcStatus.STOPPED, reason="host b: unreachable"),
         },
-        hosts={"local": HostRecord({"host": "local", "python": "python3"})},
+        hosts={"local": HostRecord(HostRuntime("local", "python3", "", "/runs/exp", "/runs/exp/config.json"))},
         faults=(Fault("f1", "pause", "learner-0", 1020.0, 1000.0, 3.0),),
         supervisor=Daemon(30, 40, 1000.5, 1),
         watchdog=Daemon(31, 41, 1000.6),
@@ -103,6 +104,8 @@ def test_another_version_is_one_line_naming_the_file(tmp_path: Path) -> None:
         lambda d: d["procs"]["syncer"].update(proc={"pid": 1}),
         lambda d: d.update(faults={"f1": {}}),
         lambda d: d.update(surprise=1),
+        lambda d: d["hosts"]["local"]["runtime"].pop("run_dir"),
+        lambda d: d["hosts"]["local"]["runtime"].update(python=3),
     ],
 )
 def test_a_malformed_record_is_one_line_naming_the_file(tmp_path: Path, damage: object) -> None:
@@ -137,7 +140,12 @@ def test_a_file_older_dldctl_wrote_reads_as_version_1(tmp_path: Path) -> None:
                 "chaos_kill": False,
             }
         },
-        "hosts": {"local": {"runtime": {"host": "local"}, "status": "ok"}},
+        "hosts": {  # as HostRuntime.to_dict wrote it before `code` was added
+            "local": {
+                "runtime": {"host": "local", "python": "py", "pythonpath": "", "run_dir": "/r", "config": "/r/c"},
+                "status": "ok",
+            }
+        },
         "faults": [],
         "supervisor": {"pid": 3, "start_ticks": 4, "started": 1000.1, "restarts": 0},
     }
@@ -145,6 +153,7 @@ def test_a_file_older_dldctl_wrote_reads_as_version_1(tmp_path: Path) -> None:
     assert state.status == "up" and state.created == 1000.0 and state.watchdog is None
     assert state.procs["syncer"].status is ProcStatus.RUNNING and state.procs["syncer"].proc == PidRecord(7, 8)
     assert state.supervisor == Daemon(3, 4, 1000.1, 0) and state.spares == {} and state.mirror == {}
+    assert state.runtime_of("local") == HostRuntime("local", "py", "", "/r", "/r/c", code="")
 
 
 def test_helpers_return_new_states() -> None:

@@ -15,12 +15,13 @@ import pytest
 
 from dldctl import inventory, rundir
 from dldctl.errors import ConfigError, DldError
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts import Host, LocalHost
 from dldctl.inventory import Inventory
 from dldctl.lifecycle import plan, shardgather, up
-from dldctl.lifecycle.provision import HostRuntime
-from dldctl.observe import mirror, shardrows
+from dldctl.observe import shardrows
 from dldctl.runstate import HostRecord, Proc, ProcStatus, RunState
+from dldctl.supervise import mirror
 from syncer.common import jsonl
 from syncer.common.resolved import ResolvedConfig, ResolvedConfigError, SyncerSection
 from syncer.config import load as load_syncer
@@ -155,8 +156,8 @@ def _two_host_run(tmp_path: Path) -> tuple[rundir.RunDir, RunState, Path]:
         "syncer": Proc("syncer", "local", ProcStatus.RUNNING),
         "syncer-1": Proc("syncer", "h0", ProcStatus.RUNNING),
     }
-    state = RunState("up", procs=procs).with_host("h0", HostRecord(remote.to_dict()))
-    return run, state.with_host("local", HostRecord(here.to_dict())), far
+    state = RunState("up", procs=procs).with_host("h0", HostRecord(remote))
+    return run, state.with_host("local", HostRecord(here)), far
 
 
 def test_only_the_shards_on_other_hosts_are_mirrored_from_them(tmp_path: Path) -> None:
@@ -172,7 +173,7 @@ def test_only_the_shards_on_other_hosts_are_mirrored_from_them(tmp_path: Path) -
 def test_a_hosts_entry_for_this_machine_has_nothing_to_mirror(tmp_path: Path) -> None:
     run, state, _ = _two_host_run(tmp_path)
     same = HostRuntime("h0", "py", "", str(run.path), str(run.config))
-    assert mirror.remote_shards(state.with_host("h0", HostRecord(same.to_dict())), run) == []
+    assert mirror.remote_shards(state.with_host("h0", HostRecord(same)), run) == []
 
 
 def test_newest_checkpoint_by_name() -> None:

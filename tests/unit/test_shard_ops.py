@@ -11,18 +11,18 @@ from typing import Any
 
 import pytest
 
-from dldctl import inventory, rundir, shards
+from dldctl import inventory, rundir, shards, syncerctl
 from dldctl.chaos import verdict
 from dldctl.chaos.plan import Experiment, Fault
 from dldctl.commands.run import shard_words
 from dldctl.errors import ConfigError, SyncerError, UsageError
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts import LocalHost, ProcRef
 from dldctl.inventory import HostSpec, Inventory, SSHSpec, SyncerSpec
-from dldctl.lifecycle import launch, plan, syncerctl
-from dldctl.lifecycle.provision import HostRuntime
-from dldctl.observe import mirror
+from dldctl.lifecycle import plan
 from dldctl.rundir import RunDir
 from dldctl.runstate import HostRecord, Proc, ProcStatus, RunState
+from dldctl.supervise import launch, mirror
 from dldctl.supervise.supervisor import Supervisor
 from syncer.common import strictjson
 from syncer.common.resolved import ResolvedConfig, SyncerSection
@@ -227,7 +227,7 @@ def test_the_supervisor_reads_a_shards_refusal_in_its_own_directory(
     (run.path / "inventory.json").write_text(strictjson.dumps(inventory.to_dict(_inv(2))))
     local = HostRuntime("local", "py", "", str(run.path), str(run.config))
     procs = {name: Proc("syncer", "local", ProcStatus.DEAD) for name in ("syncer", "syncer-1")}
-    state = RunState("up", procs=procs).with_host("local", HostRecord(local.to_dict()))
+    state = RunState("up", procs=procs).with_host("local", HostRecord(local))
     (run.path / "shard-1").mkdir()
     (run.path / "shard-1" / "syncer.refused").write_text("shard 1's history was lost\n")
     sup = Supervisor(run)

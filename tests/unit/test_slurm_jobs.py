@@ -14,9 +14,9 @@ import pytest
 from dldctl import inventory
 from dldctl.errors import ConfigError
 from dldctl.hosts import slurmjobs
-from dldctl.hosts.slurmjobs import JobInfo, SiteJob
+from dldctl.hosts.slurmjobs import JOB_TICKS, JobInfo, SiteJob
 from dldctl.observe.snapshot import learner_state
-from dldctl.runstate import JOB_TICKS, PidRecord, Proc, ProcStatus
+from dldctl.runstate import PidRecord, Proc, ProcStatus
 from dldctl.supervise import reconcile
 
 SITE = """

@@ -8,8 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts import LocalHost
-from dldctl.lifecycle.provision import HostRuntime
 from dldctl.runstate import Proc, ProcStatus, RunState
 from dldctl.supervise import spares
 from learner import spare

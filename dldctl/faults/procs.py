@@ -19,15 +19,14 @@ import signal
 import time
 from typing import Any
 
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts import Host, ProcRef
-from dldctl.lifecycle.launch import learner_workdir
-from dldctl.lifecycle.provision import HostRuntime
 
 KINDS = ("kill", "pause", "slow", "partition", "corrupt")
 
 
 def control_file(runtime: HostRuntime, lid: str) -> str:
-    return f"{learner_workdir(runtime, lid)}/control.json"
+    return f"{runtime.learner_workdir(lid)}/control.json"
 
 
 def read_control(host: Host, runtime: HostRuntime, lid: str) -> dict[str, Any]:
@@ -43,7 +42,7 @@ def write_control(host: Host, runtime: HostRuntime, lid: str, updates: dict[str,
     """Merge `updates` into the learner's control.json (atomic on its host)."""
     data = read_control(host, runtime, lid)
     data.update(updates)
-    host.mkdir(learner_workdir(runtime, lid))
+    host.mkdir(runtime.learner_workdir(lid))
     host.put_bytes(json.dumps(data).encode(), control_file(runtime, lid), 0o644)
 
 

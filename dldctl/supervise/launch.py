@@ -7,8 +7,8 @@ named in the resolved configuration.
 from __future__ import annotations
 
 from dldctl import shards
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts import Host, ProcRef
-from dldctl.lifecycle.provision import HostRuntime
 from syncer.common.resolved import LearnerEntry
 
 
@@ -33,7 +33,7 @@ def syncer_argv(runtime: HostRuntime, shard: int = 0) -> list[str]:
 def learner_argv(runtime: HostRuntime, entry: LearnerEntry) -> list[str]:
     """`python -m learner ...`, or the same under torchrun for an island of nproc ranks."""
     lid = entry.id
-    tail = ["--config", runtime.config, "--id", lid, "--workdir", learner_workdir(runtime, lid)]
+    tail = ["--config", runtime.config, "--id", lid, "--workdir", runtime.learner_workdir(lid)]
     nproc = entry.nproc
     if nproc > 1:
         return [
@@ -47,14 +47,6 @@ def learner_argv(runtime: HostRuntime, entry: LearnerEntry) -> list[str]:
             *tail,
         ]
     return [runtime.python, "-m", "learner", *tail]
-
-
-def learner_workdir(runtime: HostRuntime, lid: str) -> str:
-    return f"{runtime.run_dir}/learners/{lid}"
-
-
-def log_path(runtime: HostRuntime, target: str) -> str:
-    return f"{runtime.run_dir}/logs/{target}.log"
 
 
 # glibc hands freed fragment-sized buffers back to the kernel and faults them in again every
@@ -73,7 +65,7 @@ def start_syncer(host: Host, runtime: HostRuntime, name: str = shards.SYNCER) ->
     if shard is None:
         raise ValueError(f"{name!r} is not a syncer process name (syncer, syncer-1, ...)")
     argv = syncer_argv(runtime, shard)
-    return host.start(argv, cwd=runtime.run_dir, log=log_path(runtime, name), env=syncer_env(runtime))
+    return host.start(argv, cwd=runtime.run_dir, log=runtime.log_path(name), env=syncer_env(runtime))
 
 
 def learner_env(runtime: HostRuntime, entry: LearnerEntry, restarts: int) -> dict[str, str]:
@@ -88,6 +80,6 @@ def learner_env(runtime: HostRuntime, entry: LearnerEntry, restarts: int) -> dic
 
 def start_learner(host: Host, runtime: HostRuntime, entry: LearnerEntry, restarts: int) -> ProcRef:
     lid = entry.id
-    host.mkdir(learner_workdir(runtime, lid))
+    host.mkdir(runtime.learner_workdir(lid))
     env = learner_env(runtime, entry, restarts)
-    return host.start(learner_argv(runtime, entry), cwd=runtime.run_dir, log=log_path(runtime, lid), env=env)
+    return host.start(learner_argv(runtime, entry), cwd=runtime.run_dir, log=runtime.log_path(lid), env=env)

@@ -1,4 +1,4 @@
-"""The exporters' pure parts and the supervisor's feed: records to named scalars, Prometheus
+"""The metrics sinks' pure parts and the supervisor's feed: records to named scalars, Prometheus
 families, the [metrics] table's errors, and reading each record once across rotation and restarts."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 
 from dldctl import extras, inventory
 from dldctl.errors import ConfigError
-from dldctl.observe.export_prom import families, metric_name
-from dldctl.observe.metricpoints import Point, Points, sample_values
 from dldctl.supervise.feeds import Feeds, Position, read_new
+from dldctl.supervise.metricpoints import Point, Points, sample_values
+from dldctl.supervise.sink_prom import families, metric_name
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "run_recorded" / "metrics.jsonl"
 
@@ -158,7 +158,7 @@ def test_a_missing_file_is_no_error_and_is_read_from_its_start_once_it_appears(t
 
 
 def test_up_refuses_a_prometheus_port_in_use_before_it_creates_a_run(tmp_path: Path) -> None:
-    from dldctl.observe.exports import preflight
+    from dldctl.supervise.sinks import preflight
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -1,5 +1,5 @@
 """Capping one learner's link to the syncer on real hosts (`dldctl chaos link`): probe both ends,
-cap, uncap. The commands themselves are data (dldctl/chaos/linkcap.py); this is the thin shell
+cap, uncap. The commands themselves are data (dldctl/faults/linkcap.py); this is the thin shell
 that runs them over the `Host` interface (local or SSH), so it works wherever the run's hosts do.
 """
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from dldctl.chaos import linkcap
-from dldctl.chaos.linkcap import LinkCapError, LinkSide
 from dldctl.errors import ChaosError
+from dldctl.faults import linkcap
+from dldctl.faults.linkcap import LinkCapError, LinkSide
 from dldctl.hosts import Host
 from dldctl.hosts.base import output_tail
 from dldctl.runstate import ProcStatus, RunState

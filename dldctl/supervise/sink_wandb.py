@@ -2,7 +2,7 @@
 
 One W&B run per dldctl run: its id is the run directory's name, so a restarted supervisor (and
 `wandb sync` of several offline segments) continues the same W&B run. The step is seconds since
-the run was created (dldctl/observe/metricpoints.py), which only rises; a point whose step is below
+the run was created (dldctl/supervise/metricpoints.py), which only rises; a point whose step is below
 the last one logged is skipped (W&B would drop it). `wandb_mode = "offline"` (the default) writes
 to <run>/wandb/ only (upload later with `wandb sync <run>/wandb/offline-run-*`); "online" needs
 `wandb login` or WANDB_API_KEY. W&B does not capture the supervisor's console or system stats.
@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dldctl.metricspec import MetricsSpec
-from dldctl.observe.exports import PointSink
-from dldctl.observe.metricpoints import Point
+from dldctl.supervise.metricpoints import Point, PointSink
 
 
 def run_id(name: str) -> str:

@@ -1,6 +1,6 @@
 """The Prometheus endpoint of a run (`[metrics] prometheus_port`), served by the supervisor.
 
-Gauges are the newest metrics sample's figures, rounds aside, (dldctl/observe/metricpoints.py names, `/` -> `_`,
+Gauges are the newest metrics sample's figures, rounds aside, (dldctl/supervise/metricpoints.py names, `/` -> `_`,
 prefixed `dldctl_`; a learner's figures carry a `learner` label), so a scrape always sees the run
 as it is now and a learner that left is gone from it. Rounds feed histograms (merge latency, grace
 used, contributors) and events a counter by kind, as Prometheus expects of cumulative figures;
@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from dldctl.metricspec import MetricsSpec
-from dldctl.observe.metricpoints import Point, Points, number
+from dldctl.supervise.metricpoints import Point, Points, number
 
 PREFIX = "dldctl_"
 _LEARNER = re.compile(r"^learner/(?P<id>[^/]+)/(?P<name>.+)$")

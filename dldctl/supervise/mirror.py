@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from dldctl import shards
+from dldctl.hostruntime import HostRuntime
 from dldctl.hosts import Host
-from dldctl.lifecycle.provision import HostRuntime
 from dldctl.rundir import RunDir
 from dldctl.runstate import RunState
 
@@ -67,7 +67,7 @@ def remote_syncer(state: RunState) -> tuple[str, HostRuntime] | None:
     proc = state.procs.get("syncer")
     if not proc or proc.host == "local":
         return None
-    return proc.host, HostRuntime.from_dict(dict(state.runtime_of(proc.host)))
+    return proc.host, state.runtime_of(proc.host)
 
 
 def remote_shards(state: RunState, run: RunDir) -> list[tuple[str, HostRuntime, tuple[int, ...]]]:
@@ -80,7 +80,7 @@ def remote_shards(state: RunState, run: RunDir) -> list[tuple[str, HostRuntime, 
             by_host.setdefault(proc.host, []).append(shard)
     out = []
     for host, found in sorted(by_host.items()):
-        runtime = HostRuntime.from_dict(dict(state.runtime_of(host)))
+        runtime = state.runtime_of(host)
         if runtime.run_dir != str(run.path):
             out.append((host, runtime, tuple(sorted(found))))
     return out

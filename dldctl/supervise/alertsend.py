@@ -1,5 +1,5 @@
 """Alerts, the sending shell: the supervisor's alert sink (dldctl/supervise/feeds.py feeds it)
-hands what dldctl/observe/alerts.py decides to one worker thread, which runs the [alerts] command
+hands what dldctl/supervise/alerts.py decides to one worker thread, which runs the [alerts] command
 (the alert as JSON on stdin, DLDCTL_ALERT_* in its environment) and POSTs it to the webhook
 (urllib, application/json), each with [alerts] timeout_s.
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import threading
@@ -26,28 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dldctl.errors import ConfigError
-from dldctl.observe import alerts
-from dldctl.observe.alerts import Alert, AlertsSpec
+from dldctl.alertspec import AlertsSpec
+from dldctl.supervise import alerts
+from dldctl.supervise.alerts import Alert
 
 QUEUE_MAX = 64
 ALERT_FAILED_EVERY_S = 60.0
 CLOSE_WAIT_S = 3.0  # at the supervisor's stop (down): how long the alerts still queued get to go out
 Event = Callable[[str, str, str], object]  # (kind, target, detail): RunDir.event
-
-
-def check_command(spec: AlertsSpec, path: str) -> None:
-    """At `up`: the command's program exists (else a ConfigError naming alerts.command)."""
-    if not spec.command.strip():
-        return
-    program = spec.argv()[0]
-    if shutil.which(program) is None:
-        raise ConfigError(
-            path,
-            "alerts.command",
-            f"{program!r} is not an executable file{'' if os.sep in program else ' on PATH'}",
-            "give the program's absolute path, and make it executable (chmod +x)",
-        )
 
 
 def run_command(argv: list[str], body: bytes, env: dict[str, str], timeout_s: float) -> str | None:

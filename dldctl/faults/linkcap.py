@@ -1,5 +1,5 @@
 """`chaos link` as data: the tc commands that cap one learner's traffic to and from the syncer.
-Pure: the shell (dldctl/chaos/links.py) probes each host and runs what this module writes.
+Pure: the shell (dldctl/faults/links.py) probes each host and runs what this module writes.
 
 Each direction is capped where it leaves a host, since a kernel shapes only what it sends: the
 learner's pushes on the learner's host (to the syncer's address and port), the syncer's replies

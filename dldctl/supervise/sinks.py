@@ -1,11 +1,11 @@
-"""The run's exporters, as the supervisor's sinks (dldctl/supervise/feeds.py feeds them).
+"""The run's metrics sinks (dldctl/supervise/feeds.py feeds them): one per library.
 
     [metrics] tensorboard = true     TensorBoardSink  scalars in <run>/tensorboard/ (tensorboard's own writer)
     [metrics] prometheus_port = N    PrometheusSink   /metrics over HTTP (prometheus_client)
     [metrics] wandb = true           WandbSink        a W&B run (offline by default) in <run>/wandb/
 
-Each turns metrics records into `Point`s (dldctl/observe/metricpoints.py) and writes them with the
-library. `build_sinks` makes the ones the inventory turns on; an exporter that cannot start (a port
+Each turns metrics records into `Point`s (dldctl/supervise/metricpoints.py) and writes them with the
+library. `build_sinks` makes the ones the inventory turns on; a sink that cannot start (a port
 in use, a library missing) is left out with one event that says why, and the run goes on. The
 libraries are imported only here, only when turned on, so the base install needs none of them.
 """
@@ -14,43 +14,17 @@ from __future__ import annotations
 
 import socket
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from dldctl.errors import ConfigError
 from dldctl.inventory import Inventory
 from dldctl.metricspec import MetricsSpec
-from dldctl.observe.metricpoints import Point, Points
-from dldctl.supervise.feeds import Sink
+from dldctl.supervise.feeds import Feeds, Sink
+from dldctl.supervise.metricpoints import Point, PointSink
 
 Report = Callable[[str, str], object]  # (event kind, detail): RunDir.event with the target "supervisor"
-
-
-class PointSink(ABC):
-    """A sink that writes one Point per metrics sample; subclasses say how (`write`)."""
-
-    def __init__(self, t0: float) -> None:
-        self.points = Points(t0)
-
-    def on_events(self, records: list[dict[str, Any]]) -> None:  # noqa: B027 (points come from metrics only)
-        pass
-
-    def on_metrics(self, records: list[dict[str, Any]]) -> None:
-        for point in self.points.feed(records):
-            self.write(point)
-
-    @abstractmethod
-    def write(self, point: Point) -> None:
-        """Write one point with the exporter's library."""
-
-    def tick(self, now: float) -> None:  # noqa: B027 (an exporter with nothing to do on a tick)
-        pass
-
-    def close(self) -> None:  # noqa: B027 (an exporter with nothing to release)
-        pass
 
 
 class TensorBoardSink(PointSink):
@@ -79,23 +53,23 @@ class TensorBoardSink(PointSink):
 
 
 def _prometheus(m: MetricsSpec, run: str, t0: float) -> Sink:
-    """The Prometheus exporter, imported only when it is on: prometheus_client is an extra
+    """The Prometheus sink, imported only when it is on: prometheus_client is an extra
     (`dldctl[prometheus]`) that the README's install leaves out; a run without it never imports it."""
-    from dldctl.observe import export_prom
+    from dldctl.supervise import sink_prom
 
-    return export_prom.PrometheusSink(m, run, t0)
+    return sink_prom.PrometheusSink(m, run, t0)
 
 
 def _wandb(m: MetricsSpec, run_path: Path, t0: float) -> Sink:
-    """The W&B exporter, imported only when it is on (as `_prometheus`)."""
-    from dldctl.observe import export_wandb
+    """The W&B sink, imported only when it is on (as `_prometheus`)."""
+    from dldctl.supervise import sink_wandb
 
-    return export_wandb.WandbSink(m, run_path, t0)
+    return sink_wandb.WandbSink(m, run_path, t0)
 
 
 def build_sinks(inv: Inventory, run_path: Path, t0: float, report: Report) -> list[Sink]:
-    """The exporters `inv`'s [metrics] turns on, for the run in `run_path` (created at `t0`)."""
-    from dldctl.observe import alertsend
+    """The sinks `inv`'s [metrics] turns on, for the run in `run_path` (created at `t0`)."""
+    from dldctl.supervise import alertsend
 
     m = inv.metrics
     makers: list[tuple[bool, str, Callable[[], Sink]]] = [
@@ -120,10 +94,8 @@ def build_sinks(inv: Inventory, run_path: Path, t0: float, report: Report) -> li
 
 def drain(inv: Inventory, run_path: Path, t0: float, report: Report) -> int:
     """At `down`, after the supervisor and syncer have stopped: hand the records they wrote last
-    (the learners' final fragments, the syncer's final sample) to the file exporters
-    (TensorBoard, W&B), so an export ends where the run did. Returns the records handed over."""
-    from dldctl.supervise.feeds import Feeds
-
+    (the learners' final fragments, the syncer's final sample) to the file sinks
+    (TensorBoard, W&B), so what the sinks wrote ends where the run did. Returns the records handed over."""
     no_alerts = replace(inv.alerts, command="", webhook="")  # down's own departures alert no one
     files_only = replace(inv, metrics=replace(inv.metrics, prometheus_port=0), alerts=no_alerts)
     sinks = build_sinks(files_only, run_path, t0, lambda *_: None)

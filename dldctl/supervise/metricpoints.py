@@ -1,4 +1,4 @@
-"""A run's metrics records as named scalars, the one shape every exporter writes (pure, no I/O).
+"""A run's metrics records as named scalars, the one shape every sink writes (pure, no I/O).
 
 The syncer's metrics.jsonl holds a "sample" every couple of seconds (the headline figures) and a
 "round" per merged fragment. `Points.feed` turns them into `Point`s, one per sample: the sample's
@@ -13,6 +13,7 @@ The step is whole seconds since the run was created, so it keeps rising across s
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,3 +137,27 @@ class Points:
                 self._rounds = _Rounds()
                 out.append(Point(t=t, step=max(0, int(t - self.t0)), values=values))
         return out
+
+
+class PointSink(ABC):
+    """A sink that writes one Point per metrics sample; subclasses say how (`write`)."""
+
+    def __init__(self, t0: float) -> None:
+        self.points = Points(t0)
+
+    def on_events(self, records: list[dict[str, Any]]) -> None:  # noqa: B027 (points come from metrics only)
+        pass
+
+    def on_metrics(self, records: list[dict[str, Any]]) -> None:
+        for point in self.points.feed(records):
+            self.write(point)
+
+    @abstractmethod
+    def write(self, point: Point) -> None:
+        """Write one point with the sink's library."""
+
+    def tick(self, now: float) -> None:  # noqa: B027 (a sink with nothing to do on a tick)
+        pass
+
+    def close(self) -> None:  # noqa: B027 (a sink with nothing to release)
+        pass
