@@ -1,7 +1,7 @@
 """How much memory a syncer shard needs, and how much its host has free (pure: text in, bytes out).
 
 A shard owning n of the model's parameters, with M learners pushing (the capacity plan,
-bench/capacity_model.py; measured in BENCHMARKS.md, "Capacity plan" and "Syncer memory"):
+bench/capacity_model.py, frozen at 5ce4e1c; measured in BENCHMARKS.md, "Capacity plan" and "Syncer memory"):
 
     floor = base + n * VECTORS_B                the three fp32 vectors alone: what it certainly needs
     full  = base + n * (state + push * M)       every fragment's round holding every learner's push
