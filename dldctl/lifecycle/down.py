@@ -14,7 +14,6 @@ killed by process group. Processes are found in `procs.jsonl` (every process eve
 from __future__ import annotations
 
 import json
-import re
 import signal
 import time
 from dataclasses import replace
@@ -35,12 +34,12 @@ from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.observe import mirror
 from dldctl.rundir import RunDir
 from dldctl.runstate import DOWN_REASON, Proc, ProcStatus, RunState
+from syncer.common import ckptname
 from syncer.common.modelexport import CONFIG, EXPORT_DIR, WEIGHTS
 from syncer.common.resolved import ResolvedConfig
 
 LEARNER_GRACE_S = 20.0
 SYNCER_GRACE_S = 20.0
-CHECKPOINT_NAME = re.compile(r"ckpt-\d+-(\d+)-\d+\.pt")  # syncer/checkpoint.py's names: epoch, outer step, ms
 
 
 class RunProcesses:
@@ -276,12 +275,12 @@ def _checkpoint_step(run: RunDir, config: ResolvedConfig, shard: int) -> int | N
     """The outer step of shard `shard`'s newest checkpoint in this run directory (None: none here)."""
     if config.syncer.host_of(shard) != "local":
         return None
-    steps = [
-        int(m.group(1))
-        for p in (shards.local_dir(run.path, shard) / "checkpoints").glob("ckpt-*.pt")
-        if (m := CHECKPOINT_NAME.fullmatch(p.name))
-    ]
-    return max(steps, default=None)
+    try:
+        names = [p.name for p in (shards.local_dir(run.path, shard) / "checkpoints").iterdir()]
+    except OSError:
+        return None
+    newest = ckptname.newest(names)
+    return newest.outer_step if newest else None
 
 
 def _shard_zero(run: RunDir, config: ResolvedConfig, snap: dict[str, Any] | None) -> dict[str, Any]:

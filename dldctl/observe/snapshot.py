@@ -16,7 +16,6 @@ supervisor has noticed, and `supervisor` says whether one is alive and beating (
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -107,20 +106,14 @@ def _ledger_sample(last: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def _last_checkpoint(run: RunDir) -> int:
-    """The outer step of the newest checkpoint: from the file names (ckpt-EPOCH-STEP-MS.pt) in the
-    local run directory, else from the last `checkpoint` event (a syncer on another host)."""
-    steps = [
-        int(m.group(1))
-        for p in run.checkpoints.glob("ckpt-*.pt")
-        if (m := re.fullmatch(r"ckpt-\d+-(\d+)-\d+\.pt", p.name))
-    ]
-    if steps:
-        return max(steps)
-    for event in reversed(jsonl.tail(run.events, 500)):
-        m = re.match(r"outer step (\d+)", str(event.get("detail", ""))) if event.get("kind") == "checkpoint" else None
-        if m:
-            return int(m.group(1))
-    return 0
+    """The outer step of the newest checkpoint: from the file names in the local run directory,
+    else from the last `checkpoint` event's `outer_step` (a syncer on another host); 0 if neither."""
+    try:
+        names = [p.name for p in run.checkpoints.iterdir()]
+    except OSError:
+        names = []
+    newest = shardrows.newest_checkpoint(names, [] if names else jsonl.tail(run.events, 500))
+    return newest[0] if newest else 0
 
 
 def learner_state(
