@@ -23,6 +23,7 @@ NOISY = ("reject", "send_dropped", "drop", "backlog")  # can come many times a s
 OWN_LINE = ("checkpoint", "syncer_start", "syncer_resume")  # said by checkpoint_line / the start lines
 READS = {
     "quorum_lost": "quorum lost",
+    "quorum_reached": "quorum reached",
     "quorum_regained": "quorum regained",
     "learner_lost": "learner lost",
     "learner_back": "learner back",

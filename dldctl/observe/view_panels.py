@@ -47,6 +47,7 @@ from syncer.common import unscored
 
 EVENT_STYLES = {
     "join": "green",
+    "quorum_reached": "green",
     "quorum_regained": "green",
     "syncer_start": "green",
     "death": "bold red",
