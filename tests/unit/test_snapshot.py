@@ -81,7 +81,12 @@ def test_checkpoint_step_from_the_events_when_checkpoints_live_elsewhere(run: ru
         path.unlink()
     for step, final in ((64, ""), (70, " (final)")):
         name = f"ckpt-0001-{step:09d}-{step}.pt"
-        record = {"t": 1000.0 + step, "kind": "checkpoint", "target": "syncer", "detail": f"outer step {step}{final}: {name}"}
+        record = {
+            "t": 1000.0 + step,
+            "kind": "checkpoint",
+            "target": "syncer",
+            "detail": f"outer step {step}{final}: {name}",
+        }
         jsonl.append(run.events, {**record, "outer_step": step, "epoch": 1, "checkpoint": name})
     assert snapshot.collect(run, now=1100.0)["syncer"]["checkpoint_outer_step"] == 70
 
