@@ -23,6 +23,7 @@ from dldctl.observe.view_tty import KeyReader, Sources, drive
 from dldctl.rundir import RunDir
 from syncer.common import strictjson
 
+VIEW = "the live view (`dldctl status`)"  # who a kill confirmed in the view is attributed to
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 
 
@@ -73,7 +74,7 @@ def _act(run: RunDir, command: Command) -> str:
         try:
             chaos.guard(command.action, command.target, False, None)
             if command.action == "kill":
-                done = chaos.kill(command.target)
+                done = chaos.kill(command.target, by=VIEW)
             else:
                 done = chaos.fault(command.action, command.target, command.seconds)
         finally:
