@@ -438,5 +438,5 @@ def render_plain(snapshot: dict, now: float, max_events: int = 10) -> Renderable
         learners_table(snapshot, now, expand=False) if learners else Text("no learners reported", "dim"),
         Text(""),
         Text(f"last {len(events)} events (newest last)", "bold"),
-        event_table(events, now) if events else Text("no events yet", "dim"),
+        event_table(events, now, expand=False) if events else Text("no events yet", "dim"),
     )

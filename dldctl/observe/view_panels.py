@@ -462,13 +462,16 @@ class EventTail:
         yield event_table(self.events[-rows:], self.now)
 
 
-def event_table(events: list[dict], now: float) -> Table:
-    """Events as aligned rows: age, kind, target, detail."""
-    grid = Table.grid(padding=(0, 1), expand=True)
+def event_table(events: list[dict], now: float, expand: bool = True) -> Table:
+    """Events as aligned rows: age, kind, target, detail. A kind is shown whole (its column as wide
+    as the widest shown): `supervisor_start` cut to `supervisor_sta…` says nothing. `expand`
+    fills the width (a panel); plain output (`status --once`, a pipe) leaves it off."""
+    kinds = [text_of(e.get("kind")) for e in events]
+    grid = Table.grid(padding=(0, 1), expand=expand)
     grid.add_column(justify="right", no_wrap=True, width=10)
-    grid.add_column(no_wrap=True, width=15, overflow="ellipsis")
+    grid.add_column(no_wrap=True, width=max(map(len, kinds), default=4))
     grid.add_column(no_wrap=True, max_width=12, overflow="ellipsis")
-    grid.add_column(no_wrap=True, ratio=1, overflow="ellipsis")
+    grid.add_column(no_wrap=True, ratio=1 if expand else None, overflow="ellipsis")
     for event in events:
         t, kind = num(event.get("t")), text_of(event.get("kind"))
         age = f"{fmt_duration(now - t)} ago" if t is not None else DASH
