@@ -23,6 +23,7 @@ from typing import Any
 from dldctl.errors import DldError
 from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.observe import runs, shardrows
+from dldctl.observe.snapshot_model import SCHEMA, VERSION, Snapshot
 from dldctl.rundir import RunDir
 from dldctl.runstate import Daemon, Fault, Proc, ProcStatus, RunState
 from dldctl.supervise import reconcile, watchdog
@@ -150,11 +151,19 @@ def learner_state(
     return "running"
 
 
-SCHEMA = "dldctl.status/1"  # `status --json`; fields may be added, none renamed (docs/status.md)
+def take(run: RunDir, now: float | None = None) -> Snapshot:
+    """The typed snapshot (observe/snapshot_model.py), whatever is or is not running."""
+    return Snapshot.from_json(_gather(run, now))
 
 
 def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
-    """The snapshot of ARCHITECTURE.md (extended), whatever is or is not running."""
+    """The snapshot as `status --json` prints it (and the live view reads it): the typed
+    snapshot's JSON, so every reader gets the same versioned shape."""
+    return take(run, now).to_json()
+
+
+def _gather(run: RunDir, now: float | None = None) -> dict[str, Any]:
+    """The snapshot of ARCHITECTURE.md (extended) as gathered, before it is typed."""
     now = time.time() if now is None else now
     config = run.read_config()
     state = run.read_state()
@@ -164,6 +173,7 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     snap = answered or _syncer_down(run, config)
     snap.setdefault("data", None)  # a syncer from before the data ledger: the same as no ledger
     snap["schema"] = SCHEMA
+    snap["version"] = VERSION
     snap["run"] = run.name
     snap["now"] = now
     ended = state.stopped_at if state.status == "down" else None
