@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -31,7 +32,8 @@ from dldctl.lifecycle import export as export_mod
 from dldctl.lifecycle import shardgather, syncerctl
 from dldctl.lifecycle.provision import host_for
 from dldctl.lifecycle.syncerctl import SyncerControl
-from dldctl.observe import mirror
+from dldctl.observe import mirror, runs
+from dldctl.observe.snapshot_model import Figures, Snapshot
 from dldctl.rundir import RunDir
 from dldctl.runstate import DOWN_REASON, Proc, ProcStatus, RunState
 from syncer.common import ckptname
@@ -374,8 +376,8 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
     except RunError:
         pass
     run.event("down", "run", f"stopped; forced to kill {len(killed)} processes")
-    if snap and before:
-        snap["loss"] = before["loss"]  # learners report losses while they run
+    if snap and before:  # learners report losses while they run: theirs, not the final score
+        snap["loss"] = {**snap["loss"], "train": before["loss"].get("train"), "eval": before["loss"].get("eval")}
     out = summary(run, snap or before, exported, killed)
     if rows and config is not None:  # a sharded syncer: each shard's outer steps and how it stopped
         out["shards"] = [_shard_zero(run, config, snap), *rows]
@@ -457,26 +459,27 @@ def _fetch_remote(run: RunDir, fleet: RunProcesses, exported: str) -> str:
 
 
 def summary(run: RunDir, snap: dict[str, Any] | None, exported: str, killed: list[dict[str, Any]]) -> dict[str, Any]:
-    """The numbers a user wants after a run."""
+    """The numbers a user wants after a run, raw (`down --json`; the command prints them for people)."""
     out: dict[str, Any] = {
         "run": run.name,
         "dir": str(run.path),
         "final_model": exported or None,
         "killed": [r["target"] for r in killed],
     }
-    if snap:
+    figures = final_figures(runs.last_sample(run), snap)
+    if figures is not None:
         out.update(
-            outer_steps=snap["syncer"]["outer_steps"],
-            goodput=snap["goodput"],
-            tokens_trained=snap["tokens"]["trained"],
-            tokens_merged=snap["tokens"]["merged"],
-            loss_train=snap["loss"]["train"],
-            loss_eval=snap["loss"]["eval"],
-            loss_global=snap["loss"].get("global"),
-            guard_rollbacks=(snap.get("guard") or {}).get("rollbacks", 0),
-            bytes_up=snap["bytes"]["up"],
-            bytes_down=snap["bytes"]["down"],
-            ddp_equivalent=snap["bytes"]["ddp_equivalent"],
+            outer_steps=figures.outer_steps,
+            goodput=figures.goodput,
+            tokens_trained=figures.tokens_trained,
+            tokens_merged=figures.tokens_merged,
+            loss_train=figures.loss.train,
+            loss_eval=figures.loss.eval,
+            loss_global=figures.loss.global_,
+            guard_rollbacks=((snap or {}).get("guard") or {}).get("rollbacks", 0),
+            bytes_up=figures.bytes_up,
+            bytes_down=figures.bytes_down,
+            ddp_equivalent=figures.ddp_equivalent,
         )
     try:  # the run's age (as `dldctl runs` has it), never the snapshot's: that is a restarted syncer's
         state = run.read_state()
@@ -484,3 +487,19 @@ def summary(run: RunDir, snap: dict[str, Any] | None, exported: str, killed: lis
     except RunError:
         out["uptime_s"] = None
     return out
+
+
+def final_figures(sample: Mapping[str, Any] | None, snap: Mapping[str, Any] | None) -> Figures | None:
+    """Where the run ended: the metrics log's newest sample, which the syncer writes last as it
+    shuts down (after its final score and checkpoint) and which `runs`, `export` and the report
+    read too, so every one says the same number; its learners' losses, gone once they stopped,
+    from the syncer's last answer `snap`. Without a sample: that answer; None without either."""
+    answered = Snapshot.from_json(snap).figures if snap else None
+    if sample is None:
+        return answered
+    figures = Figures.from_sample(sample)
+    if answered is None:
+        return figures
+    train = figures.loss.train if figures.loss.train is not None else answered.loss.train
+    evaluated = figures.loss.eval if figures.loss.eval is not None else answered.loss.eval
+    return replace(figures, loss=replace(figures.loss, train=train, eval=evaluated))
