@@ -142,6 +142,8 @@ class SyncerPart:
     checkpoint_outer_step: int = _as(count)
     address: str | None = _as(opt_text)
     pid: int | None = _as(opt_int)
+    epoch: int | None = _as(opt_int)
+    fragments: int | None = _as(opt_int)
     restarts: int = _as(count)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -154,6 +156,10 @@ class Quorum:
     live: int = _as(count)
     total: int = _as(count)
     below_quorum: bool = _as(flag)
+    last_round_contributors: int | None = _as(opt_int)
+    open_rounds: int | None = _as(opt_int)
+    grace_used_s: float | None = _as(num)
+    grace_window_s: float | None = _as(num)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -172,6 +178,7 @@ class Bytes:
     up: int = _as(count)
     down: int = _as(count)
     ddp_equivalent: int = _as(count)
+    compression_ratio: float | None = _as(num)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -428,3 +428,12 @@ def test_piped_status_is_not_padded_and_shows_event_kinds_whole() -> None:
     assert any(" supervisor_start " in line for line in lines)
     assert any(line.split()[2:3] == ["syncer_unreachable"] for line in lines if "ago" in line)
     assert "…" not in "".join(line for line in lines if "supervisor_st" in line)
+
+
+def test_plain_bytes_line_says_the_bytes_down() -> None:
+    """The `bytes` line read the run's status word into the bytes-down figure (it said `down -`)."""
+    snap = load("recorded_healthy")
+    out = io.StringIO()
+    Console(file=out, width=200).print(render_plain(snap, snap["now"]))
+    line = next(x for x in out.getvalue().splitlines() if x.startswith("bytes"))
+    assert "up 25.6 MB" in line and "down 28.5 MB" in line
