@@ -60,11 +60,21 @@ def _key(f: Any) -> str:
     return str(f.metadata.get("key") or f.name)
 
 
-def _read(cls: type[T], data: Any) -> T:
+_FIELDS: dict[type, tuple[Any, ...]] = {}
+
+
+def _typed(cls: type) -> tuple[Any, ...]:
+    """The typed fields of a record class (found once per class: a frame reads thousands of rows)."""
+    if cls not in _FIELDS:
+        _FIELDS[cls] = tuple(f for f in fields(cls) if "read" in f.metadata)
+    return _FIELDS[cls]
+
+
+def read_record(cls: type[T], data: Any) -> T:
     """An instance of the flat record `cls` from a JSON object: each typed field read by its
     reader, every other key kept in `extra` (a non-object reads as all defaults)."""
     d: Mapping[str, Any] = data if isinstance(data, Mapping) else {}
-    typed = [f for f in fields(cls) if "read" in f.metadata]  # type: ignore[arg-type]
+    typed = _typed(cls)
     names = {_key(f) for f in typed}
     values = {f.name: f.metadata["read"](d.get(_key(f))) for f in typed}
     values["extra"] = {k: v for k, v in d.items() if k not in names}
@@ -74,7 +84,7 @@ def _read(cls: type[T], data: Any) -> T:
 def _write(record: Any) -> dict[str, Any]:
     """The JSON object of a flat record: its `extra` keys, then its typed fields."""
     out = dict(record.extra)
-    out.update({_key(f): getattr(record, f.name) for f in fields(record) if "read" in f.metadata})
+    out.update({_key(f): getattr(record, f.name) for f in _typed(type(record))})
     return out
 
 
@@ -138,8 +148,8 @@ class SyncerPart:
     """The `syncer` object: alive, progress and where it is (its counters stay in `extra`)."""
 
     alive: bool = _as(flag)
-    outer_steps: int = _as(count)
-    checkpoint_outer_step: int = _as(count)
+    outer_steps: int | None = _as(opt_int)  # None: not known (an old or partial snapshot)
+    checkpoint_outer_step: int | None = _as(opt_int)
     address: str | None = _as(opt_text)
     pid: int | None = _as(opt_int)
     epoch: int | None = _as(opt_int)
@@ -253,9 +263,9 @@ class Snapshot:
             uptime_s=num(data.get("uptime_s")),
             goodput=num(data.get("goodput")),
             goodput_window=num(data.get("goodput_window")),
-            **{name: _read(kind, data.get(name)) for name, kind in SECTIONS.items()},
-            learners=tuple(_read(Learner, r) for r in _rows(data.get("learners"))),
-            events=tuple(_read(Event, e) for e in _rows(data.get("events"))),
+            **{name: read_record(kind, data.get(name)) for name, kind in SECTIONS.items()},
+            learners=tuple(read_record(Learner, r) for r in _rows(data.get("learners"))),
+            events=tuple(read_record(Event, e) for e in _rows(data.get("events"))),
             extra={k: v for k, v in data.items() if k not in TYPED and k not in SECTIONS},
         )
 
@@ -280,7 +290,7 @@ class Snapshot:
     def figures(self) -> Figures:
         """The headline numbers, as a metrics sample would carry them."""
         return Figures(
-            self.syncer.outer_steps,
+            self.syncer.outer_steps or 0,
             self.goodput,
             self.goodput_window,
             self.tokens.trained,

@@ -365,7 +365,7 @@ def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
         ("run", f"{text_of(snap.run)}  {'ran' if ended else 'up'} {fmt_duration(run_uptime(snapshot, now))}"),
         ("syncer", _syncer_words(snap, syncer_alive(snapshot))),
         *([("supervisor", supervisor_line(snapshot, now)[0])] if "supervisor" in snapshot else []),
-        ("outer", f"steps {s.outer_steps}  checkpoint {s.checkpoint_outer_step}"),
+        ("outer", f"steps {fmt_int(s.outer_steps)}  checkpoint {fmt_int(s.checkpoint_outer_step)}"),
         (
             "quorum",
             f"{quorum_label(snapshot)}  live {q.live}/{q.total}  min {q.min}"

@@ -19,6 +19,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from dldctl.observe.snapshot_model import Loss, Snapshot, SyncerPart, read_record
 from dldctl.observe.view_data import (
     DASH,
     History,
@@ -205,47 +206,47 @@ def header_notes(snapshot: dict, now: float, history: History | None = None) -> 
     return out.append(" ") if notes else out
 
 
-def _syncer_parts(snapshot: dict, compact: bool, address: bool = True) -> list[Any]:
-    s = section(snapshot, "syncer")
-    where = [" ", text_of(s.get("address"))] if address else []
-    if snapshot.get("status") == "down":
+def _syncer_parts(snap: Snapshot, alive: bool, compact: bool, address: bool = True) -> list[Any]:
+    s = snap.syncer
+    where = [" ", text_of(s.address)] if address else []
+    if snap.status == "down":
         parts: list[Any] = [(" RUN DOWN ", "bold"), " syncer stopped"]
-    elif snapshot.get("status") == "crashed":
+    elif snap.status == "crashed":
         parts = [(" RUN CRASHED ", "bold white on red"), " its supervisor is gone"]
-    elif syncer_alive(snapshot):
+    elif alive:
         parts = [("● ", "green"), "syncer", *where]
         if not compact:
-            parts += [(" pid ", "dim"), fmt_int(s.get("pid")), (" epoch ", "dim"), fmt_int(s.get("epoch"))]
+            parts += [(" pid ", "dim"), fmt_int(s.pid), (" epoch ", "dim"), fmt_int(s.epoch)]
     else:
         parts = [(" SYNCER DOWN ", "bold white on red"), *where]
-    if num(s.get("restarts")):
-        parts += [(" restarts ", "dim"), (fmt_int(s.get("restarts")), "yellow")]
+    if s.restarts:
+        parts += [(" restarts ", "dim"), (str(s.restarts), "yellow")]
     return parts
 
 
-def _progress_parts(snapshot: dict, fragments: bool) -> list[Any]:
-    s = section(snapshot, "syncer")
-    parts: list[Any] = [SEP, ("outer ", "dim"), (fmt_int(s.get("outer_steps")), "bold")]
-    parts += [SEP, ("ckpt ", "dim"), fmt_int(s.get("checkpoint_outer_step"))]
-    return parts + ([SEP, fmt_int(s.get("fragments")), (" fragments", "dim")] if fragments else [])
+def _progress_parts(s: SyncerPart, fragments: bool) -> list[Any]:
+    parts: list[Any] = [SEP, ("outer ", "dim"), (fmt_int(s.outer_steps), "bold")]
+    parts += [SEP, ("ckpt ", "dim"), fmt_int(s.checkpoint_outer_step)]
+    return parts + ([SEP, fmt_int(s.fragments), (" fragments", "dim")] if fragments else [])
 
 
 def header_panel(snapshot: dict, now: float, compact: bool = False, history: History | None = None) -> Panel:
     """Run, uptime, syncer health, outer steps, checkpoint (`compact`: leave out pid and epoch;
     where the line still does not fit, the fragments, then the syncer's address go first)."""
-    down = snapshot.get("status") == "down"
+    snap, alive = Snapshot.from_json(snapshot), syncer_alive(snapshot)
+    down = snap.status == "down"
     head: list[Any] = [("ran " if down else "up ", "dim"), (fmt_duration(run_uptime(snapshot, now)), "bold"), SEP]
     choices = [
-        line(*head, *_syncer_parts(snapshot, compact), *_progress_parts(snapshot, True)),
-        line(*head, *_syncer_parts(snapshot, compact), *_progress_parts(snapshot, False)),
-        line(*head, *_syncer_parts(snapshot, True, address=False), *_progress_parts(snapshot, False)),
+        line(*head, *_syncer_parts(snap, alive, compact), *_progress_parts(snap.syncer, True)),
+        line(*head, *_syncer_parts(snap, alive, compact), *_progress_parts(snap.syncer, False)),
+        line(*head, *_syncer_parts(snap, alive, True, address=False), *_progress_parts(snap.syncer, False)),
     ]
     border = "green" if syncer_alive(snapshot) else ("white" if down else "red")
     if not down and dig(snapshot, "supervisor", "state") in ("missing", "hung"):
         border = "red"
     return Panel(
         Fit(*choices),
-        title=Text.assemble(" dldctl ", (text_of(snapshot.get("run")), "bold"), " "),
+        title=Text.assemble(" dldctl ", (text_of(snap.run), "bold"), " "),
         title_align="left",
         subtitle=header_notes(snapshot, now, history) or None,
         subtitle_align="right",
@@ -322,6 +323,7 @@ def loss_panel(snapshot: dict, history: History) -> Panel:
     """The learners' train and eval loss and the global model's, with their history and best values
     (a quality guard trip is in the header's notes, `guard_note`)."""
     train, evals, glob = history.get("loss_train"), history.get("loss_eval"), history.get("loss_global")
+    now = read_record(Loss, snapshot.get("loss"))
 
     def best(values: Sequence[Any]) -> str:
         return fmt_float(min((v for v in map(num, values) if v is not None), default=None))
@@ -330,12 +332,12 @@ def loss_panel(snapshot: dict, history: History) -> Panel:
         "loss",
         lines(
             Spark(
-                Text.assemble(("train ", "dim"), (fmt_float(dig(snapshot, "loss", "train")), "bold"), " "),
+                Text.assemble(("train ", "dim"), (fmt_float(now.train), "bold"), " "),
                 train,
                 fmt=fmt_float,
             ),
             Spark(
-                Text.assemble(("eval  ", "dim"), (fmt_float(dig(snapshot, "loss", "eval")), "bold"), " "),
+                Text.assemble(("eval  ", "dim"), (fmt_float(now.eval), "bold"), " "),
                 evals,
                 style="magenta",
                 fmt=fmt_float,
@@ -343,7 +345,7 @@ def loss_panel(snapshot: dict, history: History) -> Panel:
             global_off_line(off)
             if (off := global_off(snapshot))
             else Spark(
-                Text.assemble(("global ", "dim"), (fmt_float(dig(snapshot, "loss", "global")), "bold"), " "),
+                Text.assemble(("global ", "dim"), (fmt_float(now.global_), "bold"), " "),
                 glob,
                 style="green",
                 fmt=fmt_float,
@@ -355,8 +357,7 @@ def loss_panel(snapshot: dict, history: History) -> Panel:
 
 def global_off(snapshot: dict) -> str:
     """Why the global model is not scored ("" while it is): `loss.global_off` of the snapshot."""
-    off = dig(snapshot, "loss", "global_off")
-    return off if isinstance(off, str) else ""
+    return read_record(Loss, snapshot.get("loss")).global_off or ""
 
 
 def global_off_line(reason: str) -> Fit:

@@ -44,7 +44,8 @@ def test_the_typed_fields_read_what_the_operator_reads() -> None:
 
 def test_a_malformed_snapshot_reads_as_defaults() -> None:
     snap = Snapshot.from_json({"syncer": "?", "loss": {"global": "2.3", "train": True}, "learners": [1, {"step": "x"}]})
-    assert snap.syncer.outer_steps == 0 and snap.loss.global_ is None and snap.loss.train is None
+    assert snap.syncer.outer_steps is None and snap.loss.global_ is None and snap.loss.train is None
+    assert snap.figures.outer_steps == 0
     assert len(snap.learners) == 1 and snap.learners[0].step == 0 and snap.version == VERSION
 
 
