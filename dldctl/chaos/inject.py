@@ -119,7 +119,7 @@ class Chaos:
         if not host.signal(ProcRef(ref.pid, ref.start_ticks), signum, group=True):
             raise ChaosError(f"{target} ({'job' if host.scheduler else 'pid'} {ref.pid}) was already gone")
         what = f"the learner in {host.scheduler} job {ref.pid}" if host.scheduler else f"pid {ref.pid}"
-        detail = f"kill -{sig.upper()} {what} on {entry.host}; back in >= {hold:g} s{f' (asked in {by})' if by else ''}"
+        detail = f"kill -{sig.upper()} {what} on {entry.host}; back in >= {hold:g} s{f' (by {by})' if by else ''}"
         self.run.event("fault_inject", target, detail)
         return Injection("kill", target, entry.host, ref.pid, now, hold, now + hold, detail, signal=sig.upper())
 

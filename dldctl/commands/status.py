@@ -23,7 +23,7 @@ from dldctl.observe.view_tty import KeyReader, Sources, drive
 from dldctl.rundir import RunDir
 from syncer.common import strictjson
 
-VIEW = "the live view (`dldctl status`)"  # who a kill confirmed in the view is attributed to
+VIEW = "the live view"  # who a kill confirmed in the view is attributed to
 RunOpt = typer.Option(None, "--run", help="Run directory or run name (default: the most recent live run).")
 
 

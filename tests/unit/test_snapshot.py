@@ -104,3 +104,12 @@ def test_a_run_that_is_down_stops_ageing(run: rundir.RunDir) -> None:
         edit.state = replace(edit.state, status="down", stopped_at=1060.0)
     snap = snapshot.collect(run, now=5000.0)
     assert snap["status"] == "down" and snap["uptime_s"] == 60.0
+
+
+def test_the_snapshot_is_versioned_and_typed(run: rundir.RunDir) -> None:
+    """`status --json` carries `version` beside `schema`; the typed snapshot reads the same run."""
+    snap = snapshot.collect(run, now=1100.0)
+    assert snap["version"] == 1 and snap["schema"] == "dldctl.status/1"
+    typed = snapshot.take(run, now=1100.0)
+    assert typed.syncer.outer_steps == snap["syncer"]["outer_steps"] == 77 and not typed.syncer.alive
+    assert [r.id for r in typed.learners] == [r["id"] for r in snap["learners"]]
