@@ -25,14 +25,16 @@ T = TypeVar("T")
 
 
 def num(value: Any) -> float | None:
-    """A JSON number as a float (None: absent, null, or not a number; a bool is not one)."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A finite JSON number as a float (None: absent, null, NaN, inf or not a number; nor a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def count(value: Any) -> int:
     """A JSON count as an int (a whole float too); 0 where it is absent or not a finite number."""
     number = num(value)
-    return int(number) if number is not None and math.isfinite(number) else 0
+    return int(number) if number is not None else 0
 
 
 def opt_int(value: Any) -> int | None:
@@ -201,11 +203,13 @@ class Learner:
     device: str = _as(text)
     state: str = _as(text)
     pid: int | None = _as(opt_int)
-    step: int = _as(count)
+    step: int | None = _as(opt_int)
     tokens: int = _as(count)
     tokens_per_s: float | None = _as(num)
-    restarts: int = _as(count)
+    restarts: int | None = _as(opt_int)
     weight: float | None = _as(num)
+    heartbeat_age_s: float | None = _as(num)
+    straggler: bool = _as(flag)
     loss: float | None = _as(num)
     extra: Mapping[str, Any] = field(default_factory=dict)
 

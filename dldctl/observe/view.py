@@ -26,7 +26,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from dldctl.observe.snapshot_model import Bytes, Snapshot
+from dldctl.observe.snapshot_model import Bytes, Learner, Snapshot, read_record
 from dldctl.observe.view_data import (
     STATE_STYLES,
     History,
@@ -40,7 +40,6 @@ from dldctl.observe.view_data import (
     fmt_rate,
     goodput_style,
     live_age,
-    num,
     pick_learners,
     quorum_colour,
     quorum_label,
@@ -109,29 +108,29 @@ LEARNER_COLUMNS: tuple[tuple[str, dict, int], ...] = (
 )
 
 
-def _learner_cells(learner: dict, snapshot: dict, now: float, history: History | None) -> dict[str, Any]:
-    state = text_of(learner.get("state"))
-    straggler = learner.get("straggler") is True
-    id_style = "bold yellow" if straggler else ""
+def _learner_cells(row: dict, snapshot: dict, now: float, history: History | None) -> dict[str, Any]:
+    learner = read_record(Learner, row)  # the typed row (observe/snapshot_model.py)
+    state = text_of(learner.state)
+    id_style = "bold yellow" if learner.straggler else ""
     if state in ("partitioned", "dead"):
         id_style = "bold " + state_style(state)
-    age = live_age(snapshot, learner.get("heartbeat_age_s"), now)
+    age = live_age(snapshot, learner.heartbeat_age_s, now)
     age_style = "dim" if age is None else "red" if age >= 10 else "yellow" if age >= 3 else ""
-    weight, restarts = num(learner.get("weight")), num(learner.get("restarts"))
-    trend = sparkline(history.learner(text_of(learner.get("id"))), 10, lo=0.0) if history is not None else ""
+    weight, restarts = learner.weight, learner.restarts
+    trend = sparkline(history.learner(learner.id), 10, lo=0.0) if history is not None else ""
     return {
-        "learner": Text(text_of(learner.get("id")) + ("*" if straggler else ""), id_style),
-        "host": text_of(learner.get("host")),
-        "device": text_of(learner.get("device")),
+        "learner": Text(text_of(learner.id) + ("*" if learner.straggler else ""), id_style),
+        "host": text_of(learner.host),
+        "device": text_of(learner.device),
         "state": Text(state, state_style(state)),
-        "step": fmt_int(learner.get("step")),
-        "tok/s": fmt_count(learner.get("tokens_per_s")),
+        "step": fmt_int(learner.step),
+        "tok/s": fmt_count(learner.tokens_per_s),
         "trend": Text(trend, "cyan"),
         "weight": f"{100 * weight:.0f}%" if weight is not None else "-",
-        "merged": learner_tokens(snapshot, learner.get("id")),
+        "merged": learner_tokens(snapshot, learner.id),
         "rst": Text(fmt_int(restarts), "yellow" if restarts else ""),
         "hb": Text(fmt_duration(age), age_style),
-        "job": _job_cell(learner.get("job")),
+        "job": _job_cell(learner.extra.get("job")),
     }
 
 
