@@ -19,7 +19,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from dldctl.observe.snapshot_model import Loss, Snapshot, SyncerPart, read_record
+from dldctl.observe.snapshot_model import Loss, Quorum, Snapshot, SyncerPart, read_record
 from dldctl.observe.view_data import (
     DASH,
     History,
@@ -257,32 +257,30 @@ def header_panel(snapshot: dict, now: float, compact: bool = False, history: His
 
 def quorum_panel(snapshot: dict, recent: Sequence[Any] | None = None) -> Panel:
     """Live/total/minimum, contributors of recent rounds, grace used, coloured by health."""
-    q = section(snapshot, "quorum")
+    q = read_record(Quorum, snapshot.get("quorum"))
     colour, label = quorum_colour(snapshot), quorum_label(snapshot)
-    live, total, minimum = num(q.get("live")), num(q.get("total")), num(q.get("min"))
+    live, total, minimum = q.live, q.total, q.min
     if recent is None:
-        reported = q.get("recent_contributors")
+        reported = q.extra.get("recent_contributors")
         recent = reported if isinstance(reported, list) else []
     top = total if total else max([v for v in map(num, recent) if v is not None], default=None)
-    first = line(
-        ("live ", "dim"), (f"{fmt_int(live)}/{fmt_int(total)}", f"bold {colour}"), ("  min ", "dim"), fmt_int(minimum)
-    )
+    first = line(("live ", "dim"), (f"{live}/{total}", f"bold {colour}"), ("  min ", "dim"), str(minimum))
     rounds = Spark(
         Text("rounds ", "dim"),
         recent,
-        Text.assemble((" last ", "dim"), fmt_int(q.get("last_round_contributors"))),
+        Text.assemble((" last ", "dim"), fmt_int(q.last_round_contributors)),
         lo=0.0,
         hi=top,
         style=colour,
         fmt=fmt_int,
     )
     if colour == "red" and syncer_alive(snapshot):
-        missing = fmt_int(minimum - live) if minimum is not None and live is not None else DASH
-        opened = fmt_int(q.get("open_rounds"))
+        missing = str(minimum - live)
+        opened = fmt_int(q.open_rounds)
         third = Fit(line((f"{opened} rounds open, need {missing} more", "red")), line((f"need {missing} more", "red")))
     else:
-        grace = f"{fmt_float(q.get('grace_used_s'), 2)}/{fmt_float(q.get('grace_window_s'), 2)}s"
-        still = (("  open ", "dim"), fmt_int(q.get("open_rounds")))
+        grace = f"{fmt_float(q.grace_used_s, 2)}/{fmt_float(q.grace_window_s, 2)}s"
+        still = (("  open ", "dim"), fmt_int(q.open_rounds))
         third = Fit(line(("grace ", "dim"), grace, *still), line(("grace ", "dim"), grace), line(grace))
     title = Text.assemble(("quorum ", "bold"), (f"● {label}", f"bold {colour}"))
     return titled(title, lines(first, rounds, third), border=colour)
