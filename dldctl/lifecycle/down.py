@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -33,7 +32,7 @@ from dldctl.lifecycle import shardgather, syncerctl
 from dldctl.lifecycle.provision import host_for
 from dldctl.lifecycle.syncerctl import SyncerControl
 from dldctl.observe import mirror, runs
-from dldctl.observe.snapshot_model import Figures, Snapshot
+from dldctl.observe.snapshot_model import final_figures
 from dldctl.rundir import RunDir
 from dldctl.runstate import DOWN_REASON, Proc, ProcStatus, RunState
 from syncer.common import ckptname
@@ -466,7 +465,7 @@ def summary(run: RunDir, snap: dict[str, Any] | None, exported: str, killed: lis
         "final_model": exported or None,
         "killed": [r["target"] for r in killed],
     }
-    figures = final_figures(runs.last_sample(run), snap)
+    figures = final_figures(runs.last_sample(run), snap)  # where the run ended, as `runs` and the report say
     if figures is not None:
         out.update(
             outer_steps=figures.outer_steps,
@@ -487,19 +486,3 @@ def summary(run: RunDir, snap: dict[str, Any] | None, exported: str, killed: lis
     except RunError:
         out["uptime_s"] = None
     return out
-
-
-def final_figures(sample: Mapping[str, Any] | None, snap: Mapping[str, Any] | None) -> Figures | None:
-    """Where the run ended: the metrics log's newest sample, which the syncer writes last as it
-    shuts down (after its final score and checkpoint) and which `runs`, `export` and the report
-    read too, so every one says the same number; its learners' losses, gone once they stopped,
-    from the syncer's last answer `snap`. Without a sample: that answer; None without either."""
-    answered = Snapshot.from_json(snap).figures if snap else None
-    if sample is None:
-        return answered
-    figures = Figures.from_sample(sample)
-    if answered is None:
-        return figures
-    train = figures.loss.train if figures.loss.train is not None else answered.loss.train
-    evaluated = figures.loss.eval if figures.loss.eval is not None else answered.loss.eval
-    return replace(figures, loss=replace(figures.loss, train=train, eval=evaluated))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
 VERSION = 1  # the snapshot's shape: raised when a key changes meaning (keys are only ever added)
@@ -305,3 +305,20 @@ class Snapshot:
             self.bytes.ddp_equivalent,
             self.loss,
         )
+
+
+def final_figures(sample: Mapping[str, Any] | None, snap: Mapping[str, Any] | None) -> Figures | None:
+    """Where a run ended (`down`'s summary): the metrics log's newest sample, which the syncer
+    writes last as it shuts down (after its final score and checkpoint) and which `runs`,
+    `export` and the report read too, so every one says the same number; its learners' losses,
+    gone once they stopped, from the syncer's last answer `snap`. Without a sample: that answer;
+    None without either."""
+    answered = Snapshot.from_json(snap).figures if snap else None
+    if sample is None:
+        return answered
+    figures = Figures.from_sample(sample)
+    if answered is None:
+        return figures
+    train = figures.loss.train if figures.loss.train is not None else answered.loss.train
+    evaluated = figures.loss.eval if figures.loss.eval is not None else answered.loss.eval
+    return replace(figures, loss=replace(figures.loss, train=train, eval=evaluated))
