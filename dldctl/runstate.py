@@ -100,6 +100,7 @@ PROC_KEYS = {
     "next_start",
     "hold_until",
     "chaos_kill",
+    "killed_by",
     "reason",
     "job",
 }
@@ -119,6 +120,7 @@ class Proc:
     next_start: float | None = None
     hold_until: float | None = None
     chaos_kill: bool = False
+    killed_by: str | None = None  # who killed it on purpose (with chaos_kill): `dldctl chaos`, the live view
     reason: str | None = None
     job: JobInfo | None = None  # on a scheduler site: its (last) job as the scheduler said
 
@@ -142,6 +144,7 @@ class Proc:
             next_start=_opt(d, "next_start", float, where),
             hold_until=_opt(d, "hold_until", float, where),
             chaos_kill=_get(d, "chaos_kill", bool, where, False),
+            killed_by=_opt(d, "killed_by", str, where),
             reason=_opt(d, "reason", str, where),
             job=None if job is None else _job(job, f"{where}.job"),
         )

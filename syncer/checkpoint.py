@@ -22,7 +22,6 @@ import copy as copylib
 import hashlib
 import io
 import json
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch
 
 from syncer.common import faultpoints, modelexport, strictjson
 from syncer.common.atomic import atomic_file, atomic_write
+from syncer.common.ckptname import NAME  # epoch, outer step: readable even when the body is not
 from syncer.core import SyncerCore
 from syncer.globalmodel import GlobalModel
 from syncer.wire import fragments
@@ -41,7 +41,6 @@ PREFIX = "ckpt-"
 HISTORY = "history.json"  # the run's counters, rewritten with every checkpoint
 _VECTORS = ("theta", "versions", "momentum", "residual")  # a snapshot lends these instead of copying
 REFUSED = "syncer.refused"  # in the run directory: the syncer refused to start (the supervisor reads it)
-NAME = re.compile(r"ckpt-(\d+)-(\d+)-\d+\.pt")  # epoch, outer step: readable even when the body is not
 
 
 class CheckpointError(RuntimeError):

@@ -342,11 +342,13 @@ class Membership:
         self.live_prev: set[str] = set()
         self.lost_once: set[str] = set()
         self.quorum_ok: bool | None = None
+        self.reached = False  # this syncer has had its quorum: the first time is reached, not regained
 
     def events(self, fleet: Ledger, live: set[str], quorum: int, now: float, out: Any) -> None:
         """learner_lost when a training learner goes silent past liveness_s, learner_back when it
         returns (one that is live no more because it is joining again, a restart quicker than
-        liveness_s, has its `rejoin` event instead); quorum_lost / quorum_regained."""
+        liveness_s, has its `rejoin` event instead); quorum_reached (the first time since this syncer
+        started: a start is not a recovery) / quorum_lost / quorum_regained."""
         for lid in sorted(self.live_prev - live):
             info = fleet.learners.get(lid)
             if info is not None and not info.left and now - info.last_seen >= fleet.liveness_s:
@@ -359,9 +361,10 @@ class Membership:
         self.live_prev = live
         ok = len(live) >= quorum
         if self.quorum_ok is not None and ok != self.quorum_ok:
-            kind = "quorum_regained" if ok else "quorum_lost"
+            kind = ("quorum_regained" if self.reached else "quorum_reached") if ok else "quorum_lost"
             out.event(now, kind, "syncer", f"{len(live)} live learners, minimum quorum {quorum}")
         self.quorum_ok = ok
+        self.reached = self.reached or ok
 
 
 def _learner_order(lid: str) -> tuple[str, int]:

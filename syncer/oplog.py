@@ -15,6 +15,7 @@ Lines look like `2026-12-02 12:01:02 quorum lost: 2 live learners, minimum quoru
 
 from __future__ import annotations
 
+import errno as errno_mod
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ NOISY = ("reject", "send_dropped", "drop", "backlog")  # can come many times a s
 OWN_LINE = ("checkpoint", "syncer_start", "syncer_resume")  # said by checkpoint_line / the start lines
 READS = {
     "quorum_lost": "quorum lost",
+    "quorum_reached": "quorum reached",
     "quorum_regained": "quorum regained",
     "learner_lost": "learner lost",
     "learner_back": "learner back",
@@ -42,6 +44,17 @@ def say(lines: list[str]) -> None:
             print(line, flush=True)
         except (OSError, ValueError):
             pass
+
+
+def send_dropped(errno: int | None, message: str) -> str:
+    """Why a send to a learner was dropped, in the operator's words (the `send_dropped` event's
+    detail): ZeroMQ's "Host unreachable" (EHOSTUNREACH) only means the learner's connection is gone,
+    on this machine too (its process exited or was killed): nothing was learned about a host."""
+    if errno == errno_mod.EHOSTUNREACH:
+        return "its connection is gone (the learner exited, was killed or cut off)"
+    if errno == errno_mod.EAGAIN:
+        return "its send queue is full (the learner does not read: paused, slow or cut off)"
+    return message
 
 
 def resumed(path: Path, outer_steps: int, versions: list[int], epoch: int, now: float) -> str:

@@ -27,7 +27,7 @@ from syncer.common import faultpoints, hostmem, jsonl, keys, memfit
 from syncer.common.atomic import atomic_write
 from syncer.config import SyncerConfig
 from syncer.core import Outbox, SyncerCore
-from syncer.oplog import OpLog, fresh, resumed, say, stamp
+from syncer.oplog import OpLog, fresh, resumed, say, send_dropped, stamp
 from syncer.shardscore import scoring_for
 from syncer.status import sample_record, snapshot
 from syncer.usage import own_usage
@@ -334,7 +334,8 @@ class SyncerServer:
             self.core.bytes_down += sum(len(f) for f in frames)
         except zmq.ZMQError as exc:  # EAGAIN (high-water mark) or EHOSTUNREACH (gone)
             self.core.counters["dropped_sends"] += 1
-            self._quiet_event(f"drop:{exc.errno}", "send_dropped", self.routes.get(rid, "unknown"), str(exc))
+            why = send_dropped(exc.errno, str(exc))
+            self._quiet_event(f"drop:{exc.errno}", "send_dropped", self.routes.get(rid, "unknown"), why)
 
     # -- operator ----------------------------------------------------------------------------
     def _on_control(self, frames: list[zmq.Frame]) -> None:

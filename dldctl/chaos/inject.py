@@ -100,9 +100,10 @@ class Chaos:
             )
 
     # -- faults ------------------------------------------------------------------------------
-    def kill(self, target: str, sig: str = "KILL", down_for: float | None = None) -> Injection:
+    def kill(self, target: str, sig: str = "KILL", down_for: float | None = None, by: str | None = None) -> Injection:
         """Signal the target's process group (a learner's, or a syncer shard's: `syncer`, `syncer-N`)
-        with a hold on its restart; what was done."""
+        with a hold on its restart; what was done. `by`: who asked, when not `dldctl chaos` (the
+        live view): its death is attributed to it."""
         target = self.canonical(target)
         entry, host, _ = self._target(target, "kill")
         ref = entry.proc
@@ -112,13 +113,13 @@ class Chaos:
         now = time.time()
         self.held.add(target)
         with self.run.update() as edit:
-            e = replace(edit.state.procs[target], hold_until=now + hold, chaos_kill=True)
+            e = replace(edit.state.procs[target], hold_until=now + hold, chaos_kill=True, killed_by=by)
             edit.state = edit.state.with_proc(target, e)
         signum = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM}[sig.upper()]
         if not host.signal(ProcRef(ref.pid, ref.start_ticks), signum, group=True):
             raise ChaosError(f"{target} ({'job' if host.scheduler else 'pid'} {ref.pid}) was already gone")
         what = f"the learner in {host.scheduler} job {ref.pid}" if host.scheduler else f"pid {ref.pid}"
-        detail = f"kill -{sig.upper()} {what} on {entry.host}; back in >= {hold:g} s"
+        detail = f"kill -{sig.upper()} {what} on {entry.host}; back in >= {hold:g} s{f' (by {by})' if by else ''}"
         self.run.event("fault_inject", target, detail)
         return Injection("kill", target, entry.host, ref.pid, now, hold, now + hold, detail, signal=sig.upper())
 

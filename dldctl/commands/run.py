@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from dldctl.lifecycle import down as down_mod
 from dldctl.lifecycle import resume as resume_mod
 from dldctl.lifecycle import up as up_mod
 from dldctl.observe import snapshot
+from dldctl.observe.view_data import fmt_bytes, fmt_count, fmt_duration, fmt_float, fmt_pct
 from syncer.common import jsonl, strictjson, unscored
 
 console = output_console()
@@ -259,13 +261,41 @@ def down(
         print(strictjson.dumps({"schema": DOWN_SCHEMA, **summary}))
         return
     table = Table(title=f"run {summary['run']} is down", show_header=False, box=None)
-    for key, value in summary.items():
-        if isinstance(value, float):
-            value = f"{value:.4g}"
-        if key == "shards":  # a sharded syncer's shards: how each stopped, at which outer step
-            value = shard_words(value)
-        table.add_row(key, str(value))
+    for key, value in summary_rows(summary):
+        table.add_row(key, value)
     console.print(table)
+
+
+SUMMARY_WORDS: dict[str, Callable[[Any], str]] = {  # `down`'s figures for people (`--json`: raw)
+    "goodput": fmt_pct,
+    "tokens_trained": fmt_count,
+    "tokens_merged": fmt_count,
+    "loss_train": lambda v: fmt_float(v, 4),
+    "loss_eval": lambda v: fmt_float(v, 4),
+    "loss_global": lambda v: fmt_float(v, 4),
+    "bytes_up": fmt_bytes,
+    "bytes_down": fmt_bytes,
+    "ddp_equivalent": fmt_bytes,
+    "uptime_s": fmt_duration,
+    "shards": lambda rows: shard_words(rows or []),  # a sharded syncer's shards: how each stopped, at which step
+}
+
+
+def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """`down`'s summary as (key, words) rows (pure): percentages, MB/GB, durations, 5.2M tokens,
+    and "none" for a list or a file that is empty."""
+    rows = []
+    for key, value in summary.items():
+        if key in SUMMARY_WORDS:  # an unknown figure (None) reads "-", as in the live view
+            words = SUMMARY_WORDS[key](value)
+        elif value is None or value == []:
+            words = "none"
+        elif isinstance(value, list):
+            words = ", ".join(map(str, value))
+        else:
+            words = f"{value:.4g}" if isinstance(value, float) else str(value)
+        rows.append(("uptime" if key == "uptime_s" else key, words))
+    return rows
 
 
 def shard_words(rows: list[dict[str, Any]]) -> str:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 
 from dldctl import extras, rundir
 from dldctl.chaos.inject import Chaos
@@ -22,6 +22,8 @@ from dldctl.observe.view_keys import Command
 from dldctl.observe.view_tty import KeyReader, Sources, drive
 from dldctl.rundir import RunDir
 from syncer.common import strictjson
+
+VIEW = "the live view"  # who a kill confirmed in the view is attributed to
 
 
 def live_view(run: RunDir, interval: float = 1.0) -> None:
@@ -71,7 +73,7 @@ def _act(run: RunDir, command: Command) -> str:
         try:
             chaos.guard(command.action, command.target, False, None)
             if command.action == "kill":
-                done = chaos.kill(command.target)
+                done = chaos.kill(command.target, by=VIEW)
             else:
                 done = chaos.fault(command.action, command.target, command.seconds)
         finally:
@@ -101,7 +103,7 @@ def status(
     elif json_out:
         print(strictjson.dumps(snapshot.collect(target)))
     elif once or not sys.stdout.isatty():  # a pipe or a file gets one snapshot, never a screen
-        plain_console().print(render_plain(snapshot.collect(target), time.time()))
+        print_plain(plain_console(), render_plain(snapshot.collect(target), time.time()))
     else:
         live_view(target, every_s)
 
@@ -109,6 +111,17 @@ def status(
 def plain_console() -> Console:
     """Plain text that a pipe or a file keeps whole: no colour codes, no wrapping at 80 columns."""
     return output_console()
+
+
+def print_plain(console: Console, renderable: RenderableType) -> None:
+    """Print `renderable`; without a terminal (a pipe, a file) its lines end where their text does,
+    not padded with spaces to the console's width (tables pad every cell to its column)."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    with console.capture() as captured:
+        console.print(renderable)
+    console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 def stream(run: RunDir, interval: float, as_json: bool) -> None:
@@ -129,7 +142,7 @@ def _stream_loop(run: RunDir, interval: float, as_json: bool, console: Console) 
         if as_json:
             print(strictjson.dumps(snap), flush=True)
         else:
-            console.print(render_plain(snap, time.time()))
+            print_plain(console, render_plain(snap, time.time()))
             console.print()
             sys.stdout.flush()
         time.sleep(interval)

@@ -13,7 +13,6 @@ killed by process group. Processes are found in `procs.jsonl` (every process eve
 
 from __future__ import annotations
 
-import re
 import signal
 import time
 from dataclasses import replace
@@ -29,16 +28,18 @@ from dldctl.hosts import Host, ProcRef
 from dldctl.hosts.slurm import SlurmHost
 from dldctl.lifecycle import export as export_mod
 from dldctl.lifecycle import shardgather
+from dldctl.observe import runs
+from dldctl.observe.snapshot_model import final_figures
 from dldctl.rundir import RunDir
 from dldctl.runstate import DOWN_REASON, Proc, ProcStatus, RunState
 from dldctl.supervise import mirror
 from dldctl.syncerctl import SyncerControl
+from syncer.common import ckptname
 from syncer.common.modelexport import CONFIG, EXPORT_DIR, WEIGHTS
 from syncer.common.resolved import ResolvedConfig
 
 LEARNER_GRACE_S = 20.0
 SYNCER_GRACE_S = 20.0
-CHECKPOINT_NAME = re.compile(r"ckpt-\d+-(\d+)-\d+\.pt")  # syncer/checkpoint.py's names: epoch, outer step, ms
 
 
 class RunProcesses:
@@ -272,12 +273,12 @@ def _checkpoint_step(run: RunDir, config: ResolvedConfig, shard: int) -> int | N
     """The outer step of shard `shard`'s newest checkpoint in this run directory (None: none here)."""
     if config.syncer.host_of(shard) != "local":
         return None
-    steps = [
-        int(m.group(1))
-        for p in (shards.local_dir(run.path, shard) / "checkpoints").glob("ckpt-*.pt")
-        if (m := CHECKPOINT_NAME.fullmatch(p.name))
-    ]
-    return max(steps, default=None)
+    try:
+        names = [p.name for p in (shards.local_dir(run.path, shard) / "checkpoints").iterdir()]
+    except OSError:
+        return None
+    newest = ckptname.newest(names)
+    return newest.outer_step if newest else None
 
 
 def _shard_zero(run: RunDir, config: ResolvedConfig, snap: dict[str, Any] | None) -> dict[str, Any]:
@@ -371,8 +372,8 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
     except RunError:
         pass
     run.event("down", "run", f"stopped; forced to kill {len(killed)} processes")
-    if snap and before:
-        snap["loss"] = before["loss"]  # learners report losses while they run
+    if snap and before:  # learners report losses while they run: theirs, not the final score
+        snap["loss"] = {**snap["loss"], "train": before["loss"].get("train"), "eval": before["loss"].get("eval")}
     out = summary(run, snap or before, exported, killed)
     if rows and config is not None:  # a sharded syncer: each shard's outer steps and how it stopped
         out["shards"] = [_shard_zero(run, config, snap), *rows]
@@ -454,26 +455,27 @@ def _fetch_remote(run: RunDir, fleet: RunProcesses, exported: str) -> str:
 
 
 def summary(run: RunDir, snap: dict[str, Any] | None, exported: str, killed: list[dict[str, Any]]) -> dict[str, Any]:
-    """The numbers a user wants after a run."""
+    """The numbers a user wants after a run, raw (`down --json`; the command prints them for people)."""
     out: dict[str, Any] = {
         "run": run.name,
         "dir": str(run.path),
         "final_model": exported or None,
         "killed": [r["target"] for r in killed],
     }
-    if snap:
+    figures = final_figures(runs.last_sample(run), snap)  # where the run ended, as `runs` and the report say
+    if figures is not None:
         out.update(
-            outer_steps=snap["syncer"]["outer_steps"],
-            goodput=snap["goodput"],
-            tokens_trained=snap["tokens"]["trained"],
-            tokens_merged=snap["tokens"]["merged"],
-            loss_train=snap["loss"]["train"],
-            loss_eval=snap["loss"]["eval"],
-            loss_global=snap["loss"].get("global"),
-            guard_rollbacks=(snap.get("guard") or {}).get("rollbacks", 0),
-            bytes_up=snap["bytes"]["up"],
-            bytes_down=snap["bytes"]["down"],
-            ddp_equivalent=snap["bytes"]["ddp_equivalent"],
+            outer_steps=figures.outer_steps,
+            goodput=figures.goodput,
+            tokens_trained=figures.tokens_trained,
+            tokens_merged=figures.tokens_merged,
+            loss_train=figures.loss.train,
+            loss_eval=figures.loss.eval,
+            loss_global=figures.loss.global_,
+            guard_rollbacks=((snap or {}).get("guard") or {}).get("rollbacks", 0),
+            bytes_up=figures.bytes_up,
+            bytes_down=figures.bytes_down,
+            ddp_equivalent=figures.ddp_equivalent,
         )
     try:  # the run's age (as `dldctl runs` has it), never the snapshot's: that is a restarted syncer's
         state = run.read_state()

@@ -26,6 +26,7 @@ from dldctl.errors import RunError
 from dldctl.observe import report_series as rs
 from dldctl.observe import runs
 from dldctl.observe.runrecord import RunRecord
+from dldctl.observe.snapshot_model import Figures
 from dldctl.observe.view_data import fmt_bytes, fmt_duration
 from dldctl.rundir import RunDir
 from syncer.common import unscored
@@ -106,9 +107,9 @@ def _loss_rows(run: RunRecord) -> list[tuple[str, str]]:
     return rows
 
 
-def _traffic_rows(last: dict) -> list[tuple[str, str]]:
-    up, down, ddp = (_number(last.get(k)) for k in ("bytes_up", "bytes_down", "ddp_equivalent"))
-    moved = (up or 0.0) + (down or 0.0)
+def _traffic_rows(end: Figures) -> list[tuple[str, str]]:
+    up, down, ddp = end.bytes_up, end.bytes_down, end.ddp_equivalent
+    moved = up + down
     times = f" ({ddp / moved:,.0f}x what this run moved)" if ddp and moved else ""
     return [
         ("bytes up / down", f"{fmt_bytes(up)} / {fmt_bytes(down)} (total {fmt_bytes(moved)})"),
@@ -137,13 +138,14 @@ def _round_rows(run: RunRecord) -> list[tuple[str, str]]:
 
 def summary_rows(run: RunRecord) -> list[tuple[str, str]]:
     """The summary table: (what, value) pairs."""
-    last = run.samples[-1] if run.samples else {}
-    trained, merged = _number(last.get("tokens_trained")), _number(last.get("tokens_merged"))
-    share = f" ({100 * merged / trained:.1f}% merged)" if trained and merged is not None else ""
+    last = run.samples[-1] if run.samples else None
+    end = Figures.from_sample(last) if last else Figures()  # where the run ended, as `down` and `runs` say
+    trained, merged = end.tokens_trained, end.tokens_merged
+    share = f" ({100 * merged / trained:.1f}% merged)" if trained else ""
     measured = [s for part in rs.pieces(run.samples, run.events) for s in part]  # not a blind restarted syncer's
     full = [s for s in measured if s["t"] >= run.t0 + 60.0]  # windows that span a whole minute
     windows = [v for v in (_number(s.get("goodput_window")) for s in full) if v is not None]
-    goodput = _number(last.get("goodput"))
+    goodput = end.goodput
     return [
         ("run", run.name),
         ("duration", f"{fmt_duration(run.t1 - run.t0)} ({_utc(run.t0)} to {_utc(run.t1)})"),
@@ -154,9 +156,9 @@ def summary_rows(run: RunRecord) -> list[tuple[str, str]]:
             if goodput is None
             else f"{100 * goodput:.1f}%" + (f" (lowest 60 s window {100 * min(windows):.1f}%)" if windows else ""),
         ),
-        ("tokens trained / merged", f"{trained or 0:,.0f} / {merged or 0:,.0f}{share}"),
-        *_traffic_rows(last),
-        ("outer steps", "-" if _number(last.get("outer_steps")) is None else f"{last['outer_steps']}"),
+        ("tokens trained / merged", f"{trained:,.0f} / {merged:,.0f}{share}"),
+        *_traffic_rows(end),
+        ("outer steps", "-" if last is None or "outer_steps" not in last else f"{end.outer_steps}"),
         *_round_rows(run),
         *_honesty_rows(run),
     ]

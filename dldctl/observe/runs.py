@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from dldctl.errors import RunError
+from dldctl.observe.snapshot_model import Figures
 from dldctl.observe.view_data import fmt_float
 from dldctl.rundir import RunDir, all_runs
 from dldctl.runstate import DOWN_REASON, RunState
@@ -62,16 +63,24 @@ def row(run: RunDir, now: float) -> dict[str, Any]:
     out["stopped_at"] = state.stopped_at
     out["hosts"] = sorted({p.host for p in state.procs.values()})
     out["learners"] = learner_count(state)
-    sample = last_sample(run) or {}
-    out["outer_steps"] = sample.get("outer_steps")
-    out["tokens_merged"] = sample.get("tokens_merged")
-    out["tokens_trained"] = sample.get("tokens_trained")
-    out["goodput"] = sample.get("goodput")
-    out["loss_eval"] = sample.get("loss_global") if sample.get("loss_global") is not None else sample.get("loss_eval")
-    out["loss_global"] = sample.get("loss_global")
-    out["global_off"] = unscored_reason(run, sample)  # why the global model is not scored (None: it is)
+    sample = last_sample(run)
+    out.update(progress(Figures.from_sample(sample) if sample else None))
+    out["global_off"] = unscored_reason(run, sample or {})  # why the global model is not scored (None: it is)
     out["final_model"] = str(run.final_model) if run.final_model.exists() else None
     return out
+
+
+def progress(figures: Figures | None) -> dict[str, Any]:
+    """A row's progress from where the run is (or ended): the figures of its newest sample, which
+    `down`'s summary reads too; all None without one."""
+    return {
+        "outer_steps": figures.outer_steps if figures else None,
+        "tokens_merged": figures.tokens_merged if figures else None,
+        "tokens_trained": figures.tokens_trained if figures else None,
+        "goodput": figures.goodput if figures else None,
+        "loss_eval": figures.scored_loss if figures else None,  # the global model's score where it has one
+        "loss_global": figures.loss.global_ if figures else None,
+    }
 
 
 def unscored_reason(run: RunDir, sample: dict[str, Any] | None = None) -> str | None:

@@ -16,7 +16,6 @@ The pure parts (`merge_rate`, `newest_checkpoint`, `parse_usage`, `shard_row`) a
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,14 +27,12 @@ from dldctl.errors import DldError
 from dldctl.rundir import RunDir
 from dldctl.runstate import Proc, ProcStatus, RunState
 from dldctl.syncerctl import SyncerControl
-from syncer.common import jsonl
+from syncer.common import ckptname, jsonl
 from syncer.common.resolved import ResolvedConfig
 
 ASK_S = 1.0  # a shard that does not answer within this is not up (shard 0's own answer: snapshot.py)
 STARTING_S = 30.0  # a shard (re)started this recently that does not answer yet is starting (as a learner is)
 RATE_WINDOW_S = 10.0  # merges per second over the newest samples of this span (the syncer samples every 2 s)
-_CKPT = re.compile(r"ckpt-\d+-(\d+)-(\d+)\.pt")  # syncer/checkpoint.py's names: epoch, outer step, wall ms
-_CKPT_EVENT = re.compile(r"outer step (\d+)")
 
 
 @dataclass(frozen=True)
@@ -66,17 +63,16 @@ def merge_rate(samples: Iterable[tuple[float, int]], window_s: float = RATE_WIND
 
 
 def newest_checkpoint(names: Iterable[str], events: Iterable[Mapping[str, Any]] = ()) -> tuple[int, float] | None:
-    """(outer step, wall time) of the newest checkpoint: from the file names (ckpt-EPOCH-STEP-MS.pt,
-    ordered as the syncer orders them) if there are any, else from the last `checkpoint` event."""
-    found = sorted((n for n in names if _CKPT.fullmatch(n)), reverse=True)
-    if found:
-        m = _CKPT.fullmatch(found[0])
-        assert m is not None
-        return int(m.group(1)), int(m.group(2)) / 1000.0
+    """(outer step, wall time) of the newest checkpoint: from the file names (syncer/common/ckptname.py,
+    ordered as the syncer orders them) if there are any, else from the `outer_step` field of the
+    last `checkpoint` event that has one (an event of an older syncer, without it, says nothing)."""
+    found = ckptname.newest(names)
+    if found is not None:
+        return found.outer_step, found.wall_s
     for event in reversed(list(events)):
-        m = _CKPT_EVENT.match(str(event.get("detail", ""))) if event.get("kind") == "checkpoint" else None
-        if m and isinstance(event.get("t"), (int, float)):
-            return int(m.group(1)), float(event["t"])
+        step, t = event.get("outer_step"), event.get("t")
+        if event.get("kind") == "checkpoint" and isinstance(step, int) and isinstance(t, (int, float)):
+            return step, float(t)
     return None
 
 

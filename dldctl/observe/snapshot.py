@@ -15,13 +15,13 @@ supervisor has noticed, and `supervisor` says whether one is alive and beating (
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from dldctl.errors import DldError
 from dldctl.observe import runs, shardrows
+from dldctl.observe.snapshot_model import SCHEMA, VERSION, Snapshot
 from dldctl.rundir import RunDir
 from dldctl.runstate import Daemon, Fault, Proc, ProcStatus, RunState
 from dldctl.supervise import reconcile, watchdog
@@ -106,20 +106,14 @@ def _ledger_sample(last: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def _last_checkpoint(run: RunDir) -> int:
-    """The outer step of the newest checkpoint: from the file names (ckpt-EPOCH-STEP-MS.pt) in the
-    local run directory, else from the last `checkpoint` event (a syncer on another host)."""
-    steps = [
-        int(m.group(1))
-        for p in run.checkpoints.glob("ckpt-*.pt")
-        if (m := re.fullmatch(r"ckpt-\d+-(\d+)-\d+\.pt", p.name))
-    ]
-    if steps:
-        return max(steps)
-    for event in reversed(jsonl.tail(run.events, 500)):
-        m = re.match(r"outer step (\d+)", str(event.get("detail", ""))) if event.get("kind") == "checkpoint" else None
-        if m:
-            return int(m.group(1))
-    return 0
+    """The outer step of the newest checkpoint: from the file names in the local run directory,
+    else from the last `checkpoint` event's `outer_step` (a syncer on another host); 0 if neither."""
+    try:
+        names = [p.name for p in run.checkpoints.iterdir()]
+    except OSError:
+        names = []
+    newest = shardrows.newest_checkpoint(names, [] if names else jsonl.tail(run.events, 500))
+    return newest[0] if newest else 0
 
 
 def learner_state(
@@ -156,11 +150,19 @@ def learner_state(
     return "running"
 
 
-SCHEMA = "dldctl.status/1"  # `status --json`; fields may be added, none renamed (docs/status.md)
+def take(run: RunDir, now: float | None = None) -> Snapshot:
+    """The typed snapshot (observe/snapshot_model.py), whatever is or is not running."""
+    return Snapshot.from_json(_gather(run, now))
 
 
 def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
-    """The snapshot of ARCHITECTURE.md (extended), whatever is or is not running."""
+    """The snapshot as `status --json` prints it (and the live view reads it): the typed
+    snapshot's JSON, so every reader gets the same versioned shape."""
+    return take(run, now).to_json()
+
+
+def _gather(run: RunDir, now: float | None = None) -> dict[str, Any]:
+    """The snapshot of ARCHITECTURE.md (extended) as gathered, before it is typed."""
     now = time.time() if now is None else now
     config = run.read_config()
     state = run.read_state()
@@ -170,6 +172,7 @@ def collect(run: RunDir, now: float | None = None) -> dict[str, Any]:
     snap = answered or _syncer_down(run, config)
     snap.setdefault("data", None)  # a syncer from before the data ledger: the same as no ledger
     snap["schema"] = SCHEMA
+    snap["version"] = VERSION
     snap["run"] = run.name
     snap["now"] = now
     ended = state.stopped_at if state.status == "down" else None

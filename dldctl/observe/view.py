@@ -26,6 +26,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from dldctl.observe.snapshot_model import Bytes, Learner, Snapshot, read_record
 from dldctl.observe.view_data import (
     STATE_STYLES,
     History,
@@ -39,7 +40,6 @@ from dldctl.observe.view_data import (
     fmt_rate,
     goodput_style,
     live_age,
-    num,
     pick_learners,
     quorum_colour,
     quorum_label,
@@ -108,29 +108,29 @@ LEARNER_COLUMNS: tuple[tuple[str, dict, int], ...] = (
 )
 
 
-def _learner_cells(learner: dict, snapshot: dict, now: float, history: History | None) -> dict[str, Any]:
-    state = text_of(learner.get("state"))
-    straggler = learner.get("straggler") is True
-    id_style = "bold yellow" if straggler else ""
+def _learner_cells(row: dict, snapshot: dict, now: float, history: History | None) -> dict[str, Any]:
+    learner = read_record(Learner, row)  # the typed row (observe/snapshot_model.py)
+    state = text_of(learner.state)
+    id_style = "bold yellow" if learner.straggler else ""
     if state in ("partitioned", "dead"):
         id_style = "bold " + state_style(state)
-    age = live_age(snapshot, learner.get("heartbeat_age_s"), now)
+    age = live_age(snapshot, learner.heartbeat_age_s, now)
     age_style = "dim" if age is None else "red" if age >= 10 else "yellow" if age >= 3 else ""
-    weight, restarts = num(learner.get("weight")), num(learner.get("restarts"))
-    trend = sparkline(history.learner(text_of(learner.get("id"))), 10, lo=0.0) if history is not None else ""
+    weight, restarts = learner.weight, learner.restarts
+    trend = sparkline(history.learner(learner.id), 10, lo=0.0) if history is not None else ""
     return {
-        "learner": Text(text_of(learner.get("id")) + ("*" if straggler else ""), id_style),
-        "host": text_of(learner.get("host")),
-        "device": text_of(learner.get("device")),
+        "learner": Text(text_of(learner.id) + ("*" if learner.straggler else ""), id_style),
+        "host": text_of(learner.host),
+        "device": text_of(learner.device),
         "state": Text(state, state_style(state)),
-        "step": fmt_int(learner.get("step")),
-        "tok/s": fmt_count(learner.get("tokens_per_s")),
+        "step": fmt_int(learner.step),
+        "tok/s": fmt_count(learner.tokens_per_s),
         "trend": Text(trend, "cyan"),
         "weight": f"{100 * weight:.0f}%" if weight is not None else "-",
-        "merged": learner_tokens(snapshot, learner.get("id")),
+        "merged": learner_tokens(snapshot, learner.id),
         "rst": Text(fmt_int(restarts), "yellow" if restarts else ""),
         "hb": Text(fmt_duration(age), age_style),
-        "job": _job_cell(learner.get("job")),
+        "job": _job_cell(learner.extra.get("job")),
     }
 
 
@@ -355,58 +355,69 @@ def supervisor_line(snapshot: dict, now: float) -> tuple[str, str]:
 
 
 def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
-    s, q, t, b = (section(snapshot, key) for key in ("syncer", "quorum", "tokens", "bytes"))
-    if syncer_alive(snapshot):
-        syncer = (
-            f"alive  {text_of(s.get('address'))}  pid {fmt_int(s.get('pid'))}  epoch {fmt_int(s.get('epoch'))}"
-            f"  restarts {fmt_int(s.get('restarts'))}  fragments {fmt_int(s.get('fragments'))}"
-        )
-    else:
-        syncer = f"SYNCER DOWN  {text_of(s.get('address'))}  restarts {fmt_int(s.get('restarts'))}"
-    reported = q.get("recent_contributors")
-    recent = reported if isinstance(reported, list) else []
-    up, down, ddp = num(b.get("up")), num(b.get("down")), num(b.get("ddp_equivalent"))
-    moved = (up or 0.0) + (down or 0.0)
-    times = f" ({ddp / moved:,.0f}x ours)" if ddp is not None and moved else ""
-    ratio = num(b.get("compression_ratio")) or None
-    down = snapshot.get("status") == "down"
-    if down:
-        syncer = "stopped (the run is down)"
-    loss = section(snapshot, "loss")
+    """The key lines of `--once`, read from the typed snapshot (observe/snapshot_model.py)."""
+    snap = Snapshot.from_json(snapshot)
+    s, q, b, loss = snap.syncer, snap.quorum, snap.bytes, snap.loss
+    ended = snap.status == "down"
+    off = global_off(snapshot)
     return [
-        ("run", f"{text_of(snapshot.get('run'))}  {'ran' if down else 'up'} {fmt_duration(run_uptime(snapshot, now))}"),
-        ("syncer", syncer),
+        ("run", f"{text_of(snap.run)}  {'ran' if ended else 'up'} {fmt_duration(run_uptime(snapshot, now))}"),
+        ("syncer", _syncer_words(snap, syncer_alive(snapshot))),
         *([("supervisor", supervisor_line(snapshot, now)[0])] if "supervisor" in snapshot else []),
-        ("outer", f"steps {fmt_int(s.get('outer_steps'))}  checkpoint {fmt_int(s.get('checkpoint_outer_step'))}"),
+        ("outer", f"steps {fmt_int(s.outer_steps)}  checkpoint {fmt_int(s.checkpoint_outer_step)}"),
         (
             "quorum",
-            f"{quorum_label(snapshot)}  live {fmt_int(q.get('live'))}/{fmt_int(q.get('total'))}"
-            f"  min {fmt_int(q.get('min'))}  last round {fmt_int(q.get('last_round_contributors'))}"
-            f"  recent [{' '.join(fmt_int(v) for v in recent[-10:])}]"
-            f"  grace {fmt_float(q.get('grace_used_s'), 2)}/{fmt_float(q.get('grace_window_s'), 2)}s"
-            f"  open rounds {fmt_int(q.get('open_rounds'))}",
+            f"{quorum_label(snapshot)}  live {q.live}/{q.total}  min {q.min}"
+            f"  last round {fmt_int(q.last_round_contributors)}"
+            f"  recent [{' '.join(fmt_int(v) for v in _list(q.extra.get('recent_contributors'))[-10:])}]"
+            f"  grace {fmt_float(q.grace_used_s, 2)}/{fmt_float(q.grace_window_s, 2)}s"
+            f"  open rounds {fmt_int(q.open_rounds)}",
         ),
-        ("goodput", f"{fmt_pct(snapshot.get('goodput'))} run  {fmt_pct(snapshot.get('goodput_window'))} last 60s"),
+        ("goodput", f"{fmt_pct(snap.goodput)} run  {fmt_pct(snap.goodput_window)} last 60s"),
         (
             "tokens",
-            f"{fmt_rate(t.get('per_s'), 'tok')}  trained {fmt_count(t.get('trained'))}"
-            f"  merged {fmt_count(t.get('merged'))}",
+            f"{fmt_rate(snap.tokens.per_s, 'tok')}  trained {fmt_count(snap.tokens.trained)}"
+            f"  merged {fmt_count(snap.tokens.merged)}",
         ),
         *([("data", data_text(snapshot))] if ledger(snapshot) else []),
-        (
-            "bytes",
-            f"up {fmt_bytes(up)} ({fmt_rate(b.get('up_per_s'))})  down {fmt_bytes(down)}"
-            f" ({fmt_rate(b.get('down_per_s'))})  compression {f'{ratio:.1f}x' if ratio is not None else '-'}"
-            f"  data-parallel equivalent {fmt_bytes(ddp)}{times}",
-        ),
+        ("bytes", _bytes_words(b)),
         (
             "loss",
-            f"train {fmt_float(loss.get('train'))}  eval {fmt_float(loss.get('eval'))}"
-            f"  global {f'off: {words(off)[0]}' if (off := global_off(snapshot)) else fmt_float(loss.get('global'))}",
+            f"train {fmt_float(loss.train)}  eval {fmt_float(loss.eval)}"
+            f"  global {f'off: {words(off)[0]}' if off else fmt_float(loss.global_)}",
         ),
         *[("shard", shard_text(row)) for row in sharded(snapshot)],
-        *[("warning", str(w)) for w in (s.get("warnings") or []) + (s.get("risks") or [])],
+        *[("warning", str(w)) for w in _list(s.extra.get("warnings")) + _list(s.extra.get("risks"))],
     ]
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _syncer_words(snap: Snapshot, alive: bool) -> str:
+    s = snap.syncer
+    if snap.status == "down":
+        return "stopped (the run is down)"
+    if not alive:
+        return f"SYNCER DOWN  {text_of(s.address)}  restarts {s.restarts}"
+    return (
+        f"alive  {text_of(s.address)}  pid {fmt_int(s.pid)}  epoch {fmt_int(s.epoch)}"
+        f"  restarts {s.restarts}  fragments {fmt_int(s.fragments)}"
+    )
+
+
+def _bytes_words(b: Bytes) -> str:
+    """Bytes up and down (with their rates, where the live view derived them) and what
+    data-parallel training would have moved."""
+    moved = b.up + b.down
+    times = f" ({b.ddp_equivalent / moved:,.0f}x ours)" if b.ddp_equivalent and moved else ""
+    ratio = b.compression_ratio or None
+    return (
+        f"up {fmt_bytes(b.up)} ({fmt_rate(b.extra.get('up_per_s'))})  down {fmt_bytes(b.down)}"
+        f" ({fmt_rate(b.extra.get('down_per_s'))})  compression {f'{ratio:.1f}x' if ratio is not None else '-'}"
+        f"  data-parallel equivalent {fmt_bytes(b.ddp_equivalent)}{times}"
+    )
 
 
 def render_plain(snapshot: dict, now: float, max_events: int = 10) -> RenderableType:
@@ -438,5 +449,5 @@ def render_plain(snapshot: dict, now: float, max_events: int = 10) -> Renderable
         learners_table(snapshot, now, expand=False) if learners else Text("no learners reported", "dim"),
         Text(""),
         Text(f"last {len(events)} events (newest last)", "bold"),
-        event_table(events, now) if events else Text("no events yet", "dim"),
+        event_table(events, now, expand=False) if events else Text("no events yet", "dim"),
     )

@@ -19,6 +19,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from dldctl.observe.snapshot_model import Loss, Quorum, Snapshot, SyncerPart, read_record
 from dldctl.observe.view_data import (
     DASH,
     History,
@@ -47,6 +48,7 @@ from syncer.common import unscored
 
 EVENT_STYLES = {
     "join": "green",
+    "quorum_reached": "green",
     "quorum_regained": "green",
     "syncer_start": "green",
     "death": "bold red",
@@ -204,47 +206,47 @@ def header_notes(snapshot: dict, now: float, history: History | None = None) -> 
     return out.append(" ") if notes else out
 
 
-def _syncer_parts(snapshot: dict, compact: bool, address: bool = True) -> list[Any]:
-    s = section(snapshot, "syncer")
-    where = [" ", text_of(s.get("address"))] if address else []
-    if snapshot.get("status") == "down":
+def _syncer_parts(snap: Snapshot, alive: bool, compact: bool, address: bool = True) -> list[Any]:
+    s = snap.syncer
+    where = [" ", text_of(s.address)] if address else []
+    if snap.status == "down":
         parts: list[Any] = [(" RUN DOWN ", "bold"), " syncer stopped"]
-    elif snapshot.get("status") == "crashed":
+    elif snap.status == "crashed":
         parts = [(" RUN CRASHED ", "bold white on red"), " its supervisor is gone"]
-    elif syncer_alive(snapshot):
+    elif alive:
         parts = [("● ", "green"), "syncer", *where]
         if not compact:
-            parts += [(" pid ", "dim"), fmt_int(s.get("pid")), (" epoch ", "dim"), fmt_int(s.get("epoch"))]
+            parts += [(" pid ", "dim"), fmt_int(s.pid), (" epoch ", "dim"), fmt_int(s.epoch)]
     else:
         parts = [(" SYNCER DOWN ", "bold white on red"), *where]
-    if num(s.get("restarts")):
-        parts += [(" restarts ", "dim"), (fmt_int(s.get("restarts")), "yellow")]
+    if s.restarts:
+        parts += [(" restarts ", "dim"), (str(s.restarts), "yellow")]
     return parts
 
 
-def _progress_parts(snapshot: dict, fragments: bool) -> list[Any]:
-    s = section(snapshot, "syncer")
-    parts: list[Any] = [SEP, ("outer ", "dim"), (fmt_int(s.get("outer_steps")), "bold")]
-    parts += [SEP, ("ckpt ", "dim"), fmt_int(s.get("checkpoint_outer_step"))]
-    return parts + ([SEP, fmt_int(s.get("fragments")), (" fragments", "dim")] if fragments else [])
+def _progress_parts(s: SyncerPart, fragments: bool) -> list[Any]:
+    parts: list[Any] = [SEP, ("outer ", "dim"), (fmt_int(s.outer_steps), "bold")]
+    parts += [SEP, ("ckpt ", "dim"), fmt_int(s.checkpoint_outer_step)]
+    return parts + ([SEP, fmt_int(s.fragments), (" fragments", "dim")] if fragments else [])
 
 
 def header_panel(snapshot: dict, now: float, compact: bool = False, history: History | None = None) -> Panel:
     """Run, uptime, syncer health, outer steps, checkpoint (`compact`: leave out pid and epoch;
     where the line still does not fit, the fragments, then the syncer's address go first)."""
-    down = snapshot.get("status") == "down"
+    snap, alive = Snapshot.from_json(snapshot), syncer_alive(snapshot)
+    down = snap.status == "down"
     head: list[Any] = [("ran " if down else "up ", "dim"), (fmt_duration(run_uptime(snapshot, now)), "bold"), SEP]
     choices = [
-        line(*head, *_syncer_parts(snapshot, compact), *_progress_parts(snapshot, True)),
-        line(*head, *_syncer_parts(snapshot, compact), *_progress_parts(snapshot, False)),
-        line(*head, *_syncer_parts(snapshot, True, address=False), *_progress_parts(snapshot, False)),
+        line(*head, *_syncer_parts(snap, alive, compact), *_progress_parts(snap.syncer, True)),
+        line(*head, *_syncer_parts(snap, alive, compact), *_progress_parts(snap.syncer, False)),
+        line(*head, *_syncer_parts(snap, alive, True, address=False), *_progress_parts(snap.syncer, False)),
     ]
     border = "green" if syncer_alive(snapshot) else ("white" if down else "red")
     if not down and dig(snapshot, "supervisor", "state") in ("missing", "hung"):
         border = "red"
     return Panel(
         Fit(*choices),
-        title=Text.assemble(" dldctl ", (text_of(snapshot.get("run")), "bold"), " "),
+        title=Text.assemble(" dldctl ", (text_of(snap.run), "bold"), " "),
         title_align="left",
         subtitle=header_notes(snapshot, now, history) or None,
         subtitle_align="right",
@@ -255,32 +257,30 @@ def header_panel(snapshot: dict, now: float, compact: bool = False, history: His
 
 def quorum_panel(snapshot: dict, recent: Sequence[Any] | None = None) -> Panel:
     """Live/total/minimum, contributors of recent rounds, grace used, coloured by health."""
-    q = section(snapshot, "quorum")
+    q = read_record(Quorum, snapshot.get("quorum"))
     colour, label = quorum_colour(snapshot), quorum_label(snapshot)
-    live, total, minimum = num(q.get("live")), num(q.get("total")), num(q.get("min"))
+    live, total, minimum = q.live, q.total, q.min
     if recent is None:
-        reported = q.get("recent_contributors")
+        reported = q.extra.get("recent_contributors")
         recent = reported if isinstance(reported, list) else []
     top = total if total else max([v for v in map(num, recent) if v is not None], default=None)
-    first = line(
-        ("live ", "dim"), (f"{fmt_int(live)}/{fmt_int(total)}", f"bold {colour}"), ("  min ", "dim"), fmt_int(minimum)
-    )
+    first = line(("live ", "dim"), (f"{live}/{total}", f"bold {colour}"), ("  min ", "dim"), str(minimum))
     rounds = Spark(
         Text("rounds ", "dim"),
         recent,
-        Text.assemble((" last ", "dim"), fmt_int(q.get("last_round_contributors"))),
+        Text.assemble((" last ", "dim"), fmt_int(q.last_round_contributors)),
         lo=0.0,
         hi=top,
         style=colour,
         fmt=fmt_int,
     )
     if colour == "red" and syncer_alive(snapshot):
-        missing = fmt_int(minimum - live) if minimum is not None and live is not None else DASH
-        opened = fmt_int(q.get("open_rounds"))
+        missing = str(minimum - live)
+        opened = fmt_int(q.open_rounds)
         third = Fit(line((f"{opened} rounds open, need {missing} more", "red")), line((f"need {missing} more", "red")))
     else:
-        grace = f"{fmt_float(q.get('grace_used_s'), 2)}/{fmt_float(q.get('grace_window_s'), 2)}s"
-        still = (("  open ", "dim"), fmt_int(q.get("open_rounds")))
+        grace = f"{fmt_float(q.grace_used_s, 2)}/{fmt_float(q.grace_window_s, 2)}s"
+        still = (("  open ", "dim"), fmt_int(q.open_rounds))
         third = Fit(line(("grace ", "dim"), grace, *still), line(("grace ", "dim"), grace), line(grace))
     title = Text.assemble(("quorum ", "bold"), (f"● {label}", f"bold {colour}"))
     return titled(title, lines(first, rounds, third), border=colour)
@@ -321,6 +321,7 @@ def loss_panel(snapshot: dict, history: History) -> Panel:
     """The learners' train and eval loss and the global model's, with their history and best values
     (a quality guard trip is in the header's notes, `guard_note`)."""
     train, evals, glob = history.get("loss_train"), history.get("loss_eval"), history.get("loss_global")
+    now = read_record(Loss, snapshot.get("loss"))
 
     def best(values: Sequence[Any]) -> str:
         return fmt_float(min((v for v in map(num, values) if v is not None), default=None))
@@ -329,12 +330,12 @@ def loss_panel(snapshot: dict, history: History) -> Panel:
         "loss",
         lines(
             Spark(
-                Text.assemble(("train ", "dim"), (fmt_float(dig(snapshot, "loss", "train")), "bold"), " "),
+                Text.assemble(("train ", "dim"), (fmt_float(now.train), "bold"), " "),
                 train,
                 fmt=fmt_float,
             ),
             Spark(
-                Text.assemble(("eval  ", "dim"), (fmt_float(dig(snapshot, "loss", "eval")), "bold"), " "),
+                Text.assemble(("eval  ", "dim"), (fmt_float(now.eval), "bold"), " "),
                 evals,
                 style="magenta",
                 fmt=fmt_float,
@@ -342,7 +343,7 @@ def loss_panel(snapshot: dict, history: History) -> Panel:
             global_off_line(off)
             if (off := global_off(snapshot))
             else Spark(
-                Text.assemble(("global ", "dim"), (fmt_float(dig(snapshot, "loss", "global")), "bold"), " "),
+                Text.assemble(("global ", "dim"), (fmt_float(now.global_), "bold"), " "),
                 glob,
                 style="green",
                 fmt=fmt_float,
@@ -354,8 +355,7 @@ def loss_panel(snapshot: dict, history: History) -> Panel:
 
 def global_off(snapshot: dict) -> str:
     """Why the global model is not scored ("" while it is): `loss.global_off` of the snapshot."""
-    off = dig(snapshot, "loss", "global_off")
-    return off if isinstance(off, str) else ""
+    return read_record(Loss, snapshot.get("loss")).global_off or ""
 
 
 def global_off_line(reason: str) -> Fit:
@@ -461,13 +461,16 @@ class EventTail:
         yield event_table(self.events[-rows:], self.now)
 
 
-def event_table(events: list[dict], now: float) -> Table:
-    """Events as aligned rows: age, kind, target, detail."""
-    grid = Table.grid(padding=(0, 1), expand=True)
+def event_table(events: list[dict], now: float, expand: bool = True) -> Table:
+    """Events as aligned rows: age, kind, target, detail. A kind is shown whole (its column as wide
+    as the widest shown): `supervisor_start` cut to `supervisor_sta…` says nothing. `expand`
+    fills the width (a panel); plain output (`status --once`, a pipe) leaves it off."""
+    kinds = [text_of(e.get("kind")) for e in events]
+    grid = Table.grid(padding=(0, 1), expand=expand)
     grid.add_column(justify="right", no_wrap=True, width=10)
-    grid.add_column(no_wrap=True, width=15, overflow="ellipsis")
+    grid.add_column(no_wrap=True, width=max(map(len, kinds), default=4))
     grid.add_column(no_wrap=True, max_width=12, overflow="ellipsis")
-    grid.add_column(no_wrap=True, ratio=1, overflow="ellipsis")
+    grid.add_column(no_wrap=True, ratio=1 if expand else None, overflow="ellipsis")
     for event in events:
         t, kind = num(event.get("t")), text_of(event.get("kind"))
         age = f"{fmt_duration(now - t)} ago" if t is not None else DASH

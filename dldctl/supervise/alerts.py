@@ -114,7 +114,7 @@ class BelowQuorum:
 
     def on_event(self, record: dict[str, Any]) -> None:
         kind, t = record.get("kind"), _t(record)
-        if kind == "quorum_regained":
+        if kind in ("quorum_reached", "quorum_regained"):  # a fleet's first quorum, or its quorum back
             self._above(t)
         elif kind == "quorum_lost":
             self.latest = str(record.get("detail", ""))

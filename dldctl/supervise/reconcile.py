@@ -130,8 +130,9 @@ def _died(
         return replace(e, status=ProcStatus.STOPPED, reason=obs.finished)  # status: `refused`
     lived = now - (e.started_at if e.started_at is not None else now)
     killed = e.chaos_kill  # killed on purpose: its log says nothing about why
+    by = e.killed_by
     if killed:
-        e = replace(e, chaos_kill=False)
+        e = replace(e, chaos_kill=False, killed_by=None)
     else:
         e = replace(e, fast_deaths=e.fast_deaths + 1 if lived < FAST_DEATH_S else 0)
     delay = backoff_delay(e.fast_deaths, base, cap)
@@ -140,7 +141,7 @@ def _died(
     said = f"; its log ends: {obs.last_words}" if obs.last_words and not killed else ""
     restart_in = (e.next_start or now) - now
     gone = f"job {e.job.job_id} ended {e.job.describe()}" if e.job is not None else "process gone"
-    cause = death_cause(e, killed, restart_in, 0 if killed else obs.ooms)
+    cause = death_cause(e, killed, restart_in, 0 if killed else obs.ooms, by)
     events.append((kind, name, f"{gone} after {lived:.1f} s{cause}{said}"))
     return e
 
@@ -151,10 +152,14 @@ def _gone(job_id: int, last: JobInfo | None) -> JobInfo:
     return JobInfo(job_id, "ENDED", reason)
 
 
-def death_cause(e: Proc, killed: bool, restart_in: float, ooms: int = 0) -> str:
+CHAOS = "`dldctl chaos`"  # who killed a process on purpose, unless its record names another (the live view)
+
+
+def death_cause(e: Proc, killed: bool, restart_in: float, ooms: int = 0, by: str | None = None) -> str:
     """Why it died as far as the supervisor knows (`ooms`: processes the kernel's OOM killer
-    killed on its host meanwhile), and when it restarts (the backoff said)."""
-    why = " (killed by `dldctl chaos`)" if killed else ""
+    killed on its host meanwhile; `by`: who killed it on purpose, `dldctl chaos` unless said),
+    and when it restarts (the backoff said)."""
+    why = f" (killed by {by or CHAOS})" if killed else ""
     if ooms:
         fix = "its shards on other hosts" if e.kind == "syncer" else "fewer learners or a smaller batch_size there"
         why = (

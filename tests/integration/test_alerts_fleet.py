@@ -45,7 +45,7 @@ def test_syncer_death_and_quorum_lost_reach_the_webhook_and_the_command(tmp_path
             dl("chaos", "kill", "syncer", "--force")
             wait_until(lambda: "syncer_death" in hook.kinds(), 30, "the syncer_death webhook", every=0.2)
             # the restarted syncer starts below its quorum (no learner yet) and says when it is back
-            wait_until(lambda: len(dl.events("quorum_regained")) >= 2, 90, "the restarted syncer's quorum")
+            wait_until(lambda: len(dl.events("quorum_reached")) >= 2, 90, "the restarted syncer's quorum")
             dl("chaos", "pause", "learner-0", "--duration", "8", "--force")
             wait_until(lambda: _paused_episode(hook.kinds()), 30, "the below_quorum webhook", every=0.2)
             took = time.monotonic() - began

@@ -160,6 +160,16 @@ def test_back_above_quorum_before_T_is_no_alert() -> None:
     assert timer.due(T0 + 120) is None
 
 
+def test_the_first_quorum_reached_arms_the_timer_as_a_regained_one_does() -> None:
+    """A syncer's start logs `quorum_reached`: from then on a quorum lost is an episode."""
+    timer = BelowQuorum(60.0)
+    timer.on_sample(sample(T0, 0))  # learners still joining: no episode
+    timer.on_event(ev(T0 + 5, "quorum_reached"))
+    assert timer.reached and timer.due(T0 + 100) is None
+    timer.on_sample(sample(T0 + 110, 1))  # below it again without a quorum_lost event (a syncer restart)
+    assert timer.due(T0 + 171) is not None
+
+
 def test_samples_time_an_episode_but_a_slow_start_is_none() -> None:
     timer = BelowQuorum(60.0)
     for t in range(0, 200, 10):

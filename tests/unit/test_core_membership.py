@@ -46,6 +46,23 @@ def test_quorum_lost_and_regained_events() -> None:
     assert "2 live" in ev["detail"]
 
 
+def test_the_first_quorum_of_a_syncer_is_reached_not_regained() -> None:
+    """A run's start is not a recovery: below quorum until the learners join, then `quorum_reached`
+    once; only a quorum lost after that comes back as `quorum_regained`."""
+    h = Harness(make_settings(quorum=2, liveness_s=3.0))
+    assert not h.tick(0.5).events  # nobody yet: below quorum from the start, no event
+    h.join_all(now=1.0)
+    out = h.tick(1.0)
+    assert not events_of(out, "quorum_regained")
+    (ev,) = events_of(out, "quorum_reached")
+    assert "3 live" in ev["detail"]
+    h.beat("a", 3.0)
+    assert events_of(h.tick(4.5), "quorum_lost")
+    h.beat("b", 5.0)
+    out = h.tick(5.0)
+    assert events_of(out, "quorum_regained") and not events_of(out, "quorum_reached")
+
+
 def test_learner_lost_and_back_but_not_for_a_quick_rejoin() -> None:
     h = Harness(make_settings(quorum=1, liveness_s=3.0))
     h.join_all(now=1.0)

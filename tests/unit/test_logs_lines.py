@@ -113,3 +113,14 @@ def test_learner_lines_name_the_incarnation() -> None:
         logline.prefix("learner-1", {"DLDCTL_RESTARTS": "1", "WORLD_SIZE": "2", "RANK": "1"}) == "[#2 r1] learner-1: "
     )
     assert logline.incarnation({"DLDCTL_RESTARTS": "junk"}) == 1
+
+
+def test_a_send_to_a_killed_learner_is_not_a_host_unreachable() -> None:
+    """ZeroMQ says "Host unreachable" for a peer whose connection closed, a learner killed on this
+    very machine included: the event says the connection is gone, not that a host is."""
+    import errno
+
+    gone = oplog.send_dropped(errno.EHOSTUNREACH, "Host unreachable")
+    assert "unreachable" not in gone.lower() and "connection is gone" in gone
+    assert "queue is full" in oplog.send_dropped(errno.EAGAIN, "Resource temporarily unavailable")
+    assert oplog.send_dropped(None, "Operation cannot be accomplished") == "Operation cannot be accomplished"

@@ -131,3 +131,14 @@ def test_no_oom_kill_or_a_chaos_kill_says_nothing_of_memory() -> None:
     killed = st.with_proc("learner-0", replace(st.procs["learner-0"], chaos_kill=True))
     _, _, events = decide(killed, {"learner-0": Observation(False, ooms=1)}, 100.0, 2.0, 60.0)
     assert "killed by `dldctl chaos`" in events[0][2] and "memory" not in events[0][2]
+
+
+def test_a_kill_from_the_live_view_is_attributed_to_the_view() -> None:
+    """The view's kill records who asked; the death says so (not `dldctl chaos`), and the next
+    ordinary death attributes nothing."""
+    st = state(**{"learner-0": start(new_proc("learner", "a"), 1, 0.0)})
+    view = "the live view"
+    killed = st.with_proc("learner-0", replace(st.procs["learner-0"], chaos_kill=True, killed_by=view))
+    st, _, events = decide(killed, {"learner-0": Observation(False)}, 100.0, 2.0, 60.0)
+    assert f"killed by {view}" in events[0][2] and "dldctl chaos" not in events[0][2]
+    assert st.procs["learner-0"].killed_by is None and not st.procs["learner-0"].chaos_kill

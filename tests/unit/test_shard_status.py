@@ -42,11 +42,12 @@ def test_the_newest_checkpoint_from_file_names_else_from_events() -> None:
     names = ["ckpt-0001-000000060-1000.pt", "ckpt-0002-000000012-5000.pt", "history.json", "ckpt-0001-x.pt"]
     assert newest_checkpoint(names) == (12, 5.0)  # epoch 2 is newer whatever its step
     events = [
-        {"t": 7.0, "kind": "checkpoint", "detail": "outer step 40, ckpt-..."},
-        {"t": 9.0, "kind": "checkpoint", "detail": "outer step 44, ckpt-..."},
-        {"t": 9.5, "kind": "join", "detail": "outer step 99"},
+        {"t": 7.0, "kind": "checkpoint", "detail": "outer step 40: ckpt-...", "outer_step": 40},
+        {"t": 9.0, "kind": "checkpoint", "detail": "outer step 44: ckpt-...", "outer_step": 44},
+        {"t": 9.5, "kind": "join", "detail": "outer step 99", "outer_step": 99},
+        {"t": 9.8, "kind": "checkpoint", "detail": "outer step 50: ckpt-..."},  # an older syncer's: no field
     ]
-    assert newest_checkpoint([], events) == (44, 9.0)
+    assert newest_checkpoint([], events) == (44, 9.0)  # the field, never the message
     assert newest_checkpoint([], []) is None
 
 

@@ -79,9 +79,24 @@ def test_syncer_down_keeps_what_it_last_said(run: rundir.RunDir) -> None:
 def test_checkpoint_step_from_the_events_when_checkpoints_live_elsewhere(run: rundir.RunDir) -> None:
     for path in run.checkpoints.iterdir():
         path.unlink()
-    run.event("checkpoint", "syncer", "outer step 64: ckpt-0001-000000064-3.pt")
-    run.event("checkpoint", "syncer", "outer step 70 (final): ckpt-0001-000000070-4.pt")
+    for step, final in ((64, ""), (70, " (final)")):
+        name = f"ckpt-0001-{step:09d}-{step}.pt"
+        record = {
+            "t": 1000.0 + step,
+            "kind": "checkpoint",
+            "target": "syncer",
+            "detail": f"outer step {step}{final}: {name}",
+        }
+        jsonl.append(run.events, {**record, "outer_step": step, "epoch": 1, "checkpoint": name})
     assert snapshot.collect(run, now=1100.0)["syncer"]["checkpoint_outer_step"] == 70
+
+
+def test_a_checkpoint_event_without_its_fields_is_not_read_from_its_message(run: rundir.RunDir) -> None:
+    """An older syncer's event says the step only in words: the snapshot does not parse them."""
+    for path in run.checkpoints.iterdir():
+        path.unlink()
+    run.event("checkpoint", "syncer", "outer step 64: ckpt-0001-000000064-3.pt")
+    assert snapshot.collect(run, now=1100.0)["syncer"]["checkpoint_outer_step"] == 0
 
 
 def test_a_run_that_is_down_stops_ageing(run: rundir.RunDir) -> None:
@@ -89,3 +104,12 @@ def test_a_run_that_is_down_stops_ageing(run: rundir.RunDir) -> None:
         edit.state = replace(edit.state, status="down", stopped_at=1060.0)
     snap = snapshot.collect(run, now=5000.0)
     assert snap["status"] == "down" and snap["uptime_s"] == 60.0
+
+
+def test_the_snapshot_is_versioned_and_typed(run: rundir.RunDir) -> None:
+    """`status --json` carries `version` beside `schema`; the typed snapshot reads the same run."""
+    snap = snapshot.collect(run, now=1100.0)
+    assert snap["version"] == 1 and snap["schema"] == "dldctl.status/1"
+    typed = snapshot.take(run, now=1100.0)
+    assert typed.syncer.outer_steps == snap["syncer"]["outer_steps"] == 77 and not typed.syncer.alive
+    assert [r.id for r in typed.learners] == [r["id"] for r in snap["learners"]]

@@ -412,3 +412,28 @@ def test_formatters() -> None:
     assert fmt_duration(45) == "45s" and fmt_duration(185) == "3m05s" and fmt_duration(3725) == "1h02m"
     assert fmt_duration(2 * 86400 + 3 * 3600) == "2d03h"
     assert fmt_pct(0.873) == "87.3%" and fmt_pct("x") == "-"
+
+
+def test_piped_status_is_not_padded_and_shows_event_kinds_whole() -> None:
+    """`dldctl status | cat`: no line padded with spaces to the console's width, and a kind such
+    as `supervisor_start` whole (it was cut to `supervisor_sta…`)."""
+    from dldctl.commands.status import print_plain
+
+    snap = load("recorded_down")
+    out = io.StringIO()
+    console = Console(file=out, width=200, soft_wrap=True)  # what output_console() gives a pipe
+    print_plain(console, render_plain(snap, snap["now"], max_events=40))
+    lines = out.getvalue().splitlines()
+    assert lines and all(line == line.rstrip() for line in lines)
+    assert any(" supervisor_start " in line for line in lines)
+    assert any(line.split()[2:3] == ["syncer_unreachable"] for line in lines if "ago" in line)
+    assert "…" not in "".join(line for line in lines if "supervisor_st" in line)
+
+
+def test_plain_bytes_line_says_the_bytes_down() -> None:
+    """The `bytes` line read the run's status word into the bytes-down figure (it said `down -`)."""
+    snap = load("recorded_healthy")
+    out = io.StringIO()
+    Console(file=out, width=200).print(render_plain(snap, snap["now"]))
+    line = next(x for x in out.getvalue().splitlines() if x.startswith("bytes"))
+    assert "up 25.6 MB" in line and "down 28.5 MB" in line

@@ -327,3 +327,30 @@ def test_a_refused_kill_is_said_in_the_view(monkeypatch: pytest.MonkeyPatch) -> 
     said = status._act(object(), Command("kill", "learner-0"))  # type: ignore[arg-type]
     assert said.startswith("refused: kill learner-0 would leave 0 live learners")
     assert "dldctl chaos kill learner-0 --force" in said
+
+
+def test_a_kill_confirmed_in_the_view_is_attributed_to_the_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The view's kill goes through chaos with `by` naming the view, so the death event and the
+    fault_inject event say the view asked, not `dldctl chaos`."""
+    from dldctl.commands import status
+
+    asked: list[tuple[str, str | None]] = []
+
+    class Recording:
+        def __init__(self, run: object) -> None:
+            pass
+
+        def guard(self, action: str, target: str, force: bool, confirm: object) -> None:
+            pass
+
+        def kill(self, target: str, by: str | None = None) -> object:
+            asked.append((target, by))
+            return type("Done", (), {"detail": "kill -KILL pid 7 on local"})()
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(status, "Chaos", Recording)
+    said = status._act(object(), Command("kill", "learner-0"))  # type: ignore[arg-type]
+    assert said == "kill learner-0: kill -KILL pid 7 on local"
+    assert asked == [("learner-0", status.VIEW)] and "live view" in status.VIEW
