@@ -180,6 +180,7 @@ PURE_CORE = (
     "learner/outer.py",
     "learner/schedule.py",
     "learner/link.py",
+    "learner/pushqueue.py",
     "learner/replica.py",
     "workload/gpt.py",
     "dldctl/supervise/reconcile.py",
