@@ -88,7 +88,7 @@ class SyncerServer:
         checkpoint is valid and on_no_checkpoint = "refuse"."""
         (self.cfg.run_dir / checkpoint.REFUSED).unlink(missing_ok=True)  # a previous refusal's marker
         if self.kernel is None:
-            self.event("native_kernel", "syncer", f"not used ({native.problem}): merging with torch (slower)")
+            self.records.event("native_kernel", "syncer", f"not used ({native.problem}): merging with torch (slower)")
         self._memory()
         self.checkpoints.resume()
         if self.scoring.ev is not None:
@@ -108,7 +108,7 @@ class SyncerServer:
         self.monitor = self.learner_sock.get_monitor_socket(WATCHED)
         self.control_sock = self._bind(self.cfg.control_bind, "control", server_keys)
         security = f"{'INSECURE (no CURVE)' if self.cfg.settings.insecure else 'CURVE'} on {self.cfg.bind}"
-        self.event("syncer_start", "syncer", f"epoch {self.core.epoch}, pid {os.getpid()}, {security}")
+        self.records.event("syncer_start", "syncer", f"epoch {self.core.epoch}, pid {os.getpid()}, {security}")
 
     def _memory(self) -> None:
         """What this host has free now, for a first learner's model (the core checks it at hello)."""
@@ -180,7 +180,7 @@ class SyncerServer:
                 self.disconnects += 1
             else:
                 self.core.rejected["handshake_failed"] += 1
-                self._quiet_event(
+                self.records.quiet_event(
                     "reject:handshake",
                     "reject",
                     "unknown",
@@ -229,7 +229,7 @@ class SyncerServer:
             self._flush(out)
         except ProtocolError as exc:
             self.core.rejected[exc.reason] += 1
-            self._quiet_event(f"reject:{exc.reason}", "reject", self.routes.get(rid, "unknown"), str(exc))
+            self.records.quiet_event(f"reject:{exc.reason}", "reject", self.routes.get(rid, "unknown"), str(exc))
 
     def _identify(self, rid: bytes, frame: zmq.Frame, msg: Message) -> str | None:
         """Which learner sent this; None (after replying) if it must say hello first."""
@@ -270,7 +270,7 @@ class SyncerServer:
             self.core.bytes_down += sum(len(f) for f in frames)
         except zmq.ZMQError as exc:  # EAGAIN (high-water mark) or EHOSTUNREACH (gone)
             self.core.counters["dropped_sends"] += 1
-            self._quiet_event(f"drop:{exc.errno}", "send_dropped", self.routes.get(rid, "unknown"), str(exc))
+            self.records.quiet_event(f"drop:{exc.errno}", "send_dropped", self.routes.get(rid, "unknown"), str(exc))
 
     # -- operator ----------------------------------------------------------------------------
     def _on_control(self, frames: list[zmq.Frame]) -> None:
@@ -315,7 +315,7 @@ class SyncerServer:
             self.stop_reason = f"the operator asked (`dldctl down`){export}"
             self.checkpoints.closed = True  # the operator stopped the run: its time down is nobody's lost work
             self.stopping.set()
-            target = shardmodel.export_path(self.cfg.run_dir, self._export_name) if self.core.model else None
+            target = None if self.core.model is None else shardmodel.export_path(self.cfg.run_dir, self._export_name)
             return Message("control_rep", {"ok": True, "detail": str(target or "")})
         raise ProtocolError("unknown_action", f"control action {action!r}")
 
@@ -324,7 +324,7 @@ class SyncerServer:
             raise ProtocolError("schema", "fleet: needs learners: [ids]")
         self.core.fleet.tick(now)
         self.core.fleet.declared = list(learners)
-        self.event("fleet", "syncer", f"declared fleet is now {len(learners)} learners")
+        self.records.event("fleet", "syncer", f"declared fleet is now {len(learners)} learners")
         return Message("control_rep", {"ok": True, "detail": f"{len(learners)} learners"})
 
     def status(self, now: float) -> dict[str, Any]:
@@ -340,12 +340,6 @@ class SyncerServer:
         return snap
 
     # -- records ----------------------------------------------------------------------------
-    def event(self, kind: str, target: str, detail: str) -> None:
-        self.records.event(kind, target, detail)
-
-    def _quiet_event(self, key: str, kind: str, target: str, detail: str) -> None:
-        self.records.quiet_event(key, kind, target, detail)
-
     def _sample(self, now: float) -> dict[str, Any]:
         return sample_record(self.status(now), now, jsonl.dropped())
 
