@@ -2,8 +2,8 @@
 
 `LinkCore` knows everything the link is doing: its phase (closed, joining, up, partitioned),
 the replica of the global fragments and the chunked state fetches that fill it, the first
-upload when this learner owns the initialization, the push queue (an unsent push of a fragment
-is folded into the next one from the same base, `coalesce`), heartbeats and the syncer's
+upload when this learner owns the initialization, the pushes it owes (learner/pushqueue.py, a
+part of its own: queued, folded, in flight, kept until a syncer checkpoint holds them), heartbeats and the syncer's
 liveness (Paranoid Pirate: silence means a fresh socket), and the replies, resyncs and round
 calls waiting for the training thread. Its inputs are the time (`now`, injected), the frames
 received, and the results of the sends it asked for; what it returns (`LinkOutbox`) says which
@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from learner.kept import KeptPushes, covered_map
+from learner.kept import KeptPushes
+from learner.pushqueue import PushQueue
 from learner.replica import Replica
-from learner.sends import InitChunk, PushItem, Send, coalesce
+from learner.sends import InitChunk, PushItem, Send
 from syncer.common.settings import RunSettings
 from syncer.wire import codec
 from syncer.wire.protocol import Message, ProtocolError, check_raw_fragment, decode
@@ -136,14 +137,10 @@ class LinkCore:
         self.resume_step = 0  # where the syncer says this incarnation's step counter starts
         self.counters = LinkCounters()
         self.inbox = Inbox()
-        self.queue: dict[int, PushItem] = {}
-        self.kept = KeptPushes(int(settings.keep_pushes_mb * 2**20))  # sent, until a syncer checkpoint holds them
-        self.again: list[PushItem] = []  # kept pushes going again to a restarted syncer, before the queue
-        self.in_flight = 0  # pushes handed to the shell and not yet reported sent
+        self.pushes = PushQueue(int(settings.keep_pushes_mb * 2**20))  # queued, sent, kept (learner/pushqueue.py)
         self.stats: dict[str, Any] = {"step": 0, "tokens": 0, "state": "joining"}
         self.chunk = 1 << 20
         self.init_queue: list[tuple[int, int]] = []
-        self._seq = 0
         self._hello_at = self._heard_at = self._beat_at = 0.0
         self._backoff = BACKOFF_MIN_S
         self._hello_now = False  # the connection is up: hello without waiting out the backoff
@@ -204,29 +201,22 @@ class LinkCore:
         """The shell handed `send` to the socket (a push: with its payload, `blob`, kept)."""
         self.counters.bytes_sent += nbytes
         if send.push is not None:
-            self.in_flight -= 1
             self.counters.pushes_sent += 1
-            if blob is not None:
-                self.kept.add(send.seq, send.push, blob)
+            self.pushes.sent(send, blob)
         elif send.init is not None and self.init_queue[:1] == [(send.init.fragment, send.init.offset)]:
             self.init_queue.pop(0)
 
     def unsent(self, send: Send) -> None:
         """`send` could not leave (no connection): a push goes back to the queue, folded with any
         newer one of its fragment; an upload chunk stays queued; anything else is dropped."""
-        if send.push is not None and send.push.resent:
-            self.in_flight -= 1
-            self.again.append(send.push)
-        elif send.push is not None:
-            self.in_flight -= 1
-            item, newer = send.push, self.queue.get(send.push.fragment)
-            self.queue[item.fragment] = coalesce(item, newer) if newer is not None else item
+        if send.push is not None:
+            self.pushes.unsent(send)
 
     def encode_failed(self, send: Send, exc: Exception) -> LinkEvent:
         """A message that could not be encoded (a bug): dropped and counted, and the link goes on."""
         self.counters.bad_messages += 1
         if send.push is not None:
-            self.in_flight -= 1
+            self.pushes.dropped()
         return LinkEvent("bad_message", f"could not encode {send.msg.kind if send.msg else 'a push'}: {exc}")
 
     def goodbye(self) -> Send | None:
@@ -240,7 +230,7 @@ class LinkCore:
     # -- the training thread's inputs (through the shell, under its lock) ----------------------
     def push(self, item: PushItem) -> None:
         """Queue an outer gradient; an unsent one of the same fragment is folded in (`coalesce`)."""
-        self.queue[item.fragment] = coalesce(self.queue.get(item.fragment), item)
+        self.pushes.push(item)
 
     def take_updates(self) -> tuple[set[int], set[int]]:
         """(fragments with a reply to our push, fragments the syncer wants overwritten).
@@ -267,7 +257,20 @@ class LinkCore:
 
     def pending(self) -> int:
         """Pushes not yet handed to the socket (queued, going again, or being sent)."""
-        return len(self.queue) + len(self.again) + self.in_flight
+        return self.pushes.pending()
+
+    # the push queue's fields under the names the link's tests and benchmarks read
+    @property
+    def queue(self) -> dict[int, PushItem]:
+        return self.pushes.queue
+
+    @property
+    def again(self) -> list[PushItem]:
+        return self.pushes.again
+
+    @property
+    def kept(self) -> KeptPushes:
+        return self.pushes.kept
 
     # -- timers --------------------------------------------------------------------------------
     def _enter(self, phase: Phase) -> None:
@@ -280,7 +283,7 @@ class LinkCore:
         for p, offset, version in self.replica.requests(now, self.chunk, fetch_window(self.chunk)):
             out.sends.append(Send(Message("state_req", {"fragment": p, "offset": offset, "version": version})))
         if self.ready and self._hears_syncer(now):
-            out.sends.extend(self._take_pushes())
+            out.sends.extend(self.pushes.take())
         if now - self._beat_at >= self.s.heartbeat_s:
             self._beat_at = now
             out.sends.append(Send(Message("heartbeat", self._heartbeat_meta(now))))
@@ -298,18 +301,6 @@ class LinkCore:
             for p, off in self.init_queue
         ]
 
-    def _take_pushes(self) -> list[Send]:
-        """The pushes going again, then every queued push, lowest fragment first, each with the
-        next sequence number. While they are out, a newer push of the same fragment queues alone
-        (the older may have left)."""
-        items, self.again = [*self.again, *(self.queue.pop(p) for p in sorted(self.queue))], []
-        sends = []
-        for item in items:
-            sends.append(Send(push=item, seq=self._seq))
-            self._seq += 1
-        self.in_flight += len(sends)
-        return sends
-
     def _heartbeat_meta(self, now: float) -> dict[str, Any]:
         meta = dict(self.stats)
         meta.update(
@@ -319,7 +310,7 @@ class LinkCore:
             crc_mismatches=self.replica.mismatches,
             bytes_sent=self.counters.bytes_sent,
             bytes_received=self.counters.bytes_received,
-            pending_pushes=len(self.queue),
+            pending_pushes=len(self.pushes.queue),
             link="up",
         )
         return meta
@@ -340,8 +331,8 @@ class LinkCore:
         }
         if self.stats.get("data"):  # the dataset and the units in hand (syncer/datadesk.py)
             meta["data"] = self.stats["data"]
-        if named := self.kept.hello():  # a restarted syncer gets these again (learner/kept.py)
-            meta["kept"] = {"epoch": self.kept.epoch, "pushes": named}
+        if kept := self.pushes.hello():  # a restarted syncer gets these again (learner/kept.py)
+            meta["kept"] = kept
         return Message("hello", meta)
 
     def _shard_problem(self, msg: Message) -> str | None:
@@ -387,9 +378,8 @@ class LinkCore:
         self.chunk = max(1024, int(msg["chunk_numel"]))
         self.resume_step = max(0, int(msg["step"]))
         self.hold_until = self._heard_at + max(0.0, float(msg.get("quarantine_s") or 0.0))
-        if again := self.kept.welcome(int(msg["epoch"]), covered_map(msg.get("covered"))):
-            self.again += again
-            out.events.append(LinkEvent("resend", f"{len(again)} pushes the restarted syncer's checkpoint lacks"))
+        if again := self.pushes.welcome(int(msg["epoch"]), msg.get("covered")):
+            out.events.append(LinkEvent("resend", f"{again} pushes the restarted syncer's checkpoint lacks"))
         self._sync_epoch(msg["epoch"], msg["initialized"], msg["versions"])
         if msg["init_owner"] and not msg["initialized"]:
             sizes = self.replica.sizes
@@ -397,8 +387,8 @@ class LinkCore:
         out.events.append(LinkEvent("welcome", f"syncer epoch {msg['epoch']}"))
 
     def _on_ack(self, msg: Message, out: LinkOutbox) -> None:
-        if msg["epoch"] == self.kept.epoch and "saved" in msg.meta:
-            self.kept.saved(covered_map(msg["saved"]))
+        if "saved" in msg.meta:
+            self.pushes.saved(msg["epoch"], msg["saved"])
         self._sync_epoch(msg["epoch"], msg["initialized"], msg["versions"])
 
     def _sync_epoch(self, epoch: int, initialized: bool, versions: list[Any]) -> None:  # JSON: int() below
@@ -449,12 +439,8 @@ class LinkCore:
             self.inbox.drop += msg["drop"]
 
     def queued_units(self) -> dict[int, tuple[int, ...]]:
-        """The work units named by pushes still waiting to leave, per fragment (the syncer has
-        not seen them: a restored syncer must not count them as pushed)."""
-        queued = {p: item.units for p, item in self.queue.items() if item.units}
-        for item in self.again:
-            queued[item.fragment] = queued.get(item.fragment, ()) + item.units
-        return queued
+        """The work units named by pushes still waiting to leave, per fragment (PushQueue.queued_units)."""
+        return self.pushes.queued_units()
 
     def take_units(self) -> tuple[list[int], list[int]]:
         """(work units handed to this learner, units to give up) since the last take."""

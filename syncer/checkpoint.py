@@ -82,7 +82,7 @@ def state_dict(core: SyncerCore, wall: float, copy: bool = False) -> dict[str, A
         # a restarted syncer judges scores and clips norms against the history it had, not
         # against the first stale contributions after an outage
         "guard": core.guard.state_dict(),
-        "norm_history": {p: list(d) for p, d in core._norm_history.items()},
+        "norm_history": {p: list(d) for p, d in core.outer.norm_history.items()},
         "screen": core.screen.state_dict(wall),  # the judge's history, who is quarantined (syncer/screening.py)
         "warnings": list(core.warnings),
         "data": core.data.ledger.state_dict() if core.data.on else None,
@@ -123,7 +123,7 @@ def restore(core: SyncerCore, state: dict[str, Any], now: float) -> None:
     core.bytes_up, core.bytes_down = bytes_up, bytes_down
     core.guard.load_state_dict(state.get("guard", {}))
     for p, norms in state.get("norm_history", {}).items():
-        core._norm_history[int(p)].extend(float(x) for x in norms)
+        core.outer.norm_history[int(p)].extend(float(x) for x in norms)
     core.screen.load_state_dict(state.get("screen") or {}, now)
     core.warnings = [str(w) for w in state.get("warnings", [])]
     core.receipts.load_state_dict(state.get("pushes"))

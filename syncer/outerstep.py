@@ -1,62 +1,72 @@
-"""How a closing round becomes the next version of its fragment: a mixin of SyncerCore.
+"""How a closing round becomes the next version of its fragment: the merge and the outer step.
 
-`SyncerCore._close` (syncer/core.py) orders the work; the steps are here: cap each
-contribution's backlog (`_cap_backlogs`), merge the outer gradients with their clipping and
-fleet-scale factors, take the outer Nesterov step and publish the result bit-exactly (`_step`,
-cache-blocked through syncer/fused.py, or `_step_reference` on whole fp32 fragments), then
-account for the round (`_account`: fleet counters, merge-time estimate, the round's metric).
-No I/O, like the rest of the core: the merge time is measured with the core's injected clock.
+A part of the core (syncer/core.py composes it; syncer/roundbook.py says which rounds close):
+cap each contribution's backlog (`cap_backlogs`), screen them (`screened`), merge the outer
+gradients with their clipping and fleet-scale factors, take the outer Nesterov step and publish
+the result bit-exactly (`step`, cache-blocked through syncer/fused.py, or `_step_reference` on
+whole fp32 fragments). It owns what the steps remember from round to round: the norm history of
+robust clipping and which backlogs were announced. The round's share of a sync period is
+returned with the step, never kept. The model and the merge kernel are passed in. No I/O.
 """
 
 from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from syncer import fused, merge
 from syncer.clock import RoundClock
-from syncer.common import smallmath
 from syncer.common.settings import RunSettings
 from syncer.fleet import Ledger
 from syncer.globalmodel import GlobalModel, Outbox
-from syncer.rounds import Contribution, Round, backlog_factor
+from syncer.rounds import Contribution, backlog_factor
 from syncer.screening import Screen
 from syncer.wire import codec
 
 PERIOD_SLACK = 0.2  # a contribution of at least 80% of its learner's sync period is a whole one
 
 
+class Step(NamedTuple):
+    """A published step: the update blob learners apply, its crc32 (None: not computed), and the
+    round's share of a sync period (merge.partial_momentum; the round's metric reports it)."""
+
+    blob: bytes
+    crc: int | None
+    share: float
+
+
 class OuterStep:
-    """The merge and outer step of SyncerCore; the attributes are the core's (set in its __init__)."""
+    """The merge and outer step of the rounds that close, and what they remember between rounds."""
 
-    s: RunSettings
-    kernel: Any  # syncer.native.Kernel or None (torch round step)
-    model: GlobalModel | None
-    fleet: Ledger
-    round_clock: RoundClock
-    clock: Callable[[], float]
-    counters: collections.Counter[str]
-    outer_steps: int
-    since_checkpoint: int
-    t_sync: float | None
-    recent_rounds: collections.deque[dict[str, Any]]
-    _norm_history: collections.defaultdict[int, collections.deque[float]]
-    _backlogged: set[tuple[str, int]]
-    screen: Screen
-    _share: float = 1.0  # the closing round's share of a sync period (`_fleet_scale`)
+    def __init__(
+        self,
+        settings: RunSettings,
+        fleet: Ledger,
+        round_clock: RoundClock,
+        screen: Screen,
+        counters: collections.Counter[str],
+    ) -> None:
+        self.s = settings
+        self.fleet = fleet
+        self.round_clock = round_clock
+        self.screen = screen
+        self.counters = counters  # the run's tallies (syncer/accounting.py): "clipped", "backlog_*"
+        self.norm_history: collections.defaultdict[int, collections.deque[float]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=32)
+        )
+        self.backlogged: set[tuple[str, int]] = set()  # (learner, fragment) backlogs announced
 
-    def _cap_backlogs(self, p: int, contribs: list[Contribution], now: float, out: Outbox) -> list[Contribution]:
+    def cap_backlogs(self, p: int, contribs: list[Contribution], now: float, out: Outbox) -> list[Contribution]:
         """Set each contribution's backlog factor; the rest of a capped one is carried (max_carry) or dropped."""
         carried: list[Contribution] = []
         for c in contribs:
             c.backlog = self._backlog(c)
             if c.backlog >= 1.0:
-                self._backlogged.discard((c.learner, p))
+                self.backlogged.discard((c.learner, p))
                 continue
             self.counters["backlog_capped"] += 1
             carry = -1.0 if self.s.max_carry < 0 else self.s.max_carry / self.s.max_backlog
@@ -64,8 +74,8 @@ class OuterStep:
             kept = rest.c_steps if rest is not None else 0
             dropped = max(0, round(c.c_steps * (1.0 - c.backlog)) - kept)
             self.counters["backlog_dropped_steps"] += dropped
-            if (c.learner, p) not in self._backlogged:  # once per backlog, not once per round that absorbs it
-                self._backlogged.add((c.learner, p))
+            if (c.learner, p) not in self.backlogged:  # once per backlog, not once per round that absorbs it
+                self.backlogged.add((c.learner, p))
                 out.event(
                     now,
                     "backlog",
@@ -78,60 +88,65 @@ class OuterStep:
                 carried.append(rest)
         return carried
 
-    def _grams(self, p: int, contribs: list[Contribution]) -> torch.Tensor | None:
+    def _grams(self, p: int, contribs: list[Contribution], model: GlobalModel, kernel: Any) -> torch.Tensor | None:
         """(S, M, M) Gram matrices of the learners' outer gradients per segment, in one
         cache-blocked pass over their wire values (syncer/fused.py; a learner that pushed twice is
         the sum of its pushes: `_learner_grams`); None where nothing needs them, or where values
         are too large for an fp32 Gram (the reference path then)."""
-        assert self.model is not None
         need = (self.s.merge == "rda" and len(contribs) > 1) or self.s.robust_clip > 0 or self.screen.on
         if not need:
             return None
         parts = [q for c in contribs for q in c.parts]
-        grams = fused.gram(parts, self.model.plan.segments(p), self.s.block, self.kernel)
+        grams = fused.gram(parts, model.plan.segments(p), self.s.block, kernel)
         if grams is not None and len(parts) > len(contribs):
             grams = _learner_grams(grams, [i for i, c in enumerate(contribs) for _ in c.parts], len(contribs))
         return grams
 
-    def _screened(
-        self, p: int, contribs: list[Contribution], now: float, out: Outbox
+    def screened(
+        self, p: int, contribs: list[Contribution], model: GlobalModel, kernel: Any, now: float, out: Outbox
     ) -> tuple[list[Contribution], torch.Tensor | None]:
         """The contributions the screen accepts (syncer/screening.py) and their Gram matrices."""
-        grams = self._grams(p, contribs)
+        grams = self._grams(p, contribs, model, kernel)
         if not self.screen.on:
             return contribs, grams
         whole = grams.to(torch.float64).sum(0).numpy() if grams is not None else _gram64(contribs)
         numel = contribs[0].delta.numel
         backlog, parts = [self._backlog(c) for c in contribs], self._parts(contribs)
-        version = self.model.versions[p] if self.model is not None else 0
-        kept = self.screen.screen(p, contribs, whole, backlog, parts, (numel, version), now, out)
+        kept = self.screen.screen(p, contribs, whole, backlog, parts, (numel, model.versions[p]), now, out)
         if len(kept) == len(contribs) or grams is None:
             return kept, grams
         index = [i for i, c in enumerate(contribs) if any(c is k for k in kept)]
         return kept, grams[:, index][:, :, index]
 
-    def _step(
-        self, p: int, contribs: list[Contribution], now: float, grams: torch.Tensor | None, want_crc: bool = True
-    ) -> tuple[bytes, int | None]:
-        """Merge, Nesterov and publish fragment p in place; returns the update blob and the new
-        crc32 (None unless `want_crc`: updates carry it every `checksum_every` versions).
+    def step(
+        self,
+        p: int,
+        contribs: list[Contribution],
+        model: GlobalModel,
+        kernel: Any,
+        now: float,
+        grams: torch.Tensor | None,
+        want_crc: bool = True,
+    ) -> Step:
+        """Merge, Nesterov and publish fragment p of `model` in place; returns the update blob, the
+        new crc32 (None unless `want_crc`: updates carry it every `checksum_every` versions) and the
+        round's share of a sync period.
 
         Cache-blocked (syncer/fused.py): the contributions stay in their wire precision; `grams`
         (`_grams`: norms for clipping and RDA) was the first pass, a second merges, steps and
         publishes a slice at a time. Without them where norms are needed (values too large for
         an fp32 Gram), the reference path.
         """
-        m = self.model
-        assert m is not None  # only a round of an initialized model closes (`_close`)
+        m = model
         parts = [q for c in contribs for q in c.parts]
         owner = [i for i, c in enumerate(contribs) for _ in c.parts]  # the learner of each push
         segments = m.plan.segments(p)
         need_norms = (self.s.merge == "rda" and len(contribs) > 1) or self.s.robust_clip > 0
         if need_norms and grams is None:
-            return self._step_reference(p, contribs, now, want_crc)
+            return self._step_reference(p, contribs, m, now, want_crc)
         sqnorms = torch.diagonal(grams, dim1=1, dim2=2).t().tolist() if grams is not None else None
         factors = self._clipped(p, sqnorms, [c.backlog for c in contribs])
-        scale, self._share = self._fleet_scale(contribs, now)
+        scale, share = self._fleet_scale(contribs, now)
         kinds = [kind for _, _, kind in segments]
         if grams is None:  # plain mean, no clipping: the coefficients need no norms
             grams = torch.zeros(len(segments), len(contribs), len(contribs), dtype=torch.float64)
@@ -140,7 +155,7 @@ class OuterStep:
         )
         if len(parts) > len(contribs):  # every push of a learner gets its learner's coefficient
             coefs = coefs[:, owner].contiguous()
-        return fused.publish(
+        blob, crc = fused.publish(
             parts,
             coefs,
             segments,
@@ -151,30 +166,29 @@ class OuterStep:
             self.s.outer_momentum,
             self.s.compression,
             self.s.block,
-            self.kernel,
+            kernel,
             want_crc,
             self.s.zstd,
-            self._share,
+            share,
         )
+        return Step(blob, crc, share)
 
     def _step_reference(
-        self, p: int, contribs: list[Contribution], now: float, want_crc: bool = True
-    ) -> tuple[bytes, int | None]:
-        """`_step` on whole fp32 fragments (merge.merge, nesterov_change_, quantize_roundtrip).
+        self, p: int, contribs: list[Contribution], m: GlobalModel, now: float, want_crc: bool = True
+    ) -> Step:
+        """`step` on whole fp32 fragments (merge.merge, nesterov_change_, quantize_roundtrip).
 
         Every buffer is updated in place:
             residual <- residual + (theta' - theta)      the change to publish, then
             theta    <- theta + dequantize(q)            what every learner computes from the blob
             residual <- change - dequantize(q)           error feedback for the next round
         """
-        m = self.model
-        assert m is not None  # only a round of an initialized model closes (`_close`)
         deltas = [c.values().contiguous() for c in contribs]
         segments = m.plan.segments(p)
         rda = self.s.merge == "rda" and len(deltas) > 1
         sqnorms = merge.segment_sqnorms(deltas, segments) if rda or self.s.robust_clip > 0 else None
         factors = self._clipped(p, sqnorms, [c.backlog for c in contribs])
-        scale, self._share = self._fleet_scale(contribs, now)
+        scale, share = self._fleet_scale(contribs, now)
         merged = merge.merge(
             deltas,
             [c.weight for c in contribs],
@@ -186,13 +200,13 @@ class OuterStep:
             out=deltas[0],
         )
         change = merge.nesterov_change_(
-            m.residual[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum, self._share
+            m.residual[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum, share
         )
         q, applied = codec.quantize_roundtrip(change, self.s.compression, self.s.block, out=merged)
         blob = codec.encode_quantized(q, self.s.zstd)  # before `change` moves on: q may share its memory ("none")
         m.theta[p].add_(applied)  # a separate fp32 add, exactly as learners apply the blob
         change.sub_(applied)  # m.residual[p] is `change`: now the carried residual
-        return blob, m.crc(p) if want_crc else None
+        return Step(blob, m.crc(p) if want_crc else None, share)
 
     def _fleet_scale(self, contribs: list[Contribution], now: float) -> tuple[float, float]:
         """(the merged outer gradient's scale, the round's share of a sync period for the momentum,
@@ -219,9 +233,9 @@ class OuterStep:
         if self.s.robust_clip <= 0 or sqnorms is None:
             return backlog if any(b < 1.0 for b in backlog) else None
         norms = [math.sqrt(sum(sq)) * b for sq, b in zip(sqnorms, backlog)]
-        factors = merge.clip_factors(norms, list(self._norm_history[p]), self.s.robust_clip)
+        factors = merge.clip_factors(norms, list(self.norm_history[p]), self.s.robust_clip)
         self.counters["clipped"] += sum(1 for f in factors if f < 1.0)
-        self._norm_history[p].extend(n * min(1.0, f) for n, f in zip(norms, factors))
+        self.norm_history[p].extend(n * min(1.0, f) for n, f in zip(norms, factors))
         return [b * f for b, f in zip(backlog, factors)]
 
     def _backlog(self, c: Contribution) -> float:
@@ -260,54 +274,6 @@ class OuterStep:
         total, squares, members = sum(parts), sum(p * p for p in parts), len(contribs) + done
         scale = total * total / (members * squares) if squares > 0 else 1.0
         return min(1.0, scale), min(1.0, total / members)
-
-    def _account(
-        self,
-        rnd: Round,
-        contribs: list[Contribution],
-        weights: list[float],
-        now: float,
-        out: Outbox,
-        blob_bytes: int,
-        t0: float,
-    ) -> None:
-        """The round's merge in the fleet's counters, the merge-time estimate and the metrics."""
-        assert self.model is not None  # only a round of an initialized model closes (`_close`)
-        version = self.model.versions[rnd.fragment]
-        total_w = sum(weights) or 1.0
-        # each fragment is 1/P of the model; a shard's fragments stand for the whole model in its
-        # accounting, so shard 0's goodput and merged tokens are the run's (balanced shards)
-        parts = self.model.plan.count
-        for c, w in zip(contribs, weights):
-            self.fleet.merged(c.learner, round(c.c_tokens * c.backlog), c.c_time * c.backlog, parts, w, now)
-        self.outer_steps += 1
-        self.since_checkpoint += 1
-        dt = self.clock() - t0
-        self.t_sync = smallmath.ema(self.t_sync, dt, 0.8)
-        grace_used = max(0.0, now - rnd.quorum_at) if rnd.quorum_at is not None else 0.0
-        self.recent_rounds.append({"contributors": len(contribs), "grace_s": rnd.grace_s, "grace_used_s": grace_used})
-        out.metrics.append(
-            {
-                "t": now,
-                "kind": "round",
-                "fragment": rnd.fragment,
-                "version": version,
-                "contributors": [c.learner for c in contribs],
-                "weights": {c.learner: round(w / total_w, 4) for c, w in zip(contribs, weights)},
-                "tokens": sum(c.c_tokens for c in contribs),
-                "wait_quorum_s": max(0.0, (rnd.quorum_at or now) - (rnd.called_at or rnd.first_at or now)),
-                "grace_s": rnd.grace_s,
-                "grace_used_s": grace_used,
-                "bytes_in": sum(c.nbytes for c in contribs),
-                "bytes_out": blob_bytes,
-                "merge_s": dt,
-                "live": len(self.fleet.live(now)),
-                "quorum": self.s.quorum,
-                "staleness": max(version - 1 - c.base_version for c in contribs),
-                "period_share": round(self._share, 4),
-                "judged": self.screen.last,  # [norm / median, mean cosine, regular, signal] (syncer/judge.py)
-            }
-        )
 
 
 def _gram64(contribs: list[Contribution]) -> np.ndarray:

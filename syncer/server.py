@@ -1,11 +1,13 @@
-"""The syncer process: a thin ZeroMQ shell around SyncerCore.
+"""The syncer process: the ZeroMQ socket loop around SyncerCore.
 
 Two ROUTER sockets, CURVE-authenticated unless the run is explicitly insecure (syncer/auth.py):
   learners  (ZAP domain "learners"): only the run's learner keys; the key names the learner
   control   (ZAP domain "control"):  only the operator's key; status and control requests
 One loop: poll, decode (malformed input is dropped and counted), hand to the core, carry out its
 outbox with non-blocking sends (ROUTER_MANDATORY: a send that cannot go out is counted, never
-silently lost), close ready rounds, write metrics/events, checkpoint. LINGER 0 everywhere.
+silently lost), close ready rounds. LINGER 0 everywhere. What it writes down (events, metrics,
+the operator log) is syncer/records.py's; when it checkpoints and what it starts from,
+syncer/checkpointing.py's; the final model's export, syncer/shardmodel.py's.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from syncer import checkpoint, ckptwriter, native, shardmodel
+from syncer import checkpoint, native, shardmodel
 from syncer.auth import Authenticator, Keyring, Provider
+from syncer.checkpointing import Checkpoints
 from syncer.common import faultpoints, hostmem, jsonl, keys, memfit
-from syncer.common.atomic import atomic_write
 from syncer.config import SyncerConfig
 from syncer.core import Outbox, SyncerCore
-from syncer.oplog import OpLog, fresh, resumed, say, send_dropped, stamp
+from syncer.oplog import send_dropped, stamp
+from syncer.records import Records
 from syncer.shardscore import scoring_for
 from syncer.status import sample_record, snapshot
 from syncer.usage import own_usage
@@ -38,11 +41,11 @@ SAMPLE_EVERY_S = 2.0
 # a failed handshake (garbage that is not ZMTP, a peer gone mid-handshake) is a rejection; a dropped
 # connection is also what a message over max_message_mb causes (libzmq does not say why).
 WATCHED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_DISCONNECTED
-CHECKPOINT_EVENT_EVERY_S = 30.0  # routine checkpoints: at most one event per this (the header shows the latest)
 
 
 class SyncerServer:
-    """Owns the sockets, the core, the logs and the checkpoints of one syncer process."""
+    """The sockets and the loop of one syncer process: messages go to the core, what is written
+    down to its records (syncer/records.py), checkpoints to syncer/checkpointing.py."""
 
     def __init__(self, cfg: SyncerConfig, wall: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
@@ -51,11 +54,8 @@ class SyncerServer:
         self.auth: Authenticator | None = None
         self.keyring: Keyring | None = None
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        self.events_path = cfg.run_dir / "events.jsonl"
-        self.name = "syncer" if cfg.shard == 0 else f"syncer-{cfg.shard}"  # its events' target, as dldctl names it
-        # every record write is dropped and counted, never raised, on a full disk; logs rotate past max_log_mb
-        jsonl.configure(events=self.events_path, source=self.name, max_bytes=cfg.settings.max_log_bytes)
-        self.metrics = jsonl.Writer(cfg.run_dir / "metrics.jsonl")
+        name = "syncer" if cfg.shard == 0 else f"syncer-{cfg.shard}"  # its events' target, as dldctl names it
+        self.records = Records(cfg.run_dir, name, cfg.settings.max_log_bytes, wall)
         epoch = checkpoint.next_epoch(cfg.run_dir / "syncer.epoch", checkpoint.newest_name(cfg.checkpoint_dir)[0] + 1)
         self.kernel = native.load()
         self.core = SyncerCore(
@@ -68,19 +68,13 @@ class SyncerServer:
             kernel=self.kernel,
             shard=(cfg.shard, cfg.shards),
         )
+        self.checkpoints = Checkpoints(self.core, cfg, self.records)
         self.routes: dict[bytes, str] = {}  # routing id -> learner id (after hello)
         self.peers: dict[str, bytes] = {}  # learner id -> newest routing id
         self._last_sample = 0.0
-        self._last_ckpt = wall()
-        self._ckpt_retry_at = 0.0
-        self.writer = ckptwriter.CheckpointWriter(cfg.checkpoint_dir, cfg.settings.keep_checkpoints)
-        self._scored: dict[str, Any] | None = None  # a state the quality guard scored good, not written yet
-        self._quiet: dict[str, float] = {}
-        self.oplog = OpLog()  # the operator's lines on stdout (the syncer's log), rate-limited where they can flood
         self.stop_reason = "stopped"  # said at shutdown: the operator's `down`, or the signal __main__ names
         self._export_name: Any = None
         self.stopping = threading.Event()
-        self._closed = False
         self.learner_sock: zmq.Socket[bytes] | None = None  # the three are set by open()
         self.control_sock: zmq.Socket[bytes] | None = None
         self.monitor: zmq.Socket[bytes] | None = None
@@ -94,9 +88,9 @@ class SyncerServer:
         checkpoint is valid and on_no_checkpoint = "refuse"."""
         (self.cfg.run_dir / checkpoint.REFUSED).unlink(missing_ok=True)  # a previous refusal's marker
         if self.kernel is None:
-            self.event("native_kernel", "syncer", f"not used ({native.problem}): merging with torch (slower)")
+            self.records.event("native_kernel", "syncer", f"not used ({native.problem}): merging with torch (slower)")
         self._memory()
-        self._resume()
+        self.checkpoints.resume()
         if self.scoring.ev is not None:
             self.scoring.ev.start()
         server_keys = None
@@ -114,7 +108,7 @@ class SyncerServer:
         self.monitor = self.learner_sock.get_monitor_socket(WATCHED)
         self.control_sock = self._bind(self.cfg.control_bind, "control", server_keys)
         security = f"{'INSECURE (no CURVE)' if self.cfg.settings.insecure else 'CURVE'} on {self.cfg.bind}"
-        self.event("syncer_start", "syncer", f"epoch {self.core.epoch}, pid {os.getpid()}, {security}")
+        self.records.event("syncer_start", "syncer", f"epoch {self.core.epoch}, pid {os.getpid()}, {security}")
 
     def _memory(self) -> None:
         """What this host has free now, for a first learner's model (the core checks it at hello)."""
@@ -140,54 +134,6 @@ class SyncerServer:
             raise OSError(f"cannot bind {address}: {exc}") from exc
         return sock
 
-    def _resume(self) -> None:
-        """The newest checkpoint that fits; else a brand-new run, or a run that lost its history
-        (refused, or continued with a new global model, as on_no_checkpoint says)."""
-        now = self.wall()
-        restored, problems = checkpoint.resume(self.core, self.cfg.checkpoint_dir, now)
-        for problem in problems:
-            self.event("checkpoint_corrupt", "syncer", f"skipped {problem}")
-        if restored:
-            self.event(
-                "syncer_resume", "syncer", f"from outer step {self.core.outer_steps}, versions {self.core.versions()}"
-            )
-            ckpts = self.cfg.checkpoint_dir
-            path = (checkpoint.list_checkpoints(ckpts)[len(problems) :] or [ckpts])[0]  # never an IndexError
-            say([resumed(path, self.core.outer_steps, self.core.versions(), self.core.epoch, now)])
-            return
-        lost = checkpoint.lost_history(self.cfg.checkpoint_dir, problems)
-        decision = checkpoint.start_decision(lost, self.cfg.settings.on_no_checkpoint)
-        if lost is None or decision == "fresh":  # a new run: the first learner to join initializes the model
-            say([fresh(self.cfg.checkpoint_dir, now)])
-            return
-        if decision == "refuse":
-            self._refuse(lost)
-        self._without_history(lost, now)
-
-    def _refuse(self, lost: checkpoint.LostHistory) -> None:
-        """Leave the marker the supervisor reads (so it does not restart us in a loop), say why, stop."""
-        line = lost.refusal()
-        marker = self.cfg.run_dir / checkpoint.REFUSED
-        try:
-            atomic_write(marker, line + "\n")
-        except OSError:
-            pass  # an unwritable run dir: the line still goes to stderr and the event log
-        self.event("syncer_refused", "syncer", line)
-        raise checkpoint.HistoryLostError(line)
-
-    def _without_history(self, lost: checkpoint.LostHistory, now: float) -> None:
-        """on_no_checkpoint = "from-learner": the counters continue, a loud event, a lasting warning."""
-        missing = checkpoint.continue_counters(self.core, lost, now)
-        self.core.since_checkpoint = self.cfg.settings.checkpoint_every  # checkpoint the new model at once
-        versions = (lost.history or {}).get("versions")
-        detail = (
-            f"{lost.warning()}. Lost: {lost.what()}"
-            + (f", fragment versions {versions} (the new model's start at 0)" if versions else "")
-            + f". Checkpoints: {lost.why()}"
-            + (f". Not carried on: {', '.join(missing)}" if missing else "")
-        )
-        self.event("history_lost", "syncer", detail)
-
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
         """Serve until `stopping` is set; then a final checkpoint."""
@@ -205,15 +151,15 @@ class SyncerServer:
             if control in ready:
                 self._drain(control, self._on_control)
             self._tick()
-        say([f"{stamp(self.wall())} shutdown: {self.stop_reason}; writing the final checkpoint"])
+        self.records.say([f"{stamp(self.wall())} shutdown: {self.stop_reason}; writing the final checkpoint"])
         if self._export_name is not None:
             out = Outbox()
             self.scoring.final(self.core, self.wall(), out)
             self._flush(out)
         self.save_checkpoint(final=True)
-        self.metrics.write(self._sample(self.wall()))  # where the run ended, for `dldctl runs`
+        self.records.metrics.write(self._sample(self.wall()))  # where the run ended, for `dldctl runs`
         if self._export_name is not None:
-            self._export(self._export_name)
+            shardmodel.export_final(self.core, self.cfg, self._export_name, self.scoring.score, self.records)
 
     def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[zmq.Frame]], None], budget: int = 256) -> None:
         for _ in range(budget):
@@ -234,7 +180,7 @@ class SyncerServer:
                 self.disconnects += 1
             else:
                 self.core.rejected["handshake_failed"] += 1
-                self._quiet_event(
+                self.records.quiet_event(
                     "reject:handshake",
                     "reject",
                     "unknown",
@@ -242,26 +188,20 @@ class SyncerServer:
                 )
 
     def _tick(self) -> None:
-        self._checkpoint_written(self.writer.result())
+        self.checkpoints.poll()
         now = self.wall()
         self.core.tick(now, out := Outbox())
         self._flush(out)  # the rounds' updates leave first; then their bookkeeping (before a checkpoint)
         self.core.settle(now, out := Outbox())
-        every_s = self.cfg.settings.checkpoint_s
-        idle_due = 0 < every_s < now - self._last_ckpt and self.core.since_checkpoint > 0
-        due = (self.core.checkpoint_due() or idle_due) and now >= self._ckpt_retry_at and not self.writer.busy
+        due = self.checkpoints.due(now)
         scored = self.scoring.tick(self.core, now, out, checkpoint=due)  # a state whose score came back good
         self._flush(out)
-        say(self.oplog.due(now))
+        self.records.due(now)
         if now - self._last_sample >= SAMPLE_EVERY_S:
             self._last_sample = now
-            self.metrics.write(self._sample(now))
-        self._scored = scored if scored is not None else self._scored  # the newest good state waits for the writer
-        if self._scored is not None and not self.writer.busy:
-            state, self._scored = self._scored, None
-            self.save_checkpoint(state=state, wait=False)
-        elif due and (not self.scoring.gates_checkpoints or self.scoring.overdue(now)):
-            self.save_checkpoint(wait=False)
+            self.records.metrics.write(self._sample(now))
+        gated = self.scoring.gates_checkpoints and not self.scoring.overdue(now)
+        self.checkpoints.tick(scored, due, gated)
 
     def _on_merge(self, p: int) -> None:
         """Fault points at a merge: a pause ("merge"), or damage for the quality guard's test
@@ -289,7 +229,7 @@ class SyncerServer:
             self._flush(out)
         except ProtocolError as exc:
             self.core.rejected[exc.reason] += 1
-            self._quiet_event(f"reject:{exc.reason}", "reject", self.routes.get(rid, "unknown"), str(exc))
+            self.records.quiet_event(f"reject:{exc.reason}", "reject", self.routes.get(rid, "unknown"), str(exc))
 
     def _identify(self, rid: bytes, frame: zmq.Frame, msg: Message) -> str | None:
         """Which learner sent this; None (after replying) if it must say hello first."""
@@ -320,11 +260,7 @@ class SyncerServer:
                     self.core.counters["dropped_sends"] += 1
                     continue
                 self._send_to_rid(rid, frames)
-        for record in out.events:
-            jsonl.append(self.events_path, {**record, "target": self.name} if record["target"] == "syncer" else record)
-            say(self.oplog.event(record["kind"], record["target"], str(record["detail"]), float(record["t"])))
-        for record in out.metrics:
-            self.metrics.write(record)
+        self.records.outbox(out)
 
     def _send_to_rid(self, rid: bytes, payload: Message | list[Payload]) -> None:
         """Send without copying: a state chunk is a view of a value the core never writes again."""
@@ -335,7 +271,7 @@ class SyncerServer:
         except zmq.ZMQError as exc:  # EAGAIN (high-water mark) or EHOSTUNREACH (gone)
             self.core.counters["dropped_sends"] += 1
             why = send_dropped(exc.errno, str(exc))
-            self._quiet_event(f"drop:{exc.errno}", "send_dropped", self.routes.get(rid, "unknown"), why)
+            self.records.quiet_event(f"drop:{exc.errno}", "send_dropped", self.routes.get(rid, "unknown"), why)
 
     # -- operator ----------------------------------------------------------------------------
     def _on_control(self, frames: list[zmq.Frame]) -> None:
@@ -378,9 +314,9 @@ class SyncerServer:
             self._export_name = msg.get("export")
             export = f", final model export {self._export_name}" if self._export_name else ""
             self.stop_reason = f"the operator asked (`dldctl down`){export}"
-            self._closed = True  # the operator stopped the run: its time down is nobody's lost work
+            self.checkpoints.closed = True  # the operator stopped the run: its time down is nobody's lost work
             self.stopping.set()
-            target = self._export_path(self._export_name) if self.core.model is not None else None
+            target = None if self.core.model is None else shardmodel.export_path(self.cfg.run_dir, self._export_name)
             return Message("control_rep", {"ok": True, "detail": str(target or "")})
         raise ProtocolError("unknown_action", f"control action {action!r}")
 
@@ -389,26 +325,8 @@ class SyncerServer:
             raise ProtocolError("schema", "fleet: needs learners: [ids]")
         self.core.fleet.tick(now)
         self.core.fleet.declared = list(learners)
-        self.event("fleet", "syncer", f"declared fleet is now {len(learners)} learners")
+        self.records.event("fleet", "syncer", f"declared fleet is now {len(learners)} learners")
         return Message("control_rep", {"ok": True, "detail": f"{len(learners)} learners"})
-
-    def _export_path(self, name: Any) -> Path:
-        return self.cfg.run_dir / (name if isinstance(name, str) and "/" not in name and name else "final_model.pt")
-
-    def _export(self, name: Any) -> Path | None:
-        if self.core.model is None or self.cfg.shard != 0:  # shard 0 assembles a sharded model
-            return None
-        target = self._export_path(name)
-        try:
-            directory, problem = shardmodel.export(self.core, self.cfg, target, self.scoring.score)
-        except (OSError, checkpoint.CheckpointError) as exc:  # a full disk: the checkpoints still hold the model
-            self.event("export_failed", "syncer", f"cannot write {target}: {getattr(exc, 'strerror', None) or exc}")
-            return None
-        also = f"no safetensors export: {problem}" if problem else f"{directory}/ (model.safetensors, config.json)"
-        self.event(
-            "export", "syncer", f"final model written to {target}; {also}, at outer step {self.core.outer_steps}"
-        )
-        return target
 
     def status(self, now: float) -> dict[str, Any]:
         snap = snapshot(self.core, now)
@@ -422,62 +340,13 @@ class SyncerServer:
                     snap["syncer"]["rejected"][f"unauthenticated_{what}"] = count
         return snap
 
-    # -- records -----------------------------------------------------------------------------
-    def event(self, kind: str, target: str, detail: str) -> None:
-        """An event in events.jsonl and, where an operator needs it, a line in the log."""
-        now, target = self.wall(), self.name if target == "syncer" else target
-        jsonl.append(self.events_path, {"t": now, "kind": kind, "target": target, "detail": detail})
-        say(self.oplog.event(kind, target, detail, now))
-
-    def _quiet_event(self, key: str, kind: str, target: str, detail: str, every_s: float = 10.0) -> None:
-        """An event at most once per `every_s` per key (garbage must not flood the log); OpLog counts each."""
-        now, target = self.wall(), self.name if target == "syncer" else target
-        say(self.oplog.event(kind, target, detail, now))
-        if now - self._quiet.get(key, 0.0) >= every_s:
-            self._quiet[key] = now
-            jsonl.append(self.events_path, {"t": now, "kind": kind, "target": target, "detail": detail[:300]})
-
+    # -- records ----------------------------------------------------------------------------
     def _sample(self, now: float) -> dict[str, Any]:
         return sample_record(self.status(now), now, jsonl.dropped())
 
-    def save_checkpoint(
-        self, final: bool = False, state: dict[str, Any] | None = None, wait: bool = True
-    ) -> Path | None:
-        """Checkpoint the current state (or `state`, one the quality guard scored good): with
-        `wait`, written before this returns (its path); else begun on the writer's thread, the
-        loop going on (accounted when `_checkpoint_written` sees it done). A write under way is
-        finished first. A failure is an event and a retry later, never a crash."""
-        if self.core.model is None:
-            return None
-        self._checkpoint_written(self.writer.wait())
-        state = state if state is not None else checkpoint.state_dict(self.core, self.wall(), copy=True)
-        if final and self._closed:
-            state = {**state, "closed": True}
-        if not wait:
-            self.writer.start(state, final)
-            return None
-        return self._checkpoint_written(self.writer.write(state, final))
-
-    def _checkpoint_written(self, done: ckptwriter.Written | None) -> Path | None:
-        """Account for a finished checkpoint write (None: nothing finished); its path if it worked."""
-        if done is None:
-            return None
-        now, state, final, path = self.wall(), done.state, done.final, done.path
-        if path is None:
-            self._ckpt_retry_at = now + 10.0
-            self.event("checkpoint_failed", "syncer", f"{done.error}; training goes on, retrying in 10 s")
-            return None
-        self.core.receipts.written(state.get("pushes"))  # the acks tell the learners what it holds
-        self.core.since_checkpoint = self.core.outer_steps - int(state["outer_steps"])
-        self.core.checkpoint_outer_step = int(state["outer_steps"])
-        self._last_ckpt = now
-        detail = f"outer step {state['outer_steps']}{' (final)' if final else ''}: {path.name}"
-        say(self.oplog.checkpoint(int(state["outer_steps"]), path.name, done.size, done.took_s, now, final))
-        if final:
-            self.event("checkpoint", "syncer", detail)
-        else:  # a small model checkpoints many times a second: keep the event log for what matters
-            self._quiet_event("checkpoint", "checkpoint", "syncer", detail, every_s=CHECKPOINT_EVENT_EVERY_S)
-        return path
+    def save_checkpoint(self, final: bool = False) -> Path | None:
+        """Checkpoint the current state now (syncer/checkpointing.py); its path, None if none."""
+        return self.checkpoints.save(final=final)
 
     def close(self) -> None:
         if self.monitor is not None and self.learner_sock is not None:  # the monitor is the learner socket's
@@ -489,7 +358,7 @@ class SyncerServer:
             self.auth.stop()
         if self.scoring.ev is not None:
             self.scoring.ev.stop()
-        self.metrics.close()
+        self.records.close()
         self.ctx.term()
 
 

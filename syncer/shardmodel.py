@@ -23,6 +23,7 @@ from syncer.common import modelexport
 from syncer.common.atomic import atomic_file
 from syncer.config import SyncerConfig, shard_dir
 from syncer.core import SyncerCore
+from syncer.records import Records
 from syncer.wire import shards
 
 
@@ -159,3 +160,30 @@ def export(
     loss = score(model.tensors)
     problem = write_final(model, target, cfg.settings.to_dict(), cfg.run_dir.name, loss)
     return target.parent / modelexport.EXPORT_DIR, problem
+
+
+def export_path(run_dir: Path, name: Any) -> Path:
+    """Where the final model goes: `name` in the run directory (a bare file name), else final_model.pt."""
+    return run_dir / (name if isinstance(name, str) and "/" not in name and name else "final_model.pt")
+
+
+def export_final(
+    core: SyncerCore,
+    cfg: SyncerConfig,
+    name: Any,
+    score: Callable[[dict[str, torch.Tensor]], float | None],
+    records: Records,
+) -> Path | None:
+    """`dldctl down`'s export at shutdown (`export`), said as an event; None where none is
+    written (no model, a shard other than 0, a full disk: the checkpoints still hold the model)."""
+    if core.model is None or cfg.shard != 0:  # shard 0 assembles a sharded model
+        return None
+    target = export_path(cfg.run_dir, name)
+    try:
+        directory, problem = export(core, cfg, target, score)
+    except (OSError, checkpoint.CheckpointError) as exc:
+        records.event("export_failed", "syncer", f"cannot write {target}: {getattr(exc, 'strerror', None) or exc}")
+        return None
+    also = f"no safetensors export: {problem}" if problem else f"{directory}/ (model.safetensors, config.json)"
+    records.event("export", "syncer", f"final model written to {target}; {also}, at outer step {core.outer_steps}")
+    return target
