@@ -34,11 +34,13 @@ RunOpt = run_option()
 LiveRunOpt = run_option("the most recent live run")
 
 
-def _untyped_flags(params: list[Any]) -> list[Any]:
-    """The parameters, each flag with an empty metavar: a flag takes no value, so it shows no type."""
+def _plain_metavars(params: list[Any]) -> list[Any]:
+    """The parameters, each flag with an empty metavar (a flag takes no value, so it shows no type)
+    and each other one without a metavar of its own named as click names it (`--out OUT`, not
+    typer's Python type `<path>`)."""
     for param in params:
-        if getattr(param, "is_flag", False) and param.metavar is None:
-            param.metavar = ""
+        if param.metavar is None and param.param_type_name == "option":
+            param.metavar = "" if getattr(param, "is_flag", False) else (param.name or "value").upper()
     return params
 
 
@@ -54,7 +56,7 @@ class Command(typer.core.TyperCommand):
     """A dldctl command: flags without a type, arguments written as click writes them."""
 
     def get_params(self, ctx: Any) -> list[Any]:
-        return _untyped_flags(super().get_params(ctx))
+        return _plain_metavars(super().get_params(ctx))
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
@@ -66,7 +68,7 @@ class Group(typer.core.TyperGroup):
     """A dldctl command group: flags without a type."""
 
     def get_params(self, ctx: Any) -> list[Any]:
-        return _untyped_flags(super().get_params(ctx))
+        return _plain_metavars(super().get_params(ctx))
 
 
 class App(typer.Typer):

@@ -76,6 +76,9 @@ def test_help_shows_flags_as_flags_and_arguments_plainly(path: list[str]) -> Non
     assert result.exit_code == 0, result.output
     for pattern in (r"<bool>", r"\[\[", r"\{\w+\}"):
         assert re.search(pattern, result.output) is None, f"{pattern} in:\n{result.output}"
+    options = [line for line in result.output.splitlines() if re.match(r"\W*--\w", line)]
+    for line in options:  # an option's value is named (`--out OUT`), never typer's Python type
+        assert re.search(r"<(str|int|float|path)>", line) is None, line
 
 
 def test_usage_lines_write_arguments_as_click_does() -> None:
