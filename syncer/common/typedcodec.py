@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
-import functools
 import json
 import re
 import types
@@ -84,9 +83,16 @@ def _rule(f: dataclasses.Field[Any]) -> Rule:
     return rule
 
 
+_STORED: dict[type, dict[str, dataclasses.Field[Any]]] = {}
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _stored(cls: type) -> dict[str, dataclasses.Field[Any]]:
-    """The fields of the dataclass `cls` the file holds, by their key in it (transient ones left out)."""
-    return {_rule(f).key or f.name: f for f in fields(cls) if not _rule(f).transient}
+    """The fields of the dataclass `cls` the file holds, by their key in it (transient ones left
+    out); computed once per class (a state file decodes many records), so never change the dict."""
+    if cls not in _STORED:
+        _STORED[cls] = {_rule(f).key or f.name: f for f in fields(cls) if not _rule(f).transient}
+    return _STORED[cls]
 
 
 def meta(**rule: Any) -> dict[str, Rule]:
@@ -123,14 +129,20 @@ class _Mismatch(Exception):
         self.problem = problem
 
 
-@functools.cache
+_SCALARS = (str, int, float, bool)
+
+
 def _hints(cls: type) -> dict[str, Any]:
-    """The resolved annotations of a dataclass (resolved once: a state file decodes many records)."""
-    return typing.get_type_hints(cls)
+    """The resolved annotations of a dataclass, resolved once per class."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
 
 
 def _decode(value: Any, hint: Any, path: str) -> Any:
     """`value` as `hint` says (ints widened to floats, lists to tuples); _Mismatch if it does not fit."""
+    if type(value) is hint and hint in _SCALARS:
+        return value  # the common case first: a state file has thousands of these
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(hint):
