@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from syncer.common.typedcodec import checked, meta, to_mapping
 
 # Where a PidRecord's start_ticks is this, its pid is a scheduler's job id (no process ever starts
 # at -1 clock ticks after boot, so a pid-based liveness check of such a record never matches).
@@ -29,13 +31,14 @@ ACTIVE_JOB_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED",
 
 @dataclass(frozen=True)
 class JobInfo:
-    """One scheduler job as it was last listed (squeue)."""
+    """One scheduler job as it was last listed (squeue). In the run state (`Proc.job`) it is
+    `{"id", "state", "reason", "nodes"}`: the job's name is only squeue's, never stored."""
 
-    job_id: int
+    job_id: int = field(metadata=meta(key="id"))
     state: str  # PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, PREEMPTED, NODE_FAIL, ...
     reason: str = ""  # why it waits (Resources, Priority, ...) or ended; "" for none
     nodes: str = ""
-    name: str = ""
+    name: str = checked("", transient=True)
 
     @property
     def active(self) -> bool:
@@ -48,7 +51,7 @@ class JobInfo:
         return f"{self.state} ({self.reason})" if self.reason else self.state
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.job_id, "state": self.state, "reason": self.reason, "nodes": self.nodes}
+        return to_mapping(self)
 
 
 SQUEUE_FORMAT = "%i|%T|%r|%N|%j"

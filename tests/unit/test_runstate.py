@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import ast
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from dldctl.errors import RunError
 from dldctl.hostruntime import HostRuntime
+from dldctl.hosts.slurmjobs import JOB_TICKS, JobInfo
 from dldctl.rundir import RunDir
 from dldctl.runstate import (
     SCHEMA_VERSION,
@@ -106,6 +108,8 @@ def test_another_version_is_one_line_naming_the_file(tmp_path: Path) -> None:
         lambda d: d.update(surprise=1),
         lambda d: d["hosts"]["local"]["runtime"].pop("run_dir"),
         lambda d: d["hosts"]["local"]["runtime"].update(python=3),
+        lambda d: d["procs"]["learner-0"].update(killed_by=3),
+        lambda d: d["mirror"].update(x="many"),
     ],
 )
 def test_a_malformed_record_is_one_line_naming_the_file(tmp_path: Path, damage: object) -> None:
@@ -116,6 +120,27 @@ def test_a_malformed_record_is_one_line_naming_the_file(tmp_path: Path, damage: 
         run.read_state()
     line = err.value.line()
     assert "\n" not in line and str(run.state_file) in line and "malformed state" in line
+
+
+@pytest.mark.parametrize(
+    ("damage", "names"),
+    [
+        (
+            lambda d: d["procs"]["learner-0"].update(status="zombie"),
+            "procs['learner-0'].status: 'zombie' is not one of",
+        ),
+        (lambda d: d["procs"]["learner-0"].update(restarts="two"), "procs['learner-0'].restarts: must be int"),
+        (lambda d: d["procs"]["syncer"].update(proc={"pid": 1}), "procs['syncer'].proc.start_ticks: is required"),
+        (lambda d: d["faults"][0].update(until="soon"), "faults[0].until: must be float"),
+        (lambda d: d.update(surprise=1), "(surprise: unknown key)"),
+    ],
+)
+def test_the_line_names_the_field_at_fault(tmp_path: Path, damage: object, names: str) -> None:
+    data = full_state().to_json()
+    damage(data)  # type: ignore[operator]
+    with pytest.raises(RunError) as err:
+        write_raw(tmp_path, data).read_state()
+    assert names in err.value.line()
 
 
 def test_a_file_older_dldctl_wrote_reads_as_version_1(tmp_path: Path) -> None:
@@ -154,6 +179,38 @@ def test_a_file_older_dldctl_wrote_reads_as_version_1(tmp_path: Path) -> None:
     assert state.procs["syncer"].status is ProcStatus.RUNNING and state.procs["syncer"].proc == PidRecord(7, 8)
     assert state.supervisor == Daemon(3, 4, 1000.1, 0) and state.spares == {} and state.mirror == {}
     assert state.runtime_of("local") == HostRuntime("local", "py", "", "/r", "/r/c", code="")
+
+
+# The keys the previous dldctl reads (and refuses any other): a file written now must load there.
+OLDER_STATE_KEYS = {VERSION_KEY, "run", "run_id", "dir", "status", "created", "stopped_at", "updated", "procs"}
+OLDER_STATE_KEYS |= {"hosts", "faults", "supervisor", "watchdog", "spares", "mirror"}
+OLDER_PROC_KEYS = {"kind", "host", "status", "proc", "restarts", "fast_deaths", "started_at", "next_start"}
+OLDER_PROC_KEYS |= {"hold_until", "chaos_kill", "reason", "job"}
+
+
+def test_a_file_written_now_has_the_keys_and_shapes_older_dldctl_reads() -> None:
+    job = JobInfo(77, "PENDING", "Resources", name="dldctl-exp-learner-2")  # squeue's name: never stored
+    state = full_state().with_proc("learner-2", Proc("learner", "c", proc=PidRecord(77, JOB_TICKS), job=job))
+    data = json.loads(json.dumps(state.to_json()))
+    assert set(data) == OLDER_STATE_KEYS and all(set(p) == OLDER_PROC_KEYS for p in data["procs"].values())
+    assert data["procs"]["learner-2"]["job"] == {"id": 77, "state": "PENDING", "reason": "Resources", "nodes": ""}
+    assert data["procs"]["syncer"]["proc"] == {"pid": 10, "start_ticks": 20} and data["spares"]["a"]["pid"] == 50
+    assert data["supervisor"] == {"pid": 30, "start_ticks": 40, "started": 1000.5, "restarts": 1}
+    assert data["faults"] == [  # a fault's optional fields only while set
+        {"id": "f1", "kind": "pause", "target": "learner-0", "until": 1020.0, "injected_at": 1000.0, "factor": 3.0}
+    ]
+    assert data["hosts"]["local"]["runtime"]["code"] == "" and data["mirror"] == {"events.jsonl": 123}
+    unnamed = replace(job, name="")
+    assert RunState.from_json(data, "p") == state.with_proc("learner-2", replace(state.procs["learner-2"], job=unnamed))
+
+
+def test_killed_by_is_stored_only_when_set() -> None:
+    killed = Proc("learner", "a", ProcStatus.DEAD, chaos_kill=True, killed_by="chaos")
+    data = json.loads(json.dumps(killed.to_json()))
+    assert data["killed_by"] == "chaos" and Proc.from_json(data, "p") == killed
+    assert "killed_by" not in Proc("learner", "a").to_json()
+    undone = Fault("f2", "link", "a", 5.0, rate="1mbit", undone=True)
+    assert Fault.from_json(json.loads(json.dumps(undone.to_json())), "f") == undone
 
 
 def test_helpers_return_new_states() -> None:

@@ -4,7 +4,9 @@ and what is allowed."""
 
 from __future__ import annotations
 
+import enum
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -130,3 +132,74 @@ class Required:
 def test_a_missing_required_key_is_named() -> None:
     assert str(_refused(Required, {"rest": 1})) == "[t.id] is required (add id = ... to [t])"
     assert str(_refused(Required, {}, "")) == "[id] is required"
+
+
+class Color(enum.StrEnum):
+    """An enum field: stored as its value."""
+
+    RED = "red"
+    BLUE = "blue"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A record whose id is stored as "id" and whose name is never stored."""
+
+    job_id: int = field(metadata=meta(key="id"))
+    color: Color = Color.RED
+    name: str = checked("", transient=True)
+
+
+@dataclass(frozen=True)
+class Book:
+    """Mappings of records, by name."""
+
+    jobs: Mapping[str, Job] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def test_an_enum_is_stored_as_its_value_and_read_back_as_the_member() -> None:
+    job = from_mapping(Job, {"id": 3, "color": "blue"})
+    assert job.color is Color.BLUE and to_mapping(job) == {"id": 3, "color": "blue"}
+    assert type(to_mapping(job)["color"]) is str
+    assert str(_refused(Job, {"id": 3, "color": "green"})) == "[t.color] 'green' is not one of red, blue"
+
+
+def test_a_field_stored_under_another_key_and_one_never_stored() -> None:
+    job = Job(7, name="squeue's")
+    assert to_mapping(job) == {"id": 7, "color": "red"}  # under its key; the transient name left out
+    assert from_mapping(Job, to_mapping(job)) == Job(7)
+    assert str(_refused(Job, {})) == "[t.id] is required (add id = ... to [t])"
+    assert str(_refused(Job, {"job_id": 7})).startswith("[t.job_id] unknown key (known keys: id, color)")
+    assert str(_refused(Job, {"id": 7, "name": "x"})).startswith("[t.name] unknown key")
+    assert str(_refused(Job, {"id": "7"})) == "[t.id] must be int, got str '7' (write id as int)"
+
+
+def test_a_mapping_of_records_round_trips_and_names_the_entry_at_fault() -> None:
+    book = from_mapping(Book, {"jobs": {"a": {"id": 1}, "b": {"id": 2, "color": "blue"}}, "counts": {"x": 1}})
+    assert book.jobs == {"a": Job(1), "b": Job(2, Color.BLUE)} and book.counts == {"x": 1}
+    assert from_mapping(Book, json.loads(json.dumps(to_mapping(book)))) == book
+    assert (
+        str(_refused(Book, {"jobs": {"a": {"id": 1}, "b": {}}}))
+        == "[t.jobs['b'].id] is required (add id = ... to [t.jobs['b']])"
+    )
+    assert (
+        str(_refused(Book, {"jobs": {"a": {"id": 1, "color": 5}}})) == "[t.jobs['a'].color] 5 is not one of red, blue"
+    )
+    assert str(_refused(Book, {"jobs": {"a": 1}})) == "[t.jobs['a']] must be a table, got int"
+    assert (
+        str(_refused(Book, {"jobs": [1]}))
+        == "[t.jobs] must be dict[str, table], got list [1] (write jobs as dict[str, table])"
+    )
+    assert str(_refused(Book, {"counts": {"x": True}})).startswith("[t.counts] must be dict[str, int], got dict")
+
+
+@dataclass(frozen=True)
+class Shelf:
+    """A mapping of checked records: check_fields reaches into it."""
+
+    items: Mapping[str, Inner] = field(default_factory=dict)
+
+
+def test_check_fields_reaches_records_inside_a_mapping() -> None:
+    assert str(_refused(Shelf, {"items": {"x": {"size": 0}}})) == "[t.items['x'].size] must be >= 1, got 0"
