@@ -133,10 +133,14 @@ def read_record(cls: type[T], data: Any) -> T:
 
 
 def to_json(value: Any) -> Any:
-    """A record (its `extra` keys, then its typed fields), a tuple or a plain value as JSON."""
+    """A record (its `extra` keys, then its typed fields; a `SPARSE` record leaves out a typed
+    field that is None), a tuple or a plain value as JSON."""
     if is_dataclass(value) and not isinstance(value, type) and hasattr(value, "extra"):
         out = dict(value.extra)
-        out.update({_key(f): to_json(getattr(value, f.name)) for f in _typed(type(value))})
+        sparse = getattr(value, "SPARSE", False)  # a figure it does not know is left out, not null
+        for f in _typed(type(value)):
+            if not (sparse and getattr(value, f.name) is None):
+                out[_key(f)] = to_json(getattr(value, f.name))
         return out
     if isinstance(value, tuple):
         return [to_json(v) for v in value]

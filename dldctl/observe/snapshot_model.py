@@ -226,8 +226,11 @@ class Snapshot:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Snapshot:
-        optional = {k: read_record(kind, data[k]) for k, kind in OPTIONAL.items() if isinstance(data.get(k), Mapping)}
+    def from_json(cls, given: Any) -> Snapshot:
+        """The typed snapshot of its JSON; anything not an object reads as all defaults."""
+        data: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
+        given = {k: kind for k, kind in OPTIONAL.items() if isinstance(data.get(k), Mapping)}
+        optional: dict[str, Any] = {k: read_record(kind, data[k]) for k, kind in given.items()}
         shards = records(Shard)(data["shards"]) if isinstance(data.get("shards"), list) else None
         typed = {*SCALARS, *SECTIONS, *LISTS, *optional, *(["shards"] if shards is not None else [])}
         return cls(

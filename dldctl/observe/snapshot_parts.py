@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from dldctl.observe.snapshot_fields import (
     as_,
@@ -72,7 +72,10 @@ class Shard:
 @dataclass(frozen=True)
 class Ledger:
     """The `data` object: the data ledger's progress through its epoch (docs/data.md). With the
-    syncer down only the figures of its last sample are known; the others are None."""
+    syncer down only the figures of its last sample are known; the others are None, and left
+    out of its JSON as they were."""
+
+    SPARSE: ClassVar[bool] = True
 
     order: str = as_(text)
     epoch: float | None = as_(number)
