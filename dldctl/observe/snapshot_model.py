@@ -281,13 +281,13 @@ def as_snapshot(snapshot: Snapshot | Mapping[str, Any]) -> Snapshot:
     return snapshot if isinstance(snapshot, Snapshot) else Snapshot.from_json(snapshot)
 
 
-def final_figures(sample: Mapping[str, Any] | None, snap: Mapping[str, Any] | None) -> Figures | None:
+def final_figures(sample: Mapping[str, Any] | None, snap: Snapshot | None) -> Figures | None:
     """Where a run ended (`down`'s summary): the metrics log's newest sample, which the syncer
     writes last as it shuts down (after its final score and checkpoint) and which `runs`,
     `export` and the report read too, so every one says the same number; its learners' losses,
     gone once they stopped, from the syncer's last answer `snap`. Without a sample: that answer;
     None without either."""
-    answered = Snapshot.from_json(snap).figures if snap else None
+    answered = snap.figures if snap is not None else None
     if sample is None:
         return answered
     figures = Figures.from_sample(sample)
