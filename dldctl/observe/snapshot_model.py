@@ -35,8 +35,6 @@ from dldctl.observe.snapshot_fields import (
 )
 from dldctl.observe.snapshot_parts import Guard, Job, Ledger, Screen, Shard, Supervisor
 
-__all__ = ["SCHEMA", "VERSION", "Figures", "Snapshot", "final_figures", "num", "read_record"]
-
 VERSION = 1  # the snapshot's shape: raised when a key changes meaning (keys are only ever added)
 SCHEMA = "dldctl.status/1"  # `status --json`; fields may be added, none renamed (docs/status.md)
 

@@ -170,7 +170,7 @@ def learners_table(
     for learner in shown:
         cells = _learner_cells(learner, snap, now, history)
         loud = learner.straggler or learner.state == "partitioned"
-        style = "reverse" if selected is not None and text_of(learner.id) == selected else None
+        style = "reverse" if selected is not None and learner.id == selected else None
         if style:  # seen without colours too
             cells["learner"] = Text("▸", "bold") + cells["learner"]
         elif selected is not None:

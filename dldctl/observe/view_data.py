@@ -13,11 +13,11 @@ public face (it re-exports what callers need); `dldctl.observe.report` formats w
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dldctl.observe.snapshot_fields import num
 from dldctl.observe.snapshot_model import Learner, Quorum, Snapshot, as_snapshot
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -42,13 +42,6 @@ STATE_STYLES = {
 
 
 # ---------------------------------------------------------------- formatting
-
-
-def num(value: Any) -> float | None:
-    """A finite number as float, else None (bools, strings, NaN and inf are not numbers here)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def text_of(value: Any) -> str:

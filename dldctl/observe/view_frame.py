@@ -21,7 +21,6 @@ from dataclasses import replace
 from typing import Any
 
 from dldctl.observe.snapshot_model import Event, Learner, Snapshot, as_snapshot
-from dldctl.observe.view_data import text_of
 
 NO_RATE = ("dead", "stopped", "refused", "restarting", "queued")
 # the states that cannot train (as dldctl/chaos/inject.py's DOWN_STATES)
@@ -63,7 +62,7 @@ STATE_RANK = {
 
 
 def _id_key(learner: Learner) -> tuple[int, str]:
-    name = text_of(learner.id)
+    name = learner.id
     tail = name.rsplit("-", 1)[-1]
     return (int(tail) if tail.isdigit() else 1 << 30, name)
 
@@ -94,7 +93,7 @@ def sort_learners(learners: Sequence[Learner], column: str) -> list[Learner]:
 
 def learner_order(snapshot: Snapshot | Mapping[str, Any], column: str) -> list[str]:
     """The learners' ids as the table shows them, top to bottom (what the arrow keys walk)."""
-    return [text_of(r.id) for r in sort_learners(as_snapshot(snapshot).learners, column)]
+    return [r.id for r in sort_learners(as_snapshot(snapshot).learners, column)]
 
 
 def learner_events(snap: Snapshot, learner_id: str, count: int = 8) -> list[Event]:
