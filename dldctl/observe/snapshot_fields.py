@@ -99,12 +99,13 @@ def nested(cls: type, optional: bool = False) -> dict[str, Any]:
     def reader(value: Any) -> Any:
         return None if optional and not isinstance(value, Mapping) else read_record(cls, value)
 
-    return {"read": reader, "key": ""}
+    return {"read": reader, "key": "", "sparse": optional}
 
 
-def as_(reader: Callable[[Any], Any], key: str = "") -> Any:
-    """A typed field: how its JSON value is read, and its JSON key where it differs from its name."""
-    return field(default_factory=lambda: reader(None), metadata={"read": reader, "key": key})
+def as_(reader: Callable[[Any], Any], key: str = "", sparse: bool = False) -> Any:
+    """A typed field: how its JSON value is read, its JSON key where it differs from its name, and
+    whether its JSON leaves it out while it is None (`sparse`: a figure only some sources give)."""
+    return field(default_factory=lambda: reader(None), metadata={"read": reader, "key": key, "sparse": sparse})
 
 
 def _key(f: Any) -> str:
@@ -133,13 +134,12 @@ def read_record(cls: type[T], data: Any) -> T:
 
 
 def to_json(value: Any) -> Any:
-    """A record (its `extra` keys, then its typed fields; a `SPARSE` record leaves out a typed
-    field that is None), a tuple or a plain value as JSON."""
+    """A record (its `extra` keys, then its typed fields but a sparse one that is None), a tuple
+    or a plain value as JSON."""
     if is_dataclass(value) and not isinstance(value, type) and hasattr(value, "extra"):
         out = dict(value.extra)
-        sparse = getattr(value, "SPARSE", False)  # a figure it does not know is left out, not null
         for f in _typed(type(value)):
-            if not (sparse and getattr(value, f.name) is None):
+            if not (f.metadata["sparse"] and getattr(value, f.name) is None):
                 out[_key(f)] = to_json(getattr(value, f.name))
         return out
     if isinstance(value, tuple):

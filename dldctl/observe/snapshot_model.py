@@ -149,8 +149,8 @@ class Bytes:
     down: int = as_(count)
     ddp_equivalent: int = as_(count)
     compression_ratio: float | None = as_(num)
-    up_per_s: float | None = as_(num)  # the syncer's rates, where it says them
-    down_per_s: float | None = as_(num)
+    up_per_s: float | None = as_(num, sparse=True)  # rates, where a source says them
+    down_per_s: float | None = as_(num, sparse=True)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

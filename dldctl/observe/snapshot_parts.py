@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from dldctl.observe.snapshot_fields import (
     as_,
@@ -75,21 +75,19 @@ class Ledger:
     syncer down only the figures of its last sample are known; the others are None, and left
     out of its JSON as they were."""
 
-    SPARSE: ClassVar[bool] = True
-
     order: str = as_(text)
-    epoch: float | None = as_(number)
-    merged_share: float | None = as_(number)
-    in_flight: float | None = as_(number)
-    lost: float | None = as_(number)
-    reissued: float | None = as_(number)
-    merged: float | None = as_(number)
-    partial: float | None = as_(number)
-    units: float | None = as_(number)
-    off_ledger_tokens: float | None = as_(number)
-    queued_again: float | None = as_(number)
-    merged_tokens: float | None = as_(number)
-    tokens_by_learner: Mapping[str, float] | None = as_(counts_by)
+    epoch: float | None = as_(number, sparse=True)
+    merged_share: float | None = as_(number, sparse=True)
+    in_flight: float | None = as_(number, sparse=True)
+    lost: float | None = as_(number, sparse=True)
+    reissued: float | None = as_(number, sparse=True)
+    merged: float | None = as_(number, sparse=True)
+    partial: float | None = as_(number, sparse=True)
+    units: float | None = as_(number, sparse=True)
+    off_ledger_tokens: float | None = as_(number, sparse=True)
+    queued_again: float | None = as_(number, sparse=True)
+    merged_tokens: float | None = as_(number, sparse=True)
+    tokens_by_learner: Mapping[str, float] | None = as_(counts_by, sparse=True)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
