@@ -157,9 +157,7 @@ def quorum_colour(snap: Snapshot) -> str:
     below_quorum, or the syncer is down. Rounds with fewer contributors than live learners are the
     normal case with a small quorum (Decoupled DiLoCo does not wait): they do not colour it."""
     q = snap.quorum
-    if not snap.syncer.alive or q.below_quorum:
-        return "red"
-    if q.live < q.min:
+    if not snap.syncer.alive or q.below_quorum or q.live < q.min:
         return "red"
     if q.live < q.total or _no_rounds(q):
         return "yellow"
