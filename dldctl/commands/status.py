@@ -31,7 +31,7 @@ def live_view(run: RunDir, interval: float = 1.0) -> None:
     or SIGTERM leave the view, not the run."""
     console = Console()
     logs = _LogTails(run)
-    sources = Sources(collect=lambda: snapshot.collect(run), log=logs.lines, act=lambda c: _act(run, c))
+    sources = Sources(collect=lambda: snapshot.take(run), log=logs.lines, act=lambda c: _act(run, c))
     try:
         with interruptible(), KeyReader() as keys:
             drive(sources, interval, console, keys)
@@ -103,7 +103,7 @@ def status(
     elif json_out:
         print(strictjson.dumps(snapshot.collect(target)))
     elif once or not sys.stdout.isatty():  # a pipe or a file gets one snapshot, never a screen
-        print_plain(plain_console(), render_plain(snapshot.collect(target), time.time()))
+        print_plain(plain_console(), render_plain(snapshot.take(target), time.time()))
     else:
         live_view(target, every_s)
 
@@ -138,9 +138,9 @@ def stream(run: RunDir, interval: float, as_json: bool) -> None:
 
 def _stream_loop(run: RunDir, interval: float, as_json: bool, console: Console) -> None:
     while True:
-        snap = snapshot.collect(run)
+        snap = snapshot.take(run)
         if as_json:
-            print(strictjson.dumps(snap), flush=True)
+            print(strictjson.dumps(snap.to_json()), flush=True)
         else:
             print_plain(console, render_plain(snap, time.time()))
             console.print()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from rich.console import Console
@@ -29,7 +29,7 @@ from dldctl.hosts.slurm import SlurmHost
 from dldctl.lifecycle import export as export_mod
 from dldctl.lifecycle import shardgather
 from dldctl.observe import runs
-from dldctl.observe.snapshot_model import final_figures
+from dldctl.observe.snapshot_model import Snapshot, final_figures
 from dldctl.rundir import RunDir
 from dldctl.runstate import DOWN_REASON, Proc, ProcStatus, RunState
 from dldctl.supervise import mirror
@@ -40,6 +40,17 @@ from syncer.common.resolved import ResolvedConfig
 
 LEARNER_GRACE_S = 20.0
 SYNCER_GRACE_S = 20.0
+
+
+@dataclass
+class ShardStop:
+    """A syncer shard's row of `down`'s summary: the outer step it stopped at (None: unknown) and
+    how it stopped: stopped (its final checkpoint written), dead (not running: its newest
+    checkpoint stands in), unreachable, or killed (it did not shut down when asked)."""
+
+    shard: int
+    outer_steps: int | None = None
+    state: str = "dead"
 
 
 class RunProcesses:
@@ -182,12 +193,12 @@ def _read_config(run: RunDir) -> ResolvedConfig | None:
         return None
 
 
-def _syncer_snapshot(run: RunDir, config: ResolvedConfig | None) -> dict[str, Any] | None:
+def _syncer_snapshot(run: RunDir, config: ResolvedConfig | None) -> Snapshot | None:
     if config is None:
         return None
     try:
         with SyncerControl.for_run(config, run.path) as ctl:
-            return ctl.status(timeout=3.0)
+            return Snapshot.from_json(ctl.status(timeout=3.0))
     except DldError:
         return None
 
@@ -202,12 +213,12 @@ def _announce_ending(run: RunDir, config: ResolvedConfig | None) -> None:
 
 def _stop_shards(
     run: RunDir, fleet: RunProcesses, config: ResolvedConfig | None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[ShardStop], list[dict[str, Any]]]:
     """Shards S-1 .. 1 of a sharded syncer, each asked to close its rounds and shut down (it writes
     its final checkpoint as it exits: shard 0 assembles from it); (a row per shard, what had to be
     killed). Any shard process procs.jsonl names still alive afterwards (a config that cannot be
     read: all of them) is stopped by signal."""
-    rows: list[dict[str, Any]] = []
+    rows: list[ShardStop] = []
     killed: list[dict[str, Any]] = []
     for shard in range(config.syncer.shards - 1 if config is not None else 0, 0, -1):
         assert config is not None
@@ -220,27 +231,25 @@ def _stop_shards(
 
 def _stop_shard(
     run: RunDir, fleet: RunProcesses, config: ResolvedConfig, shard: int
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One shard shut down (or skipped, if it is down) and waited for; (its row, what was killed).
-    Its row: `state` stopped (its final checkpoint written), dead (not running: its newest
-    checkpoint stands in), unreachable or killed (it did not shut down when asked)."""
+) -> tuple[ShardStop, list[dict[str, Any]]]:
+    """One shard shut down (or skipped, if it is down) and waited for; (its row, what was killed)."""
     name = shards.proc_name(shard)
 
     def mine(record: dict[str, Any]) -> bool:
         return bool(record["target"] == name)
 
-    row: dict[str, Any] = {"shard": shard, "outer_steps": None, "state": "dead"}
+    row = ShardStop(shard)
     forced: list[dict[str, Any]] = []
     if not fleet.alive(mine):
         run.event("syncer_shard_down", name, "not running at down: its newest checkpoint goes into the final model")
     else:
-        row.update(_shut_down_shard(run, config, shard))
-        gone = row["state"] == "stopped" and not fleet.wait_gone(mine, SYNCER_GRACE_S)
+        row = _shut_down_shard(run, config, shard)
+        gone = row.state == "stopped" and not fleet.wait_gone(mine, SYNCER_GRACE_S)
         if not gone:  # it did not take the shutdown, or took longer than its grace: SIGTERM, then SIGKILL
             forced = fleet.stop(mine, SYNCER_GRACE_S)
-            row["state"] = "killed" if forced else row["state"]
-    if row["outer_steps"] is None:
-        row["outer_steps"] = _checkpoint_step(run, config, shard)
+            row.state = "killed" if forced else row.state
+    if row.outer_steps is None:
+        row.outer_steps = _checkpoint_step(run, config, shard)
     return row, forced
 
 
@@ -256,17 +265,17 @@ def _gather_shards(run: RunDir, fleet: RunProcesses, config: ResolvedConfig | No
     shardgather.gather(run, config, state, fleet.host)
 
 
-def _shut_down_shard(run: RunDir, config: ResolvedConfig, shard: int) -> dict[str, Any]:
+def _shut_down_shard(run: RunDir, config: ResolvedConfig, shard: int) -> ShardStop:
     """Close shard `shard`'s open rounds, read its outer steps, ask it to shut down (no export)."""
     try:
         with SyncerControl.for_run(config, run.path, shard) as ctl:
             ctl.control("flush", timeout=10.0)
-            steps = ctl.status(timeout=3.0)["syncer"]["outer_steps"]
+            steps = Snapshot.from_json(ctl.status(timeout=3.0)).syncer.outer_steps
             ctl.control("shutdown", timeout=10.0)
-            return {"outer_steps": steps, "state": "stopped"}
+            return ShardStop(shard, steps, "stopped")
     except DldError as exc:
         run.event("syncer_unreachable", shards.proc_name(shard), f"during down: {exc.line()}")
-        return {"state": "unreachable"}
+        return ShardStop(shard, None, "unreachable")
 
 
 def _checkpoint_step(run: RunDir, config: ResolvedConfig, shard: int) -> int | None:
@@ -281,20 +290,20 @@ def _checkpoint_step(run: RunDir, config: ResolvedConfig, shard: int) -> int | N
     return newest.outer_step if newest else None
 
 
-def _shard_zero(run: RunDir, config: ResolvedConfig, snap: dict[str, Any] | None) -> dict[str, Any]:
+def _shard_zero(run: RunDir, config: ResolvedConfig, snap: Snapshot | None) -> ShardStop:
     """Shard 0's row of `down`'s summary: its outer steps from its last snapshot (if it answered)."""
     if snap is None:
-        return {"shard": 0, "outer_steps": _checkpoint_step(run, config, 0), "state": "unreachable"}
-    return {"shard": 0, "outer_steps": snap["syncer"]["outer_steps"], "state": "stopped"}
+        return ShardStop(0, _checkpoint_step(run, config, 0), "unreachable")
+    return ShardStop(0, snap.syncer.outer_steps, "stopped")
 
 
-def _final_syncer(run: RunDir, config: ResolvedConfig | None) -> tuple[dict[str, Any] | None, str]:
+def _final_syncer(run: RunDir, config: ResolvedConfig | None) -> tuple[Snapshot | None, str]:
     """Last snapshot, then close rounds, export and stop; ('', snapshot None) if it is down."""
     if config is None:
         return None, ""
     try:
         with SyncerControl.for_run(config, run.path) as ctl:
-            snap = ctl.status(timeout=3.0)
+            snap = Snapshot.from_json(ctl.status(timeout=3.0))
             ctl.control("flush", timeout=10.0)
             detail = ctl.control("shutdown", timeout=60.0, export="final_model.pt")
             return snap, detail
@@ -373,10 +382,10 @@ def down(run: RunDir, console: Console) -> dict[str, Any]:
         pass
     run.event("down", "run", f"stopped; forced to kill {len(killed)} processes")
     if snap and before:  # learners report losses while they run: theirs, not the final score
-        snap["loss"] = {**snap["loss"], "train": before["loss"].get("train"), "eval": before["loss"].get("eval")}
+        snap = replace(snap, loss=replace(snap.loss, train=before.loss.train, eval=before.loss.eval))
     out = summary(run, snap or before, exported, killed)
     if rows and config is not None:  # a sharded syncer: each shard's outer steps and how it stopped
-        out["shards"] = [_shard_zero(run, config, snap), *rows]
+        out["shards"] = [asdict(row) for row in (_shard_zero(run, config, snap), *rows)]
     out.update(export_mod.summary_files(run.path / EXPORT_DIR) if exported else {})  # the safetensors export
     try:
         state = run.read_state()
@@ -454,7 +463,7 @@ def _fetch_remote(run: RunDir, fleet: RunProcesses, exported: str) -> str:
     return exported
 
 
-def summary(run: RunDir, snap: dict[str, Any] | None, exported: str, killed: list[dict[str, Any]]) -> dict[str, Any]:
+def summary(run: RunDir, snap: Snapshot | None, exported: str, killed: list[dict[str, Any]]) -> dict[str, Any]:
     """The numbers a user wants after a run, raw (`down --json`; the command prints them for people)."""
     out: dict[str, Any] = {
         "run": run.name,
@@ -472,7 +481,7 @@ def summary(run: RunDir, snap: dict[str, Any] | None, exported: str, killed: lis
             loss_train=figures.loss.train,
             loss_eval=figures.loss.eval,
             loss_global=figures.loss.global_,
-            guard_rollbacks=((snap or {}).get("guard") or {}).get("rollbacks", 0),
+            guard_rollbacks=snap.guard.rollbacks if snap is not None and snap.guard is not None else 0,
             bytes_up=figures.bytes_up,
             bytes_down=figures.bytes_down,
             ddp_equivalent=figures.ddp_equivalent,

@@ -13,81 +13,30 @@ Pure: no I/O here.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dldctl.observe.snapshot_fields import (
+    as_,
+    count,
+    counts_by,
+    flag,
+    nested,
+    num,
+    numbers,
+    opt_int,
+    opt_text,
+    read_record,
+    records,
+    text,
+    texts,
+    to_json,
+)
+from dldctl.observe.snapshot_parts import Guard, Job, Ledger, Screen, Shard, Supervisor
 
 VERSION = 1  # the snapshot's shape: raised when a key changes meaning (keys are only ever added)
 SCHEMA = "dldctl.status/1"  # `status --json`; fields may be added, none renamed (docs/status.md)
-
-T = TypeVar("T")
-
-
-def num(value: Any) -> float | None:
-    """A finite JSON number as a float (None: absent, null, NaN, inf or not a number; nor a bool)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def count(value: Any) -> int:
-    """A JSON count as an int (a whole float too); 0 where it is absent or not a finite number."""
-    number = num(value)
-    return int(number) if number is not None else 0
-
-
-def opt_int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def opt_text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def flag(value: Any) -> bool:
-    return value if isinstance(value, bool) else False
-
-
-def _as(reader: Callable[[Any], Any], key: str = "") -> Any:
-    """A typed field: how its JSON value is read, and its JSON key where it differs from its name."""
-    return field(default=reader(None), metadata={"read": reader, "key": key})
-
-
-def _key(f: Any) -> str:
-    return str(f.metadata.get("key") or f.name)
-
-
-_FIELDS: dict[type, tuple[Any, ...]] = {}
-
-
-def _typed(cls: type) -> tuple[Any, ...]:
-    """The typed fields of a record class (found once per class: a frame reads thousands of rows)."""
-    if cls not in _FIELDS:
-        _FIELDS[cls] = tuple(f for f in fields(cls) if "read" in f.metadata)
-    return _FIELDS[cls]
-
-
-def read_record(cls: type[T], data: Any) -> T:
-    """An instance of the flat record `cls` from a JSON object: each typed field read by its
-    reader, every other key kept in `extra` (a non-object reads as all defaults)."""
-    d: Mapping[str, Any] = data if isinstance(data, Mapping) else {}
-    typed = _typed(cls)
-    names = {_key(f) for f in typed}
-    values = {f.name: f.metadata["read"](d.get(_key(f))) for f in typed}
-    values["extra"] = {k: v for k, v in d.items() if k not in names}
-    return cls(**values)
-
-
-def _write(record: Any) -> dict[str, Any]:
-    """The JSON object of a flat record: its `extra` keys, then its typed fields."""
-    out = dict(record.extra)
-    out.update({_key(f): getattr(record, f.name) for f in _typed(type(record))})
-    return out
 
 
 @dataclass(frozen=True)
@@ -95,10 +44,10 @@ class Loss:
     """The fleet's losses: the learners' mean train loss, their eval, and the global model's score
     (`global_off`: why it is not scored, syncer/common/unscored.py)."""
 
-    train: float | None = _as(num)
-    eval: float | None = _as(num)
-    global_: float | None = _as(num, "global")
-    global_off: str | None = _as(opt_text)
+    train: float | None = as_(num)
+    eval: float | None = as_(num)
+    global_: float | None = as_(num, "global")
+    global_off: str | None = as_(opt_text)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -149,37 +98,46 @@ class Figures:
 class SyncerPart:
     """The `syncer` object: alive, progress and where it is (its counters stay in `extra`)."""
 
-    alive: bool = _as(flag)
-    outer_steps: int | None = _as(opt_int)  # None: not known (an old or partial snapshot)
-    checkpoint_outer_step: int | None = _as(opt_int)
-    address: str | None = _as(opt_text)
-    pid: int | None = _as(opt_int)
-    epoch: int | None = _as(opt_int)
-    fragments: int | None = _as(opt_int)
-    restarts: int = _as(count)
+    alive: bool = as_(flag)
+    outer_steps: int | None = as_(opt_int)  # None: not known (an old or partial snapshot)
+    checkpoint_outer_step: int | None = as_(opt_int)
+    address: str | None = as_(opt_text)
+    pid: int | None = as_(opt_int)
+    epoch: int | None = as_(opt_int)
+    fragments: int | None = as_(opt_int)
+    restarts: int = as_(count)
+    dropped_sends: int | None = as_(opt_int)
+    rejected: Mapping[str, float] | None = as_(counts_by)  # a lifetime counter per reason
+    warnings: tuple[str, ...] = as_(texts)
+    risks: tuple[str, ...] = as_(texts)
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def rejected_total(self) -> float | None:
+        return sum(self.rejected.values()) if self.rejected is not None else None
 
 
 @dataclass(frozen=True)
 class Quorum:
     """The `quorum` object: live learners against the minimum."""
 
-    min: int = _as(count)
-    live: int = _as(count)
-    total: int = _as(count)
-    below_quorum: bool = _as(flag)
-    last_round_contributors: int | None = _as(opt_int)
-    open_rounds: int | None = _as(opt_int)
-    grace_used_s: float | None = _as(num)
-    grace_window_s: float | None = _as(num)
+    min: int = as_(count)
+    live: int = as_(count)
+    total: int = as_(count)
+    below_quorum: bool = as_(flag)
+    last_round_contributors: int | None = as_(opt_int)
+    open_rounds: int | None = as_(opt_int)
+    grace_used_s: float | None = as_(num)
+    grace_window_s: float | None = as_(num)
+    recent_contributors: tuple[int | float, ...] = as_(numbers)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Tokens:
-    trained: int = _as(count)
-    merged: int = _as(count)
-    per_s: float | None = _as(num)
+    trained: int = as_(count)
+    merged: int = as_(count)
+    per_s: float | None = as_(num)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -187,10 +145,12 @@ class Tokens:
 class Bytes:
     """Bytes the learners sent up and received down, and what data-parallel training would move."""
 
-    up: int = _as(count)
-    down: int = _as(count)
-    ddp_equivalent: int = _as(count)
-    compression_ratio: float | None = _as(num)
+    up: int = as_(count)
+    down: int = as_(count)
+    ddp_equivalent: int = as_(count)
+    compression_ratio: float | None = as_(num)
+    up_per_s: float | None = as_(num, sparse=True)  # rates, where a source says them
+    down_per_s: float | None = as_(num, sparse=True)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -198,19 +158,20 @@ class Bytes:
 class Learner:
     """One learner's row (the rest of what the syncer says of it stays in `extra`)."""
 
-    id: str = _as(text)
-    host: str = _as(text)
-    device: str = _as(text)
-    state: str = _as(text)
-    pid: int | None = _as(opt_int)
-    step: int | None = _as(opt_int)
-    tokens: int = _as(count)
-    tokens_per_s: float | None = _as(num)
-    restarts: int | None = _as(opt_int)
-    weight: float | None = _as(num)
-    heartbeat_age_s: float | None = _as(num)
-    straggler: bool = _as(flag)
-    loss: float | None = _as(num)
+    id: str = as_(text)
+    host: str = as_(text)
+    device: str = as_(text)
+    state: str = as_(text)
+    pid: int | None = as_(opt_int)
+    step: int | None = as_(opt_int)
+    tokens: int = as_(count)
+    tokens_per_s: float | None = as_(num)
+    restarts: int | None = as_(opt_int)
+    weight: float | None = as_(num)
+    heartbeat_age_s: float | None = as_(num)
+    straggler: bool = as_(flag)
+    loss: float | None = as_(num)
+    job: Job | None = field(default=None, metadata=nested(Job, optional=True))
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -219,34 +180,35 @@ class Event:
     """One line of events.jsonl; the structured fields some kinds carry (a checkpoint's
     `outer_step`, `epoch`, `checkpoint`) stay in `extra`."""
 
-    t: float | None = _as(num)
-    kind: str = _as(text)
-    target: str = _as(text)
-    detail: str = _as(text)
+    t: float | None = as_(num)
+    kind: str = as_(text)
+    target: str = as_(text)
+    detail: str = as_(text)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
-def _rows(value: Any) -> list[Mapping[str, Any]]:
-    return [r for r in value if isinstance(r, Mapping)] if isinstance(value, list) else []
-
-
 SECTIONS: dict[str, type] = {"syncer": SyncerPart, "quorum": Quorum, "tokens": Tokens, "bytes": Bytes, "loss": Loss}
-TYPED = ("version", "schema", "run", "status", "now", "uptime_s", "goodput", "goodput_window", "learners", "events")
+# sections a snapshot may lack (older, or a syncer without them): None where absent or not an object
+OPTIONAL: dict[str, type] = {"supervisor": Supervisor, "data": Ledger, "guard": Guard, "screen": Screen}
+SCALARS = ("version", "schema", "run", "status", "now", "uptime_s", "goodput", "goodput_window", "insecure")
+LISTS = ("learners", "events")
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """`dldctl status --json`, typed where the operator's figures come from; the sections not
-    typed yet (supervisor, shards, data, faults, ...) ride along in `extra`, unchanged."""
+    """`dldctl status --json`, typed where the operator reads it; the sections not typed (faults,
+    spares, wire_bytes, ...) ride along in `extra`, unchanged. An optional section that is absent
+    or null is None here, and written back as it came."""
 
     version: int = VERSION
     schema: str = SCHEMA
     run: str = ""
     status: str = ""
-    now: float = 0.0
+    now: float | None = None  # when it was taken
     uptime_s: float | None = None
     goodput: float | None = None  # the whole run's
     goodput_window: float | None = None  # the last 60 s
+    insecure: bool = False
     syncer: SyncerPart = field(default_factory=SyncerPart)
     quorum: Quorum = field(default_factory=Quorum)
     tokens: Tokens = field(default_factory=Tokens)
@@ -254,40 +216,45 @@ class Snapshot:
     loss: Loss = field(default_factory=Loss)
     learners: tuple[Learner, ...] = ()
     events: tuple[Event, ...] = ()
+    supervisor: Supervisor | None = None
+    data: Ledger | None = None  # the data ledger's progress; None: the run keeps none
+    guard: Guard | None = None
+    screen: Screen | None = None
+    shards: tuple[Shard, ...] | None = None  # one row per syncer shard; None: an older snapshot
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Snapshot:
+    def from_json(cls, given: Any) -> Snapshot:
+        """The typed snapshot of its JSON; anything not an object reads as all defaults."""
+        data: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
+        given = {k: kind for k, kind in OPTIONAL.items() if isinstance(data.get(k), Mapping)}
+        optional: dict[str, Any] = {k: read_record(kind, data[k]) for k, kind in given.items()}
+        shards = records(Shard)(data["shards"]) if isinstance(data.get("shards"), list) else None
+        typed = {*SCALARS, *SECTIONS, *LISTS, *optional, *(["shards"] if shards is not None else [])}
         return cls(
             version=opt_int(data.get("version")) or VERSION,
             schema=text(data.get("schema")) or SCHEMA,
             run=text(data.get("run")),
             status=text(data.get("status")),
-            now=num(data.get("now")) or 0.0,
+            now=num(data.get("now")),
             uptime_s=num(data.get("uptime_s")),
             goodput=num(data.get("goodput")),
             goodput_window=num(data.get("goodput_window")),
+            insecure=flag(data.get("insecure")),
             **{name: read_record(kind, data.get(name)) for name, kind in SECTIONS.items()},
-            learners=tuple(read_record(Learner, r) for r in _rows(data.get("learners"))),
-            events=tuple(read_record(Event, e) for e in _rows(data.get("events"))),
-            extra={k: v for k, v in data.items() if k not in TYPED and k not in SECTIONS},
+            learners=records(Learner)(data.get("learners")),
+            events=records(Event)(data.get("events")),
+            **optional,
+            shards=shards,
+            extra={k: v for k, v in data.items() if k not in typed},
         )
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.extra)
-        out.update(
-            version=self.version,
-            schema=self.schema,
-            run=self.run,
-            status=self.status,
-            now=self.now,
-            uptime_s=self.uptime_s,
-            goodput=self.goodput,
-            goodput_window=self.goodput_window,
-            **{name: _write(getattr(self, name)) for name in SECTIONS},
-            learners=[_write(r) for r in self.learners],
-            events=[_write(e) for e in self.events],
-        )
+        out.update({name: to_json(getattr(self, name)) for name in (*SCALARS, *SECTIONS, *LISTS)})
+        for name in (*OPTIONAL, "shards"):
+            if getattr(self, name) is not None:
+                out[name] = to_json(getattr(self, name))
         return out
 
     @property
@@ -307,13 +274,18 @@ class Snapshot:
         )
 
 
-def final_figures(sample: Mapping[str, Any] | None, snap: Mapping[str, Any] | None) -> Figures | None:
+def as_snapshot(snapshot: Snapshot | Mapping[str, Any]) -> Snapshot:
+    """The typed snapshot of one taken already, or of its JSON (`status --json`, a recorded one)."""
+    return snapshot if isinstance(snapshot, Snapshot) else Snapshot.from_json(snapshot)
+
+
+def final_figures(sample: Mapping[str, Any] | None, snap: Snapshot | None) -> Figures | None:
     """Where a run ended (`down`'s summary): the metrics log's newest sample, which the syncer
     writes last as it shuts down (after its final score and checkpoint) and which `runs`,
     `export` and the report read too, so every one says the same number; its learners' losses,
     gone once they stopped, from the syncer's last answer `snap`. Without a sample: that answer;
     None without either."""
-    answered = Snapshot.from_json(snap).figures if snap else None
+    answered = snap.figures if snap is not None else None
     if sample is None:
         return answered
     figures = Figures.from_sample(sample)

@@ -1,10 +1,11 @@
 """What `dldctl status` shows: the live full-screen view and the plain `--once` snapshot.
 
-Both are pure functions of one snapshot (the `dldctl status --json` schema, see
-ARCHITECTURE.md) and an injected `now`; the live view also takes a `History` of earlier snapshots
-for its sparklines. Nothing here reads a clock, a socket or a file, so the view is tested by
-rendering recorded snapshots to a capture console. A snapshot from a partial source may lack any
-field: it renders as "-" instead of raising; a dead syncer is said loudly, not failed on.
+Both are pure functions of one snapshot (typed, observe/snapshot_model.py, or its JSON: the
+`dldctl status --json` schema, typed once on the way in) and an injected `now`; the live view
+also takes a `History` of earlier snapshots for its sparklines. Nothing here reads a clock, a
+socket or a file, so the view is tested by rendering recorded snapshots to a capture console. A
+snapshot from a partial source may lack any field: it renders as "-" (or 0 for a count) instead
+of raising; a dead syncer is said loudly, not failed on.
 
     history = History()
     history.add(snapshot)                                 # once per new snapshot
@@ -17,6 +18,7 @@ in `dldctl.observe.view_data`; the ones callers need are re-exported here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rich import box
@@ -26,11 +28,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from dldctl.observe.snapshot_model import Bytes, Learner, Snapshot, read_record
+from dldctl.observe.snapshot_model import Bytes, Learner, Snapshot
+from dldctl.observe.snapshot_parts import Job
 from dldctl.observe.view_data import (
     STATE_STYLES,
     History,
-    dicts,
     fmt_bytes,
     fmt_count,
     fmt_duration,
@@ -44,22 +46,19 @@ from dldctl.observe.view_data import (
     quorum_colour,
     quorum_label,
     run_uptime,
-    section,
     sparkline,
     state_style,
     supervisor_note,
-    syncer_alive,
     text_of,
 )
 from dldctl.observe.view_frame import consistent, sort_learners
 from dldctl.observe.view_keys import ViewState
-from dldctl.observe.view_ledger import data_panel, data_text, has_learner_tokens, learner_tokens, ledger
+from dldctl.observe.view_ledger import data_panel, data_text, has_learner_tokens, learner_tokens
 from dldctl.observe.view_overlay import detail_panel, footer, help_panel
 from dldctl.observe.view_panels import (
     bandwidth_panel,
     event_table,
     events_panel,
-    global_off,
     goodput_panel,
     header_notes,
     header_panel,
@@ -108,13 +107,12 @@ LEARNER_COLUMNS: tuple[tuple[str, dict, int], ...] = (
 )
 
 
-def _learner_cells(row: dict, snapshot: dict, now: float, history: History | None) -> dict[str, Any]:
-    learner = read_record(Learner, row)  # the typed row (observe/snapshot_model.py)
+def _learner_cells(learner: Learner, snap: Snapshot, now: float, history: History | None) -> dict[str, Any]:
     state = text_of(learner.state)
     id_style = "bold yellow" if learner.straggler else ""
     if state in ("partitioned", "dead"):
         id_style = "bold " + state_style(state)
-    age = live_age(snapshot, learner.heartbeat_age_s, now)
+    age = live_age(snap, learner.heartbeat_age_s, now)
     age_style = "dim" if age is None else "red" if age >= 10 else "yellow" if age >= 3 else ""
     weight, restarts = learner.weight, learner.restarts
     trend = sparkline(history.learner(learner.id), 10, lo=0.0) if history is not None else ""
@@ -127,23 +125,23 @@ def _learner_cells(row: dict, snapshot: dict, now: float, history: History | Non
         "tok/s": fmt_count(learner.tokens_per_s),
         "trend": Text(trend, "cyan"),
         "weight": f"{100 * weight:.0f}%" if weight is not None else "-",
-        "merged": learner_tokens(snapshot, learner.id),
+        "merged": learner_tokens(snap, learner.id),
         "rst": Text(fmt_int(restarts), "yellow" if restarts else ""),
         "hb": Text(fmt_duration(age), age_style),
-        "job": _job_cell(learner.extra.get("job")),
+        "job": _job_cell(learner.job),
     }
 
 
-def _job_cell(job: Any) -> Text:
+def _job_cell(job: Job | None) -> Text:
     """A scheduler job's id and what the scheduler says (`12 PENDING (Resources)`)."""
-    if not isinstance(job, dict):
+    if job is None:
         return Text("-", "dim")
-    says = text_of(job.get("says") or job.get("state"))
-    return Text(f"{text_of(job.get('id'))} {says}", "cyan" if says.startswith("PENDING") else "")
+    says = text_of(job.says or job.state)
+    return Text(f"{text_of(job.id)} {says}", "cyan" if says.startswith("PENDING") else "")
 
 
 def learners_table(
-    snapshot: dict,
+    snap: Snapshot,
     now: float,
     history: History | None = None,
     rows: int | None = None,
@@ -156,13 +154,13 @@ def learners_table(
     stragglers marked `*`. `compact` 1 leaves out device, trend and merged, 2 also host and weight;
     without a history no trend, without the data ledger no merged (its tokens per learner). `ui`
     orders the rows by its sort column and marks its selection."""
-    learners = sort_learners(dicts(snapshot.get("learners")), ui.sort if ui else "learner")
+    learners = sort_learners(snap.learners, ui.sort if ui else "learner")
     selected = ui.selected if ui else None
     shown = learners
     if rows is not None and len(learners) > rows:
         shown = pick_learners(learners, max(0, rows - 1), keep=selected)
-    jobs = any(isinstance(learner.get("job"), dict) for learner in learners)
-    shown_only = {"job": jobs, "merged": has_learner_tokens(snapshot), "trend": history is not None}
+    jobs = any(learner.job is not None for learner in learners)
+    shown_only = {"job": jobs, "merged": has_learner_tokens(snap), "trend": history is not None}
     columns = [
         (name, options) for name, options, level in LEARNER_COLUMNS if compact <= level and shown_only.get(name, True)
     ]
@@ -170,9 +168,9 @@ def learners_table(
     for name, options in columns:
         table.add_column(name + ("▾" if ui and ui.sort == name and name != "learner" else ""), **options)
     for learner in shown:
-        cells = _learner_cells(learner, snapshot, now, history)
-        loud = learner.get("straggler") is True or learner.get("state") == "partitioned"
-        style = "reverse" if selected is not None and text_of(learner.get("id")) == selected else None
+        cells = _learner_cells(learner, snap, now, history)
+        loud = learner.straggler or learner.state == "partitioned"
+        style = "reverse" if selected is not None and learner.id == selected else None
         if style:  # seen without colours too
             cells["learner"] = Text("▸", "bold") + cells["learner"]
         elif selected is not None:
@@ -184,20 +182,20 @@ def learners_table(
 
 
 def learners_panel(
-    snapshot: dict, history: History, now: float, height: int | None, compact: int, ui: ViewState | None = None
+    snap: Snapshot, history: History, now: float, height: int | None, compact: int, ui: ViewState | None = None
 ) -> Panel:
     """The learners table in a panel `height` rows high, titled with how many run; one row short of
     room for them all, the table leaves out the rule under its header rather than a learner."""
-    learners = dicts(snapshot.get("learners"))
+    learners = snap.learners
     rule = height is None or height - 4 >= len(learners)
     rows = None if height is None else height - (4 if rule else 3)
-    running = sum(1 for learner in learners if learner.get("state") == "running")
+    running = sum(1 for learner in learners if learner.state == "running")
     body: RenderableType = (
-        learners_table(snapshot, now, history, rows, compact, ui=ui, rule=rule)
+        learners_table(snap, now, history, rows, compact, ui=ui, rule=rule)
         if learners
         else Text("no learners reported", "dim")
     )
-    stragglers = any(learner.get("straggler") is True for learner in learners)
+    stragglers = any(learner.straggler for learner in learners)
     return Panel(
         body,
         title=f"[bold]learners[/] {running}/{len(learners)} running",
@@ -239,7 +237,7 @@ def plan_sections(height: int, learner_count: int, shard_count: int = 0, data: b
 
 
 def build_layout(
-    snapshot: dict,
+    snap: Snapshot,
     history: History,
     now: float,
     width: int,
@@ -250,17 +248,16 @@ def build_layout(
     """The live view's layout for a screen of `width` x `height`; with `ui`, the footer line and
     the panel it opened (help, or the selected learner's detail: under the learners, in place of
     the throughput row and the events)."""
-    learners = len(dicts(snapshot.get("learners")))
+    learners = len(snap.learners)
     body = height - 1 if ui is not None else height
     overlay = ui is not None and (ui.panel == "help" or (ui.panel == "detail" and ui.selected is not None))
-    count = len(sharded(snapshot))
-    data = bool(ledger(snapshot))
-    plan = _overlay_plan(body, learners) if overlay else plan_sections(body, learners, count, data)
+    count = len(sharded(snap))
+    plan = _overlay_plan(body, learners) if overlay else plan_sections(body, learners, count, snap.data is not None)
     sections = []
     for name in ("header", "row1", "shards", "row2", "data", "learners", "events", "overlay"):
         if name in plan:
             region = Layout(name=name, size=plan[name])
-            _fill(region, snapshot, history, now, width, ui, log)
+            _fill(region, snap, history, now, width, ui, log)
             sections.append(region)
     if ui is not None:
         sections.append(Layout(footer(ui), name="footer", size=1))
@@ -271,7 +268,7 @@ def build_layout(
 
 def _fill(
     region: Layout,
-    snapshot: dict,
+    snap: Snapshot,
     history: History,
     now: float,
     width: int,
@@ -281,25 +278,25 @@ def _fill(
     """Put the panels of one section of the plan (named as the region is) into it."""
     name, narrow = region.name, width < 72
     if name == "header":
-        region.update(header_panel(snapshot, now, compact=width < 90, history=history))
+        region.update(header_panel(snap, now, compact=width < 90, history=history))
     elif name == "row1":
-        panels = [quorum_panel(snapshot), goodput_panel(snapshot, history)]
-        region.split_row(*(Layout(p) for p in panels + ([] if narrow else [loss_panel(snapshot, history)])))
+        panels = [quorum_panel(snap), goodput_panel(snap, history)]
+        region.split_row(*(Layout(p) for p in panels + ([] if narrow else [loss_panel(snap, history)])))
     elif name == "row2":
-        panels = [throughput_panel(snapshot, history)] + ([] if narrow else [bandwidth_panel(snapshot, history)])
+        panels = [throughput_panel(snap, history)] + ([] if narrow else [bandwidth_panel(snap, history)])
         region.split_row(*(Layout(p) for p in panels))
     elif name == "shards":
-        region.update(shards_panel(snapshot))
-    elif name == "data":
-        region.update(data_panel(snapshot))
+        region.update(shards_panel(snap))
+    elif name == "data" and snap.data is not None:
+        region.update(data_panel(snap.data))
     elif name == "learners":
         compact = 2 if narrow else 1 if width < 90 else 0
-        region.update(learners_panel(snapshot, history, now, region.size, compact, ui))
+        region.update(learners_panel(snap, history, now, region.size, compact, ui))
     elif name == "events":
-        region.update(events_panel(snapshot, now))
+        region.update(events_panel(snap, now))
     elif ui is not None:
         chosen = ui.selected or ""
-        region.update(help_panel() if ui.panel == "help" else detail_panel(snapshot, chosen, log or [], now))
+        region.update(help_panel() if ui.panel == "help" else detail_panel(snap, chosen, log or [], now))
 
 
 def _overlay_plan(height: int, learner_count: int) -> dict[str, int]:
@@ -317,7 +314,7 @@ class LiveView:
     """Renders `build_layout` for whatever size it is given, so the view fits any terminal."""
 
     def __init__(
-        self, snapshot: dict, history: History, now: float, ui: ViewState | None, log: list[str] | None
+        self, snapshot: Snapshot, history: History, now: float, ui: ViewState | None, log: list[str] | None
     ) -> None:
         self.snapshot, self.history, self.now, self.ui, self.log = snapshot, history, now, ui, log
 
@@ -327,7 +324,11 @@ class LiveView:
 
 
 def render_live(
-    snapshot: dict, history: History, now: float, ui: ViewState | None = None, log: list[str] | None = None
+    snapshot: Snapshot | Mapping[str, Any],
+    history: History,
+    now: float,
+    ui: ViewState | None = None,
+    log: list[str] | None = None,
 ) -> Layout:
     """The full-screen view: header, quorum, goodput, loss, throughput, bandwidth, learners, events;
     with `ui` (the keys' state) also the footer and the panel a key opened, `log` the selected
@@ -338,38 +339,37 @@ def render_live(
 # ---------------------------------------------------------------- the plain snapshot
 
 
-def supervisor_line(snapshot: dict, now: float) -> tuple[str, str]:
+def supervisor_line(snap: Snapshot, now: float) -> tuple[str, str]:
     """The `supervisor` line of `--once`: pids and restarts, or what is wrong, with its colour."""
-    sup = section(snapshot, "supervisor")
-    if sup.get("state") == "stopped":
+    sup = snap.supervisor
+    if sup is None or sup.state == "stopped":
         return "stopped (the run is not up)", ""
-    dog = section(sup, "watchdog")
+    dog = sup.watchdog
     said = (
-        f"pid {fmt_int(sup.get('pid'))}  restarts {fmt_int(sup.get('restarts'))}  "
-        f"watchdog {'pid ' + fmt_int(dog.get('pid')) if dog.get('alive') is True else 'MISSING'}"
+        f"pid {fmt_int(sup.pid)}  restarts {fmt_int(sup.restarts)}  "
+        f"watchdog {'pid ' + fmt_int(dog.pid) if dog is not None and dog.alive else 'MISSING'}"
     )
-    note = supervisor_note(snapshot, now)
-    if sup.get("state") == "ok":
+    note = supervisor_note(snap, now)
+    if sup.state == "ok":
         return f"alive  {said}", note[1] if note else ""
-    return (f"{note[0]}  (last {said})", note[1]) if note else (f"{text_of(sup.get('state'))}  {said}", "")
+    return (f"{note[0]}  (last {said})", note[1]) if note else (f"{text_of(sup.state)}  {said}", "")
 
 
-def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
-    """The key lines of `--once`, read from the typed snapshot (observe/snapshot_model.py)."""
-    snap = Snapshot.from_json(snapshot)
+def _plain_rows(snap: Snapshot, now: float) -> list[tuple[str, str]]:
+    """The key lines of `--once`."""
     s, q, b, loss = snap.syncer, snap.quorum, snap.bytes, snap.loss
     ended = snap.status == "down"
-    off = global_off(snapshot)
+    off = loss.global_off
     return [
-        ("run", f"{text_of(snap.run)}  {'ran' if ended else 'up'} {fmt_duration(run_uptime(snapshot, now))}"),
-        ("syncer", _syncer_words(snap, syncer_alive(snapshot))),
-        *([("supervisor", supervisor_line(snapshot, now)[0])] if "supervisor" in snapshot else []),
+        ("run", f"{text_of(snap.run)}  {'ran' if ended else 'up'} {fmt_duration(run_uptime(snap, now))}"),
+        ("syncer", _syncer_words(snap)),
+        *([("supervisor", supervisor_line(snap, now)[0])] if snap.supervisor is not None else []),
         ("outer", f"steps {fmt_int(s.outer_steps)}  checkpoint {fmt_int(s.checkpoint_outer_step)}"),
         (
             "quorum",
-            f"{quorum_label(snapshot)}  live {q.live}/{q.total}  min {q.min}"
+            f"{quorum_label(snap)}  live {q.live}/{q.total}  min {q.min}"
             f"  last round {fmt_int(q.last_round_contributors)}"
-            f"  recent [{' '.join(fmt_int(v) for v in _list(q.extra.get('recent_contributors'))[-10:])}]"
+            f"  recent [{' '.join(fmt_int(v) for v in q.recent_contributors[-10:])}]"
             f"  grace {fmt_float(q.grace_used_s, 2)}/{fmt_float(q.grace_window_s, 2)}s"
             f"  open rounds {fmt_int(q.open_rounds)}",
         ),
@@ -379,27 +379,23 @@ def _plain_rows(snapshot: dict, now: float) -> list[tuple[str, str]]:
             f"{fmt_rate(snap.tokens.per_s, 'tok')}  trained {fmt_count(snap.tokens.trained)}"
             f"  merged {fmt_count(snap.tokens.merged)}",
         ),
-        *([("data", data_text(snapshot))] if ledger(snapshot) else []),
+        *([("data", data_text(snap))] if snap.data is not None else []),
         ("bytes", _bytes_words(b)),
         (
             "loss",
             f"train {fmt_float(loss.train)}  eval {fmt_float(loss.eval)}"
             f"  global {f'off: {words(off)[0]}' if off else fmt_float(loss.global_)}",
         ),
-        *[("shard", shard_text(row)) for row in sharded(snapshot)],
-        *[("warning", str(w)) for w in _list(s.extra.get("warnings")) + _list(s.extra.get("risks"))],
+        *[("shard", shard_text(row)) for row in sharded(snap)],
+        *[("warning", w) for w in s.warnings + s.risks],
     ]
 
 
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _syncer_words(snap: Snapshot, alive: bool) -> str:
+def _syncer_words(snap: Snapshot) -> str:
     s = snap.syncer
     if snap.status == "down":
         return "stopped (the run is down)"
-    if not alive:
+    if not s.alive:
         return f"SYNCER DOWN  {text_of(s.address)}  restarts {s.restarts}"
     return (
         f"alive  {text_of(s.address)}  pid {fmt_int(s.pid)}  epoch {fmt_int(s.epoch)}"
@@ -414,39 +410,38 @@ def _bytes_words(b: Bytes) -> str:
     times = f" ({b.ddp_equivalent / moved:,.0f}x ours)" if b.ddp_equivalent and moved else ""
     ratio = b.compression_ratio or None
     return (
-        f"up {fmt_bytes(b.up)} ({fmt_rate(b.extra.get('up_per_s'))})  down {fmt_bytes(b.down)}"
-        f" ({fmt_rate(b.extra.get('down_per_s'))})  compression {f'{ratio:.1f}x' if ratio is not None else '-'}"
+        f"up {fmt_bytes(b.up)} ({fmt_rate(b.up_per_s)})  down {fmt_bytes(b.down)}"
+        f" ({fmt_rate(b.down_per_s)})  compression {f'{ratio:.1f}x' if ratio is not None else '-'}"
         f"  data-parallel equivalent {fmt_bytes(b.ddp_equivalent)}{times}"
     )
 
 
-def render_plain(snapshot: dict, now: float, max_events: int = 10) -> RenderableType:
+def render_plain(snapshot: Snapshot | Mapping[str, Any], now: float, max_events: int = 10) -> RenderableType:
     """`dldctl status --once`: key lines, the learners table and the last events, no screen control
     (print on any Console; it colours only when that console is a terminal)."""
-    snapshot = consistent(snapshot)
+    snap = consistent(snapshot)
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
-    for key, value in _plain_rows(snapshot, now):
+    for key, value in _plain_rows(snap, now):
         style = (
             "red"
-            if (key == "syncer" and not syncer_alive(snapshot))
-            or (key == "quorum" and quorum_colour(snapshot) == "red")
+            if (key == "syncer" and not snap.syncer.alive)
+            or (key == "quorum" and quorum_colour(snap) == "red")
             or (key == "shard" and not value.startswith("●"))
             else ""
         )
         if key == "supervisor":
-            style = supervisor_line(snapshot, now)[1]
+            style = supervisor_line(snap, now)[1]
         grid.add_row(key, Text(value, "yellow" if key == "warning" else style))
-    notes = header_notes(snapshot, now)
+    notes = header_notes(snap, now)
     if notes.plain.strip():
         grid.add_row("notes", notes[1:])
-    learners = dicts(snapshot.get("learners"))
-    events = dicts(snapshot.get("events"))[-max_events:] if max_events > 0 else []
+    events = snap.events[-max_events:] if max_events > 0 else ()
     return Group(
         grid,
         Text(""),
-        learners_table(snapshot, now, expand=False) if learners else Text("no learners reported", "dim"),
+        learners_table(snap, now, expand=False) if snap.learners else Text("no learners reported", "dim"),
         Text(""),
         Text(f"last {len(events)} events (newest last)", "bold"),
         event_table(events, now, expand=False) if events else Text("no events yet", "dim"),

@@ -1,11 +1,11 @@
-"""The rich-free half of the status view: reading a snapshot, formatting it, and its history.
+"""The rich-free half of the status view: formatting a snapshot's figures, and their history.
 
-Safe field access (a snapshot from an older or partial source may lack any field or hold null
-where a number is expected: every accessor answers None for that and every formatter renders
-None as "-"), number and duration formatting, the colour and one-word health of the quorum, the
-goodput and the supervisor, sparklines drawn as text, and `History`, the bounded series of earlier
-snapshots' numbers that the sparklines draw. Everything is a pure function of a snapshot dict (the
-`dldctl status --json` schema) and an injected `now`; nothing reads a clock or does I/O.
+Number and duration formatting (a figure a snapshot does not know is None, rendered as "-"),
+the colour and one-word health of the quorum, the goodput and the supervisor, sparklines drawn
+as text, and `History`, the bounded series of earlier snapshots' numbers that the sparklines
+draw. Everything is a pure function of a typed `Snapshot` (observe/snapshot_model.py, where an
+older or partial snapshot's missing and odd values were settled once) and an injected `now`;
+nothing reads a clock or does I/O.
 
 `dldctl.observe.view_panels` builds the rich panels from these, `dldctl.observe.view` lays them out and is the
 public face (it re-exports what callers need); `dldctl.observe.report` formats with them too.
@@ -13,10 +13,12 @@ public face (it re-exports what callers need); `dldctl.observe.report` formats w
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from dldctl.observe.snapshot_fields import num
+from dldctl.observe.snapshot_model import Learner, Quorum, Snapshot, as_snapshot
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 DASH = "-"
@@ -39,39 +41,12 @@ STATE_STYLES = {
 }
 
 
-# ---------------------------------------------------------------- safe access and formatting
-
-
-def dig(data: Any, *keys: str) -> Any:
-    """`data[k1][k2]...`, or None as soon as a level is missing or not a dict."""
-    for key in keys:
-        if not isinstance(data, dict):
-            return None
-        data = data.get(key)
-    return data
-
-
-def num(value: Any) -> float | None:
-    """A finite number as float, else None (bools, strings, NaN and inf are not numbers here)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def section(snapshot: Any, key: str) -> dict:
-    """A sub-object of the snapshot (`syncer`, `quorum`, ...), {} when missing or malformed."""
-    value = dig(snapshot, key)
-    return value if isinstance(value, dict) else {}
+# ---------------------------------------------------------------- formatting
 
 
 def text_of(value: Any) -> str:
     """A string field for display: "-" for None or empty."""
     return DASH if value is None or value == "" else str(value)
-
-
-def dicts(value: Any) -> list[dict]:
-    """The dict items of a list field (a missing field or stray entries are skipped)."""
-    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
 def _scaled(value: float, units: Sequence[str], base: float) -> str:
@@ -155,58 +130,50 @@ def goodput_style(value: Any) -> str:
     return "green" if v >= 0.8 else "yellow" if v >= 0.5 else "red"
 
 
-def syncer_alive(snapshot: dict) -> bool:
-    """Whether the snapshot says the syncer answered (a missing flag counts as down)."""
-    return dig(snapshot, "syncer", "alive") is True
-
-
-def supervisor_note(snapshot: dict, now: float) -> tuple[str, str] | None:
+def supervisor_note(snap: Snapshot, now: float) -> tuple[str, str] | None:
     """What to say about the supervisor and its watchdog, with its colour; None when all is well
     (or the snapshot predates the `supervisor` field, or the run is not up)."""
-    sup = section(snapshot, "supervisor")
-    word, dog = sup.get("state"), dig(sup, "watchdog", "alive")
-    age = fmt_duration(live_age(snapshot, sup.get("heartbeat_age_s"), now))
+    sup = snap.supervisor
+    if sup is None:
+        return None
+    dog = sup.watchdog.alive if sup.watchdog is not None else None
+    age = fmt_duration(live_age(snap, sup.heartbeat_age_s, now))
     heal = (
         "the watchdog restarts it"
         if dog is True
-        else f"no watchdog either: `dldctl up --resume {text_of(snapshot.get('run'))}` restarts it"
+        else f"no watchdog either: `dldctl up --resume {text_of(snap.run)}` restarts it"
     )
     return {
         "missing": (f"SUPERVISOR MISSING for {age}: {heal}", "bold red"),
         "hung": (f"supervisor not heard for {age}: {heal}", "bold red"),
         "stale": (f"supervisor not heard for {age}", "yellow"),
         "ok": ("no watchdog: the supervisor restarts it", "yellow") if dog is False else None,
-    }.get(str(word))
+    }.get(sup.state)
 
 
-def quorum_colour(snapshot: dict) -> str:
+def quorum_colour(snap: Snapshot) -> str:
     """green: live >= min and every declared learner is live; yellow: live >= min but some learner
     is not (dead, restarting, partitioned), or no round has closed yet; red: live < min,
     below_quorum, or the syncer is down. Rounds with fewer contributors than live learners are the
     normal case with a small quorum (Decoupled DiLoCo does not wait): they do not colour it."""
-    q = section(snapshot, "quorum")
-    live, minimum, total = num(dig(q, "live")), num(dig(q, "min")), num(dig(q, "total"))
-    if not syncer_alive(snapshot) or dig(q, "below_quorum") is True:
+    q = snap.quorum
+    if not snap.syncer.alive or q.below_quorum or q.live < q.min:
         return "red"
-    if live is None or minimum is None:
-        return "yellow"
-    if live < minimum:
-        return "red"
-    if (total is not None and live < total) or _no_rounds(q):
+    if q.live < q.total or _no_rounds(q):
         return "yellow"
     return "green"
 
 
-def _no_rounds(q: dict) -> bool:
-    return not q.get("recent_contributors") and not num(q.get("last_round_contributors"))
+def _no_rounds(q: Quorum) -> bool:
+    return not q.recent_contributors and not q.last_round_contributors
 
 
-def quorum_label(snapshot: dict) -> str:
+def quorum_label(snap: Snapshot) -> str:
     """One word for the quorum's health, matching `quorum_colour`."""
-    if not syncer_alive(snapshot):
+    if not snap.syncer.alive:
         return "syncer down"
-    colour = quorum_colour(snapshot)
-    if colour == "yellow" and _no_rounds(section(snapshot, "quorum")):
+    colour = quorum_colour(snap)
+    if colour == "yellow" and _no_rounds(snap.quorum):
         return "NO ROUNDS YET"
     return {"green": "OK", "yellow": "DEGRADED", "red": "BELOW QUORUM"}[colour]
 
@@ -271,45 +238,36 @@ def sparkline(
 # ---------------------------------------------------------------- ages and learner picks
 
 
-def run_uptime(snapshot: dict, now: float) -> float | None:
+def run_uptime(snap: Snapshot, now: float) -> float | None:
     """How long the run has been up, advanced to `now`; a run that is down does not age."""
-    if snapshot.get("status") == "down":
-        return num(snapshot.get("uptime_s"))
-    return live_age(snapshot, snapshot.get("uptime_s"), now)
+    if snap.status == "down":
+        return snap.uptime_s
+    return live_age(snap, snap.uptime_s, now)
 
 
-def live_age(snapshot: dict, age: Any, now: float) -> float | None:
+def live_age(snap: Snapshot, age: float | None, now: float) -> float | None:
     """An age recorded in the snapshot, advanced to `now` (ages grow while a snapshot is shown)."""
-    a = num(age)
-    if a is None:
+    if age is None:
         return None
-    taken = num(snapshot.get("now"))
-    return a + max(0.0, now - taken) if taken is not None else a
+    return age + max(0.0, now - snap.now) if snap.now is not None else age
 
 
-def pick_learners(learners: list[dict], room: int, keep: str | None = None) -> list[dict]:
+def pick_learners(learners: Sequence[Learner], room: int, keep: str | None = None) -> list[Learner]:
     """At most `room` learners in their given order: the one named `keep` (the selected one) and
     the troubled ones (not running, or stragglers) first."""
     if len(learners) <= room:
-        return learners
+        return list(learners)
 
-    def trouble(item: tuple[int, dict]) -> int:
-        if keep is not None and str(item[1].get("id")) == keep:
+    def trouble(item: tuple[int, Learner]) -> int:
+        if keep is not None and item[1].id == keep:
             return -1
-        return 0 if item[1].get("state") not in ("running", None) or item[1].get("straggler") else 1
+        return 0 if item[1].state not in ("running", "") or item[1].straggler else 1
 
     kept = sorted(sorted(enumerate(learners), key=trouble)[: max(0, room)], key=lambda i: i[0])
     return [learner for _, learner in kept]
 
 
 # ---------------------------------------------------------------- history for the sparklines
-
-
-def _rejected_total(snapshot: dict) -> float | None:
-    rejected = dig(snapshot, "syncer", "rejected")
-    if not isinstance(rejected, dict):
-        return None
-    return sum(v for v in map(num, rejected.values()) if v is not None)
 
 
 SERIES = (
@@ -350,42 +308,42 @@ class History:
         self._last_now: float | None = None
         self._last_bytes: tuple[float | None, float | None] = (None, None)
 
-    def add(self, snapshot: dict) -> None:
+    def add(self, snapshot: Snapshot | Mapping[str, Any]) -> None:
         """Append this snapshot's values (None where it has none)."""
-        if not isinstance(snapshot, dict):
-            return
-        taken = num(snapshot.get("now"))
+        snap = as_snapshot(snapshot)
+        taken = snap.now
         if taken is not None and taken == self._last_now:
             return
-        values = self._values(snapshot)
-        self._derive_rates(snapshot, values, taken)
+        values = self._values(snap)
+        self._derive_rates(snap, values, taken)
         self._last_now = taken
         for name, value in values.items():
             self._series[name].append(value)
-        self._add_learners(snapshot.get("learners"))
+        self._add_learners(snap.learners)
 
     @staticmethod
-    def _values(snapshot: dict) -> dict[str, float | None]:
-        up, down = num(dig(snapshot, "bytes", "up_per_s")), num(dig(snapshot, "bytes", "down_per_s"))
+    def _values(snap: Snapshot) -> dict[str, float | None]:
+        up, down = snap.bytes.up_per_s, snap.bytes.down_per_s
+        contributors = snap.quorum.last_round_contributors
         return {
-            "goodput": num(snapshot.get("goodput")),
-            "goodput_window": num(snapshot.get("goodput_window")),
-            "tokens_per_s": num(dig(snapshot, "tokens", "per_s")),
+            "goodput": snap.goodput,
+            "goodput_window": snap.goodput_window,
+            "tokens_per_s": snap.tokens.per_s,
             "up_per_s": up,
             "down_per_s": down,
             "bytes_per_s": None if up is None and down is None else (up or 0.0) + (down or 0.0),
-            "loss_train": num(dig(snapshot, "loss", "train")),
-            "loss_eval": num(dig(snapshot, "loss", "eval")),
-            "loss_global": num(dig(snapshot, "loss", "global")),
-            "quorum_live": num(dig(snapshot, "quorum", "live")),
-            "contributors": num(dig(snapshot, "quorum", "last_round_contributors")),
-            "t": num(snapshot.get("now")),
-            "dropped_sends": num(dig(snapshot, "syncer", "dropped_sends")),
-            "rejected": _rejected_total(snapshot),
+            "loss_train": snap.loss.train,
+            "loss_eval": snap.loss.eval,
+            "loss_global": snap.loss.global_,
+            "quorum_live": float(snap.quorum.live),
+            "contributors": float(contributors) if contributors is not None else None,
+            "t": snap.now,
+            "dropped_sends": float(snap.syncer.dropped_sends) if snap.syncer.dropped_sends is not None else None,
+            "rejected": snap.syncer.rejected_total,
         }
 
-    def _derive_rates(self, snapshot: dict, values: dict[str, float | None], taken: float | None) -> None:
-        totals = (num(dig(snapshot, "bytes", "up")), num(dig(snapshot, "bytes", "down")))
+    def _derive_rates(self, snap: Snapshot, values: dict[str, float | None], taken: float | None) -> None:
+        totals: tuple[float | None, float | None] = (snap.bytes.up, snap.bytes.down)
         dt = taken - self._last_now if taken is not None and self._last_now is not None else None
         for name, total, before in zip(("up_per_s", "down_per_s"), totals, self._last_bytes):
             if values[name] is None and dt and dt > 0 and total is not None and before is not None and total >= before:
@@ -414,16 +372,13 @@ class History:
         series = self._series.get(name)
         return series[-1] if series else None
 
-    def _add_learners(self, learners: Any) -> None:
-        if not isinstance(learners, list):
-            return
+    def _add_learners(self, learners: Sequence[Learner]) -> None:
         seen = set()
-        for learner in dicts(learners):
-            if learner.get("id") is None:
+        for learner in learners:
+            if not learner.id:
                 continue
-            key = str(learner["id"])
-            seen.add(key)
-            self._learners.setdefault(key, deque(maxlen=self.maxlen)).append(num(learner.get("tokens_per_s")))
+            seen.add(learner.id)
+            self._learners.setdefault(learner.id, deque(maxlen=self.maxlen)).append(learner.tokens_per_s)
         for gone in set(self._learners) - seen:
             del self._learners[gone]
 

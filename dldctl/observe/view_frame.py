@@ -11,47 +11,36 @@ that from the snapshot itself, so the quorum, the learner rows and the rates of 
   starting, paused or partitioned: the chaos guard's count), and `below_quorum` follows from it;
 - `tokens.per_s` is the sum of the rates the rows show.
 
-Pure: snapshot dict in, a new snapshot dict out (the input is not changed).
+Pure: a snapshot (typed, or its JSON) in, a new typed snapshot out (the input is not changed).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from dldctl.observe.view_data import dicts, num, section, syncer_alive, text_of
+from dldctl.observe.snapshot_model import Event, Learner, Snapshot, as_snapshot
 
 NO_RATE = ("dead", "stopped", "refused", "restarting", "queued")
 # the states that cannot train (as dldctl/chaos/inject.py's DOWN_STATES)
 NOT_LIVE = ("dead", "restarting", "stopped", "refused", "starting", "queued", "paused", "partitioned")
 
 
-def consistent(snapshot: Any) -> dict:
+def consistent(snapshot: Snapshot | Mapping[str, Any]) -> Snapshot:
     """The snapshot with its quorum, learner rows and rates made to agree (see the module doc)."""
-    if not isinstance(snapshot, dict):
-        return {}
-    snap = dict(snapshot)
-    rows = [dict(r) for r in dicts(snapshot.get("learners"))]
-    if not isinstance(snapshot.get("learners"), list):
+    snap = as_snapshot(snapshot)
+    rows = tuple(replace(r, tokens_per_s=None, straggler=False) if r.state in NO_RATE else r for r in snap.learners)
+    snap = replace(snap, learners=rows)
+    if not rows or not snap.syncer.alive:
         return snap
-    for row in rows:
-        if row.get("state") in NO_RATE:
-            row["tokens_per_s"], row["straggler"] = None, False
-    snap["learners"] = rows
-    if not rows or not syncer_alive(snapshot):
-        return snap
-    quorum = dict(section(snapshot, "quorum"))
-    able = sum(1 for r in rows if r.get("state") not in NOT_LIVE)
-    live = num(quorum.get("live"))
-    if live is not None and live > able:
-        quorum["live"] = able
-        minimum = num(quorum.get("min"))
-        if minimum is not None and able < minimum:
-            quorum["below_quorum"] = True
-    snap["quorum"] = quorum
-    if isinstance(snapshot.get("tokens"), dict):
-        rates = [v for v in (num(r.get("tokens_per_s")) for r in rows) if v is not None]
-        snap["tokens"] = dict(snapshot["tokens"], per_s=sum(rates)) if rates else dict(snapshot["tokens"])
-    return snap
+    quorum = snap.quorum
+    able = sum(1 for r in rows if r.state not in NOT_LIVE)
+    if quorum.live > able:
+        quorum = replace(quorum, live=able, below_quorum=quorum.below_quorum or able < quorum.min)
+    rates = [r.tokens_per_s for r in rows if r.tokens_per_s is not None]
+    tokens = replace(snap.tokens, per_s=sum(rates)) if rates else snap.tokens
+    return replace(snap, quorum=quorum, tokens=tokens)
 
 
 # ---------------------------------------------------------------- sorting
@@ -72,37 +61,41 @@ STATE_RANK = {
 }
 
 
-def _id_key(learner: dict) -> tuple[int, str]:
-    name = text_of(learner.get("id"))
+def _id_key(learner: Learner) -> tuple[int, str]:
+    name = learner.id
     tail = name.rsplit("-", 1)[-1]
     return (int(tail) if tail.isdigit() else 1 << 30, name)
 
 
-def _sort_key(column: str) -> Any:
+def _sort_key(column: str) -> Callable[[Learner], Any]:
     """The key of a sort column: ids in number order; troubled states first; the biggest
     rates and steps first; the oldest heartbeat first. Missing values go last."""
 
-    def descending(field: str) -> Any:
-        return lambda r: (num(r.get(field)) is None, -(num(r.get(field)) or 0.0), _id_key(r))
+    def descending(field: str) -> Callable[[Learner], Any]:
+        def key(r: Learner) -> Any:
+            value = getattr(r, field)
+            return (value is None, -(value or 0.0), _id_key(r))
+
+        return key
 
     return {
-        "state": lambda r: (STATE_RANK.get(str(r.get("state")), 9), _id_key(r)),
+        "state": lambda r: (STATE_RANK.get(r.state, 9), _id_key(r)),
         "tok/s": descending("tokens_per_s"),
         "step": descending("step"),
         "hb": descending("heartbeat_age_s"),
     }.get(column, _id_key)
 
 
-def sort_learners(learners: list[dict], column: str) -> list[dict]:
+def sort_learners(learners: Sequence[Learner], column: str) -> list[Learner]:
     """The learners in the order of `column` ("learner", "state", "tok/s", "step", "hb")."""
     return sorted(learners, key=_sort_key(column))
 
 
-def learner_order(snapshot: dict, column: str) -> list[str]:
+def learner_order(snapshot: Snapshot | Mapping[str, Any], column: str) -> list[str]:
     """The learners' ids as the table shows them, top to bottom (what the arrow keys walk)."""
-    return [text_of(r.get("id")) for r in sort_learners(dicts(snapshot.get("learners")), column)]
+    return [r.id for r in sort_learners(as_snapshot(snapshot).learners, column)]
 
 
-def learner_events(snapshot: dict, learner_id: str, count: int = 8) -> list[dict]:
+def learner_events(snap: Snapshot, learner_id: str, count: int = 8) -> list[Event]:
     """The newest `count` events about one learner, oldest first."""
-    return [e for e in dicts(snapshot.get("events")) if e.get("target") == learner_id][-count:] if count > 0 else []
+    return [e for e in snap.events if e.target == learner_id][-count:] if count > 0 else []

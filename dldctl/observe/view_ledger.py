@@ -15,81 +15,70 @@ snapshot, as the rest of the view (`dldctl.observe.view_panels`).
 
 from __future__ import annotations
 
-from typing import Any
-
-from rich.console import RenderableType
 from rich.panel import Panel
 from rich.text import Text
 
-from dldctl.observe.view_data import DASH, fmt_count, fmt_int, fmt_pct, num, text_of
+from dldctl.observe.snapshot_model import Snapshot
+from dldctl.observe.snapshot_parts import Ledger
+from dldctl.observe.view_data import DASH, fmt_count, fmt_int, fmt_pct, text_of
 from dldctl.observe.view_panels import Fit, line, titled
 
 DOT = (" · ", "dim")
 
 
-def ledger(snapshot: Any) -> dict:
-    """The snapshot's `data` object; {} when the run does not use the ledger (null or missing)."""
-    data = snapshot.get("data") if isinstance(snapshot, dict) else None
-    return data if isinstance(data, dict) else {}
-
-
-def learner_tokens(snapshot: dict, learner_id: Any) -> str:
+def learner_tokens(snap: Snapshot, learner_id: str) -> str:
     """A learner's merged tokens (`data.tokens_by_learner`), "-" without a ledger; a learner the
     ledger has merged nothing of yet has 0."""
-    by_learner = ledger(snapshot).get("tokens_by_learner")
-    if not isinstance(by_learner, dict):
-        return DASH
-    return fmt_count(by_learner.get(text_of(learner_id), 0))
+    by_learner = snap.data.tokens_by_learner if snap.data is not None else None
+    return DASH if by_learner is None else fmt_count(by_learner.get(learner_id, 0))
 
 
-def has_learner_tokens(snapshot: dict) -> bool:
+def has_learner_tokens(snap: Snapshot) -> bool:
     """Whether the learners table gets a `merged` column (the ledger counts tokens per learner)."""
-    return isinstance(ledger(snapshot).get("tokens_by_learner"), dict)
+    return snap.data is not None and snap.data.tokens_by_learner is not None
 
 
-def _core(data: dict) -> list[tuple[str, str]]:
+def _core(data: Ledger) -> list[tuple[str, str]]:
     """The parts every width keeps: epoch and share merged."""
-    return [("epoch ", "dim"), (fmt_int(data.get("epoch")), "bold"), DOT, (fmt_pct(data.get("merged_share")), "bold")]
+    return [("epoch ", "dim"), (fmt_int(data.epoch), "bold"), DOT, (fmt_pct(data.merged_share), "bold")]
 
 
-def _counts(data: dict, short: bool = False) -> list[tuple[str, str]]:
+def _counts(data: Ledger, short: bool = False) -> list[tuple[str, str]]:
     """In flight, lost and reissued (`short`: lost alone)."""
-    lost = num(data.get("lost"))
-    parts = [DOT, (fmt_int(data.get("in_flight")), ""), (" in flight", "dim"), DOT]
-    parts += [(fmt_int(lost), "yellow" if lost else ""), (" lost", "dim")]
-    return parts if short else [*parts, (" → ", "dim"), (fmt_int(data.get("reissued")), ""), (" reissued", "dim")]
+    parts = [DOT, (fmt_int(data.in_flight), ""), (" in flight", "dim"), DOT]
+    parts += [(fmt_int(data.lost), "yellow" if data.lost else ""), (" lost", "dim")]
+    return parts if short else [*parts, (" → ", "dim"), (fmt_int(data.reissued), ""), (" reissued", "dim")]
 
 
-def _extras(data: dict) -> list[list[tuple[str, str]]]:
+def _extras(data: Ledger) -> list[list[tuple[str, str]]]:
     """What wider lines add, a group each, the most telling first: units closed of the epoch,
     tokens trained off the ledger (when any: the ledger did not feed some learner), units queued
     again, tokens merged, partly merged units (when any). A figure the snapshot lacks (the syncer
     is down: its last sample has only the headline's) is left out, not shown as "-"."""
-    merged, partial, units = num(data.get("merged")), num(data.get("partial")), num(data.get("units"))
+    merged, partial, units = data.merged, data.partial, data.units
     groups = []
     if units is not None and merged is not None:
         groups.append([DOT, (f"{fmt_int(merged + (partial or 0))}/{fmt_int(units)}", ""), (" units", "dim")])
-    off = num(data.get("off_ledger_tokens"))
-    if off:
-        groups.append([DOT, (fmt_count(off), "yellow"), (" tokens off the ledger", "dim")])
-    again = num(data.get("queued_again"))
+    if data.off_ledger_tokens:
+        groups.append([DOT, (fmt_count(data.off_ledger_tokens), "yellow"), (" tokens off the ledger", "dim")])
+    again = data.queued_again
     if again is not None:
         groups.append([DOT, (fmt_int(again), "yellow" if again else ""), (" queued again", "dim")])
-    if num(data.get("merged_tokens")) is not None:
-        groups.append([DOT, (fmt_count(data.get("merged_tokens")), ""), (" tokens", "dim")])
+    if data.merged_tokens is not None:
+        groups.append([DOT, (fmt_count(data.merged_tokens), ""), (" tokens", "dim")])
     if partial:
         groups.append([DOT, (fmt_int(partial), "yellow"), (" partly merged", "dim")])
     return groups
 
 
-def _headline(data: dict, detail: int) -> list[tuple[str, str]]:
+def _headline(data: Ledger, detail: int) -> list[tuple[str, str]]:
     """`detail` 2: epoch · share merged · in flight · lost → reissued; 1 without the reissued;
     0 epoch and share only."""
     parts = _core(data)
     return parts if detail == 0 else [*parts, (" merged", "dim"), *_counts(data, short=detail == 1)]
 
 
-def choices(data: dict) -> list[Text]:
+def choices(data: Ledger) -> list[Text]:
     """The line from the most detailed to the least: the headline with every extra group, then
     one group fewer at a time, then the shorter headlines."""
     extras = _extras(data)
@@ -97,18 +86,12 @@ def choices(data: dict) -> list[Text]:
     return [*full, line(*_headline(data, 1)), line(*_headline(data, 0))]
 
 
-def data_line(snapshot: dict) -> RenderableType:
-    """The ledger's line, as much of it as fits the width."""
-    return Fit(*choices(ledger(snapshot)))
-
-
-def data_text(snapshot: dict) -> str:
+def data_text(snap: Snapshot) -> str:
     """The whole line as plain text (`dldctl status --once`); "" without a ledger."""
-    data = ledger(snapshot)
-    return choices(data)[0].plain if data else ""
+    return choices(snap.data)[0].plain if snap.data is not None else ""
 
 
-def data_panel(snapshot: dict) -> Panel:
-    """The ledger's line in a panel titled `data ledger`."""
-    title = Text.assemble(("data ", "bold"), (text_of(ledger(snapshot).get("order")), "dim"))
-    return titled(title, data_line(snapshot))
+def data_panel(data: Ledger) -> Panel:
+    """The ledger's line, as much of it as fits the width, in a panel titled `data ledger`."""
+    title = Text.assemble(("data ", "bold"), (text_of(data.order), "dim"))
+    return titled(title, Fit(*choices(data)))

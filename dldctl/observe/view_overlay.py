@@ -12,7 +12,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from dldctl.observe.view_data import dicts, fmt_count, fmt_int, state_style, text_of
+from dldctl.observe.snapshot_model import Event, Learner, Snapshot
+from dldctl.observe.view_data import fmt_count, fmt_int, state_style, text_of
 from dldctl.observe.view_frame import learner_events
 from dldctl.observe.view_keys import KEYS, ViewState, question
 from dldctl.observe.view_ledger import has_learner_tokens, learner_tokens
@@ -34,7 +35,7 @@ def help_panel() -> Panel:
 class DetailBody:
     """The selected learner's newest events, then as many of its newest log lines as fit."""
 
-    def __init__(self, events: list[dict], log: list[str], now: float) -> None:
+    def __init__(self, events: list[Event], log: list[str], now: float) -> None:
         self.events, self.log, self.now = events, log, now
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
@@ -50,27 +51,27 @@ class DetailBody:
             yield Text(entry, no_wrap=True, overflow="ellipsis")
 
 
-def detail_panel(snapshot: dict, learner_id: str, log: list[str], now: float) -> Panel:
+def detail_panel(snap: Snapshot, learner_id: str, log: list[str], now: float) -> Panel:
     """One learner: host, state, pid, step, rate (and with the data ledger its merged tokens) in the
     title; its events and log lines."""
-    row = next((r for r in dicts(snapshot.get("learners")) if text_of(r.get("id")) == learner_id), {})
-    state = text_of(row.get("state"))
+    row = next((r for r in snap.learners if r.id == learner_id), Learner())
+    state = text_of(row.state)
     title = Text.assemble(
         (learner_id, "bold"),
         ("  on ", "dim"),
-        text_of(row.get("host")),
+        text_of(row.host),
         "  ",
         (state, state_style(state)),
         ("  pid ", "dim"),
-        fmt_int(row.get("pid")),
+        fmt_int(row.pid),
         ("  step ", "dim"),
-        fmt_int(row.get("step")),
+        fmt_int(row.step),
         ("  tok/s ", "dim"),
-        fmt_count(row.get("tokens_per_s")),
-        *((("  merged ", "dim"), learner_tokens(snapshot, learner_id)) if has_learner_tokens(snapshot) else ()),
+        fmt_count(row.tokens_per_s),
+        *((("  merged ", "dim"), learner_tokens(snap, learner_id)) if has_learner_tokens(snap) else ()),
         ("  (⏎ closes)", "dim"),
     )
-    body = DetailBody(learner_events(snapshot, learner_id, 20), log, now)
+    body = DetailBody(learner_events(snap, learner_id, 20), log, now)
     return Panel(body, title=title, title_align="left", border_style="cyan", box=box.ROUNDED, padding=(0, 1))
 
 

@@ -2,7 +2,7 @@
 function per panel of the live view (header, quorum, goodput, loss, throughput, bandwidth,
 events; the learners panel is in `dldctl.observe.view`).
 
-Everything here is a pure function of a snapshot dict (the `dldctl status --json` schema), the
+Everything here is a pure function of a typed `Snapshot` (observe/snapshot_model.py), the
 series kept by a `History`, and an injected `now`; nothing reads a clock or does I/O. The field
 access, formatting and colours the panels use, and `History` itself, are in `dldctl.observe.view_data`.
 `dldctl.observe.view` is the public face and re-exports what callers need.
@@ -19,12 +19,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from dldctl.observe.snapshot_model import Loss, Quorum, Snapshot, SyncerPart, read_record
+from dldctl.observe.snapshot_model import Event, Learner, Snapshot, SyncerPart
 from dldctl.observe.view_data import (
     DASH,
     History,
-    dicts,
-    dig,
     fmt_bytes,
     fmt_count,
     fmt_duration,
@@ -37,11 +35,9 @@ from dldctl.observe.view_data import (
     quorum_colour,
     quorum_label,
     run_uptime,
-    section,
     sparkline,
     state_style,
     supervisor_note,
-    syncer_alive,
     text_of,
 )
 from syncer.common import unscored
@@ -171,34 +167,33 @@ def short_id(learner_id: Any) -> str:
 WARN_WINDOW_S = 60.0  # a counter's warning lasts this long after its last rise
 
 
-def header_notes(snapshot: dict, now: float, history: History | None = None) -> Text:
+def header_notes(snap: Snapshot, now: float, history: History | None = None) -> Text:
     """The header's second voice (its subtitle): warnings an operator should not miss. Rejected
     messages and dropped sends are warned about while they rise (over the last WARN_WINDOW_S of
     `history`); without a history (`--once`) they are not (`--json` has the lifetime counters)."""
     notes: list[tuple[str, str]] = []
-    if snapshot.get("status") == "down":
+    if snap.status == "down":
         notes.append(("the run is down (`dldctl down`); `dldctl report` summarises it", "bold"))
-    elif snapshot.get("status") == "crashed":
-        notes.append((f"the run crashed: `dldctl up --resume {text_of(snapshot.get('run'))}` continues it", "bold red"))
-    elif not syncer_alive(snapshot):
+    elif snap.status == "crashed":
+        notes.append((f"the run crashed: `dldctl up --resume {text_of(snap.run)}` continues it", "bold red"))
+    elif not snap.syncer.alive:
         notes.append(("learners keep training; merges resume when the syncer is back", "red"))
-    sup_note = supervisor_note(snapshot, now) if snapshot.get("status") not in ("down", "crashed") else None
+    sup_note = supervisor_note(snap, now) if snap.status not in ("down", "crashed") else None
     notes += [sup_note] if sup_note else []
-    taken = num(snapshot.get("now"))
-    if taken is not None and now - taken > 5:
-        notes.append((f"snapshot {fmt_duration(now - taken)} old", "yellow"))
-    if snapshot.get("insecure") is True:
+    if snap.now is not None and now - snap.now > 5:
+        notes.append((f"snapshot {fmt_duration(now - snap.now)} old", "yellow"))
+    if snap.insecure:
         notes.append(("INSECURE: no CURVE", "bold yellow"))
     for name, words in (("rejected", "rejected"), ("dropped_sends", "dropped sends")):
         rise = history.recent_rise(name, WARN_WINDOW_S) if history is not None else None
         if rise:  # lifetime counters: said while they grow, gone a minute after they stop
             notes.append((f"{words} {int(rise)} in {WARN_WINDOW_S:.0f}s", "yellow"))
-    notes += [(str(w), "bold red") for w in dig(snapshot, "syncer", "warnings") or []]
-    notes += [(guard, "bold red")] if (guard := guard_note(snapshot)) else []
-    notes += [(held, "bold red")] if (held := quarantine_note(snapshot)) else []
-    notes += [(unscored_note, "yellow")] if (unscored_note := global_off_note(snapshot)) else []
-    risks = dig(snapshot, "syncer", "risks") or []
-    notes += [(f"{len(risks)} risky setting(s): {str(risks[0]).split(':')[0]}", "yellow")] if risks else []
+    notes += [(w, "bold red") for w in snap.syncer.warnings]
+    notes += [(guard, "bold red")] if (guard := guard_note(snap)) else []
+    notes += [(held, "bold red")] if (held := quarantine_note(snap)) else []
+    notes += [(unscored_note, "yellow")] if (unscored_note := global_off_note(snap)) else []
+    risks = snap.syncer.risks
+    notes += [(f"{len(risks)} risky setting(s): {risks[0].split(':')[0]}", "yellow")] if risks else []
     out = Text()
     for i, note in enumerate(notes):
         out.append_text(Text(" · " if i else " ", "dim"))
@@ -230,39 +225,36 @@ def _progress_parts(s: SyncerPart, fragments: bool) -> list[Any]:
     return parts + ([SEP, fmt_int(s.fragments), (" fragments", "dim")] if fragments else [])
 
 
-def header_panel(snapshot: dict, now: float, compact: bool = False, history: History | None = None) -> Panel:
+def header_panel(snap: Snapshot, now: float, compact: bool = False, history: History | None = None) -> Panel:
     """Run, uptime, syncer health, outer steps, checkpoint (`compact`: leave out pid and epoch;
     where the line still does not fit, the fragments, then the syncer's address go first)."""
-    snap, alive = Snapshot.from_json(snapshot), syncer_alive(snapshot)
-    down = snap.status == "down"
-    head: list[Any] = [("ran " if down else "up ", "dim"), (fmt_duration(run_uptime(snapshot, now)), "bold"), SEP]
+    alive, down = snap.syncer.alive, snap.status == "down"
+    head: list[Any] = [("ran " if down else "up ", "dim"), (fmt_duration(run_uptime(snap, now)), "bold"), SEP]
     choices = [
         line(*head, *_syncer_parts(snap, alive, compact), *_progress_parts(snap.syncer, True)),
         line(*head, *_syncer_parts(snap, alive, compact), *_progress_parts(snap.syncer, False)),
         line(*head, *_syncer_parts(snap, alive, True, address=False), *_progress_parts(snap.syncer, False)),
     ]
-    border = "green" if syncer_alive(snapshot) else ("white" if down else "red")
-    if not down and dig(snapshot, "supervisor", "state") in ("missing", "hung"):
+    border = "green" if alive else ("white" if down else "red")
+    if not down and snap.supervisor is not None and snap.supervisor.state in ("missing", "hung"):
         border = "red"
     return Panel(
         Fit(*choices),
         title=Text.assemble(" dldctl ", (text_of(snap.run), "bold"), " "),
         title_align="left",
-        subtitle=header_notes(snapshot, now, history) or None,
+        subtitle=header_notes(snap, now, history) or None,
         subtitle_align="right",
         border_style=border,
         box=box.HEAVY if border == "red" else box.ROUNDED,
     )
 
 
-def quorum_panel(snapshot: dict, recent: Sequence[Any] | None = None) -> Panel:
+def quorum_panel(snap: Snapshot, recent: Sequence[Any] | None = None) -> Panel:
     """Live/total/minimum, contributors of recent rounds, grace used, coloured by health."""
-    q = read_record(Quorum, snapshot.get("quorum"))
-    colour, label = quorum_colour(snapshot), quorum_label(snapshot)
+    q = snap.quorum
+    colour, label = quorum_colour(snap), quorum_label(snap)
     live, total, minimum = q.live, q.total, q.min
-    if recent is None:
-        reported = q.extra.get("recent_contributors")
-        recent = reported if isinstance(reported, list) else []
+    recent = q.recent_contributors if recent is None else recent
     top = total if total else max([v for v in map(num, recent) if v is not None], default=None)
     first = line(("live ", "dim"), (f"{live}/{total}", f"bold {colour}"), ("  min ", "dim"), str(minimum))
     rounds = Spark(
@@ -274,7 +266,7 @@ def quorum_panel(snapshot: dict, recent: Sequence[Any] | None = None) -> Panel:
         style=colour,
         fmt=fmt_int,
     )
-    if colour == "red" and syncer_alive(snapshot):
+    if colour == "red" and snap.syncer.alive:
         missing = str(minimum - live)
         opened = fmt_int(q.open_rounds)
         third = Fit(line((f"{opened} rounds open, need {missing} more", "red")), line((f"need {missing} more", "red")))
@@ -290,9 +282,9 @@ def _pct0(value: float) -> str:
     return f"{100 * value:.0f}%"
 
 
-def goodput_panel(snapshot: dict, history: History) -> Panel:
+def goodput_panel(snap: Snapshot, history: History) -> Panel:
     """Goodput of the whole run and of the last minute, with their history."""
-    whole, window = snapshot.get("goodput"), snapshot.get("goodput_window")
+    whole, window = snap.goodput, snap.goodput_window
     run_pct, window_pct = (fmt_pct(whole), f"bold {goodput_style(whole)}"), (fmt_pct(window), goodput_style(window))
     first = Fit(
         line(run_pct, (" run  ", "dim"), window_pct, (" last 60s", "dim")),
@@ -313,15 +305,15 @@ def goodput_panel(snapshot: dict, history: History) -> Panel:
                 fmt=_pct0,
             ),
         ),
-        border=goodput_style(whole) if num(whole) is not None else "blue",
+        border=goodput_style(whole) if whole is not None else "blue",
     )
 
 
-def loss_panel(snapshot: dict, history: History) -> Panel:
+def loss_panel(snap: Snapshot, history: History) -> Panel:
     """The learners' train and eval loss and the global model's, with their history and best values
     (a quality guard trip is in the header's notes, `guard_note`)."""
     train, evals, glob = history.get("loss_train"), history.get("loss_eval"), history.get("loss_global")
-    now = read_record(Loss, snapshot.get("loss"))
+    now = snap.loss
 
     def best(values: Sequence[Any]) -> str:
         return fmt_float(min((v for v in map(num, values) if v is not None), default=None))
@@ -341,7 +333,7 @@ def loss_panel(snapshot: dict, history: History) -> Panel:
                 fmt=fmt_float,
             ),
             global_off_line(off)
-            if (off := global_off(snapshot))
+            if (off := snap.loss.global_off)
             else Spark(
                 Text.assemble(("global ", "dim"), (fmt_float(now.global_), "bold"), " "),
                 glob,
@@ -353,56 +345,47 @@ def loss_panel(snapshot: dict, history: History) -> Panel:
     )
 
 
-def global_off(snapshot: dict) -> str:
-    """Why the global model is not scored ("" while it is): `loss.global_off` of the snapshot."""
-    return read_record(Loss, snapshot.get("loss")).global_off or ""
-
-
 def global_off_line(reason: str) -> Fit:
     """`global off: <reason in as few words as the width needs>` (the reason in full is a header note)."""
     return Fit(*(line(("global ", "dim"), (f"off: {w}", "bold yellow")) for w in unscored.words(reason)))
 
 
-def global_off_note(snapshot: dict) -> str:
+def global_off_note(snap: Snapshot) -> str:
     """The header's note while the global model is not scored ("" otherwise, or when the settings
     turned scoring off: the risky-settings note says that)."""
-    off = global_off(snapshot)
+    off = snap.loss.global_off
     return "" if not off or unscored.on_purpose(off) else f"global model not scored, quality guard off: {off}"
 
 
-def guard_note(snapshot: dict) -> str:
+def guard_note(snap: Snapshot) -> str:
     """The quality guard's trips, if it ever tripped ("" otherwise); the live and plain views' words."""
-    guard = snapshot.get("guard") or {}
-    last = guard.get("last") or {}
+    guard = snap.guard
+    if guard is None or not guard.trips:
+        return ""
     return (
-        ""
-        if not guard.get("trips")
-        else (
-            f"QUALITY GUARD: {guard['trips']} trip(s), {guard.get('rollbacks', 0)} rollback(s); "
-            f"last score {fmt_float(last.get('loss'))} ({'good' if last.get('good') else 'FLAGGED'})"
-        )
+        f"QUALITY GUARD: {guard.trips} trip(s), {guard.rollbacks} rollback(s); "
+        f"last score {fmt_float(guard.last.loss)} ({'good' if guard.last.good else 'FLAGGED'})"
     )
 
 
-def quarantine_note(snapshot: dict) -> str:
+def quarantine_note(snap: Snapshot) -> str:
     """The learners the syncer's screen shuts out now, with why ("" when none)."""
-    rows = [r for r in dicts(dig(snapshot, "screen", "learners")) if r.get("state") == "quarantined"]
+    rows = [r for r in snap.screen.learners if r.state == "quarantined"] if snap.screen is not None else []
     if not rows:
         return ""
     first = rows[0]
     more = f" (+{len(rows) - 1} more)" if len(rows) > 1 else ""
     return (
-        f"QUARANTINED: {text_of(first.get('learner'))} for {fmt_duration(num(first.get('remaining_s')) or 0)}{more}: "
-        f"{text_of(first.get('reason'))}"
+        f"QUARANTINED: {text_of(first.learner)} for {fmt_duration(first.remaining_s or 0)}{more}: "
+        f"{text_of(first.reason)}"
     )
 
 
-def throughput_panel(snapshot: dict, history: History) -> Panel:
+def throughput_panel(snap: Snapshot, history: History) -> Panel:
     """Tokens/s of the fleet with its history, tokens trained and merged, tokens/s per learner."""
-    t = section(snapshot, "tokens")
-    trained, merged = num(t.get("trained")), num(t.get("merged"))
-    share = f" ({fmt_pct(merged / trained)})" if trained and merged is not None else ""
-    rate = (fmt_rate(t.get("per_s"), "tok"), "bold")
+    trained, merged = snap.tokens.trained, snap.tokens.merged
+    share = f" ({fmt_pct(merged / trained)})" if trained else ""
+    rate = (fmt_rate(snap.tokens.per_s, "tok"), "bold")
     first = Fit(
         line(rate, ("  trained ", "dim"), fmt_count(trained), ("  merged ", "dim"), fmt_count(merged), share),
         line(rate, ("  trained ", "dim"), fmt_count(trained), ("  merged ", "dim"), fmt_count(merged)),
@@ -410,15 +393,13 @@ def throughput_panel(snapshot: dict, history: History) -> Panel:
         line(rate),
     )
     spark = Spark("", history.get("tokens_per_s"), lo=0.0, fmt=fmt_count)
-    return titled("throughput", lines(first, spark, per_learner_rates(dicts(snapshot.get("learners")))))
+    return titled("throughput", lines(first, spark, per_learner_rates(snap.learners)))
 
 
-def per_learner_rates(learners: list[dict]) -> Fit:
+def per_learner_rates(learners: Sequence[Learner]) -> Fit:
     """`#0 6.3k  #1 6.4k ...`, coloured by state; where not all fit, the first ones and `+N`."""
     cells = [
-        Text.assemble(
-            (short_id(r.get("id")) + " ", state_style(r.get("state")) or "dim"), fmt_count(r.get("tokens_per_s"))
-        )
+        Text.assemble((short_id(r.id) + " ", state_style(r.state) or "dim"), fmt_count(r.tokens_per_s))
         for r in learners
     ]
     choices = [
@@ -430,17 +411,16 @@ def per_learner_rates(learners: list[dict]) -> Fit:
     return Fit(*choices)
 
 
-def bandwidth_panel(snapshot: dict, history: History) -> Panel:
+def bandwidth_panel(snap: Snapshot, history: History) -> Panel:
     """Bytes up and down per second, compression ratio, and data-parallel's traffic for the same work."""
-    b = section(snapshot, "bytes")
-    ratio = num(b.get("compression_ratio"))
-    ratio = ratio if ratio else None  # 0 means nothing pushed yet
-    up_s, down_s = (b.get(k) if num(b.get(k)) is not None else history.latest(k) for k in ("up_per_s", "down_per_s"))
+    b = snap.bytes
+    ratio = b.compression_ratio or None  # 0 means nothing pushed yet
+    up_s = b.up_per_s if b.up_per_s is not None else history.latest("up_per_s")
+    down_s = b.down_per_s if b.down_per_s is not None else history.latest("down_per_s")
     rates = ("↑ ", "dim"), (fmt_rate(up_s), "bold"), ("  ↓ ", "dim"), (fmt_rate(down_s), "bold")
     first = Fit(line(*rates, ("  compression ", "dim"), f"{ratio:.1f}x" if ratio is not None else DASH), line(*rates))
-    up, down, ddp = num(b.get("up")), num(b.get("down")), num(b.get("ddp_equivalent"))
-    moved = (up or 0.0) + (down or 0.0) if up is not None or down is not None else None
-    times = f" ({ddp / moved:,.0f}x)" if ddp is not None and moved else ""
+    moved, ddp = b.up + b.down, b.ddp_equivalent
+    times = f" ({ddp / moved:,.0f}x)" if moved else ""
     versus = (fmt_bytes(ddp), "yellow"), (" vs ", "dim"), (fmt_bytes(moved), "green")
     third = Fit(line(("data-parallel ", "dim"), *versus, times), line(("DP ", "dim"), *versus, times), line(*versus))
     spark = Spark("", history.get("bytes_per_s"), lo=0.0, style="green", fmt=fmt_bytes)
@@ -450,7 +430,7 @@ def bandwidth_panel(snapshot: dict, history: History) -> Panel:
 class EventTail:
     """The newest events that fit the height it is given (newest last, ages from `now`)."""
 
-    def __init__(self, events: list[dict], now: float, default_rows: int = 10) -> None:
+    def __init__(self, events: Sequence[Event], now: float, default_rows: int = 10) -> None:
         self.events, self.now, self.default_rows = events, now, default_rows
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
@@ -461,28 +441,28 @@ class EventTail:
         yield event_table(self.events[-rows:], self.now)
 
 
-def event_table(events: list[dict], now: float, expand: bool = True) -> Table:
+def event_table(events: Sequence[Event], now: float, expand: bool = True) -> Table:
     """Events as aligned rows: age, kind, target, detail. A kind is shown whole (its column as wide
     as the widest shown): `supervisor_start` cut to `supervisor_sta…` says nothing. `expand`
     fills the width (a panel); plain output (`status --once`, a pipe) leaves it off."""
-    kinds = [text_of(e.get("kind")) for e in events]
+    kinds = [text_of(e.kind) for e in events]
     grid = Table.grid(padding=(0, 1), expand=expand)
     grid.add_column(justify="right", no_wrap=True, width=10)
     grid.add_column(no_wrap=True, width=max(map(len, kinds), default=4))
     grid.add_column(no_wrap=True, max_width=12, overflow="ellipsis")
     grid.add_column(no_wrap=True, ratio=1 if expand else None, overflow="ellipsis")
     for event in events:
-        t, kind = num(event.get("t")), text_of(event.get("kind"))
-        age = f"{fmt_duration(now - t)} ago" if t is not None else DASH
+        kind = text_of(event.kind)
+        age = f"{fmt_duration(now - event.t)} ago" if event.t is not None else DASH
         grid.add_row(
             Text(age, "dim"),
             Text(kind, EVENT_STYLES.get(kind, "")),
-            text_of(event.get("target")),
-            Text(text_of(event.get("detail")), "dim"),
+            text_of(event.target),
+            Text(text_of(event.detail), "dim"),
         )
     return grid
 
 
-def events_panel(snapshot: dict, now: float) -> Panel:
+def events_panel(snap: Snapshot, now: float) -> Panel:
     """The event log: joins, deaths, restarts, chaos faults, quorum changes."""
-    return titled("events", EventTail(dicts(snapshot.get("events")), now))
+    return titled("events", EventTail(snap.events, now))

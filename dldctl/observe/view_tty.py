@@ -16,7 +16,7 @@ import sys
 import termios
 import time
 import tty
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, TextIO
@@ -24,6 +24,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.live import Live
 
+from dldctl.observe.snapshot_model import Snapshot
 from dldctl.observe.view import History, render_live
 from dldctl.observe.view_frame import consistent, learner_order
 from dldctl.observe.view_keys import Command, ViewState, decode, press
@@ -65,7 +66,7 @@ class Sources:
     """What the view reads and does: a snapshot, a learner's newest log lines, a confirmed command
     (answering the message to show)."""
 
-    collect: Callable[[], dict]
+    collect: Callable[[], Snapshot | Mapping[str, Any]]
     log: Callable[[str], list[str]]
     act: Callable[[Command], str]
 
@@ -73,7 +74,7 @@ class Sources:
 def drive(sources: Sources, interval: float, console: Console, keys: KeyReader) -> ViewState:
     """Run the live view until `q` (or KeyboardInterrupt); the state it ended in."""
     history, ui = History(), ViewState()
-    snap: dict = {}
+    snap = Snapshot()
     log: list[str] = []
     next_snap = next_log = 0.0
     with Live(console=console, screen=True, auto_refresh=False, transient=True) as live:

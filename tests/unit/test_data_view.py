@@ -16,6 +16,7 @@ from rich.console import Console
 
 from dldctl import rundir
 from dldctl.observe import report, snapshot
+from dldctl.observe.snapshot_model import Snapshot
 from dldctl.observe.view import History, plan_sections, render_live, render_plain
 from dldctl.observe.view_ledger import data_text
 from dldctl.runstate import Proc, ProcStatus, RunState
@@ -88,7 +89,7 @@ def test_without_a_ledger_the_view_shows_none_of_it() -> None:
             del s["data"]  # a syncer from before the ledger
         text, once = live(s), plain(s)
         assert "data ledger" not in text and " merged " not in text.split("─ learners")[1].splitlines()[1]
-        assert "\ndata " not in once and data_text(s) == ""
+        assert "\ndata " not in once and data_text(Snapshot.from_json(s)) == ""
     assert "data" not in plan_sections(40, 4) and plan_sections(40, 4, data=True)["data"] == 3
 
 
@@ -139,7 +140,8 @@ def test_json_with_the_syncer_down_keeps_the_ledger_of_its_last_sample(
         "reissued": 4,
         "merged_tokens": 10,
     }
-    assert data_text({"data": data}) == "epoch 2 · 50.0% merged · 3 in flight · 4 lost → 4 reissued · 10 tokens"
+    said = data_text(Snapshot.from_json({"data": data}))
+    assert said == "epoch 2 · 50.0% merged · 3 in flight · 4 lost → 4 reissued · 10 tokens"
 
 
 # ---------------------------------------------------------------- report and exports

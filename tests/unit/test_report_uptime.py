@@ -5,23 +5,25 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 from dldctl.lifecycle.down import _run_age, summary
+from dldctl.observe.snapshot_model import Snapshot
 from dldctl.rundir import RunDir
 from dldctl.runstate import RunState
 
 
-def snapshot(uptime_s: float) -> dict[str, Any]:
+def snapshot(uptime_s: float, loss_global: float = 1.62) -> Snapshot:
     """The parts of a syncer's status snapshot the summary reads (the restarted syncer's uptime)."""
-    return {
-        "syncer": {"outer_steps": 184},
-        "goodput": 0.788,
-        "tokens": {"trained": 5_242_368, "merged": 4_767_488},
-        "loss": {"train": 1.68, "eval": 1.71, "global": 1.62},
-        "bytes": {"up": 15_192_009, "down": 18_627_185, "ddp_equivalent": 25_890_308_096},
-        "uptime_s": uptime_s,
-    }
+    return Snapshot.from_json(
+        {
+            "syncer": {"outer_steps": 184},
+            "goodput": 0.788,
+            "tokens": {"trained": 5_242_368, "merged": 4_767_488},
+            "loss": {"train": 1.68, "eval": 1.71, "global": loss_global},
+            "bytes": {"up": 15_192_009, "down": 18_627_185, "ddp_equivalent": 25_890_308_096},
+            "uptime_s": uptime_s,
+        }
+    )
 
 
 def run_dir(tmp_path: Path, created: float, stopped_at: float | None) -> RunDir:
@@ -65,8 +67,7 @@ def test_down_says_the_final_score_the_one_runs_and_export_read(tmp_path: Path) 
     jsonl.append(run.metrics, {"t": 1_100.0, "kind": "sample", "outer_steps": 100, "loss_global": 2.9})
     jsonl.append(run.metrics, final)
     jsonl.append(run.metrics, {"t": 1_189.5, "kind": "round", "outer_steps": 186})
-    answered = snapshot(uptime_s=48.62)
-    answered["loss"]["global"] = 2.361  # scored before the last rounds closed
+    answered = snapshot(uptime_s=48.62, loss_global=2.361)  # scored before the last rounds closed
     out = summary(run, answered, "", [])
     assert out["loss_global"] == 2.3076 == runs.row(run, 1_200.0)["loss_global"]
     assert out["outer_steps"] == 186 and out["goodput"] == 0.8341 and out["bytes_up"] == 15_674_960

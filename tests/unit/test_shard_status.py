@@ -17,6 +17,7 @@ from rich.console import Console
 from dldctl import rundir
 from dldctl.observe import shardrows, snapshot
 from dldctl.observe.shardrows import Seen, merge_rate, newest_checkpoint, parse_usage, shard_row
+from dldctl.observe.snapshot_model import Snapshot
 from dldctl.observe.view import History, render_live, render_plain
 from dldctl.observe.view_shards import shard_text, sharded
 from dldctl.runstate import PidRecord, Proc, ProcStatus, RunState
@@ -171,7 +172,9 @@ def test_plain_status_has_a_line_per_shard_and_none_unsharded() -> None:
     text = out.getvalue()
     assert "● syncer    fragments 0,2 pid 41 epoch 3 outer 500" in text
     assert "✖ RESTARTING syncer-1  fragments -" in text
-    assert sharded({"shards": snap["shards"][:1]}) == [] and "fragments 0,2" not in shard_text(snap["shards"][1])
+    typed = Snapshot.from_json(snap)
+    assert sharded(Snapshot.from_json({"shards": snap["shards"][:1]})) == []
+    assert typed.shards is not None and "fragments 0,2" not in shard_text(typed.shards[1])
 
 
 def test_the_live_view_has_a_shards_panel_when_sharded() -> None:

@@ -55,3 +55,36 @@ def test_figures_from_a_metrics_sample_match_the_snapshots_names() -> None:
     figures = Figures.from_sample(sample)
     assert (figures.outer_steps, figures.goodput, figures.bytes_up) == (600, 0.8341, 15674960)
     assert figures.loss.global_ == 2.3076 and figures.scored_loss == 2.3076
+
+
+def test_the_view_sections_read_odd_values_as_defaults_and_keep_their_json() -> None:
+    given = {
+        "syncer": {"alive": True, "warnings": ["w", 3], "risks": "x", "rejected": {"stale": 2, "bad": "?"}},
+        "supervisor": {"state": "hung", "pid": "12", "heartbeat_age_s": float("nan"), "watchdog": "?"},
+        "data": {"order": "ledger", "epoch": 1, "lost": "many", "tokens_by_learner": {"learner-0": 5, "x": None}},
+        "guard": {"trips": 2.0, "last": "?"},
+        "screen": {"learners": [{"learner": "learner-1", "state": "quarantined", "remaining_s": "soon"}, 7]},
+        "shards": [{"name": "syncer", "up": 1, "fragments": [0, "a", 2]}, {"name": "syncer-1", "fragments": None}],
+    }
+    snap = Snapshot.from_json(given)
+    assert snap.syncer.warnings == ("w",) and snap.syncer.risks == () and snap.syncer.rejected_total == 2
+    assert snap.supervisor is not None and snap.supervisor.state == "hung" and snap.supervisor.pid is None
+    assert snap.supervisor.heartbeat_age_s is None and snap.supervisor.watchdog is None
+    assert snap.data is not None and snap.data.epoch == 1 and snap.data.lost is None
+    assert snap.data.tokens_by_learner == {"learner-0": 5}
+    assert snap.guard is not None and snap.guard.trips == 2 and snap.guard.last.loss is None
+    assert snap.screen is not None and [r.remaining_s for r in snap.screen.learners] == [None]
+    assert snap.shards is not None and snap.shards[0].fragments == (0, 2) and not snap.shards[0].up
+    assert snap.shards[1].fragments is None
+    back = snap.to_json()
+    assert back["data"]["epoch"] == 1 and type(back["data"]["epoch"]) is int  # an int stays an int
+    assert "lost" not in back["data"]  # a figure the ledger does not know (not a number) is left out, not null
+    assert back["supervisor"]["state"] == "hung" and back["shards"][0]["name"] == "syncer"
+    assert Snapshot.from_json(json.loads(json.dumps(back))) == snap
+
+
+def test_an_absent_or_null_section_stays_so() -> None:
+    assert Snapshot.from_json({"data": None}).to_json()["data"] is None
+    back = Snapshot.from_json({}).to_json()
+    assert not {"data", "supervisor", "guard", "screen", "shards"} & set(back)
+    assert Snapshot.from_json(None) == Snapshot.from_json({})  # not an object: all defaults

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from dldctl.observe.snapshot_model import Snapshot
 from dldctl.observe.view import (
     STATE_STYLES,
     History,
@@ -30,6 +31,7 @@ from dldctl.observe.view import (
 )
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "data" / "snapshots"
+typed = Snapshot.from_json  # the view's panels read the typed snapshot
 
 
 def load(name: str) -> dict:
@@ -102,7 +104,7 @@ def test_healthy_run_fits_100x30() -> None:
 def test_below_quorum_is_red_and_says_why() -> None:
     snap = load("below_quorum")
     text = live_text(snap)
-    assert quorum_colour(snap) == "red"
+    assert quorum_colour(typed(snap)) == "red"
     assert "quorum ● BELOW QUORUM" in text and "live 2/4  min 3" in text
     assert "4 rounds open, need 1 more" in text
     assert "partitioned" in text and "restarting" in text
@@ -190,24 +192,25 @@ def test_header_warns_about_what_an_operator_must_not_miss() -> None:
 
 def test_quorum_colour_rules() -> None:
     snap = load("healthy")
-    assert quorum_colour(snap) == "green" and quorum_label(snap) == "OK"
+    assert quorum_colour(typed(snap)) == "green" and quorum_label(typed(snap)) == "OK"
     # partial rounds (fewer contributors than live learners, grace used up) are normal: still OK
     partial = copy.deepcopy(snap)
     partial["quorum"]["last_round_contributors"] = 1
     partial["quorum"]["grace_used_s"] = partial["quorum"]["grace_window_s"]
-    assert quorum_colour(partial) == "green" and quorum_label(partial) == "OK"
+    assert quorum_colour(typed(partial)) == "green" and quorum_label(typed(partial)) == "OK"
     one_down = copy.deepcopy(snap)
     one_down["quorum"]["live"] = one_down["quorum"]["total"] - 1  # still >= min
     assert one_down["quorum"]["live"] >= one_down["quorum"]["min"]
-    assert quorum_colour(one_down) == "yellow" and quorum_label(one_down) == "DEGRADED"
+    assert quorum_colour(typed(one_down)) == "yellow" and quorum_label(typed(one_down)) == "DEGRADED"
     fresh = copy.deepcopy(snap)
     fresh["quorum"].update(last_round_contributors=0, recent_contributors=[])
-    assert quorum_label(fresh) == "NO ROUNDS YET"
+    assert quorum_label(typed(fresh)) == "NO ROUNDS YET"
     short = copy.deepcopy(snap)
     short["quorum"].update(live=2, below_quorum=False)
-    assert quorum_colour(short) == "red"
-    assert quorum_colour(load("syncer_dead")) == "red" and quorum_label(load("syncer_dead")) == "syncer down"
-    assert quorum_colour({}) == "red"
+    assert quorum_colour(typed(short)) == "red"
+    dead = typed(load("syncer_dead"))
+    assert quorum_colour(dead) == "red" and quorum_label(dead) == "syncer down"
+    assert quorum_colour(typed({})) == "red"
 
 
 # ---------------------------------------------------------------- plain --once form
@@ -397,7 +400,7 @@ def test_fresh_run_waits_for_its_first_round() -> None:
     snap = load("healthy")
     snap["quorum"].update(last_round_contributors=0, recent_contributors=[], grace_window_s=0.0, grace_used_s=0.0)
     snap["bytes"]["compression_ratio"] = 0.0
-    assert quorum_colour(snap) == "yellow" and quorum_label(snap) == "NO ROUNDS YET"
+    assert quorum_colour(typed(snap)) == "yellow" and quorum_label(typed(snap)) == "NO ROUNDS YET"
     text = live_text(snap, history=History())
     assert "quorum ● NO ROUNDS YET" in text and "compression -" in text
 

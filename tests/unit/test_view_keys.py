@@ -117,8 +117,8 @@ def test_a_dead_learner_shows_no_rate_and_the_quorum_agrees() -> None:
     snap = just_killed()
     frame = consistent(snap)
     assert snap["quorum"]["live"] == 4 and snap["learners"][1]["tokens_per_s"] > 0  # the input is untouched
-    assert frame["quorum"]["live"] == 3 and frame["learners"][1]["tokens_per_s"] is None
-    assert frame["tokens"]["per_s"] == pytest.approx(sum(r["tokens_per_s"] or 0 for r in frame["learners"]))
+    assert frame.quorum.live == 3 and frame.learners[1].tokens_per_s is None
+    assert frame.tokens.per_s == pytest.approx(sum(r.tokens_per_s or 0 for r in frame.learners))
     text = screen(snap, History(), 100, 30)
     assert "live 3/4" in text and "live 4/4" not in text and "learners 3/4 running" in text
     assert "DEGRADED" in text and "OK" not in text.split("quorum")[1][:8]
@@ -135,7 +135,7 @@ def test_a_frame_below_quorum_after_the_kill_says_so() -> None:
     snap = just_killed()
     snap["learners"][2]["state"] = "paused"
     frame = consistent(snap)
-    assert frame["quorum"]["live"] == 2 and frame["quorum"]["below_quorum"] is True
+    assert frame.quorum.live == 2 and frame.quorum.below_quorum is True
 
 
 def test_sorting_orders_rows_and_arrow_keys_alike() -> None:
@@ -145,7 +145,7 @@ def test_sorting_orders_rows_and_arrow_keys_alike() -> None:
     dead = consistent(just_killed())
     assert learner_order(dead, "state")[0] == "learner-1"
     assert learner_order(dead, "tok/s")[-1] == "learner-1"  # no rate sorts last
-    assert sort_learners(dead["learners"], "step")[0]["id"] == "learner-0"
+    assert sort_learners(dead.learners, "step")[0].id == "learner-0"
     text = screen(snap, History(), 100, 30, ui=ViewState(sort="tok/s"))
     rows = [line for line in text.splitlines() if re.match(r"│ learner-\d", line)]
     assert [r.split()[1] for r in rows] == ["learner-1", "learner-0", "learner-2", "learner-3"]
