@@ -292,6 +292,9 @@ PURE_CORE = (
     "dldctl/observe/view_keys.py",
     "dldctl/observe/view_frame.py",
     "dldctl/observe/view_overlay.py",
+    "dldctl/observe/snapshot_model.py",
+    "dldctl/observe/snapshot_parts.py",
+    "dldctl/observe/snapshot_fields.py",
     *(f"dldctl/sim/{p.name}" for p in sorted((ROOT / "dldctl" / "sim").glob("*.py"))),
 )
 IO_MODULES = {
