@@ -261,6 +261,7 @@ def test_a_probe_named_like_a_package_is_placed_by_its_folder(tmp_path: Path) ->
 PURE_CORE = (
     "syncer/wire/protocol.py",
     "syncer/wire/codec.py",
+    "syncer/wire/quant.py",
     "syncer/wire/fragments.py",
     "syncer/wire/shards.py",
     "syncer/merge.py",
