@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from dldctl.ports import free_port
 from dldctl.runstate import PidRecord, ProcStatus, RunState
 from dldctl.supervise import reconcile
 from dldctl.supervise.reconcile import Observation, decide, new_proc, started
-from dldctl.testing import free_port
 from syncer import checkpoint, status
 from syncer.common import jsonl, keys
 from syncer.common.settings import RunSettings, SettingsError, settings_from_dict
