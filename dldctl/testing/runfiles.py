@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dldctl.ports import free_port
-from syncer.common import jsonl, keys
+from syncer.common import jsonlread, keys
 
 
 def toml_value(value: Any) -> str:
@@ -51,7 +51,7 @@ def local_host(name: str, learners: int, **extra: Any) -> dict[str, Any]:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Every complete JSON record of a file (a torn last line is skipped); [] if it is missing."""
-    return list(jsonl.read(path))
+    return list(jsonlread.read(path))
 
 
 def local_config(directory: Path, run: Mapping[str, Any], entries: list[dict[str, Any]], run_id: str) -> Path:
