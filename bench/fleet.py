@@ -106,7 +106,7 @@ def diloco_run(
 
 
 class BenchRun(DldctlHome):
-    """One `dldctl` home (dldctl/testing.py: a temp dir, always torn down) with (at most) one run
+    """One `dldctl` home (dldctl.testing: a temp dir, always torn down) with (at most) one run
     in it, plus what the benchmarks read and do: samples, rounds, seeded kills, the monkey."""
 
     def __init__(self, name: str = "bench", keep: bool = False, tmpfs_mb: int | None = None) -> None:

@@ -57,7 +57,7 @@ from syncer import native
 from syncer.common.settings import RunSettings
 from syncer.core import SyncerCore
 from syncer.globalmodel import GlobalModel, Outbox
-from syncer.wire import codec, fragments
+from syncer.wire import codec, fragments, quant
 from syncer.wire.protocol import Message
 from workload.gpt import param_shapes
 
@@ -84,7 +84,7 @@ def hello(lid: str, specs: list[fragments.TensorSpec], count: int, run: str = "b
         "host": "local",
         "device": "cpu",
         "batch_size": 16,
-        "codecs": list(codec.MODES),
+        "codecs": list(quant.MODES),
         "manifest": fragments.manifest_to_json(specs),
         "fragments": count,
     }

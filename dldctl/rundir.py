@@ -30,7 +30,7 @@ from dldctl import inventory
 from dldctl.errors import RunError
 from dldctl.inventory import Inventory
 from dldctl.runstate import RunState
-from syncer.common import jsonl, resolved, strictjson
+from syncer.common import jsonl, jsonlread, resolved, strictjson
 from syncer.common.atomic import atomic_write
 from syncer.common.resolved import ResolvedConfig
 from syncer.common.settings import RunSettings
@@ -266,7 +266,7 @@ class RunDir:
         )
 
     def started_procs(self) -> list[dict[str, Any]]:
-        return list(jsonl.read(self.path / "procs.jsonl"))
+        return list(jsonlread.read(self.path / "procs.jsonl"))
 
     def crashed(self) -> bool:
         """Meant to be up (state.json says starting or up), but its supervisor is gone."""

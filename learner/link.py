@@ -27,7 +27,7 @@ from learner.pushqueue import PushQueue
 from learner.replica import Replica
 from learner.sends import InitChunk, PushItem, Send
 from syncer.common.settings import RunSettings
-from syncer.wire import codec
+from syncer.wire import codec, quant
 from syncer.wire.protocol import Message, ProtocolError, check_raw_fragment, decode
 
 FETCH_WINDOW = 4  # at least this many state chunks in flight at once
@@ -325,7 +325,7 @@ class LinkCore:
             "host": me.host,
             "device": me.device,
             "batch_size": me.batch_size,
-            "codecs": list(codec.MODES),
+            "codecs": list(quant.MODES),
             "manifest": me.manifest,
             "fragments": me.role.fragments or self.replica.count,
         }

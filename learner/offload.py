@@ -2,7 +2,7 @@
 
 On the CPU nothing changes: an outer gradient is a CPU fp32 tensor that the sender thread
 encodes. On CUDA the delta `mark - local` is computed on the device, quantized and packed there
-(`codec.payload_here`: int4 codes are 8x fewer bytes over PCIe than fp32), and copied into pinned
+(`quant.payload_here`: int4 codes are 8x fewer bytes over PCIe than fp32), and copied into pinned
 host memory with a non-blocking copy that an event marks done. The training thread hands the
 `DeviceDelta` to the sender and trains on; the sender waits for the event (the copy, not the
 training stream) and zstd-compresses the payload. The blob is byte for byte what `codec.encode`
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from syncer.wire import codec
+from syncer.wire import codec, quant
 
 
 @dataclass
@@ -67,7 +67,7 @@ def take(delta: torch.Tensor, mode: str, block: int) -> Delta:
     copied out asynchronously (the caller's stream goes on at once)."""
     if delta.device.type != "cuda":
         return delta.to("cpu", torch.float32)
-    payload = codec.payload_here(delta, mode, block)
+    payload = quant.payload_here(delta, mode, block)
     host = torch.empty(payload.numel(), dtype=torch.uint8, pin_memory=True)
     host.copy_(payload, non_blocking=True)
     done = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves Event() unannotated

@@ -1,8 +1,8 @@
 """The round step of one fragment, cache-blocked: merge, Nesterov outer step and publish, slice by slice.
 
-The reference arithmetic (merge.merge, merge.nesterov_change_, codec.quantize_roundtrip) walks
+The reference arithmetic (merge.merge, merge.nesterov_change_, quant.quantize_roundtrip) walks
 whole fragments: ten-odd passes over fragment-sized fp32 vectors, every contribution decoded to
-fp32 first. Here contributions stay in their wire precision (`codec.Quantized`: block scales and
+fp32 first. Here contributions stay in their wire precision (`quant.Quantized`: block scales and
 codes, int8 one a byte or int4 still packed two a byte) and the fragment is walked twice in slices small
 enough to stay in the core's L2 cache:
 
@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from syncer import merge
-from syncer.wire import codec
+from syncer.wire import codec, quant
 
 SLICE = 1 << 18  # values per slice: big enough that per-op overhead is small, M + 4 slices stay in L3
 NATIVE_MAX_BLOCK = 4096  # fused.c MAX_BLOCK
@@ -47,7 +47,7 @@ Segments = Sequence[tuple[int, int, str]]
 _local = threading.local()
 
 
-def slice_size(deltas: Sequence[codec.Quantized], block: int, numel: int) -> int:
+def slice_size(deltas: Sequence[quant.Quantized], block: int, numel: int) -> int:
     """A slice length near SLICE that every block size (inputs and the output's) divides."""
     step = block
     for d in deltas:
@@ -74,10 +74,10 @@ def _pieces(segments: Segments, numel: int, size: int) -> Iterator[tuple[int, in
         yield start, stop, parts
 
 
-def _decode(deltas: Sequence[codec.Quantized], start: int, stop: int, rows: torch.Tensor) -> torch.Tensor:
+def _decode(deltas: Sequence[quant.Quantized], start: int, stop: int, rows: torch.Tensor) -> torch.Tensor:
     """rows[m, :stop - start] = values [start, stop) of contribution m; returns that (M, L) view."""
     for m, d in enumerate(deltas):
-        codec.values_into(d, start, stop, rows[m])
+        quant.values_into(d, start, stop, rows[m])
     return rows[:, : stop - start]
 
 
@@ -90,7 +90,7 @@ def _scratch(nbytes: int) -> torch.Tensor:
     return buf
 
 
-def native_fits(deltas: Sequence[codec.Quantized], block: int, mode: str | None = None) -> bool:
+def native_fits(deltas: Sequence[quant.Quantized], block: int, mode: str | None = None) -> bool:
     """Whether the native kernel handles these contributions (and this output mode)."""
     return (
         all(d.mode in ("int4", "int8") and d.block == block for d in deltas)
@@ -100,7 +100,7 @@ def native_fits(deltas: Sequence[codec.Quantized], block: int, mode: str | None 
     )
 
 
-def _native_args(deltas: Sequence[codec.Quantized]) -> tuple[list[torch.Tensor], list[bool], list[torch.Tensor]]:
+def _native_args(deltas: Sequence[quant.Quantized]) -> tuple[list[torch.Tensor], list[bool], list[torch.Tensor]]:
     """The kernel's view of the contributions: codes (int4 packed or int8), packed flags, scales."""
     return [d.codes for d in deltas], [d.packed for d in deltas], [d.scales for d in deltas]
 
@@ -109,7 +109,7 @@ def _bounds(segments: Segments, numel: int) -> torch.Tensor:
     return torch.tensor([o for o, _, _ in segments] + [numel], dtype=torch.int64)
 
 
-def gram(deltas: Sequence[codec.Quantized], segments: Segments, block: int, kernel: Any = None) -> torch.Tensor | None:
+def gram(deltas: Sequence[quant.Quantized], segments: Segments, block: int, kernel: Any = None) -> torch.Tensor | None:
     """(segments, M, M) float64: per segment, the Gram matrix of the contributions; None if any
     entry overflowed fp32 (values near 1e19: the caller falls back to the reference path)."""
     numel = deltas[0].numel
@@ -129,7 +129,7 @@ def gram(deltas: Sequence[codec.Quantized], segments: Segments, block: int, kern
 
 
 def publish(
-    deltas: Sequence[codec.Quantized],
+    deltas: Sequence[quant.Quantized],
     coefs: torch.Tensor,
     segments: Segments,
     theta: torch.Tensor,
@@ -155,7 +155,7 @@ def publish(
     numel = theta.numel()
     decay, look = merge.partial_momentum(beta, share)
     if kernel is not None and native_fits(deltas, block, mode):
-        encoder = codec.ChunkEncoder(mode, numel, block, zstd, _scratch(codec.raw_length(mode, numel, block)))
+        encoder = codec.ChunkEncoder(mode, numel, block, zstd, _scratch(quant.raw_length(mode, numel, block)))
         codes, packed, scales = _native_args(deltas)
         kernel.publish(
             codes,
@@ -175,7 +175,7 @@ def publish(
     size = slice_size(deltas, block, numel)
     rows = torch.empty(len(deltas), size, dtype=torch.float32)
     merged = torch.empty(size, dtype=torch.float32)
-    encoder = codec.ChunkEncoder(mode, numel, block, zstd, _scratch(codec.raw_length(mode, numel, block)))
+    encoder = codec.ChunkEncoder(mode, numel, block, zstd, _scratch(quant.raw_length(mode, numel, block)))
     crc = 0
     for start, stop, parts in _pieces(segments, numel, size):
         v = _decode(deltas, start, stop, rows)

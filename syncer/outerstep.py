@@ -25,7 +25,7 @@ from syncer.fleet import Ledger
 from syncer.globalmodel import GlobalModel, Outbox
 from syncer.rounds import Contribution, backlog_factor
 from syncer.screening import Screen
-from syncer.wire import codec
+from syncer.wire import codec, quant
 
 PERIOD_SLACK = 0.2  # a contribution of at least 80% of its learner's sync period is a whole one
 
@@ -202,7 +202,7 @@ class OuterStep:
         change = merge.nesterov_change_(
             m.residual[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum, share
         )
-        q, applied = codec.quantize_roundtrip(change, self.s.compression, self.s.block, out=merged)
+        q, applied = quant.quantize_roundtrip(change, self.s.compression, self.s.block, out=merged)
         blob = codec.encode_quantized(q, self.s.zstd)  # before `change` moves on: q may share its memory ("none")
         m.theta[p].add_(applied)  # a separate fp32 add, exactly as learners apply the blob
         change.sub_(applied)  # m.residual[p] is `change`: now the carried residual

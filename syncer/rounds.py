@@ -17,19 +17,19 @@ from typing import Any
 import torch
 
 from syncer import merge
-from syncer.wire import codec
+from syncer.wire import quant
 
 
 @dataclass
 class Contribution:
     """One learner's outer gradient for one fragment in one round, kept as it came on the wire:
     block scales and codes, int4 still packed two a byte with the native kernel
-    (`codec.Quantized.packed`; one int8 a value without it), never fp32. A learner that pushes
+    (`quant.Quantized.packed`; one int8 a value without it), never fp32. A learner that pushes
     twice to one round has both pushes kept (`more`): the merge weighs their sum as one learner's
     outer gradient, and the round stays on the native kernel's path."""
 
     learner: str
-    delta: codec.Quantized  # the first push
+    delta: quant.Quantized  # the first push
     c_steps: int
     c_tokens: int
     c_time: float
@@ -38,7 +38,7 @@ class Contribution:
     arrived: float
     nbytes: int
     backlog: float = 1.0  # < 1: the contribution spans more sync periods than max_backlog allows
-    more: list[codec.Quantized] = field(default_factory=list)  # the learner's further pushes, to be summed
+    more: list[quant.Quantized] = field(default_factory=list)  # the learner's further pushes, to be summed
     units: list[int] = field(default_factory=list)  # the work units its pushes carried (syncer/dataledger.py)
     incarnation: str = ""  # of the learner that pushed it
     seq: int = -1  # the highest sequence number of its pushes (syncer/receipts.py; -1: a carried share)
@@ -48,7 +48,7 @@ class Contribution:
         cls,
         learner: str,
         incarnation: str,
-        delta: codec.Quantized,
+        delta: quant.Quantized,
         meta: dict[str, Any],
         now: float,
         nbytes: int,
@@ -78,15 +78,15 @@ class Contribution:
         return merge.token_weight(self.c_tokens, self.c_steps) * self.backlog
 
     @property
-    def parts(self) -> list[codec.Quantized]:
+    def parts(self) -> list[quant.Quantized]:
         """The pushes whose sum is this learner's outer gradient (one, unless it pushed again)."""
         return [self.delta, *self.more]
 
     def values(self) -> torch.Tensor:
         """The outer gradient in fp32: the sum of the parts' values (a new tensor)."""
-        total = codec.dequantize(self.delta)
+        total = quant.dequantize(self.delta)
         for q in self.more:
-            total.add_(codec.dequantize(q))
+            total.add_(quant.dequantize(q))
         return total
 
     def remainder(self, now: float, carry: float = -1.0) -> Contribution | None:
@@ -129,12 +129,12 @@ class Contribution:
         self.seq = max(self.seq, other.seq)
 
 
-def _scaled(q: codec.Quantized, factor: float) -> codec.Quantized:
+def _scaled(q: quant.Quantized, factor: float) -> quant.Quantized:
     """`q` times `factor`: int4/int8 by their block scales (the same codes), fp32 values otherwise."""
     if q.mode in ("int4", "int8"):
         return dataclasses.replace(q, scales=q.scales * factor)
-    values = torch.mul(codec.dequantize(q), factor)
-    return codec.Quantized("none", values.numel(), q.block, values, values.new_empty(0))
+    values = torch.mul(quant.dequantize(q), factor)
+    return quant.Quantized("none", values.numel(), q.block, values, values.new_empty(0))
 
 
 @dataclass

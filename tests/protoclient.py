@@ -16,7 +16,7 @@ import torch
 import zmq
 
 from syncer.common import keys
-from syncer.wire import codec, fragments
+from syncer.wire import codec, fragments, quant
 from syncer.wire.protocol import Message, decode, encode
 
 # a small manifest: 6 tensors, 4 fragments
@@ -105,7 +105,7 @@ class ProtoClient:
                     "host": "test",
                     "device": "cpu",
                     "batch_size": 4,
-                    "codecs": list(codec.MODES),
+                    "codecs": list(quant.MODES),
                     "manifest": fragments.manifest_to_json(self.manifest),
                     "fragments": self.plan.count,
                 },

@@ -27,7 +27,7 @@ from dldctl.errors import DldError
 from dldctl.interrupts import interruptible
 from dldctl.observe.snapshot import collect
 from dldctl.rundir import RunDir
-from syncer.common import jsonl, strictjson
+from syncer.common import jsonlread, strictjson
 from syncer.common.atomic import atomic_write
 
 Sleep = Callable[[float], None]
@@ -117,7 +117,7 @@ def run_experiment(
         aborted = "interrupted"
     if aborted and exp.heal_on_abort:
         console.print(f"[yellow]rolling back ({aborted}): healed {', '.join(chaos.heal(own=True)) or 'nothing'}[/]")
-    events = list(jsonl.read(run.events, since=t0 - 1))
+    events = list(jsonlread.read(run.events, since=t0 - 1))
     result = verdict.evaluate(exp, samples, events, injected, aborted)
     stem = _write(run, exp, result, t0)
     result.files = [str(stem.with_suffix(".json")), str(stem.with_suffix(".md"))]

@@ -29,7 +29,7 @@ from dldctl.hosts import Host, LocalHost, ProcRef
 from dldctl.hosts.slurmjobs import JOB_TICKS
 from dldctl.interrupts import interruptible
 from dldctl.observe import logmerge
-from syncer.common import jsonl
+from syncer.common import jsonlread
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 LOCAL_LOGS = {"supervisor": "supervisor.log", "watchdog": "watchdog.log"}  # in the run dir on this machine
@@ -185,7 +185,7 @@ def log_sources(run: rundir.RunDir, patterns: list[str]) -> list[Source]:
 def last_start_failures(run: rundir.RunDir) -> dict[str, str]:
     """target -> why its last start failed, for targets whose newest start news is a failure."""
     news: dict[str, str | None] = {}
-    for record in jsonl.tail(run.events, 2000):
+    for record in jsonlread.tail(run.events, 2000):
         kind, target = record.get("kind"), str(record.get("target", ""))
         if kind in ("start", "restart"):
             news[target] = None

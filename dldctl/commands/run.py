@@ -25,7 +25,7 @@ from dldctl.lifecycle import resume as resume_mod
 from dldctl.lifecycle import up as up_mod
 from dldctl.observe import snapshot
 from dldctl.observe.view_data import fmt_bytes, fmt_count, fmt_duration, fmt_float, fmt_pct
-from syncer.common import jsonl, strictjson, unscored
+from syncer.common import jsonlread, strictjson, unscored
 
 console = output_console()
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -198,7 +198,7 @@ def global_off_warning(off: str) -> str:
 
 def last_syncer_death(run: rundir.RunDir) -> str | None:
     """How the syncer last died: the end of its log, as its `syncer_death` event quotes it."""
-    for event in reversed(jsonl.tail(run.events, 500)):
+    for event in reversed(jsonlread.tail(run.events, 500)):
         if event.get("kind") == "syncer_death":
             detail = str(event.get("detail", ""))
             return detail.partition("its log ends: ")[2] or detail

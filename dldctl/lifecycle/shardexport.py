@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from dldctl import shards
 from dldctl.errors import RunError
 from dldctl.rundir import RunDir
-from syncer.common import jsonl, modelexport
+from syncer.common import jsonlread, modelexport
 
 if TYPE_CHECKING:
     import torch
@@ -91,7 +91,7 @@ def scored_loss(run: RunDir, matches: Callable[[dict[str, Any]], bool]) -> float
     """The syncer's last held-out score of the global model (a `global_eval` record of
     metrics.jsonl) that `matches`: one of exactly the exported state; None if it made none."""
     loss = None
-    for record in jsonl.read(run.metrics):
+    for record in jsonlread.read(run.metrics):
         if record.get("kind") == "global_eval" and matches(record):
             loss = record.get("loss")
     return float(loss) if isinstance(loss, (int, float)) else None

@@ -6,7 +6,7 @@ Both are modelled as one periodic transfer per site and direction (links are ful
   2 (n-1)/n of the gradient's bytes through each site's link per step. The transfer can hide
   behind the backward pass (`dp_overlap` of the step, about 2/3: backward costs twice forward).
 - **Decoupled DiLoCo** sends one fragment (params / fragments values, quantized to `bits` plus one
-  fp32 absmax scale per block of 128 values, as syncer/wire/codec.py packs them) every H / fragments
+  fp32 absmax scale per block of 128 values, as syncer/wire/quant.py packs them) every H / fragments
   steps, and receives the merged fragment back the same size. The learner keeps training while it
   is in flight and needs the reply `tau` steps later (or before the next fragment is due, if
   sooner); only the excess stalls compute.

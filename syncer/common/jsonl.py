@@ -1,8 +1,8 @@
-"""Append-only JSON-lines logs (metrics.jsonl, events.jsonl) and log streams that never raise.
+"""Writing append-only JSON-lines logs (metrics.jsonl, events.jsonl) and log streams, never raising.
 
 Each record is written with one `write()` on a file opened with O_APPEND, so lines from the
-syncer, the supervisor and chaos commands never interleave mid-line. Reading tolerates a
-truncated last line (a writer killed mid-write).
+syncer, the supervisor and chaos commands never interleave mid-line. Reading them is `jsonlread`'s
+(the operator's side: it tolerates a truncated last line, a writer killed mid-write).
 
 No write here can kill a process: a record that cannot be written (ENOSPC, EDQUOT, EIO, ...) is
 dropped and counted per file, one notice says so when dropping starts ("disk full writing
@@ -13,7 +13,7 @@ is ended by the next good write, so it costs one unreadable line, never two reco
 
 A file over its cap (`max_bytes`, from the run's `max_log_mb`) is renamed to NAME.1, replacing the
 older segment, and a new NAME begun; an flock and an inode check let only one of several writing
-processes do it. `read` and `tail` read NAME.1 before NAME. `guard_stdio()` gives a process's
+processes do it (`jsonlread` reads NAME.1 before NAME). `guard_stdio()` gives a process's
 stdout and stderr (its log file, redirected by the launcher) the same guarantees.
 """
 
@@ -24,13 +24,11 @@ import collections
 import errno
 import fcntl
 import io
-import json
 import os
 import stat
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -434,60 +432,3 @@ def guard_stdio(max_bytes: int | None = None, source: str | None = None) -> None
         except (OSError, ValueError):
             pass
         setattr(sys, attr, GuardedStream(fd, max_bytes or 0))
-
-
-def segments(path: Path) -> list[Path]:
-    """The files of one log, oldest first: the rotated NAME.1 (if any), then NAME."""
-    path = Path(path)
-    return [path.with_name(path.name + ".1"), path]
-
-
-def read(path: Path, *, since: float | None = None) -> Iterator[dict[str, Any]]:
-    """Records of a JSON-lines log (its rotated segment first), skipping truncated or corrupt lines."""
-    for part in segments(path):
-        try:
-            fh = open(part, "rb")  # noqa: SIM115 (a missing segment is skipped, not raised)
-        except FileNotFoundError:
-            continue
-        with fh:
-            for raw in fh:
-                try:
-                    record = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(record, dict) and (since is None or record.get("t", 0) >= since):
-                    yield record
-
-
-def tail(path: Path, count: int, max_bytes: int = 1 << 20) -> list[dict[str, Any]]:
-    """The last `count` records (reads at most the last `max_bytes` of each segment; the rotated
-    one only when the current one is short)."""
-    old, new = segments(path)
-    records, whole = _tail_one(new, count, max_bytes)
-    if len(records) < count and whole:
-        records = _tail_one(old, count - len(records), max_bytes)[0] + records
-    return records
-
-
-def _tail_one(path: Path, count: int, max_bytes: int) -> tuple[list[dict[str, Any]], bool]:
-    """(the last `count` records of one file, whether the whole file was read)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
-            data = fh.read()
-    except FileNotFoundError:
-        return [], True
-    lines = data.splitlines()
-    if size > max_bytes and lines:
-        lines = lines[1:]  # the first line is probably cut
-    out = []
-    for raw in lines[-count:]:
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out, size <= max_bytes

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from dldctl.testing import DldctlHome
-from syncer.common import jsonl
+from syncer.common import jsonlread
 from tests.e2e.fleetutil import host_entry, run_table
 from tests.sshfleet import SSHFleet
 
@@ -60,7 +60,7 @@ def _mirrored(run_dir: Path, kind: str, timeout: float = 60.0) -> list[dict[str,
     """Shard 1's events of `kind`, once its records have come home into shard-1/."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = [e for e in jsonl.read(run_dir / "shard-1" / "events.jsonl") if e["kind"] == kind]
+        found = [e for e in jsonlread.read(run_dir / "shard-1" / "events.jsonl") if e["kind"] == kind]
         if found:
             return found
         time.sleep(1)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from dldctl.testing import DldctlHome
-from syncer.common import jsonl
+from syncer.common import jsonlread
 from tests.e2e.fleetutil import host_entry, learner, run_table
 from tests.sshfleet import SSHFleet, free_port
 
@@ -99,7 +99,7 @@ def test_a_learner_killed_on_its_host_is_healed_without_any_command(ssh_run: tup
     while time.monotonic() < deadline:
         if any(
             r.get("kind") == "round" and r["t"] > killed_at and "learner-1" in r["contributors"]
-            for r in jsonl.read(rounds)
+            for r in jsonlread.read(rounds)
         ):
             break
         time.sleep(1)
@@ -152,7 +152,7 @@ def test_learner_add_brings_in_a_host_the_run_did_not_have(
     )
     assert learner(snap, "learner-4")["host"] == "h3"
     assert list((work / "h3" / "site").glob("*/dldctl/__init__.py")), "the new host was not provisioned"
-    assert "host_add" in [e["kind"] for e in jsonl.read(dl.run_dir / "events.jsonl")]
+    assert "host_add" in [e["kind"] for e in jsonlread.read(dl.run_dir / "events.jsonl")]
 
 
 def test_down_leaves_nothing_running_on_any_host(ssh_run: tuple[DldctlHome, Path, Path]) -> None:
@@ -208,8 +208,8 @@ def _remote_syncer_records_and_model_come_home(dl: DldctlHome, ssh_fleet: SSHFle
     assert snap["syncer"]["address"].startswith(f"tcp://{ssh_fleet.hosts[0].address}:")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        kinds = [e["kind"] for e in jsonl.read(dl.run_dir / "events.jsonl")]
-        samples = [r for r in jsonl.read(dl.run_dir / "metrics.jsonl") if r.get("kind") == "sample"]
+        kinds = [e["kind"] for e in jsonlread.read(dl.run_dir / "events.jsonl")]
+        samples = [r for r in jsonlread.read(dl.run_dir / "metrics.jsonl") if r.get("kind") == "sample"]
         if "syncer_start" in kinds and samples:
             break
         time.sleep(1)

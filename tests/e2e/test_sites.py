@@ -17,7 +17,7 @@ import pytest
 
 from bench.sites import Sites, SitesUnavailable
 from dldctl.testing import DldctlHome
-from syncer.common import jsonl
+from syncer.common import jsonlread
 from tests.e2e.fleetutil import learner, run_table
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -32,7 +32,7 @@ def tc_classes(dev: str, ns: str | None = None) -> str:
 def contributions(run_dir: Path, lid: str, after: float) -> int:
     return sum(
         1
-        for r in jsonl.read(run_dir / "metrics.jsonl")
+        for r in jsonlread.read(run_dir / "metrics.jsonl")
         if r.get("kind") == "round" and r["t"] > after and lid in r["contributors"]
     )
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from dldctl.testing import DldctlHome
-from syncer.common import jsonl
+from syncer.common import jsonlread
 from tests.e2e.fleetutil import ROOT, learner, run_table
 from tests.slurmcluster import SlurmCluster, available
 from tests.sshfleet import SSHFleet
@@ -139,7 +139,9 @@ def test_a_learner_killed_inside_its_job_is_resubmitted(
     )
     assert job_of(snap, "learner-0")["id"] != before
     assert cluster.job(str(before))["state"] == "FAILED"  # the learner died, so its job did
-    deaths = [e for e in jsonl.read(dl.run_dir / "events.jsonl") if e["kind"] == "death" and e["target"] == "learner-0"]
+    deaths = [
+        e for e in jsonlread.read(dl.run_dir / "events.jsonl") if e["kind"] == "death" and e["target"] == "learner-0"
+    ]
     assert deaths and deaths[-1]["detail"].startswith((f"job {before} ended FAILED", f"job {before} ended COMPLETING"))
 
 
@@ -165,7 +167,7 @@ def test_a_preempted_job_is_replaced(slurm_run: tuple[DldctlHome, Path], cluster
     dl.wait_for(
         lambda: any(
             r.get("kind") == "round" and r["t"] > t0 and "learner-1" in r["contributors"]
-            for r in jsonl.read(dl.run_dir / "metrics.jsonl")
+            for r in jsonlread.read(dl.run_dir / "metrics.jsonl")
         ),
         90,
         "learner-1 merging again",

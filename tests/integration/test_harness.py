@@ -1,4 +1,4 @@
-"""The harness itself (dldctl/testing.py): its teardown leaves nothing running, whatever happened.
+"""The harness itself (dldctl/testing/): its teardown leaves nothing running, whatever happened.
 
 A real fleet whose `with` block fails: after the block, every process the run recorded is gone, a
 background `dldctl` command too, and dldctl says the run is down. Then what `dldctl down` could not

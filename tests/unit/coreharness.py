@@ -10,7 +10,7 @@ import torch
 
 from syncer.common.settings import RunSettings
 from syncer.core import Outbox, SyncerCore
-from syncer.wire import codec, fragments
+from syncer.wire import codec, fragments, quant
 from syncer.wire import protocol as P
 from syncer.wire.protocol import Message
 from workload.gpt import param_shapes
@@ -133,7 +133,7 @@ class Harness:
                     "host": "local",
                     "device": "cpu",
                     "batch_size": 16,
-                    "codecs": list(codec.MODES),
+                    "codecs": list(quant.MODES),
                     "manifest": fragments.manifest_to_json(manifest or self.manifest),
                     "fragments": self.s.fragments if count is None else count,
                 },

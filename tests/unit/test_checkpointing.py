@@ -9,7 +9,7 @@ from pathlib import Path
 
 from syncer import checkpoint
 from syncer.checkpointing import RETRY_S, Checkpoints, CheckpointSchedule
-from syncer.common import jsonl
+from syncer.common import jsonlread
 from syncer.config import SyncerConfig
 from syncer.core import SyncerCore
 from syncer.records import Records
@@ -42,7 +42,7 @@ def _checkpoints(core: SyncerCore, run_dir: Path) -> Checkpoints:
 
 
 def _events(run_dir: Path, kind: str) -> list[dict]:
-    return [e for e in jsonl.read(run_dir / "events.jsonl") if e["kind"] == kind]
+    return [e for e in jsonlread.read(run_dir / "events.jsonl") if e["kind"] == kind]
 
 
 def test_every_checkpoint_event_carries_outer_step_epoch_and_file_name(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from syncer.wire import codec
+from syncer.wire import codec, quant
 from syncer.wire.codec import CodecError
 
 MODES = ("none", "bf16", "int8", "int4")
@@ -46,7 +46,7 @@ def _bound(x: torch.Tensor, mode: str, block: int) -> torch.Tensor:
 
 
 def _check_within(x: torch.Tensor, mode: str, block: int) -> torch.Tensor:
-    y = codec.roundtrip(x, mode, block)
+    y = quant.roundtrip(x, mode, block)
     assert y.dtype == torch.float32 and y.shape == (x.numel(),)
     err = (y - x).abs()
     assert bool((err <= _bound(x, mode, block)).all()), f"{mode}: max excess {(err - _bound(x, mode, block)).max()}"
@@ -68,18 +68,18 @@ def test_roundtrip_error_bound(mode: str, n: int) -> None:
 def test_int_bounds_are_the_documented_fractions_of_absmax() -> None:
     # one block whose absmax is 14 (int4) or 254 (int8): every error must be <= 1.0
     x = torch.linspace(-14.0, 14.0, 128)
-    assert float((codec.roundtrip(x, "int4", 128) - x).abs().max()) <= 14.0 / 14 * (1 + 1e-6)
+    assert float((quant.roundtrip(x, "int4", 128) - x).abs().max()) <= 14.0 / 14 * (1 + 1e-6)
     x = torch.linspace(-254.0, 254.0, 128)
-    assert float((codec.roundtrip(x, "int8", 128) - x).abs().max()) <= 254.0 / 254 * (1 + 1e-6)
+    assert float((quant.roundtrip(x, "int8", 128) - x).abs().max()) <= 254.0 / 254 * (1 + 1e-6)
     # and the bound is attained, not loose: int4 rounds 0.5/7 of the absmax to 0 or to 1/7
     x = torch.tensor([7.0, 0.5, -3.5, 2.0] + [0.0] * 4)
-    assert codec.roundtrip(x, "int4", 8).tolist() == [7.0, 0.0, -4.0, 2.0, 0.0, 0.0, 0.0, 0.0]
+    assert quant.roundtrip(x, "int4", 8).tolist() == [7.0, 0.0, -4.0, 2.0, 0.0, 0.0, 0.0, 0.0]
 
 
 def test_absmax_is_reproduced_exactly_for_int_modes() -> None:
     x = torch.randn(1024, generator=_gen(1))
     for mode in ("int8", "int4"):
-        y = codec.roundtrip(x, mode, 64)
+        y = quant.roundtrip(x, mode, 64)
         blocks_x, blocks_y = x.view(-1, 64), y.view(-1, 64)
         idx = blocks_x.abs().argmax(dim=1)
         got = blocks_y.gather(1, idx[:, None]).squeeze(1)
@@ -90,7 +90,7 @@ def test_absmax_is_reproduced_exactly_for_int_modes() -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_bf16_relative_and_none_exact(mode: str) -> None:
     x = torch.randn(3000, generator=_gen(2)) * torch.logspace(-20, 20, 3000)
-    y = codec.roundtrip(x, mode)
+    y = quant.roundtrip(x, mode)
     if mode == "none":
         assert torch.equal(y, x)
     elif mode == "bf16":
@@ -109,7 +109,7 @@ def test_decode_encode_is_roundtrip_bit_exact(mode: str, n: int, block: int) -> 
     x = torch.randn(n, generator=_gen(n * 7 + block)) * 0.01
     blob = codec.encode(x, mode, block)
     y = codec.decode(blob, expect_numel=n)
-    assert torch.equal(y, codec.roundtrip(x, mode, block))
+    assert torch.equal(y, quant.roundtrip(x, mode, block))
     assert codec.blob_info(blob) == (mode, n)
     q = codec.decode_quantized(blob)
     assert (q.mode, q.numel, q.block) == (mode, n, block)
@@ -121,10 +121,10 @@ def test_all_zero_and_partly_zero_blocks(mode: str) -> None:
     assert torch.equal(codec.decode(codec.encode(x, mode, 128)), x)
     x[300:340] = torch.randn(40, generator=_gen(3))  # block 2 only
     y = codec.decode(codec.encode(x, mode, 128))
-    assert torch.equal(y, codec.roundtrip(x, mode, 128))
+    assert torch.equal(y, quant.roundtrip(x, mode, 128))
     assert bool((y[:256] == 0).all()) and bool((y[384:] == 0).all())
     if mode in QMAX:
-        scales = codec.quantize(x, mode, 128).scales
+        scales = quant.quantize(x, mode, 128).scales
         assert scales.tolist()[0] == 0.0 and scales.tolist()[3] == 0.0 and scales.tolist()[2] > 0
 
 
@@ -136,14 +136,14 @@ def test_empty_tensor() -> None:
 
 def test_quantize_accepts_any_shape_and_dtype_and_flattens() -> None:
     x = torch.randn(4, 33, generator=_gen(4), dtype=torch.float64)
-    y = codec.roundtrip(x, "int4", 16)
+    y = quant.roundtrip(x, "int4", 16)
     assert y.shape == (132,) and y.dtype == torch.float32
     assert torch.equal(codec.decode(codec.encode(x, "int4", 16)), y)
 
 
 def test_unknown_mode() -> None:
     with pytest.raises(CodecError):
-        codec.quantize(torch.zeros(3), "int2")
+        quant.quantize(torch.zeros(3), "int2")
 
 
 # -- compression ratio -------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def _accumulate(xs: list[torch.Tensor], feedback: bool, mode: str = "int4", bloc
     errors = []
     for x in xs:
         target = x + residual if feedback else x
-        q = codec.roundtrip(target, mode, block)
+        q = quant.roundtrip(target, mode, block)
         if feedback:
             residual = target - q
         truth += x
@@ -223,8 +223,8 @@ def test_learner_replica_stays_bit_identical_to_syncer(mode: str) -> None:
     for step in range(50):
         new = theta - 0.7 * torch.randn(3001, generator=g) * 1e-3 * (1 + step % 5)
         change = (new - theta) + residual
-        q = codec.quantize(change, mode, 128)
-        applied = codec.dequantize(q)
+        q = quant.quantize(change, mode, 128)
+        applied = quant.dequantize(q)
         theta = theta + applied
         residual = change - applied
         blob = codec.encode_quantized(q)
@@ -241,15 +241,15 @@ def test_quantize_roundtrip_values_are_dequantize_bit_for_bit(mode: str) -> None
     x = torch.randn(4100, generator=g) * 1e-3
     x[::7] = -1e-9  # tiny negatives: their codes are 0, and must never dequantize to -0.0
     x[5:300] = 0.0
-    q, values = codec.quantize_roundtrip(x, mode, 128)
-    reference = codec.dequantize(codec.quantize(x, mode, 128))
+    q, values = quant.quantize_roundtrip(x, mode, 128)
+    reference = quant.dequantize(quant.quantize(x, mode, 128))
     decoded = codec.decode(codec.encode_quantized(q), expect_numel=x.numel())
     for other in (reference, decoded):  # compare the bits: torch.equal treats -0.0 == 0.0
         assert torch.equal(values.view(torch.int32), other.view(torch.int32))
     latest = torch.full_like(x, -0.0)
     assert torch.equal((latest + values).view(torch.int32), (latest + decoded).view(torch.int32))
     scratch = torch.full((33 * 128,), float("nan"))  # working memory given by the caller: same bits
-    q2, in_scratch = codec.quantize_roundtrip(x, mode, 128, out=scratch)
+    q2, in_scratch = quant.quantize_roundtrip(x, mode, 128, out=scratch)
     assert torch.equal(in_scratch.view(torch.int32), values.view(torch.int32))
     assert codec.encode_quantized(q2) == codec.encode_quantized(q)
     if mode in QMAX:
@@ -299,10 +299,10 @@ def test_tiny_blocks_stay_finite_in_range_and_bit_exact() -> None:
     for values in ([1e-40, 0.0, -1e-40, 5e-41], [1e-45, 0.0, 0.0, 0.0], [1.5e-38, 0.0, -1e-39, 1e-38]):
         x = torch.tensor(values + [0.0] * 4)
         for mode in ("int8", "int4"):
-            q = codec.quantize(x, mode, 8)
+            q = quant.quantize(x, mode, 8)
             assert int(q.codes.abs().max()) <= QMAX[mode]
             y = codec.decode(codec.encode(x, mode, 8))
-            assert torch.equal(y, codec.roundtrip(x, mode, 8))
+            assert torch.equal(y, quant.roundtrip(x, mode, 8))
             assert bool(((y - x).abs() <= x.abs().max()).all())
 
 
@@ -324,7 +324,7 @@ def test_property_non_finite_source_fails_decode(values: list[float], mode: str,
 def test_finite_scale_that_overflows_on_dequantize_is_rejected() -> None:
     # fp32 max in int8: scale = max/127, and 127 * scale rounds up to inf
     x = torch.tensor([3.4028235e38] + [1.0] * 7)
-    assert bool(torch.isinf(codec.roundtrip(x, "int8", 8)).any())
+    assert bool(torch.isinf(quant.roundtrip(x, "int8", 8)).any())
     with pytest.raises(CodecError):
         codec.decode(codec.encode(x, "int8", 8))
 
@@ -492,12 +492,12 @@ def test_stored_payloads_roundtrip_bit_exact_and_decode_like_zstd_ones(mode: str
     x = torch.randn(n, generator=_gen(n + 3)) * 0.01
     packed, stored = codec.encode(x, mode, block), codec.encode(x, mode, block, zstd=False)
     assert stored[2] == codec.FORMAT | codec.RAW and packed[2] == codec.FORMAT  # today's blobs: unchanged
-    assert len(stored) == HS + codec.raw_length(mode, n, block) and stored == _stored(packed)
-    assert torch.equal(codec.decode(stored, expect_numel=n), codec.roundtrip(x, mode, block))
+    assert len(stored) == HS + quant.raw_length(mode, n, block) and stored == _stored(packed)
+    assert torch.equal(codec.decode(stored, expect_numel=n), quant.roundtrip(x, mode, block))
     assert torch.equal(codec.decode(stored), codec.decode(packed)) and codec.blob_info(stored) == (mode, n)
-    q = codec.quantize(x, mode, block)
+    q = quant.quantize(x, mode, block)
     assert codec.encode_quantized(q, zstd=False) == stored
-    payload = codec.payload_here(x, mode, block)
+    payload = quant.payload_here(x, mode, block)
     assert codec.encode_payload(payload, mode, n, block, zstd=False) == stored
     encoder = codec.ChunkEncoder(mode, n, block, zstd=False)
     encoder.put(0, x, torch.empty(max(1, -(-n // block)) * block))
@@ -540,7 +540,7 @@ def test_stored_payloads_with_bad_codes_or_values_are_refused() -> None:
         x[17] = float("inf")
         raw = x.to(dtype).view(torch.uint8).numpy().tobytes()
         header = struct.pack(
-            "<2sBBQIQ", codec.MAGIC, codec.FORMAT | codec.RAW, codec.MODES.index(mode), 300, 64, len(raw)
+            "<2sBBQIQ", codec.MAGIC, codec.FORMAT | codec.RAW, quant.MODES.index(mode), 300, 64, len(raw)
         )
         with pytest.raises(CodecError, match="NaN or Inf"):
             codec.decode(header + raw)
@@ -569,9 +569,9 @@ def test_decoded_stored_payload_views_the_blob_and_never_writes_it() -> None:
     stored = codec.encode(x, "int8", 128, zstd=False)
     before = bytes(stored)
     q = codec.decode_quantized(stored)
-    y = codec.dequantize(q)  # a new tensor: the blob's bytes stay as they were
+    y = quant.dequantize(q)  # a new tensor: the blob's bytes stay as they were
     y.add_(1.0)
-    assert stored == before and torch.equal(codec.decode(stored), codec.roundtrip(x, "int8", 128))
+    assert stored == before and torch.equal(codec.decode(stored), quant.roundtrip(x, "int8", 128))
 
 
 def test_decoding_read_only_payloads_leaves_the_warning_filters_alone(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -595,4 +595,4 @@ def test_decoding_read_only_payloads_leaves_the_warning_filters_alone(monkeypatc
         for _ in range(5):
             q = codec.decode_quantized(blob, expect_numel=4096)
     assert entered == [] and [w for w in caught if issubclass(w.category, UserWarning)] == []
-    assert torch.equal(codec.dequantize(q), codec.decode(blob, expect_numel=4096))
+    assert torch.equal(quant.dequantize(q), codec.decode(blob, expect_numel=4096))

@@ -13,7 +13,7 @@ import torch
 from learner.replica import Replica
 from syncer import fused, merge, native
 from syncer.rounds import Contribution
-from syncer.wire import codec
+from syncer.wire import codec, quant
 from tests.unit.coreharness import (
     Harness,
     events_of,
@@ -50,13 +50,13 @@ def test_merge_outer_step_and_publish_match_the_pure_functions() -> None:
     h.push("b", 0, db, now=10.0, c_steps=8, c_tokens=256)
     h.push("c", 0, h.delta(0, 3) * 0, now=10.0, c_steps=8, c_tokens=0)  # weight 0
     h.tick(10.0)
-    deltas = [codec.roundtrip(d, "int4", s.block) for d in (da, db, torch.zeros_like(da))]
+    deltas = [quant.roundtrip(d, "int4", s.block) for d in (da, db, torch.zeros_like(da))]
     weights = [merge.token_weight(128, 8), merge.token_weight(256, 8), 0.0]
     merged = merge.merge(deltas, weights, h.plan.segments(0), "rda")
     new, mom = merge.nesterov_step(theta0, merged, mom0, s.outer_lr, s.outer_momentum)
     torch.testing.assert_close(m.momentum[0], mom)
     change = new - theta0 + res0
-    applied = codec.roundtrip(change, "int4", s.block)
+    applied = quant.roundtrip(change, "int4", s.block)
     torch.testing.assert_close(m.theta[0], theta0 + applied, rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(m.residual[0], change - applied, rtol=1e-4, atol=1e-9)
     # fragment 0 holds rows 0..7 of the embedding table: merged by the plain weighted mean
@@ -248,15 +248,15 @@ def test_a_learner_that_pushed_twice_is_merged_as_the_sum_of_its_pushes(kernel: 
     h.push("b", 0, db, now=10.0, c_steps=8, c_tokens=256)
     h.push("c", 0, h.delta(0, 4) * 0, now=10.0, c_steps=8, c_tokens=0)  # weight 0
     h.tick(10.0)
-    rt = [codec.roundtrip(d, "int4", s.block) for d in (da1, da2, db)]
+    rt = [quant.roundtrip(d, "int4", s.block) for d in (da1, da2, db)]
     deltas = [rt[0] + rt[1], rt[2], torch.zeros_like(db)]
     weights = [merge.token_weight(256, 16), merge.token_weight(256, 8), 0.0]
     merged = merge.merge(deltas, weights, h.plan.segments(0), "rda")
     new, mom = merge.nesterov_step(theta0, merged, mom0, s.outer_lr, s.outer_momentum)
     torch.testing.assert_close(m.momentum[0], mom, rtol=1e-4, atol=1e-8)
     change = new - theta0 + res0
-    step = float(codec.quantize(change, "int4", s.block).scales.max())  # one quantization step at most
-    torch.testing.assert_close(m.theta[0], theta0 + codec.roundtrip(change, "int4", s.block), rtol=0, atol=step)
+    step = float(quant.quantize(change, "int4", s.block).scales.max())  # one quantization step at most
+    torch.testing.assert_close(m.theta[0], theta0 + quant.roundtrip(change, "int4", s.block), rtol=0, atol=step)
 
 
 def test_a_carried_rest_keeps_the_codes_and_scales_the_block_scales() -> None:
@@ -269,4 +269,4 @@ def test_a_carried_rest_keeps_the_codes_and_scales_the_block_scales() -> None:
     rest = c.remainder(now=1.0)
     assert rest is not None and (rest.c_steps, rest.c_tokens) == (60, 960)
     assert [q.packed for q in rest.parts] == [True, True] and rest.parts[0].codes is q1.codes  # shared, never written
-    torch.testing.assert_close(rest.values(), (codec.dequantize(q1) + codec.dequantize(q2)) * 0.75)
+    torch.testing.assert_close(rest.values(), (quant.dequantize(q1) + quant.dequantize(q2)) * 0.75)

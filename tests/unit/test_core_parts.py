@@ -16,7 +16,7 @@ from syncer.pushcheck import PushChecks
 from syncer.roundbook import MISSED_ROUNDS, RoundBook
 from syncer.rounds import Contribution, GraceFn, Round
 from syncer.screening import Screen
-from syncer.wire import codec, fragments
+from syncer.wire import fragments, quant
 from syncer.wire.protocol import Message
 from tests.unit.coreharness import RUN, Harness, make_settings, rounds_of, small_manifest, wire
 
@@ -78,7 +78,7 @@ def test_push_checks_keep_a_stopping_learners_last_windows_out_with_one_event() 
 
 
 def _contribution(learner: str, now: float, numel: int = 8) -> Contribution:
-    q = codec.quantize(torch.ones(numel), "int8")
+    q = quant.quantize(torch.ones(numel), "int8")
     meta = {"c_steps": 8, "c_tokens": 128, "c_time": 8.0, "step_time": 1.0, "base_version": 0, "seq": 1}
     return Contribution.of_push(learner, "i1", q, meta, now, 10, [])
 

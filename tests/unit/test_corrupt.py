@@ -20,7 +20,7 @@ from dldctl.hosts.local import LocalHost
 from learner import corrupt, files, offload
 from learner.health import Health
 from learner.outer import OuterState
-from syncer.wire import codec, fragments
+from syncer.wire import fragments, quant
 
 
 def _x(n: int = 1000, seed: int = 0) -> torch.Tensor:
@@ -99,7 +99,7 @@ def test_bitflip_of_more_values_than_there_are_flips_them_all() -> None:
     assert int((_changed_bits(corrupt.bitflip(x, 100, seed=1), x) != 0).sum()) == 5
 
 
-@pytest.mark.parametrize("mode", codec.MODES)
+@pytest.mark.parametrize("mode", quant.MODES)
 def test_a_bitflipped_push_encodes_on_the_learner(mode: str) -> None:
     """What the learner's sender does next never raises, even at the top of fp32 (bf16 and int8
     then make values the syncer refuses: its defence, not the learner's crash)."""

@@ -11,7 +11,7 @@ import torch
 
 from syncer.dataledger import DataLedger, DataMismatch
 from syncer.rounds import Contribution
-from syncer.wire import codec
+from syncer.wire import quant
 from workload.units import UnitFeed, UnitPlan, unit_size
 
 DATA = {"sequences": 100, "unit_sequences": 10, "seq_len": 8, "digest": "d1"}
@@ -143,7 +143,7 @@ def test_an_epoch_ends_when_every_unit_is_closed_and_the_next_one_goes_on() -> N
 
 
 def test_a_remainder_carried_to_the_next_round_keeps_its_incarnation() -> None:
-    q = codec.quantize(torch.zeros(8), "none", 8)
+    q = quant.quantize(torch.zeros(8), "none", 8)
     c = Contribution("a", q, 8, 64, 1.0, 0.1, 0, 0.0, 0, backlog=0.5, units=[3], incarnation="i7")
     rest = c.remainder(1.0)
     assert rest is not None and rest.incarnation == "i7" and rest.units == []

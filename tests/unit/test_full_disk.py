@@ -18,7 +18,7 @@ import pytest
 
 from dldctl.rundir import RunDir
 from dldctl.runstate import Proc, RunState
-from syncer.common import jsonl
+from syncer.common import jsonl, jsonlread
 from syncer.common.settings import RunSettings, SettingsError, settings_from_dict
 from tests import tinyfs
 
@@ -32,7 +32,7 @@ def fs(tmp_path: Path) -> Iterator[Path]:
 
 
 def events(path: Path) -> list[dict]:
-    return list(jsonl.read(path))
+    return list(jsonlread.read(path))
 
 
 def test_append_to_a_full_disk_drops_counts_and_resumes(fs: Path, tmp_path: Path, capsys) -> None:
@@ -50,7 +50,7 @@ def test_append_to_a_full_disk_drops_counts_and_resumes(fs: Path, tmp_path: Path
     assert jsonl.append(log, {"t": 3.0, "n": 99}, notices=notes)
     resumed = [e for e in events(notes) if e["kind"] == "write_resumed"]
     assert len(resumed) == 1 and f"{results.count(False)} records were dropped (disk full)" in resumed[0]["detail"]
-    assert [r["n"] for r in jsonl.read(log)][-1] == 99  # every readable line is a whole record
+    assert [r["n"] for r in jsonlread.read(log)][-1] == 99  # every readable line is a whole record
     assert "disk full writing metrics.jsonl" in capsys.readouterr().err  # and the process's log says so too
     assert jsonl.append(log, {"t": 4.0, "n": 100}, notices=notes)
     assert len([e for e in events(notes) if e["kind"] == "write_resumed"]) == 1
@@ -66,7 +66,7 @@ def test_a_line_cut_by_the_full_disk_costs_itself_only(fs: Path) -> None:
     filler.unlink()
     assert writer.write({"t": 3.0, "n": 3})
     writer.close()
-    assert [r["n"] for r in jsonl.read(fs / "metrics.jsonl")] == [1, 3]
+    assert [r["n"] for r in jsonlread.read(fs / "metrics.jsonl")] == [1, 3]
 
 
 def test_eio_at_the_real_write_is_dropped_and_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,7 +89,7 @@ def test_eio_at_the_real_write_is_dropped_and_counted(tmp_path: Path, monkeypatc
     assert kinds[0][0] == "write_dropped" and "Input/output error writing events.jsonl" in kinds[0][1]
     assert "until it can write again" in kinds[0][1]
     assert kinds[1][0] == "write_resumed" and "5 records were dropped (Input/output error)" in kinds[1][1]
-    assert [r["t"] for r in jsonl.read(log)] == [9.0]
+    assert [r["t"] for r in jsonlread.read(log)] == [9.0]
 
 
 def test_rotation_keeps_one_old_segment_and_reads_in_order(tmp_path: Path) -> None:
@@ -100,10 +100,10 @@ def test_rotation_keeps_one_old_segment_and_reads_in_order(tmp_path: Path) -> No
     writer.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "metrics.jsonl.1"]
     assert log.stat().st_size <= 2000 and (tmp_path / "metrics.jsonl.1").stat().st_size <= 2000
-    seen = [r["t"] for r in jsonl.read(log)]
+    seen = [r["t"] for r in jsonlread.read(log)]
     assert seen == sorted(seen) and seen[-1] == 199.0 and len(seen) > 20  # the old segment, then the new
-    assert [r["t"] for r in jsonl.tail(log, len(seen))] == seen  # tail spans both segments too
-    assert [r["t"] for r in jsonl.read(log, since=190.0)] == [float(i) for i in range(190, 200)]
+    assert [r["t"] for r in jsonlread.tail(log, len(seen))] == seen  # tail spans both segments too
+    assert [r["t"] for r in jsonlread.read(log, since=190.0)] == [float(i) for i in range(190, 200)]
 
 
 def test_two_writers_rotate_once_not_twice(tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_two_writers_rotate_once_not_twice(tmp_path: Path) -> None:
     a.close(), b.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.jsonl", "events.jsonl.1"]
     assert log.stat().st_size <= 3000
-    seen = [r["t"] for r in jsonl.read(log)]
+    seen = [r["t"] for r in jsonlread.read(log)]
     assert seen == [float(i) for i in range(60 - len(seen), 60)]  # a contiguous, ordered suffix
 
 
@@ -161,7 +161,7 @@ def test_state_that_cannot_be_written_is_kept_until_it_can(fs: Path) -> None:
     with run.update() as edit:
         edit.state = edit.state.with_proc("learner-0", Proc("learner", "a", restarts=3))
     assert json.loads(run.state_file.read_text())["procs"]["learner-0"]["restarts"] == 3
-    kinds = [(e["kind"], e["detail"]) for e in jsonl.read(run.events)]
+    kinds = [(e["kind"], e["detail"]) for e in jsonlread.read(run.events)]
     assert any(k == "write_resumed" and "state.json again: 1 changes" in d for k, d in kinds), kinds
 
 

@@ -15,14 +15,14 @@ import torch
 import zstandard
 
 from syncer import fused, merge, native
-from syncer.wire import codec
+from syncer.wire import codec, quant
 from tests.unit.coreharness import Harness, make_settings, sent_of
 
 SEGMENTS = [(0, 700, "embedding"), (700, 300, "dense"), (1000, 5, "dense"), (1005, 1500, "dense"), (2505, 95, "dense")]
 NUMEL = 2600
 
 
-def _contribs(modes: list[str], blocks: list[int], seed: int = 0) -> tuple[list[codec.Quantized], list[torch.Tensor]]:
+def _contribs(modes: list[str], blocks: list[int], seed: int = 0) -> tuple[list[quant.Quantized], list[torch.Tensor]]:
     """Contributions as the syncer holds them (decoded blobs) and their fp32 values."""
     g = torch.Generator().manual_seed(seed)
     shared = torch.randn(NUMEL, generator=g) * 1e-3
@@ -30,7 +30,7 @@ def _contribs(modes: list[str], blocks: list[int], seed: int = 0) -> tuple[list[
     for mode, block in zip(modes, blocks):
         q = codec.decode_quantized(codec.encode(shared + torch.randn(NUMEL, generator=g) * 1e-3, mode, block))
         qs.append(q)
-        values.append(codec.dequantize(q).contiguous())
+        values.append(quant.dequantize(q).contiguous())
     return qs, values
 
 
@@ -80,7 +80,7 @@ def test_native_gram_of_long_segments_and_every_fleet_size(mode: str, count: int
         codec.decode_quantized(codec.encode(shared + torch.randn(numel, generator=g) * 1e-3, mode, 128), kernel=k)
         for _ in range(count)
     ]
-    values = [codec.dequantize(q) for q in qs]
+    values = [quant.dequantize(q) for q in qs]
     grams = fused.gram(qs, LONG, 128, k)
     assert grams is not None
     for s, (o, n, _) in enumerate(LONG):
@@ -115,7 +115,7 @@ def test_publish_matches_the_reference_step_and_is_bit_exact_for_learners(
     ref_theta, ref_mom, ref_res = theta.clone(), momentum.clone(), residual.clone()
     merged = merge.merge([v.clone() for v in values], [1.0] * 4, SEGMENTS, "rda")
     change = merge.nesterov_change_(ref_res, merged, ref_mom, 0.7, 0.9)
-    q, applied = codec.quantize_roundtrip(change, mode, 128)
+    q, applied = quant.quantize_roundtrip(change, mode, 128)
     ref_blob = codec.encode_quantized(q)
     ref_theta.add_(applied)
 
@@ -181,7 +181,7 @@ def test_native_int4_decode_keeps_the_codes_packed_and_refuses_nibble_minus_8(nu
     mine, theirs = codec.decode_quantized(blob, kernel=k), codec.decode_quantized(blob)
     assert mine.packed and mine.codes.numel() == theirs.codes.numel() // 2  # half a byte a value, as on the wire
     assert torch.equal(mine.int_codes(), theirs.codes) and torch.equal(mine.scales, theirs.scales)
-    assert torch.equal(codec.dequantize(mine), codec.dequantize(theirs))
+    assert torch.equal(quant.dequantize(mine), quant.dequantize(theirs))
     nblocks = -(-numel // 64)
     raw = bytearray(zstandard.ZstdDecompressor().decompress(blob[codec.HEADER_SIZE :]))
     for byte in (0x80, 0x18):  # -8 in the high, then in the low nibble
@@ -215,7 +215,7 @@ def test_native_check_refuses_what_the_torch_decoder_refuses(mode: str) -> None:
         for kernel in (k, None):
             with pytest.raises(codec.CodecError, match="non-finite or negative"):
                 codec.decode_quantized(blob_bad, kernel=kernel)
-    assert torch.equal(codec.decode(blob), codec.dequantize(codec.decode_quantized(blob, kernel=k)))
+    assert torch.equal(codec.decode(blob), quant.dequantize(codec.decode_quantized(blob, kernel=k)))
 
 
 def test_the_torch_round_step_reads_packed_int4_codes_like_unpacked_ones() -> None:

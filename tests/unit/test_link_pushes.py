@@ -11,7 +11,7 @@ import torch
 from learner.outer import OuterState
 from learner.sends import PushItem, coalesce, push_message
 from syncer.common.settings import RunSettings
-from syncer.wire import codec, fragments
+from syncer.wire import codec, fragments, quant
 from tests.unit.linkharness import EPOCH, N, frames, item, joined, kinds, new_core
 
 
@@ -116,7 +116,7 @@ def test_the_push_blob_follows_the_runs_zstd_setting(zstd: bool) -> None:
     (send,) = [s for s in core.tick(now + 0.01).sends if s.push is not None]
     blob = push_message(send, RunSettings(zstd=zstd)).payloads[0]
     assert bool(blob[2] & codec.RAW) is not zstd  # the format byte says how the payload is stored
-    assert len(blob) == codec.HEADER_SIZE + codec.raw_length("int4", N, 128) or zstd
+    assert len(blob) == codec.HEADER_SIZE + quant.raw_length("int4", N, 128) or zstd
     assert torch.allclose(codec.decode(blob, expect_numel=N), torch.full((N,), 0.25), atol=0.05)
 
 

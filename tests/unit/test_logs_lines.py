@@ -13,7 +13,7 @@ from dldctl.supervise import decisionlog
 from dldctl.supervise.reconcile import Observation, decide
 from learner import logline
 from syncer import oplog
-from syncer.common import jsonl
+from syncer.common import jsonl, jsonlread
 
 T0 = time.mktime(time.strptime("2026-12-02 12:01:02", "%Y-%m-%d %H:%M:%S"))
 
@@ -51,7 +51,7 @@ def test_the_death_decision_says_why_and_which_restart_and_when() -> None:
 def test_logging_run_dir_writes_the_event_and_the_line(tmp_path: Path) -> None:
     run = decisionlog.LoggingRunDir(tmp_path)
     run.event("restart", "learner-1", "pid 7 on local (restart 1)")
-    assert list(jsonl.read(run.events))[-1]["kind"] == "restart"
+    assert list(jsonlread.read(run.events))[-1]["kind"] == "restart"
     text = run.supervisor_log.read_text()
     assert text.endswith("learner-1 restarted: pid 7 on local (restart 1)\n")
 
@@ -62,7 +62,7 @@ def test_a_log_that_cannot_be_written_is_dropped_not_raised(tmp_path: Path) -> N
     run.event("death", "learner-0", "process gone after 1.0 s")  # no exception
     assert not run.log_line("another")
     assert jsonl.dropped().get("supervisor.log", 0) >= 2
-    kinds = [r["kind"] for r in jsonl.read(run.events)]
+    kinds = [r["kind"] for r in jsonlread.read(run.events)]
     assert kinds[0] == "death" and "write_dropped" in kinds
 
 

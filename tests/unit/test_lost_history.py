@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from dldctl.ports import free_port
 from dldctl.runstate import PidRecord, ProcStatus, RunState
 from dldctl.supervise import reconcile
 from dldctl.supervise.reconcile import Observation, decide, new_proc, started
-from dldctl.testing import free_port
 from syncer import checkpoint, status
-from syncer.common import jsonl, keys
+from syncer.common import jsonlread, keys
 from syncer.common.settings import RunSettings, SettingsError, settings_from_dict
 from syncer.config import SyncerConfig
 from syncer.core import SyncerCore
@@ -213,7 +213,7 @@ def _server(run_dir: Path, **run: object) -> SyncerServer:
 
 
 def _events(run_dir: Path, kind: str) -> list[dict]:
-    return [e for e in jsonl.read(run_dir / "events.jsonl") if e["kind"] == kind]
+    return [e for e in jsonlread.read(run_dir / "events.jsonl") if e["kind"] == kind]
 
 
 def test_the_syncer_refuses_to_start_a_new_model_by_default(run_dir: Path) -> None:
@@ -259,7 +259,7 @@ def test_a_brand_new_run_dir_starts_quietly(tmp_path: Path) -> None:
         server.open()
     finally:
         server.close()
-    kinds = [e["kind"] for e in jsonl.read(tmp_path / "events.jsonl")]
+    kinds = [e["kind"] for e in jsonlread.read(tmp_path / "events.jsonl")]
     assert "syncer_start" in kinds and not {"history_lost", "syncer_refused", "checkpoint_corrupt"} & set(kinds)
 
 

@@ -48,9 +48,9 @@ def test_the_store_keeps_what_no_checkpoint_holds_within_its_budget() -> None:
 
 def test_receipts_follow_merges_and_name_the_units_a_learner_sends_again() -> None:
     from syncer.rounds import Contribution
-    from syncer.wire import codec
+    from syncer.wire import quant
 
-    q = codec.quantize(torch.zeros(4), "int8")
+    q = quant.quantize(torch.zeros(4), "int8")
     r = PushReceipts()
     r.settled(0, [Contribution("a", q, 1, 8, 0.1, 0.1, 0, 0.0, 4, incarnation="i1", seq=4)])
     r.settled(1, [Contribution("a", q, 1, 8, 0.1, 0.1, 0, 0.0, 4, incarnation="i1", seq=-1)])  # a carried share

@@ -1,5 +1,5 @@
 """The learner's training recipe (learner/recipe.py) and the outer gradient's device path
-(learner/offload.py, codec.payload_here): pure parts, on the CPU; the CUDA path where a GPU is."""
+(learner/offload.py, quant.payload_here): pure parts, on the CPU; the CUDA path where a GPU is."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from learner import offload, recipe
 from learner.sends import PushItem, coalesce
-from syncer.wire import codec
+from syncer.wire import codec, quant
 
 CPU = torch.device("cpu")
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -68,7 +68,7 @@ def test_steady_throughput_leaves_the_warmup_out() -> None:
     assert cold.record(64, 1.0)["steady_s"] is None, "a loop that never warmed has no steady rate"
 
 
-@pytest.mark.parametrize("mode", codec.MODES)
+@pytest.mark.parametrize("mode", quant.MODES)
 @pytest.mark.parametrize("n", [0, 1, 127, 128, 129, 5000])
 def test_the_payload_encoded_where_the_tensor_lives_is_encode_byte_for_byte(mode: str, n: int) -> None:
     torch.manual_seed(n)
@@ -76,7 +76,7 @@ def test_the_payload_encoded_where_the_tensor_lives_is_encode_byte_for_byte(mode
     if n > 200:
         x[:128] = 0  # an all-zero block
         x[140] = 1e-38  # a tiny one
-    payload = codec.payload_here(x, mode, 64)
+    payload = quant.payload_here(x, mode, 64)
     assert codec.encode_payload(payload, mode, n, 64) == codec.encode(x, mode, 64)
     with pytest.raises(codec.CodecError):
         codec.encode_payload(payload[:-1] if payload.numel() else torch.zeros(1, dtype=torch.uint8), mode, n, 64)
@@ -91,7 +91,7 @@ class _Done:
 
 
 def _device_delta(x: torch.Tensor) -> offload.DeviceDelta:
-    return offload.DeviceDelta(codec.payload_here(x, "int4", 128), _Done(), "int4", x.numel(), 128)
+    return offload.DeviceDelta(quant.payload_here(x, "int4", 128), _Done(), "int4", x.numel(), 128)
 
 
 def test_on_the_cpu_the_outer_gradient_is_the_tensor_and_its_blob_the_codecs() -> None:
@@ -108,7 +108,7 @@ def test_two_waiting_pushes_of_a_device_delta_add_as_the_syncer_would_decode_the
     older = PushItem(0, _device_delta(a), 3, 2, 64, 0.5, 0.25)
     newer = PushItem(0, b, 3, 1, 32, 0.25, 0.25)
     both = coalesce(older, newer)
-    assert torch.equal(offload.values(both.delta), codec.roundtrip(a) + b)
+    assert torch.equal(offload.values(both.delta), quant.roundtrip(a) + b)
     assert (both.c_steps, both.c_tokens) == (3, 96)
 
 

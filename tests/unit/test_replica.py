@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from learner.replica import Replica, checksum
-from syncer.wire import codec
+from syncer.wire import codec, quant
 
 
 def _values(n: int, seed: int) -> np.ndarray:
@@ -119,10 +119,10 @@ def test_updates_during_a_transfer_are_replayed_on_top_of_it() -> None:
     syncer = FakeSyncer([12], chunk=4)
     r = Replica([12])
     r.refetch(0)
-    q1 = codec.quantize(torch.randn(12, generator=torch.Generator().manual_seed(1)), "int4", 4)
-    q2 = codec.quantize(torch.randn(12, generator=torch.Generator().manual_seed(2)), "int4", 4)
-    v1 = syncer.theta[0] + codec.dequantize(q1)
-    v2 = v1 + codec.dequantize(q2)
+    q1 = quant.quantize(torch.randn(12, generator=torch.Generator().manual_seed(1)), "int4", 4)
+    q2 = quant.quantize(torch.randn(12, generator=torch.Generator().manual_seed(2)), "int4", 4)
+    v1 = syncer.theta[0] + quant.dequantize(q1)
+    v2 = v1 + quant.dequantize(q2)
     for p, offset, version in r.requests(0.0, chunk=4, window=8):
         r.on_state(*syncer.state(p, offset, version))
     assert r.on_update(0, 1, 2, codec.encode_quantized(q2), checksum(v2)) == "buffered"  # out of order
@@ -161,8 +161,8 @@ def test_update_applied_from_the_right_version_bit_exact() -> None:
     theta = values[0].clone()  # the syncer's copy
     g = torch.Generator().manual_seed(1)
     for version in range(4, 30):
-        q = codec.quantize(torch.randn(300, generator=g) * 1e-2, "int4", 64)
-        theta = theta + codec.dequantize(q)
+        q = quant.quantize(torch.randn(300, generator=g) * 1e-2, "int4", 64)
+        theta = theta + quant.dequantize(q)
         assert r.on_update(0, version - 1, version, codec.encode_quantized(q)) == "applied"
         assert r.versions[0] == version
         assert torch.equal(r.latest[0], theta)
@@ -222,8 +222,8 @@ def test_transfer_then_updates_end_to_end() -> None:
     g = torch.Generator().manual_seed(2)
     for step in range(10):
         p = step % 2
-        q = codec.quantize(torch.randn(syncer.theta[p].numel(), generator=g), "int8", 16)
-        syncer.theta[p] = syncer.theta[p] + codec.dequantize(q)
+        q = quant.quantize(torch.randn(syncer.theta[p].numel(), generator=g), "int8", 16)
+        syncer.theta[p] = syncer.theta[p] + quant.dequantize(q)
         syncer.versions[p] += 1
         assert r.on_update(p, syncer.versions[p] - 1, syncer.versions[p], codec.encode_quantized(q)) == "applied"
     assert all(torch.equal(a, b) for a, b in zip(r.latest, syncer.theta))
@@ -270,12 +270,12 @@ def test_state_transfer_with_wrong_crc_is_fetched_again() -> None:
 
 def test_update_crc_match_and_mismatch() -> None:
     r, values = _ready([64], [0])
-    q = codec.quantize(torch.randn(64, generator=torch.Generator().manual_seed(3)), "int4", 16)
-    theta = values[0] + codec.dequantize(q)
+    q = quant.quantize(torch.randn(64, generator=torch.Generator().manual_seed(3)), "int4", 16)
+    theta = values[0] + quant.dequantize(q)
     blob = codec.encode_quantized(q)
     assert r.on_update(0, 0, 1, blob, crc=checksum(theta)) == "applied"
     assert r.crcs[0] == checksum(theta) and r.mismatches == 0
-    q2 = codec.quantize(torch.ones(64), "int4", 16)
+    q2 = quant.quantize(torch.ones(64), "int4", 16)
     assert r.on_update(0, 1, 2, codec.encode_quantized(q2), crc=checksum(theta)) == "mismatch"
     assert r.mismatches == 1 and 0 in r.fetches  # never trained on: refetched
     assert r.on_update(0, 2, 3, blob) == "buffered"  # waits for the fetch

@@ -9,7 +9,7 @@ import torch
 from syncer import merge
 from syncer.clock import LINK_S, RoundClock
 from syncer.core import Outbox
-from syncer.wire import codec
+from syncer.wire import quant
 from syncer.wire.protocol import Message
 from tests.unit.coreharness import Harness, events_of, make_settings, rounds_of, sent_of
 
@@ -259,7 +259,7 @@ def test_a_backlog_of_many_periods_counts_as_max_backlog_periods_and_carries_max
     assert h.core.counters["backlog_capped"] == 1 and h.core.counters["backlog_dropped_steps"] == 288
     rest = h.core.rounds[0].contributions["a"]
     assert (rest.c_steps, rest.c_tokens) == (16, 16 * 16)
-    torch.testing.assert_close(codec.dequantize(rest.delta), d * (16 / 320), rtol=0, atol=1e-7)
+    torch.testing.assert_close(quant.dequantize(rest.delta), d * (16 / 320), rtol=0, atol=1e-7)
     drained = Outbox()
     assert h.core.flush(10.0, drained) == 1
     assert not events_of(drained, "backlog") and 0 not in h.core.rounds  # absorbed: nothing left
@@ -273,7 +273,7 @@ def test_with_max_carry_minus_one_the_whole_backlog_waits_for_the_next_rounds() 
     assert "304 carried to the next rounds, 0 dropped" in event["detail"]
     rest = h.core.rounds[0].contributions["a"]
     assert (rest.c_steps, rest.c_tokens) == (304, 304 * 16)
-    torch.testing.assert_close(codec.dequantize(rest.delta), d * (304 / 320), rtol=0, atol=1e-7)
+    torch.testing.assert_close(quant.dequantize(rest.delta), d * (304 / 320), rtol=0, atol=1e-7)
     drained = Outbox()
     assert h.core.flush(10.0, drained) == 1  # down closes each round once: no burst of the whole backlog
     assert not events_of(drained, "backlog")  # one event per backlog, not one per round that absorbs it

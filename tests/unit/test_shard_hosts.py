@@ -22,7 +22,7 @@ from dldctl.lifecycle import plan, shardgather, up
 from dldctl.observe import shardrows
 from dldctl.runstate import HostRecord, Proc, ProcStatus, RunState
 from dldctl.supervise import mirror
-from syncer.common import jsonl
+from syncer.common import jsonlread
 from syncer.common.resolved import ResolvedConfig, ResolvedConfigError, SyncerSection
 from syncer.config import load as load_syncer
 from syncer.usage import own_usage
@@ -223,7 +223,7 @@ def _renamed(section: SyncerSection, host: str) -> SyncerSection:
 
 
 def _events(run: rundir.RunDir) -> list[dict[str, Any]]:
-    return list(jsonl.read(run.path / "events.jsonl"))
+    return list(jsonlread.read(run.path / "events.jsonl"))
 
 
 # -- status --------------------------------------------------------------------------------------

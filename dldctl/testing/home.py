@@ -1,38 +1,14 @@
-"""The harness that drives the real `dldctl` CLI in a throw-away home, for tests and benchmarks.
+"""`DldctlHome`: one throw-away `DLDCTL_HOME` and the runs in it, driven through the real `dldctl`.
 
-Like `torch.testing`, this is library code for the project's own checks (tests/ and bench/ build
-on it), not a part of the operator's commands. It never imports `learner` or torch: driving
-dldctl needs neither, and a harness that starts in a fraction of a second keeps tests cheap.
-
-    with DldctlHome(name="smoke") as home:              # DLDCTL_HOME = a new temp dir
-        home.up({"model": "gpt-tiny", "H": 8}, [local_host("here", 2)])   # `dldctl up INV -d`
-        snap = home.wait(lambda s: s["syncer"]["outer_steps"] >= 3, 120, "three merges")
-        home.dl("chaos", "pause", "learner-0", "--duration", "5", "--force")
-        home.events("death"), home.metrics("round"), home.config(), home.state()
-        summary = home.down()                          # `dldctl down --json`
-    # here nothing the home started is running, whatever happened in the block
-
-- `DldctlHome` runs `dldctl ARGS` with its `DLDCTL_HOME` (`dl`, or calling the home itself),
-  in the background (`popen`: stopped at the end), brings a run up from a `[run]` table and
-  hosts (`up`), reads what the run wrote (`run_dir`, `config`, `state`, `events`, `metrics`,
-  `log`) and polls (`wait_for` any check, `wait` on `dldctl status --json`). `close()` (the
-  context's exit) always tears down, in order: the background commands (SIGTERM, then SIGKILL),
-  `dldctl down` if a run may be up, then a SIGKILL for every process the home's runs recorded in
-  `procs.jsonl` that is still alive with its recorded start time (to its process group when it
-  leads one; a reused pid is left alone; nothing is ever killed by name). A home the harness made
-  is then deleted, unless `keep` (its path is printed then, for a post-mortem).
-- `Processes`: named processes a harness started itself, each spawned in its own session,
-  signalled by pid or process group and always stopped at the end (tests/localrun.py runs a
-  syncer and learners on it without dldctl).
-- `wait_until` polls a check until it returns something true, or raises `WaitTimeout` naming
-  what it waited for and what `describe()` says about the last try.
-- `inventory_text`, `local_host`, `read_jsonl`: what goes into a run and what comes out.
-
-The errors are AssertionErrors, so pytest reports a failure, and the builtin a script catches:
-
-    HarnessError(AssertionError)
-     +-- CommandFailed(RuntimeError)    dldctl exited non-zero (`.proc` holds its output)
-     +-- WaitTimeout(TimeoutError)      a condition did not hold in time
+It runs `dldctl ARGS` with its `DLDCTL_HOME` (`dl`, or calling the home itself), in the background
+(`popen`: stopped at the end), brings a run up from a `[run]` table and hosts (`up`), reads what
+the run wrote (`run_dir`, `config`, `state`, `events`, `metrics`, `log`) and polls (`wait_for` any
+check, `wait` on `dldctl status --json`). `close()` (the context's exit) always tears down, in
+order: the background commands (SIGTERM, then SIGKILL), `dldctl down` if a run may be up, then a
+SIGKILL for every process the home's runs recorded in `procs.jsonl` that is still alive with its
+recorded start time (to its process group when it leads one; a reused pid is left alone; nothing is
+ever killed by name). A home the harness made is then deleted, unless `keep` (its path is printed
+then, for a post-mortem).
 """
 
 from __future__ import annotations
@@ -44,220 +20,23 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-from dldctl.hosts.local import read_stat
-from dldctl.ports import free_port
 from dldctl.rundir import RunDir
-from syncer.common import jsonl, keys, resolved
+from dldctl.testing.procs import Processes, alive, signal_pid
+from dldctl.testing.runfiles import inventory_text, read_jsonl
+from dldctl.testing.waiting import CommandFailed, HarnessError, wait_until
+from syncer.common import resolved
 
 if TYPE_CHECKING:
     from dldctl.runstate import RunState
     from syncer.common.resolved import ResolvedConfig
 
-ROOT = Path(__file__).resolve().parents[1]  # the checkout's root: the commands' working directory
+ROOT = Path(__file__).resolve().parents[2]  # the checkout's root: the commands' working directory
 DLDCTL = str(Path(sys.executable).parent / "dldctl")  # this interpreter's console script
 T = TypeVar("T")
-
-
-class HarnessError(AssertionError):
-    """Something the harness was asked for did not happen (a test failure, to pytest)."""
-
-
-class CommandFailed(HarnessError, RuntimeError):
-    """`dldctl ARGS` exited non-zero; `proc` is the finished command, its output included."""
-
-    def __init__(self, args: tuple[str, ...], proc: subprocess.CompletedProcess[str]) -> None:
-        super().__init__(
-            f"dldctl {' '.join(args)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
-        self.proc = proc
-
-
-class WaitTimeout(HarnessError, TimeoutError):
-    """A condition did not hold within its timeout."""
-
-
-def wait_until(
-    check: Callable[[], T | None],
-    timeout: float,
-    what: str,
-    *,
-    every: float = 0.5,
-    describe: Callable[[], str] | None = None,
-) -> T:
-    """Call `check` every `every` s until it returns something true, and return that; checked once
-    more after the deadline, then `WaitTimeout` saying what was awaited (and `describe()`)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(every)
-    detail = ""
-    if describe is not None:
-        try:
-            detail = "\n" + describe()
-        except Exception as exc:  # the message must not hide the timeout
-            detail = f"\n(describing the last try failed: {exc!r})"
-    raise WaitTimeout(f"timed out after {timeout:g} s waiting for {what}{detail}")
-
-
-# --------------------------------------------------------------------------- a run's input and output
-
-
-def toml_value(value: Any) -> str:
-    """One TOML value: str, bool, int, float, a list of those, or a flat dict as an inline table."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    return json.dumps(str(value))
-
-
-def inventory_text(
-    run: Mapping[str, Any],
-    hosts: list[dict[str, Any]] | None = None,
-    syncer: Mapping[str, Any] | None = None,
-    tables: Mapping[str, Mapping[str, Any]] | None = None,
-) -> str:
-    """An inventory: the `[run]` table, a `[syncer]` table if given, other tables (`[ssh]`,
-    `[model]`, ...) from `tables`, one `[[hosts]]` table per host."""
-    lines = ["[run]"] + [f"{k} = {toml_value(v)}" for k, v in run.items()]
-    if syncer:
-        lines += ["", "[syncer]"] + [f"{k} = {toml_value(v)}" for k, v in syncer.items()]
-    for name, table in (tables or {}).items():
-        lines += ["", f"[{name}]"] + [f"{k} = {toml_value(v)}" for k, v in table.items()]
-    for host in hosts or []:
-        lines += ["", "[[hosts]]"] + [f"{k} = {toml_value(v)}" for k, v in host.items()]
-    return "\n".join(lines) + "\n"
-
-
-def local_host(name: str, learners: int, **extra: Any) -> dict[str, Any]:
-    """A `[[hosts]]` entry on this machine: one torch thread per learner unless `extra` says otherwise."""
-    return {"name": name, "address": "local", "learners": learners, "threads": 1, **extra}
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete JSON record of a file (a torn last line is skipped); [] if it is missing."""
-    return list(jsonl.read(path))
-
-
-def local_config(directory: Path, run: Mapping[str, Any], entries: list[dict[str, Any]], run_id: str) -> Path:
-    """What `dldctl up` writes for a run on this machine, without dldctl: `config.json` (the syncer
-    on 127.0.0.1, free ports) and, unless `run` is insecure, CURVE keys for the syncer, the operator
-    and every learner entry."""
-    directory.mkdir(parents=True, exist_ok=True)
-    if not run.get("insecure", False):
-        for name in ["syncer", "operator", *(e["id"] for e in entries)]:
-            keys.create(directory / "keys", name)
-    syncer = {"host": "local", "bind_host": "127.0.0.1", "port": free_port(), "control_port": free_port()}
-    cfg = {
-        "version": 1,
-        "run_id": run_id,
-        "run": dict(run),
-        "syncer": {**syncer, "advertise": "127.0.0.1", "dir": str(directory)},
-        "learners": entries,
-        "keys": {"dir": "keys"},
-    }
-    path = directory / "config.json"
-    path.write_text(json.dumps(cfg, indent=1))
-    return path
-
-
-# --------------------------------------------------------------------------- processes, by pid only
-
-
-def alive(pid: int, start_ticks: int) -> bool:
-    """Whether `pid` is running and is still the process that started at `start_ticks`."""
-    stat = read_stat(pid)
-    return stat is not None and stat.start_ticks == start_ticks and stat.state not in "ZX"
-
-
-def signal_pid(pid: int, sig: int) -> bool:
-    """Send `sig` to the process group `pid` leads, or to `pid` alone if it leads none; False if gone."""
-    try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-class Processes(Mapping[str, subprocess.Popen[Any]]):
-    """Processes a harness started itself, by name (the latest of a name; all are stopped)."""
-
-    def __init__(self) -> None:
-        self._latest: dict[str, subprocess.Popen[Any]] = {}
-        self._all: list[subprocess.Popen[Any]] = []
-
-    def __getitem__(self, name: str) -> subprocess.Popen[Any]:
-        return self._latest[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._latest)
-
-    def __len__(self) -> int:
-        return len(self._latest)
-
-    def add(self, name: str, proc: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
-        """Track `proc` (started elsewhere) under `name`; it is stopped in `stop()`."""
-        self._latest[name] = proc
-        self._all.append(proc)
-        return proc
-
-    def spawn(self, name: str, argv: list[str], *, log: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen[Any]:
-        """Start `argv` in its own session (a process group to kill), stdout and stderr appended to `log`."""
-        with open(log, "ab") as out:  # the child holds its own descriptor
-            proc = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-            )
-        return self.add(name, proc)
-
-    def kill(self, name: str, sig: int = signal.SIGKILL, timeout: float = 30) -> None:
-        """Send `sig` to `name`'s process (its group) if it still runs, and wait for it to exit."""
-        proc = self._latest[name]
-        if proc.poll() is None:
-            signal_pid(proc.pid, sig)
-        proc.wait(timeout=timeout)
-
-    def stop(self, grace_s: float = 0.0) -> None:
-        """Stop every process still running: SIGTERM and up to `grace_s` s to exit (if > 0), then SIGKILL."""
-        running = [p for p in self._all if p.poll() is None]
-        if grace_s > 0:
-            for proc in running:
-                signal_pid(proc.pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and any(p.poll() is None for p in running):
-                time.sleep(0.1)
-        for proc in running:
-            if proc.poll() is None:
-                signal_pid(proc.pid, signal.SIGKILL)
-        for proc in running:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-
-
-# --------------------------------------------------------------------------- the home
 
 
 class DldctlHome:
