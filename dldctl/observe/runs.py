@@ -22,7 +22,7 @@ from dldctl.observe.snapshot_model import Figures
 from dldctl.observe.view_data import fmt_float
 from dldctl.rundir import RunDir, all_runs
 from dldctl.runstate import DOWN_REASON, RunState
-from syncer.common import jsonl, unscored
+from syncer.common import jsonlread, unscored
 
 SCHEMA = "dldctl.runs/1"
 
@@ -46,7 +46,7 @@ def last_sample(run: RunDir) -> dict[str, Any] | None:
     """The newest "sample" record of the run's metrics log (reads only its last MiB). Samples come
     every 2 s and a round record with every merge: a small model's fleet writes hundreds of rounds
     between two samples, so the tail is read by bytes, not by a handful of records."""
-    records = jsonl.tail(run.metrics, 1 << 20, max_bytes=1 << 20)
+    records = jsonlread.tail(run.metrics, 1 << 20, max_bytes=1 << 20)
     return next((r for r in reversed(records) if r.get("kind") == "sample"), None)
 
 
@@ -91,7 +91,7 @@ def unscored_reason(run: RunDir, sample: dict[str, Any] | None = None) -> str | 
     samples = [newest] if newest else []
     if newest and "global_off" in newest:
         return unscored.from_records(samples, [])
-    events = [e for e in jsonl.tail(run.events, 500) if e.get("kind") == unscored.EVENT]
+    events = [e for e in jsonlread.tail(run.events, 500) if e.get("kind") == unscored.EVENT]
     return unscored.from_records(samples, events, eval_every(run))
 
 

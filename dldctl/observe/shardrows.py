@@ -27,7 +27,7 @@ from dldctl.errors import DldError
 from dldctl.rundir import RunDir
 from dldctl.runstate import Proc, ProcStatus, RunState
 from dldctl.syncerctl import SyncerControl
-from syncer.common import ckptname, jsonl
+from syncer.common import ckptname, jsonlread
 from syncer.common.resolved import ResolvedConfig
 
 ASK_S = 1.0  # a shard that does not answer within this is not up (shard 0's own answer: snapshot.py)
@@ -175,7 +175,8 @@ def _ask(run: RunDir, config: ResolvedConfig, shard: int) -> Mapping[str, Any] |
 def _seen(run_dir: Path, shard: int, proc: Proc | None, pid_alive: bool | None, now: float) -> Seen:
     """A shard's files in this run directory (a remote syncer's mirrored there) and its process."""
     directory = shards.local_dir(run_dir, shard)
-    records = jsonl.tail(directory / "metrics.jsonl", 1 << 20, max_bytes=512 << 10)  # samples every 2 s: 10 s of them
+    # samples every 2 s: 10 s of them
+    records = jsonlread.tail(directory / "metrics.jsonl", 1 << 20, max_bytes=512 << 10)
     samples = tuple(
         (float(r["t"]), int(r["outer_steps"]))
         for r in records
@@ -185,7 +186,7 @@ def _seen(run_dir: Path, shard: int, proc: Proc | None, pid_alive: bool | None, 
         names = [p.name for p in (directory / "checkpoints").iterdir()]
     except OSError:
         names = []
-    events = jsonl.tail(directory / "events.jsonl", 500) if not names else []
+    events = jsonlread.tail(directory / "events.jsonl", 500) if not names else []
     usage = _usage(proc.proc.pid) if pid_alive and proc is not None and proc.proc is not None else None
     return Seen(samples, newest_checkpoint(names, events), usage, pid_alive, now)
 

@@ -26,7 +26,7 @@ from dldctl.rundir import RunDir
 from dldctl.runstate import Daemon, Fault, Proc, ProcStatus, RunState
 from dldctl.supervise import reconcile, watchdog
 from dldctl.syncerctl import SyncerControl
-from syncer.common import jsonl
+from syncer.common import jsonlread
 from syncer.common.resolved import ResolvedConfig
 
 EVENTS = 40
@@ -112,7 +112,7 @@ def _last_checkpoint(run: RunDir) -> int:
         names = [p.name for p in run.checkpoints.iterdir()]
     except OSError:
         names = []
-    newest = shardrows.newest_checkpoint(names, [] if names else jsonl.tail(run.events, 500))
+    newest = shardrows.newest_checkpoint(names, [] if names else jsonlread.tail(run.events, 500))
     return newest[0] if newest else 0
 
 
@@ -197,7 +197,7 @@ def _gather(run: RunDir, now: float | None = None) -> dict[str, Any]:
     for row in snap["learners"] if snap["status"] == "crashed" else []:
         row["state"] = "dead" if row.get("state") == "restarting" else row.get("state")  # nobody restarts it
     snap["shards"] = shard_rows  # one per syncer shard (dldctl/observe/shardrows.py); one row unsharded
-    snap["events"] = jsonl.tail(run.events, EVENTS)
+    snap["events"] = jsonlread.tail(run.events, EVENTS)
     return snap
 
 

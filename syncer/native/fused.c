@@ -20,7 +20,7 @@
  *              residual <- residual - lr * g - lr * look * momentum; look = beta but for a
  *              round of part of a sync period, merge.partial_momentum), blockwise absmax
  *              quantization of the residual (round half to even by adding and subtracting
- *              1.5 * 2^23, as syncer/codec.py), packing, then theta += code * scale and
+ *              1.5 * 2^23, as syncer/wire/quant.py), packing, then theta += code * scale and
  *              residual -= code * scale as two separate fp32 operations.
  * dld_crc32:   zlib's crc32 (of the new fragment), folded with carry-less multiplication.
  *
