@@ -134,14 +134,7 @@ class RunDir:
     def read_inventory(self) -> Inventory:
         """inventory.json, typed; RunError (one line naming the file) if it is missing or unreadable,
         ConfigError if what it holds is no inventory."""
-        try:
-            data = json.loads(self.inventory_json.read_text())
-        except FileNotFoundError:
-            raise RunError(
-                f"{self.inventory_json}: no inventory; this is not a run directory (or `up` never got far)"
-            ) from None
-        except (OSError, ValueError) as exc:
-            raise RunError(f"{self.inventory_json}: unreadable inventory ({exc})") from None
+        data = _read_json(self.inventory_json, "inventory", "unreadable inventory")
         if not isinstance(data, dict):
             raise RunError(f"{self.inventory_json}: not an inventory (a JSON object)")
         return inventory.parse(data, str(self.inventory))
@@ -178,17 +171,8 @@ class RunDir:
             if _signature(self.state_file) == self._unsaved[1]:
                 return self._unsaved[0]  # frozen: nobody can change it under us
             self._unsaved, self._unsaved_count = None, 0  # another process wrote it since: it wins
-        try:
-            data = json.loads(self.state_file.read_text())
-        except FileNotFoundError:
-            raise RunError(
-                f"{self.state_file}: no state file; this is not a run directory (or `up` never got far)"
-            ) from None
-        except (OSError, ValueError) as exc:
-            raise RunError(
-                f"{self.state_file}: corrupt state ({exc})",
-                hint="`dldctl down --run " + self.name + "` still stops every process it can find",
-            ) from None
+        hint = f"`dldctl down --run {self.name}` still stops every process it can find"
+        data = _read_json(self.state_file, "state file", "corrupt state", hint)
         return RunState.from_json(data, self.state_file)
 
     def write_state(self, state: RunState) -> None:
@@ -290,6 +274,17 @@ class Edit:
     """The state being changed inside `RunDir.update()`: assign a new one to `state`."""
 
     state: RunState
+
+
+def _read_json(path: Path, what: str, bad: str, hint: str | None = None) -> Any:
+    """A run file's JSON; RunError naming the file: missing ("no WHAT; this is not a run
+    directory"), or unreadable or not JSON (`bad`, with `hint`)."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RunError(f"{path}: no {what}; this is not a run directory (or `up` never got far)") from None
+    except (OSError, ValueError) as exc:
+        raise RunError(f"{path}: {bad} ({exc})", hint=hint) from None
 
 
 def _signature(path: Path) -> tuple[int, int, int] | None:
