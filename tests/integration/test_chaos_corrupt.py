@@ -119,6 +119,21 @@ def live(tmp_path: Path) -> Iterator[LiveRun]:
 
 
 def test_corrupt_writes_the_control_the_learner_obeys_and_heal_ends_it(live: LiveRun) -> None:
+    # first a scale for 1 s, and the learner trains on: x1.05, not x1000, for with the judge off
+    # and one learner what it pushes becomes the global model, compounded push after push (x2
+    # reached a loss of 3e6); then every step is non-finite (reloading cannot help)
+    text = live.dl("chaos", "corrupt", "learner-0", "--mode", "scale", "--factor", "1.05", "--duration", "1s").stdout
+    assert "corrupt learner-0: scale corruption: its weights x1.05 before each push for 1 s" in " ".join(text.split())
+    live.lr.wait_log("learner-0", "chaos: corrupting weights (scale x1.05)", 30)
+    live.lr.wait_log("learner-0", "chaos: corruption (scale) over", 30)
+    steps = live.lr.status()["learners"][0]["step"]
+    trains = lambda s: s["learners"][0]["step"] > steps + 20 and s["learners"][0]["loss"] is not None
+    live.lr.wait_for(trains, 60, "training on, its loss finite")
+    live.dl("chaos", "heal", "learner-0")  # the spent fault's record (no supervisor here undoes it)
+    assert not live.state().faults
+    # then a bitflip, healed: the path of the fault and of its undo. Last, because nothing here
+    # defends the model: an exponent bit flipped is a value near 1e38, merged as it is with the
+    # judge off, and the global model it lands in is lost for good (a real fleet's judge rejects it)
     out = live.dl("chaos", "corrupt", "learner-0", "--mode", "bitflip", "--duration", "60", "--json")
     done = json.loads(out.stdout)
     assert (done["schema"], done["action"], done["target"], done["mode"], done["factor"]) == (
@@ -142,16 +157,6 @@ def test_corrupt_writes_the_control_the_learner_obeys_and_heal_ends_it(live: Liv
     assert not live.state().faults
     events = [(e["kind"], e["target"]) for e in live.lr.events() if e["kind"].startswith("fault_")]
     assert ("fault_inject", "learner-0") in events and ("fault_undo", "learner-0") in events
-    # x1.05, not x1000: with the judge off and one learner, what it pushes becomes the global model,
-    # compounded push after push (x2 reached a loss of 3e6), and then every step is non-finite
-    # (reloading cannot help; it waits between reloads in a row)
-    text = live.dl("chaos", "corrupt", "learner-0", "--mode", "scale", "--factor", "1.05", "--duration", "1s").stdout
-    assert "corrupt learner-0: scale corruption: its weights x1.05 before each push for 1 s" in " ".join(text.split())
-    live.lr.wait_log("learner-0", "chaos: corrupting weights (scale x1.05)", 30)
-    live.lr.wait_log("learner-0", "chaos: corruption (scale) over", 30)
-    steps = live.lr.status()["learners"][0]["step"]
-    trains = lambda s: s["learners"][0]["step"] > steps + 20 and s["learners"][0]["loss"] is not None
-    live.lr.wait_for(trains, 60, "training on, its loss finite")
     assert "Traceback" not in live.log("learner-0")
 
 
