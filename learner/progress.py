@@ -16,6 +16,8 @@ from typing import Any
 from learner.recipe import Steady
 from syncer.common.smallmath import ema
 
+STALL_FACTOR = 4.0  # a step longer than this many typical steps was stopped, not computing
+
 
 @dataclass
 class Progress:
@@ -30,6 +32,13 @@ class Progress:
     blocked_s: float = 0.0
     train_started: float = 0.0  # the training loop
     train_ended: float = 0.0
+
+    def counted(self, seconds: float) -> float:
+        """A step's wall time as compute: at most STALL_FACTOR typical steps. A stopped process
+        (SIGSTOP, a pause, swapped out) stalls the step it is in; the stall is not compute, and
+        the syncer's goodput (merged compute over provisioned time) must not count it. A real
+        slow-down is followed within a few steps: the typical step is an EMA of what is counted."""
+        return min(seconds, STALL_FACTOR * self.step_time) if self.step_time else seconds
 
     def stepped(self, tokens: int, seconds: float, steps_here: int, total_tokens: int) -> None:
         """After an inner step of `tokens` that took `seconds` (the `steps_here`-th of this incarnation)."""

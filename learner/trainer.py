@@ -267,7 +267,7 @@ class Trainer:
         compute = time.perf_counter() - t0
         if (wait := self.slowdown.wait_s(compute, self.cfg.spec.throttle * self.controls.slow_factor())) > 0:
             self.stop.wait(wait)  # an artificially slower host
-        dt = time.perf_counter() - t0
+        dt = self.progress.counted(time.perf_counter() - t0)  # a stall (a pause) is not compute
         ntok = wl.tokens(batch) * (self.island.world if self.island else 1)
         self.step += 1
         self.units.stepped(self.step)
