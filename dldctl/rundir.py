@@ -223,10 +223,11 @@ class RunDir:
             yield edit
             self.write_state(edit.state)
 
-    def event(self, kind: str, target: str, detail: str = "") -> dict[str, Any]:
+    def event(self, kind: str, target: str, detail: str = "", **fields: object) -> dict[str, Any]:
         """Append to events.jsonl (rotated past the run's max_log_mb; dropped and counted, never
-        raised, when the disk is full)."""
-        record = {"t": time.time(), "kind": kind, "target": target, "detail": detail}
+        raised, when the disk is full); `fields` are the event's structured facts, for readers
+        (the detail is for people)."""
+        record = {"t": time.time(), "kind": kind, "target": target, "detail": detail, **fields}
         jsonl.append(self.events, record, max_bytes=self.log_cap(), notices=self.events)
         return record
 

@@ -120,7 +120,7 @@ class Chaos:
             raise ChaosError(f"{target} ({'job' if host.scheduler else 'pid'} {ref.pid}) was already gone")
         what = f"the learner in {host.scheduler} job {ref.pid}" if host.scheduler else f"pid {ref.pid}"
         detail = f"kill -{sig.upper()} {what} on {entry.host}; back in >= {hold:g} s{f' (by {by})' if by else ''}"
-        self.run.event("fault_inject", target, detail)
+        self.run.event("fault_inject", target, detail, action="kill", duration_s=hold)
         return Injection("kill", target, entry.host, ref.pid, now, hold, now + hold, detail, signal=sig.upper())
 
     def preempt(self, target: str, down_for: float | None = None) -> Injection:
@@ -146,7 +146,7 @@ class Chaos:
         detail = (
             f"cancelled {host.scheduler} job {ref.pid} on {entry.host} as a preemption; resubmitted in >= {hold:g} s"
         )
-        self.run.event("fault_inject", target, detail)
+        self.run.event("fault_inject", target, detail, action="preempt", duration_s=hold)
         return Injection("preempt", target, entry.host, ref.pid, now, hold, now + hold, detail)
 
     def fault(self, action: str, target: str, duration: float, factor: float = 3.0, mode: str = "") -> Injection:
@@ -184,7 +184,7 @@ class Chaos:
             )
             raise ChaosError(f"{target}: {what}")
         detail = _detail(action, duration, factor, mode)
-        self.run.event("fault_inject", target, detail)
+        self.run.event("fault_inject", target, detail, action=action, duration_s=duration, factor=factor)
         shown = factor if action == "slow" or mode in corruption.DEFAULT_FACTOR else None
         hit = (entry.host, ref.pid, now, duration, record.until, detail)
         return Injection(action, target, *hit, factor=shown, fault_id=record.id, mode=mode or None)
@@ -254,7 +254,7 @@ class Chaos:
             self._forget(record.id)
             raise ChaosError(f"could not cap the link of {target}: {exc}") from exc
         detail = f"link capped at {rate} for {duration:g} s ({where})"
-        self.run.event("fault_inject", target, detail)
+        self.run.event("fault_inject", target, detail, action="link", duration_s=duration, rate=rate)
         pid = entry.proc.pid if entry.proc else 0
         return Injection(
             "link", target, entry.host, pid, now, duration, record.until, detail, fault_id=record.id, rate=rate

@@ -286,7 +286,8 @@ class Supervisor:
             edit.state = edit.state.with_proc(name, now_running)
         again = f" (restart {now_running.restarts})" if kind == "restart" else ""
         what = f"{host.scheduler} job {ref.pid}" if host.scheduler else f"pid {ref.pid}"
-        self.run.event(kind, name, f"{what} on {entry.host}{again}{how}")  # how last: "(warm spare)"
+        fields = {"spare": bool(how)} if entry.kind != "syncer" else {}  # a learner's: from a warm spare?
+        self.run.event(kind, name, f"{what} on {entry.host}{again}{how}", **fields)  # how last: "(warm spare)"
 
     # -- warm spares (dldctl/supervise/spares.py) ---------------------------------------------------------
     def _from_spare(self, host_name: str, runtime: HostRuntime, learner: LearnerEntry, restarts: int) -> ProcRef | None:

@@ -151,7 +151,9 @@ def test_kill_a_learner_and_a_warm_spare_takes_its_place(fleet: tuple[DldctlHome
     events = [e for e in dl.events() if e["target"] == "learner-1"]
     assert {"fault_inject", "restart", "rejoin"} <= {e["kind"] for e in events}, events
     restart = next(e for e in events if e["kind"] == "restart")
-    assert restart["detail"].endswith("(warm spare)"), restart
+    assert restart["detail"].endswith("(warm spare)") and restart["spare"] is True, restart
+    inject = next(e for e in events if e["kind"] == "fault_inject")
+    assert (inject["action"], inject["duration_s"]) == ("kill", 2.0), inject  # what `simulate --from-run` reads
     assert "taking over from a warm spare" in dl("logs", "learner-1", "--tail", "200").stdout
     dl.wait(lambda s: "a" in s["spares"], 60, "a new spare on host a")
 
