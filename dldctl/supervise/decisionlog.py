@@ -73,8 +73,8 @@ class LoggingRunDir(RunDir):
         super().__init__(path)
         self._sink: jsonl.FileSink | None = None
 
-    def event(self, kind: str, target: str, detail: str = "") -> dict[str, Any]:
-        record = super().event(kind, target, detail)
+    def event(self, kind: str, target: str, detail: str = "", **fields: object) -> dict[str, Any]:
+        record = super().event(kind, target, detail, **fields)
         self.log_line(decision_line(record))
         return record
 

@@ -50,8 +50,9 @@ def test_the_death_decision_says_why_and_which_restart_and_when() -> None:
 
 def test_logging_run_dir_writes_the_event_and_the_line(tmp_path: Path) -> None:
     run = decisionlog.LoggingRunDir(tmp_path)
-    run.event("restart", "learner-1", "pid 7 on local (restart 1)")
-    assert list(jsonlread.read(run.events))[-1]["kind"] == "restart"
+    run.event("restart", "learner-1", "pid 7 on local (restart 1)", spare=False)
+    record = list(jsonlread.read(run.events))[-1]
+    assert (record["kind"], record["spare"]) == ("restart", False)  # the supervisor's structured fields kept
     text = run.supervisor_log.read_text()
     assert text.endswith("learner-1 restarted: pid 7 on local (restart 1)\n")
 
