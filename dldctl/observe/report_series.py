@@ -363,6 +363,12 @@ def fault_action(detail: str) -> str:
     return text.split()[0] if text.split() else "fault"
 
 
+def fault_kind(event: dict) -> str:
+    """A `fault_inject` event's action: its `action` field, or the words of its detail (older runs)."""
+    action = event.get("action")
+    return str(action) if action else fault_action(str(event.get("detail", "")))
+
+
 def _claimed(event: dict, kills: list[dict]) -> bool:
     return any(k["target"] == event.get("target") and 0 <= event["t"] - k["t"] <= CLAIMED_S for k in kills)
 
@@ -371,12 +377,12 @@ def fault_marks(events: Iterable[dict], t0: float) -> list[Mark]:
     """A labelled line per fault injected, death, syncer death and unreachable host; a death that
     follows a chaos kill of the same target is drawn unlabelled (the kill already says it)."""
     events = list(events)
-    kills = [e for e in events if e.get("kind") == "fault_inject" and fault_action(str(e.get("detail", ""))) == "kill"]
+    kills = [e for e in events if e.get("kind") == "fault_inject" and fault_kind(e) == "kill"]
     marks = []
     for e in events:
         kind, target = e.get("kind"), str(e.get("target", "?"))
         if kind == "fault_inject":
-            label = f"{fault_action(str(e.get('detail', '')))} {target}"
+            label = f"{fault_kind(e)} {target}"
         elif kind in ("death", "syncer_death"):
             label = "" if _claimed(e, kills) else f"{target} died"
         elif kind == "host_unreachable":

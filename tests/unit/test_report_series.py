@@ -226,3 +226,10 @@ def test_no_samples_no_lines() -> None:
     assert rs.pieces([]) == [] and rs.throughput_lines([], [], 0.0) == [] and rs.quorum_lines([], [], 0.0) == []
     assert rs.bandwidth_lines([], [], 0.0) == [] and rs.loss_segments([], []) == []
     assert rs.ratio_line([], [], 0.0).x == [] and rs.sample_interval([]) == rs.DEFAULT_INTERVAL_S
+
+
+def test_a_fault_events_action_field_wins_over_its_words() -> None:
+    event = {"t": 1.0, "kind": "fault_inject", "target": "learner-1", "detail": "kill -KILL pid 5", "action": "preempt"}
+    assert rs.fault_kind(event) == "preempt"
+    assert rs.fault_kind({**event, "action": None}) == "kill"  # a run older than the field
+    assert rs.fault_marks([event], 0.0)[0].label == "preempt learner-1"
