@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dldctl import extras
-from dldctl.commands import simulate_calibrate
+from dldctl.commands import simulate_calibrate, simulate_fromrun
 from dldctl.commands import simulate_common as sc
 from dldctl.commands.options import App
 from dldctl.errors import OperationError, UsageError
@@ -222,17 +222,45 @@ def goodput(
     seed: int = typer.Option(0, "--seed", help="First seed."),
     sweep_spec: str | None = typer.Option(None, "--sweep", help="Sweep chip counts: chips=150000,300000,..."),
     plot: Path | None = typer.Option(None, "--plot", help="With --sweep: write a PNG of goodput and uptime."),
+    from_run: str | None = typer.Option(
+        None, "--from-run", help="Plan from this run's own measurements (a run name or directory)."
+    ),
+    mtbf: str | None = typer.Option(
+        None, "--mtbf", help="With --from-run: the fleet's mean time between faults (default: the run's)."
+    ),
+    duration: str | None = typer.Option(
+        None, "--duration", help="With --from-run: simulated wall time (default: the run's window)."
+    ),
+    per_host: int | None = typer.Option(
+        None, "--per-host", help="With --from-run: learners per host, one warm spare each (default: the run's)."
+    ),
+    monkey_seed: int | None = typer.Option(
+        None, "--monkey-seed", help="With --from-run: the faults `dldctl chaos monkey --seed` would inject."
+    ),
+    actions: str | None = typer.Option(
+        None, "--actions", help="With --monkey-seed: the monkey's --actions (default: the kinds the run saw)."
+    ),
     as_json: bool = typer.Option(False, "--json", help=f"Print JSON (schema in {sc.SIM_DOC})."),
 ) -> None:
     """Goodput and uptime of data-parallel, elastic data-parallel and Decoupled DiLoCo at scale.
 
     Example: dldctl simulate goodput --chips 1.2M --learners 8 --seeds 20
 
+    Example: dldctl simulate goodput --from-run pilot --learners 64 --mtbf 10m
+
     Example: dldctl simulate goodput --sweep chips=150000,300000,600000,1200000,2400000 --learners 1,2,4,8,16
     --plot sweep.png
     """
     if seeds < 1:
         raise UsageError(f"--seeds must be >= 1 (got {seeds})")
+    if from_run is not None:
+        if chips is not None or sweep_spec is not None:
+            raise UsageError("--from-run plans the run's own fleet: drop --chips and --sweep")
+        ask = simulate_fromrun.Ask(learners, mtbf, duration, per_host, monkey_seed, actions)
+        simulate_fromrun.goodput(from_run, ask, list(range(seed, seed + seeds)), as_json)
+        return
+    if any(x is not None for x in (mtbf, duration, per_host, monkey_seed, actions)):
+        raise UsageError("--mtbf, --duration, --per-host, --monkey-seed and --actions go with --from-run")
     if sweep_spec is not None and chips is not None:
         raise UsageError("--chips and --sweep chips=... both set the fleet size: keep one")
     if sweep_spec is None and chips is None:
@@ -388,12 +416,29 @@ def bandwidth(
         help="Share of a step the all-reduce hides behind (the backward pass).",
     ),
     link_gbps: float | None = typer.Option(None, "--link-gbps", help="Also: utilization each reaches on this link."),
+    from_run: str | None = typer.Option(
+        None, "--from-run", help="Predict this run's fleet on other links from its measured bytes and steps."
+    ),
+    links: str | None = typer.Option(None, "--link", help="With --from-run: rates per site, e.g. 10mbit,1mbit."),
+    syncer_link: str | None = typer.Option(
+        None, "--syncer-link", help="With --from-run: the syncer's egress cap (a rate; same: the sites' rate)."
+    ),
+    target_loss: float | None = typer.Option(
+        None, "--target-loss", help="With --from-run: also predict the time to this global eval loss."
+    ),
     as_json: bool = typer.Option(False, "--json", help=f"Print JSON (schema in {sc.SIM_DOC})."),
 ) -> None:
     """Link bandwidth data-parallel needs versus Decoupled DiLoCo, and utilization on a given link.
 
     Example: dldctl simulate bandwidth --params 12B --step-time 1s --H 64 --fragments 4 --bits 4 --link-gbps 10
+
+    Example: dldctl simulate bandwidth --from-run pilot --link 10mbit,1mbit --target-loss 2.3
     """
+    if from_run is not None:
+        simulate_fromrun.bandwidth(from_run, links, syncer_link, target_loss, as_json)
+        return
+    if links is not None or syncer_link is not None or target_loss is not None:
+        raise UsageError("--link, --syncer-link and --target-loss go with --from-run; without it use --link-gbps")
     if params is None or step_time is None:
         raise UsageError("--params and --step-time are required (e.g. --params 12B --step-time 1s)")
     values = dict(
