@@ -25,16 +25,6 @@ from syncer.common.resolved import LearnerEntry
 
 SPARE_DELAY_S = 1.0  # after a handover (or a spare's death): the new learner joins from a spare in ~0.2 s
 FIRST_SPARE_S = 5.0  # after the supervisor starts: the fleet itself imports torch first
-SPARE_RETRY_S = 30.0  # after a spare's start: the next one, should this one fail or die soon
-
-
-def next_spare_after(now: float, guard: float, handed_over: bool) -> float:
-    """When a host's next spare may start, once one of its learners (re)started at `now`: a spare
-    delay later, and not before `guard` (the retry guard of a spare that failed to start or died)
-    unless the host's spare was just handed over: it worked, so the guard goes with it. (Keeping
-    it ran a host out of spares under frequent kills: the next one waited until 30 s after the
-    last one's start, and every kill meanwhile started a learner from nothing.)"""
-    return now + SPARE_DELAY_S if handed_over else max(guard, now + SPARE_DELAY_S)
 
 
 def assignment_path(runtime: HostRuntime, host_name: str) -> str:

@@ -297,15 +297,13 @@ class Supervisor:
         with self.run.update() as edit:
             ref = proc_ref(edit.state.spares.get(host_name))
             edit.state = edit.state.with_spare(host_name, None)
-        guard = self._next_spare(host_name)
-        self._spare_after[host_name] = spares.next_spare_after(time.monotonic(), guard, handed_over=False)
+        self._spare_after[host_name] = max(self._next_spare(host_name), time.monotonic() + spares.SPARE_DELAY_S)
         if ref is None:
             return None
         host = self.host(host_name)
         try:
             if host.alive([ref]).get(ref.pid):
                 spares.hand_over(host, runtime, host_name, learner, restarts)
-                self._spare_after[host_name] = spares.next_spare_after(time.monotonic(), guard, handed_over=True)
                 return ref
         except DldError as exc:
             self.run.event("spare_failed", f"spare-{host_name}", f"hand-over: {exc.line()}; starting afresh")
@@ -335,7 +333,7 @@ class Supervisor:
 
     def _start_spare(self, state: RunState, config: ResolvedConfig, host_name: str) -> None:
         entry = next(e for e in config.learners_on(host_name) if e.nproc == 1)
-        self._spare_after[host_name] = time.monotonic() + spares.SPARE_RETRY_S  # if it fails, not again at once
+        self._spare_after[host_name] = time.monotonic() + 30.0  # if it fails (or dies soon), not again at once
         try:
             ref = spares.start_spare(self.host(host_name), state.runtime_of(host_name), host_name, entry)
         except DldError as exc:

@@ -65,12 +65,3 @@ def test_the_spare_waits_for_a_proper_assignment_and_consumes_it(tmp_path: Path)
     path.write_text(json.dumps({"id": "learner-2", "workdir": "w", "log": "l"}))
     waiter.join(5)
     assert got == [{"id": "learner-2", "workdir": "w", "log": "l"}] and not path.exists()
-
-
-def test_a_spare_handed_over_lifts_its_retry_guard_and_a_failed_one_keeps_it() -> None:
-    """A host whose spare started at 100 and was handed over at 110 gets its next spare at 111,
-    not at 130 (its guard): under frequent kills the host would run out of spares."""
-    guard = 100.0 + spares.SPARE_RETRY_S
-    assert spares.next_spare_after(110.0, guard, handed_over=True) == 110.0 + spares.SPARE_DELAY_S
-    assert spares.next_spare_after(110.0, guard, handed_over=False) == guard  # it died or was gone
-    assert spares.next_spare_after(200.0, guard, handed_over=False) == 200.0 + spares.SPARE_DELAY_S
