@@ -25,6 +25,7 @@ from syncer.common.resolved import LearnerEntry
 
 SPARE_DELAY_S = 1.0  # after a handover (or a spare's death): the new learner joins from a spare in ~0.2 s
 FIRST_SPARE_S = 5.0  # after the supervisor starts: the fleet itself imports torch first
+SPARE_RETRY_S = 30.0  # after a spare's start, the next may start no sooner (should this one fail or die soon)
 
 
 def assignment_path(runtime: HostRuntime, host_name: str) -> str:

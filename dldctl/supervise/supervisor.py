@@ -333,7 +333,7 @@ class Supervisor:
 
     def _start_spare(self, state: RunState, config: ResolvedConfig, host_name: str) -> None:
         entry = next(e for e in config.learners_on(host_name) if e.nproc == 1)
-        self._spare_after[host_name] = time.monotonic() + 30.0  # if it fails (or dies soon), not again at once
+        self._spare_after[host_name] = time.monotonic() + spares.SPARE_RETRY_S  # if it fails, not again at once
         try:
             ref = spares.start_spare(self.host(host_name), state.runtime_of(host_name), host_name, entry)
         except DldError as exc:
