@@ -199,11 +199,20 @@ def wire_pilot(rec: Records, start: float, end: float, target: float | None) -> 
     steps = [m for _, m, _ in step_seconds(rec, start, end).values()]
     step = statistics.median(steps) * (1.0 - blocked) if steps else 1.0
     s = rec.settings
-    reach = None
-    if target is not None:
-        hits = [e["t"] for e in rec.evals if e["t"] >= start and (_number(e.get("loss")) or math.inf) <= target]
-        reach = min(hits) - start if hits else None
+    reach = None if target is None else time_to_loss(rec, start, end, target)
     return WirePilot(rec.learners, step, s.H, s.fragments, s.tau, up, down, blocked, reach)
+
+
+def time_to_loss(rec: Records, start: float, end: float, target: float) -> float | None:
+    """Training time to `target`: the merged tokens of the global model's first score at or below
+    it, over the fleet's merged tokens per second in the window (None: never reached). Counted in
+    tokens, so the start-up (joins, a warm spare's import beside the first steps) is not in it."""
+    tokens = [_number(e.get("tokens_merged")) for e in rec.evals if (_number(e.get("loss")) or math.inf) <= target]
+    reached = [t for t in tokens if t is not None]
+    a, b = _at(rec.samples, start), _at(rec.samples, end)
+    merged = (_number(b.get("tokens_merged")) or 0.0) - (_number(a.get("tokens_merged")) or 0.0)
+    rate = merged / (b["t"] - a["t"]) if b["t"] > a["t"] else 0.0
+    return min(reached) / rate if reached and rate > 0 else None
 
 
 def measure(rec: Records, target_loss: float | None = None) -> Pilot:

@@ -4,8 +4,9 @@ host's spare ready, and how long a spare takes to get ready under the run's own 
 A kill that found its host's spare ready costs a quick take-over (the run's fastest, about a
 second); one that costs much more (over twice that, plus half a second) waited: for the spare
 handed over while it was still starting, or for a fresh process. Each such wait measures a
-spare's start-up: from the host's previous restart, a spare delay later, to this rejoin (a fresh
-process: its rejoin less a quick take-over). Start-up under load (torch imported beside busy
+spare's start-up: from that spare's start (the supervisor's rule replayed over the host's
+restarts: a second after one, no sooner than 30 s after the previous spare's start) to this
+rejoin; a fresh process's, its rejoin less a quick take-over. Start-up under load (torch imported beside busy
 learners) is slower than the fleet's own first start, which is only the fallback when no kill
 waited.
 """
@@ -18,10 +19,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from dldctl.observe.pilotrecords import FaultSeen, Records
-from dldctl.sim.pilot import Spares
+from dldctl.sim.pilot import Spares, next_spare
+from dldctl.supervise.spares import SPARE_DELAY_S, SPARE_RETRY_S
 
-SPARE_DELAY_S = 1.0  # dldctl/supervise/spares.py: a host's next spare starts this long after a hand-over
 WAIT_MARGIN_S = 0.5
+MIN_TAKEOVER_S = 0.1  # a "rejoin" sooner than this after a kill is another process's, not the take-over
 
 
 def first_start_up(rec: Records) -> float | None:
@@ -42,7 +44,7 @@ def _first(events: Sequence[dict[str, Any]], kind: str, target: str, after: floa
 
 def quick_takeover(kills: Sequence[FaultSeen]) -> float | None:
     """The run's fastest kill-to-rejoin through a warm spare."""
-    downs = [f.rejoin_s for f in kills if f.spare and f.rejoin_s is not None]
+    downs = [f.rejoin_s for f in kills if f.spare and f.rejoin_s is not None and f.rejoin_s > MIN_TAKEOVER_S]
     return min(downs) if downs else None
 
 
@@ -51,14 +53,17 @@ def waited(f: FaultSeen, quick: float | None) -> bool:
     return quick is not None and f.rejoin_s is not None and f.rejoin_s > 2 * quick + WAIT_MARGIN_S
 
 
-def _previous_restart(rec: Records, f: FaultSeen) -> float | None:
+def spare_start(rec: Records, f: FaultSeen) -> float:
+    """When the spare this kill found on its host had started (or was due to): the supervisor's
+    rule replayed over the host's restarts before it (-inf: the run's first spare, long ready)."""
     host = rec.hosts.get(f.target)
-    before = [
-        e["t"]
-        for e in rec.events
-        if e.get("kind") == "restart" and rec.hosts.get(str(e.get("target"))) == host and e["t"] < f.t
-    ]
-    return max(before) if before else None
+    start = -math.inf
+    for e in sorted(rec.events, key=lambda e: e["t"]):
+        if e["t"] >= f.t:
+            break
+        if e.get("kind") == "restart" and rec.hosts.get(str(e.get("target"))) == host:
+            start = next_spare(start, e["t"], SPARE_DELAY_S, SPARE_RETRY_S)
+    return start
 
 
 def start_ups(rec: Records, kills: Sequence[FaultSeen]) -> list[float]:
@@ -69,9 +74,7 @@ def start_ups(rec: Records, kills: Sequence[FaultSeen]) -> list[float]:
         if quick is None or f.rejoin_s is None or not waited(f, quick):
             continue
         if f.spare:
-            prev = _previous_restart(rec, f)
-            if prev is not None:
-                out.append(f.t + f.rejoin_s - prev - SPARE_DELAY_S)
+            out.append(f.t + f.rejoin_s - spare_start(rec, f))
         else:
             out.append(f.rejoin_s - quick)
     return [s for s in out if s > 0]
@@ -91,4 +94,4 @@ def spare_model(rec: Records, kills: Sequence[FaultSeen]) -> tuple[Spares | None
         else "the fleet's first start (no kill waited: start-up under load may be longer)"
     )
     per_host = max(1, round(len(rec.hosts) / len(set(rec.hosts.values()))))
-    return Spares(per_host, cold, SPARE_DELAY_S), source
+    return Spares(per_host, cold, SPARE_DELAY_S, SPARE_RETRY_S), source

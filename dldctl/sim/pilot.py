@@ -15,8 +15,9 @@ has no process at all (killed, not yet restarted: the monkey cannot kill or paus
 learner still down from an earlier fault extends its down time. Each fault's
 cost is drawn from what the pilot measured for its kind (a bootstrap), so the pilot's spread of
 restart times carries over. With warm spares (one per host), a kill's own cost is what a ready
-spare cost in the pilot; a kill that finds its host's spare not yet ready (it was handed over
-less than a delay and a cold start ago) waits for it, as long as a fresh process at most:
+spare cost in the pilot; a kill that finds its host's spare still starting waits for it, and one
+that finds none yet starts a fresh process (the next spare starts a second after a hand-over, but
+no sooner than 30 s after the previous one's start, and takes a start-up to be ready):
 
     goodput = efficiency x (1 - sum over faults of (down + lost) / (learners x horizon))
 
@@ -57,13 +58,22 @@ KILLS = ("kill", "preempt")
 
 @dataclass(frozen=True)
 class Spares:
-    """Warm spares, one per host: a killed learner's host hands its spare over when it is ready.
-    The next spare starts `delay_s` after that and is ready `cold_start_s` later; a kill meanwhile
-    waits for it, or for a fresh process as long (dldctl/supervise/spares.py)."""
+    """Warm spares, one per host (dldctl/supervise/spares.py): a killed learner's host hands its
+    spare over; the next one starts `delay_s` after that restart but no sooner than `retry_s`
+    after the previous spare's start, and is ready `cold_start_s` after its own start. A kill
+    that finds the spare still starting waits for it; one that finds none yet starts a fresh
+    process (as long)."""
 
     per_host: int
     cold_start_s: float
     delay_s: float = 1.0
+    retry_s: float = 30.0
+
+
+def next_spare(start: float, t: float, delay_s: float, retry_s: float) -> float:
+    """When a host's next spare starts after a restart at `t`, its current spare having started
+    (or being due to start) at `start`: the supervisor's rule."""
+    return max(start + retry_s, t + delay_s) if t >= start else max(start, t + delay_s)
 
 
 @dataclass(frozen=True)
@@ -123,16 +133,22 @@ class Hit:
     gone_s: float = 0.0
 
 
-def _spare_wait(h: Hit, spares: Spares | None, ready_at: dict[int, float]) -> float:
-    """A kill's down time with warm spares: its own (a ready spare's), or until the host's next
-    spare is ready, or a fresh process's start, whichever comes first; the host's next spare is
-    then ready a delay and a cold start after this restart."""
+def _spare_wait(h: Hit, spares: Spares | None, hosts: dict[int, float]) -> float:
+    """A kill's down time with warm spares: its own (a ready spare's), the rest of the host's
+    spare's start-up, or a fresh process's start when no spare has started yet. `hosts`: each
+    host's current spare's start (absent: one that has long been ready)."""
     if spares is None or h.kind not in KILLS:
         return h.down_s
     host = h.victim // spares.per_host
-    wait = ready_at.get(host, -math.inf) - h.t
-    down = max(h.down_s, min(wait, h.down_s + spares.cold_start_s))
-    ready_at[host] = h.t + h.down_s + spares.delay_s + spares.cold_start_s
+    start = hosts.get(host, -math.inf)
+    ready = start + spares.cold_start_s
+    if h.t >= ready:
+        down = h.down_s
+    elif h.t >= start:
+        down = max(h.down_s, ready - h.t)
+    else:
+        down = h.down_s + spares.cold_start_s
+    hosts[host] = next_spare(start, h.t + h.gone_s, spares.delay_s, spares.retry_s)
     return down
 
 
@@ -144,14 +160,14 @@ def account(
     already down extends its down time. Costs past the horizon are cut at it."""
     down_until = [-math.inf] * learners
     gone_until = [-math.inf] * learners
-    ready_at: dict[int, float] = {}
+    spare_start: dict[int, float] = {}
     cost, landed = 0.0, 0
     for h in hits:
         v = h.victim
         if h.t >= horizon_s or h.t < gone_until[v]:
             continue
         landed += 1
-        down = _spare_wait(h, spares, ready_at)
+        down = _spare_wait(h, spares, spare_start)
         if h.kind in KILLS:
             gone_until[v] = h.t + h.gone_s
         start, end = max(h.t, down_until[v]), max(down_until[v], h.t + down)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ def test_goodput_from_the_run_says_what_it_measured_and_plans_a_bigger_fleet(run
     out = proc.stdout
     for words in ("kill -> rejoin", "work lost per kill", "fitted: reproduces the measured goodput", "4 pause, 8 kill"):
         assert words in out
-    assert "64 learners, a fault every 10 s, 60 min (10 seeds): goodput 0.9" in out
+    assert "64 learners (2 per host), a fault every 10 s, 60 min (10 seeds): goodput 0.9" in out
 
 
 def test_goodput_from_the_run_as_json_reproduces_the_run_at_its_own_rate(run: str) -> None:
@@ -93,3 +94,16 @@ def test_a_run_without_faults_plans_no_faults_and_refuses_to_guess_their_cost(tm
     proc = dldctl("goodput", "--from-run", str(calm), "--mtbf", "10s")
     assert proc.returncode == 2 and "saw no fault in its window" in proc.stderr
     assert "dldctl chaos monkey" in proc.stderr
+
+
+def test_a_seeded_monkey_is_planned_with_its_own_schedule(run: str) -> None:
+    from dldctl.chaos.plan import monkey_schedule
+
+    names = [f"learner-{i}" for i in range(4)]
+    planned = monkey_schedule(random.Random(11), mtbf_s=10, duration_s=240, targets=names, actions=["kill", "pause"])
+    args = ["--mtbf", "10s", "--duration", "240s", "--monkey-seed", "11", "--seeds", "20"]
+    doc = json.loads(dldctl("goodput", "--from-run", run, *args, "--actions", "kill,pause", "--json").stdout)
+    faults = doc["prediction"]["faults"]
+    assert faults["max"] <= len(planned) and faults["min"] >= len(planned) - 3  # a few find no process
+    unseen = dldctl("goodput", "--from-run", run, *args, "--actions", "corrupt")
+    assert unseen.returncode == 2 and "--actions: the run saw no corrupt fault: its cost is unknown" in unseen.stderr

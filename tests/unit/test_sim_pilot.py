@@ -16,6 +16,7 @@ from dldctl.sim.pilot import (
     WirePilot,
     account,
     draw_hits,
+    next_spare,
     predict_goodput,
     predict_wire,
 )
@@ -136,16 +137,24 @@ def test_a_capped_syncer_shares_its_egress_among_the_sites() -> None:
 
 
 def test_a_kill_soon_after_another_on_its_host_waits_for_the_next_spare() -> None:
-    """Warm 1 s, a delay of 1 s and a cold start of 5 s: the spare after a kill at 0 is ready at
-    7; a kill at 2 on the same host waits 5 s, one on the other host does not, one at 20 neither."""
-    spares = Spares(per_host=2, cold_start_s=5.0, delay_s=1.0)
-    hits = [Hit(0.0, 0, 1.0, 0.0, "kill"), Hit(2.0, 1, 1.0, 0.0, "kill"), Hit(3.0, 2, 1.0, 0.0, "kill")]
-    g, _ = account(1.0, 4, 100.0, [*hits, Hit(20.0, 1, 1.0, 0.0, "kill")], spares)
-    assert g == pytest.approx(1 - (1 + 5 + 1 + 1) / 400.0)
+    """Warm 1 s, a delay of 1 s, a start-up of 5 s, the 30 s retry guard: after a kill at 0 the
+    host's next spare starts at 1 and is ready at 6; a kill at 2 on the same host waits 4 s for
+    it, one on the other host does not; the spare after that may start only at 31, so a kill at
+    20 starts a fresh process (1 + 5 s) and one at 40 finds the spare started at 31 ready."""
+    spares = Spares(per_host=2, cold_start_s=5.0, delay_s=1.0, retry_s=30.0)
+    kills = [(0.0, 0), (2.0, 1), (3.0, 2), (20.0, 1), (40.0, 0)]
+    g, _ = account(1.0, 4, 100.0, [Hit(t, v, 1.0, 0.0, "kill") for t, v in kills], spares)
+    assert g == pytest.approx(1 - (1 + 4 + 1 + 6 + 1) / 400.0)
     early = account(1.0, 4, 100.0, [Hit(0.0, 0, 1.0, 0.0, "kill"), Hit(0.5, 1, 1.0, 0.0, "kill")], spares)[0]
     assert early == pytest.approx(1 - (1 + 6) / 400.0)  # no spare yet: a fresh process, 1 + 5 s
     paused = account(1.0, 4, 100.0, [Hit(0.0, 0, 1.0, 0.0, "kill"), Hit(2.0, 1, 5.0, 0.0, "pause")], spares)[0]
     assert paused == pytest.approx(1 - 6 / 400.0)  # a pause needs no spare
+
+
+def test_the_next_spare_follows_the_supervisors_rule() -> None:
+    assert next_spare(-math.inf, 10.0, 1.0, 30.0) == 11.0  # a spare long ready: a second after
+    assert next_spare(5.0, 10.0, 1.0, 30.0) == 35.0  # the last one started at 5: not before 35
+    assert next_spare(35.0, 20.0, 1.0, 30.0) == 35.0  # one is due at 35 already: still then
 
 
 def test_with_spares_a_kill_costs_what_a_ready_spare_cost_in_the_pilot() -> None:
