@@ -24,6 +24,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ GOODPUT_RUNS = (
 # each, through one 1 Mbit/s link) past `up --wait`'s 5 minutes, so there only the sites' own
 # links are capped
 RACE_RATES = (("100mbit", True), ("10mbit", True), ("1mbit", False))
+JOIN_RATE = "100mbit"  # the 1 Mbit/s run joins at this rate, then its links drop to 1 Mbit/s
 FAULT_S = 5.0
 ACTIONS = "kill,pause"
 
@@ -102,8 +104,12 @@ def wire_runs(window: float, out: Path, rates: set[str]) -> dict[str, Any]:
             if rates and rate not in rates:
                 continue
             cap = rate if shared else None
-            with Sites(work / f"sites-{rate}", race.SITES, rate=rate, operator_rate=cap, prefix="dlp") as sites:
-                res = race.run_fleet(sites, race.STRATEGIES[2], window, work / rate)
+            if shared:
+                with Sites(work / f"sites-{rate}", race.SITES, rate=rate, operator_rate=cap, prefix="dlp") as sites:
+                    res = race.run_fleet(sites, race.STRATEGIES[2], window, work / rate)
+            else:  # a join (the full state) at 1 Mbit/s outlasts `up --wait`: join faster, then thin
+                with Sites(work / f"sites-{rate}", race.SITES, rate=JOIN_RATE, prefix="dlp") as sites:
+                    res = thinned_fleet(sites, rate, window, work / rate)
             name = f"race_{rate}"
             copy_run(_only_run(work / rate / "decoupled" / "home"), out / name)
             info = {"family": "wire", "rate": rate, "syncer_link": "same" if shared else "none", "window_s": window}
@@ -112,6 +118,29 @@ def wire_runs(window: float, out: Path, rates: set[str]) -> dict[str, Any]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return done
+
+
+def thinned_fleet(sites: Any, rate: str, window: float, work: Path) -> dict[str, Any]:
+    """bench/race.py's Decoupled DiLoCo fleet, every site's link set to `rate` once it trains."""
+    from bench import race
+    from dldctl.testing import DldctlHome, inventory_text
+
+    home = work / "decoupled"
+    run = {"name": home.name, **race.fleet_settings(race.STRATEGIES[2])}
+    syncer = f'\n[syncer]\nbind = "0.0.0.0"\nadvertise = "{sites.advertise}"\n\n'
+    inv = home / "inventory.toml"
+    home.mkdir(parents=True, exist_ok=True)
+    inv.write_text(inventory_text(run) + syncer + sites.inventory_hosts(work / "remote"))
+    with DldctlHome(home / "home") as dl:
+        dl("up", str(inv), "-d", "--wait", "--timeout", "300", timeout=420)
+        race._wait_for(lambda: race.fleet_start(dl.metrics("sample")), 60, "the fleet's first step")
+        for h in sites.hosts:
+            sites.set_rate(h, rate)
+        time.sleep(window)
+        snap = dl.status()
+        dl.down()
+    blocked = [r.get("blocked_frac") for r in snap.get("learners", []) if r.get("blocked_frac") is not None]
+    return {"blocked_share": sum(blocked) / len(blocked) if blocked else None, "joined_at": JOIN_RATE}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,8 @@ The runs are bench/pilot_runs.py's (collected once; their records kept). Each pr
 real command a user runs, on one run's records, for another run's fleet:
 
 - **goodput**: fitted on one local fleet under the chaos monkey (4 learners, 2 at half speed, a
-  fault every 20 s), predicting the others (a fault every 10 and 40 s; 2 and 6 learners at 20 s):
+  fault every 10 s: the pilot that sees the most faults, spare waits included), predicting the
+  others (a fault every 20 and 40 s; 2 and 6 learners at 20 s):
   `dldctl simulate goodput --from-run FIT --learners M --mtbf X --duration W --seeds 200 --json`,
   where M, X and W are the held-out run's learners, monkey rate and measured window. Measured: the
   held-out run's goodput over its window, as the same reader (dldctl/observe/pilotrun.py) takes
@@ -40,7 +41,7 @@ from bench import common
 from dldctl.observe import pilotrun
 from dldctl.rundir import RunDir
 
-FIT = "m4_mtbf20"
+FIT = "m4_mtbf10"  # the pilot under the heaviest chaos: 35 faults, 11 kills that waited for a spare
 WIRE_FIT = "race_100mbit"
 SEEDS = 200
 

@@ -243,22 +243,26 @@ def bandwidth(run: str, links: str | None, syncer_link: str | None, target_loss:
         )
         return
     out = sc.stdout()
+    waits = "never waits for a reply (max_lag 0)" if w.max_lag == 0 else f"waits for a reply {w.max_lag} steps on"
     out.print(
         f"measured in {escape(p.name)}: {w.sites} learners, a step {w.step_s * 1000:.0f} ms of compute, "
-        f"H {w.H}, {w.fragments} fragments, tau {w.tau}; a push {w.up_bytes / 1e3:,.1f} kB, a reply "
+        f"H {w.H}, {w.fragments} fragments, a learner {waits}; a push {w.up_bytes / 1e3:,.1f} kB, a reply "
         f"{w.down_bytes / 1e3:,.1f} kB; blocked {w.blocked:.1%}"
-        + ("" if target_loss is None else f"; loss {target_loss:g} after {_ms(w.time_to_target_s)}")
+        + ("" if target_loss is None else f"; loss {target_loss:g} after {_ms(w.time_to_target_s)} of training")
     )
     table = Table()
-    for col in ("link per site", "busy", "blocked", "time to the loss"):
+    for col in ("link per site", "link busy", "learners busy", "blocked", "time to the loss"):
         table.add_column(col, justify="right")
     for x in preds:
-        table.add_row(f"{x.link_bps / 1e6:g} Mbit/s", f"{x.busy:.1%}", f"{x.blocked:.1%}", _ms(x.time_to_target_s))
+        link = f"{x.link_busy:.0%}" + (" (pushes merged)" if x.coalesced else "")
+        cells = (f"{x.link_bps / 1e6:g} Mbit/s", link, f"{x.busy:.1%}", f"{x.blocked:.1%}", _ms(x.time_to_target_s))
+        table.add_row(*cells)
     out.print(table)
     egress = {None: "uncapped", "none": "uncapped", "same": "capped at each site's rate, shared by every reply"}
     out.print(
         f"from the run: every number above the table; from flags: the link rates, the syncer's egress "
         f"({egress.get(syncer_link, f'capped at {syncer_link}')}, --syncer-link)"
         + ("" if target_loss is None else ", the target loss")
-        + ". The run's own blocked share is kept as a floor that no link removes."
+        + ". A link busier than 100% merges unsent pushes into the next: staler merges, whose cost in"
+        " loss per token is not modelled."
     )

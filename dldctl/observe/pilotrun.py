@@ -200,7 +200,8 @@ def wire_pilot(rec: Records, start: float, end: float, target: float | None) -> 
     step = statistics.median(steps) * (1.0 - blocked) if steps else 1.0
     s = rec.settings
     reach = None if target is None else time_to_loss(rec, start, end, target)
-    return WirePilot(rec.learners, step, s.H, s.fragments, s.tau, up, down, blocked, reach)
+    lag = s.max_lag if s.overlap else s.H // s.fragments  # synchronous: every reply before the next step
+    return WirePilot(rec.learners, step, s.H, s.fragments, lag, up, down, blocked, reach)
 
 
 def time_to_loss(rec: Records, start: float, end: float, target: float) -> float | None:

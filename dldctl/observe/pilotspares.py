@@ -91,7 +91,7 @@ def spare_model(rec: Records, kills: Sequence[FaultSeen]) -> tuple[Spares | None
     source = (
         f"median of {len(measured)} kills that waited for a spare"
         if measured
-        else "the fleet's first start (no kill waited: start-up under load may be longer)"
+        else "the fleet's first start; no kill waited"
     )
     per_host = max(1, round(len(rec.hosts) / len(set(rec.hosts.values()))))
     return Spares(per_host, cold, SPARE_DELAY_S, SPARE_RETRY_S), source

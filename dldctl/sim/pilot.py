@@ -21,12 +21,12 @@ no sooner than 30 s after the previous one's start, and takes a start-up to be r
 
     goodput = efficiency x (1 - sum over faults of (down + lost) / (learners x horizon))
 
-**The wire.** A learner sends one fragment every H / fragments steps and needs the merged reply
-`tau` steps later; what does not fit in that time stalls it (`dldctl.sim.bandwidth.Transfer`).
-The bytes per push and per reply are the run's own, as is the compute time of a step. The pilot's
-own blocked share is taken as a floor that is not its link's doing (fit on a run whose link was
-not the bottleneck): busy = (1 - pilot's blocked) x the link's utilization. The time to a loss
-scales with the busy share: the global model's loss against merged tokens is the pilot's.
+**The wire.** A learner sends one fragment every H / fragments steps; links are full duplex. With
+max_lag 0 (dldctl's default) it never waits for a reply, so a link costs it no compute: a link too
+thin for its pushes only merges the unsent ones into the next. With max_lag > 0 it waits for a
+reply max_lag steps after its push. The bytes per push and per reply, and a step's compute time,
+are the run's own; the pilot's blocked share is a floor no link removes. The time to a loss
+scales with the busy share (the global model's loss against merged tokens is the pilot's).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dldctl.sim.bandwidth import DILOCO, GBIT, Transfer
 from dldctl.sim.errors import check
 from dldctl.sim.montecarlo import Spread
 
@@ -323,20 +322,22 @@ class WirePilot:
     step_s: float  # compute time of one inner step (blocked time taken out)
     H: int
     fragments: int
-    tau: int
+    max_lag: int  # 0: a learner never waits for a reply (dldctl's default); else it waits this many steps
     up_bytes: float  # one push on the wire
     down_bytes: float  # one merged reply to one learner
     blocked: float  # the pilot's blocked share
-    time_to_target_s: float | None  # from the first step to the target loss (None: not reached)
+    time_to_target_s: float | None  # training time to the target loss (None: not reached)
 
-    def transfer(self, link_bps: float, syncer_bps: float | None) -> Transfer:
-        """A fragment's round trip as one transfer on a site's link: its push up, and its reply
-        down; the syncer's egress, when capped at `syncer_bps`, is shared by every site's reply."""
-        steps_between = self.H / self.fragments
-        down_s = self.down_bytes * 8 * (self.sites / syncer_bps if syncer_bps else 1.0 / link_bps)
-        seconds = self.up_bytes * 8 / link_bps + down_s
-        hidden = min(self.tau, steps_between) * self.step_s
-        return Transfer(DILOCO, seconds * link_bps, steps_between * self.step_s, hidden)
+    @property
+    def period_s(self) -> float:
+        """Compute time between two pushes (one fragment every H / fragments steps)."""
+        return self.H / self.fragments * self.step_s
+
+    def link_times(self, link_bps: float, syncer_bps: float | None) -> tuple[float, float]:
+        """Seconds a push takes up a site's link, and a reply down it (the syncer's egress, when
+        capped at `syncer_bps`, is shared by every site's reply)."""
+        down = self.down_bytes * 8 * (self.sites / syncer_bps if syncer_bps else 1.0 / link_bps)
+        return self.up_bytes * 8 / link_bps, down
 
 
 @dataclass(frozen=True)
@@ -345,20 +346,41 @@ class WirePrediction:
 
     link_bps: float
     syncer_bps: float | None
-    busy: float
+    link_busy: float  # the busier direction's share of time carrying the pushes or the replies
+    busy: float  # the learners' share of time computing
     blocked: float
     time_to_target_s: float | None
 
+    @property
+    def coalesced(self) -> bool:
+        """Pushes come faster than the link carries them: unsent ones are merged into the next."""
+        return self.link_busy > 1.0
+
     def to_dict(self) -> dict[str, object]:
-        return self.__dict__.copy()
+        return {**self.__dict__, "coalesced": self.coalesced}
 
 
 def predict_wire(pilot: WirePilot, link_bps: float, syncer_bps: float | None = None) -> WirePrediction:
-    """Busy and blocked shares on `link_bps` per site, and the time to the pilot's target loss
-    (the pilot's own time, scaled by its busy share over the predicted one)."""
+    """Busy and blocked shares on `link_bps` per site, and the time to the pilot's target loss.
+
+    Links are full duplex: pushes share the way up, replies the way down. With max_lag 0 a learner
+    never waits for a reply: it computes as fast as in the pilot whatever the link, and a link that
+    cannot carry its pushes makes the learner merge the unsent ones into the next (fewer, staler
+    merges: their cost in loss per token is not modelled). With max_lag > 0 it waits for a reply
+    max_lag steps after its push: what the round trip does not fit there stalls it, and it can
+    push no faster than the link carries. The pilot's own blocked share is a floor no link removes
+    (fit on a run whose link was not the bottleneck). The time to the loss is the pilot's, scaled
+    by its busy share over the predicted one."""
     check([("link_bps", "must be > 0")] if link_bps <= 0 else [])
-    floor = 1.0 - pilot.blocked  # the pilot's own waits, taken as not its link's doing
-    busy = floor * pilot.transfer(link_bps, syncer_bps).utilization_at(link_bps / GBIT)
+    up, down = pilot.link_times(link_bps, syncer_bps)
+    period = pilot.period_s
+    link_busy = max(up, down) / period
+    floor = 1.0 - pilot.blocked
+    busy = floor
+    if pilot.max_lag > 0:
+        hidden = min(pilot.max_lag, pilot.H / pilot.fragments) * pilot.step_s
+        stall = max(0.0, up + down - hidden, max(up, down) - period)
+        busy = floor * period / (period + stall)
     reach = pilot.time_to_target_s
     scaled = None if reach is None else reach * floor / busy
-    return WirePrediction(link_bps, syncer_bps, busy, 1.0 - busy, scaled)
+    return WirePrediction(link_bps, syncer_bps, link_busy, busy, 1.0 - busy, scaled)

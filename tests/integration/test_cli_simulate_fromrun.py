@@ -57,11 +57,13 @@ def test_bandwidth_from_the_run_predicts_each_link(run: str) -> None:
     doc = json.loads(proc.stdout)
     assert doc["schema"] == "dldctl.simulate.bandwidth-from-run/1"
     fast, mid, thin = doc["predictions"]
-    assert fast["blocked"] == pytest.approx(doc["measured"]["blocked"]) and thin["blocked"] > mid["blocked"]
-    assert thin["time_to_target_s"] > fast["time_to_target_s"] > 0
+    assert doc["measured"]["max_lag"] == 0  # dldctl's default: a learner never waits for a reply
+    assert fast["blocked"] == thin["blocked"] == pytest.approx(doc["measured"]["blocked"])
+    assert fast["link_busy"] < mid["link_busy"] < 1 < thin["link_busy"] and thin["coalesced"]
+    assert thin["time_to_target_s"] == fast["time_to_target_s"] > 0
     table = dldctl("bandwidth", "--from-run", run, "--link", "1mbit", "--syncer-link", "same")
     assert table.returncode == 0, table.stderr
-    assert "1 Mbit/s" in table.stdout and "a push" in table.stdout
+    assert "1 Mbit/s" in table.stdout and "a push" in table.stdout and "never waits for a reply" in table.stdout
 
 
 @pytest.mark.parametrize(
@@ -69,7 +71,7 @@ def test_bandwidth_from_the_run_predicts_each_link(run: str) -> None:
     [
         (["goodput", "--from-run", "no-such-run"], "--from-run no-such-run:"),
         (["goodput", "--from-run", "RUN", "--chips", "1M"], "drop --chips and --sweep"),
-        (["goodput", "--chips", "1M", "--mtbf", "10s"], "--mtbf, --duration and --per-host go with --from-run"),
+        (["goodput", "--chips", "1M", "--mtbf", "10s"], "--mtbf, --duration, --per-host, --monkey-seed and --actions go with --from-run"),
         (["goodput", "--from-run", "RUN", "--mtbf", "soon"], "--mtbf"),
         (["goodput", "--from-run", "RUN", "--learners", "0"], "--learners: must be >= 1"),
         (["bandwidth", "--from-run", "RUN"], "--from-run needs --link"),

@@ -28,7 +28,10 @@ def pilot_dir(tmp_path: Path) -> Path:
 
 
 def test_the_recorded_pilot_measures_its_window_faults_and_costs(tmp_path: Path) -> None:
-    p = pilotrun.measure(pilotrun.read(RunDir(pilot_dir(tmp_path))))
+    rec = pilotrun.read(RunDir(pilot_dir(tmp_path)))
+    assert all(e.get("action") in ("kill", "pause") for e in rec.events if e["kind"] == "fault_inject")
+    assert all(isinstance(e.get("spare"), bool) for e in rec.events if e["kind"] == "restart")
+    p = pilotrun.measure(rec)
     g = p.goodput
     assert g.learners == 4 and 240 < g.window_s < 260
     assert 0.9 < g.goodput < 1.0
@@ -50,7 +53,7 @@ def test_the_recorded_pilot_measures_its_window_faults_and_costs(tmp_path: Path)
 def test_the_recorded_pilot_measures_its_wire(tmp_path: Path) -> None:
     p = pilotrun.measure(pilotrun.read(RunDir(pilot_dir(tmp_path))), target_loss=2.5)
     w = p.wire
-    assert (w.sites, w.H, w.fragments, w.tau) == (4, 32, 4, 2)
+    assert (w.sites, w.H, w.fragments, w.max_lag) == (4, 32, 4, 0)
     assert 0 < w.up_bytes < w.down_bytes * 2 and w.down_bytes > 0
     assert 0 <= w.blocked < 0.1 and 0.005 < w.step_s < 0.2
     assert w.time_to_target_s is not None and 0 < w.time_to_target_s < g_window(p)

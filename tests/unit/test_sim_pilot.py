@@ -108,9 +108,20 @@ def test_bad_plans_name_the_field() -> None:
 
 
 def wire(**kw: float) -> WirePilot:
-    base = dict(sites=4, step_s=0.1, H=32, fragments=4, tau=2, up_bytes=10_000.0, down_bytes=10_000.0)
+    base = dict(sites=4, step_s=0.1, H=32, fragments=4, max_lag=2, up_bytes=10_000.0, down_bytes=10_000.0)
     base.update(kw)
     return WirePilot(blocked=0.01, time_to_target_s=50.0, **base)  # type: ignore[arg-type]
+
+
+def test_a_learner_that_never_waits_keeps_its_pace_on_any_link_and_merges_pushes_on_a_thin_one() -> None:
+    """max_lag 0: a push of 80 kbit every 0.8 s; at 1 Mbit/s the link is busy 10% of the time, at
+    0.05 Mbit/s 200%: unsent pushes are merged into the next, the learner computes on."""
+    free = wire(max_lag=0)
+    ok, thin = predict_wire(free, 1e6), predict_wire(free, 0.05e6)
+    assert ok.link_busy == pytest.approx(0.1) and not ok.coalesced
+    assert thin.link_busy == pytest.approx(2.0) and thin.coalesced
+    assert ok.busy == thin.busy == pytest.approx(0.99)  # the pilot's own floor
+    assert thin.time_to_target_s == pytest.approx(50.0)
 
 
 def test_a_fast_link_blocks_nothing_and_keeps_the_pilots_pace() -> None:
@@ -119,8 +130,8 @@ def test_a_fast_link_blocks_nothing_and_keeps_the_pilots_pace() -> None:
     assert pred.time_to_target_s == pytest.approx(50.0)
 
 
-def test_a_thin_link_blocks_what_the_steps_cannot_hide() -> None:
-    """1 Mbit/s: 80 kbit up + 80 kbit down = 0.16 s per fragment; tau hides 0.2 s: nothing.
+def test_a_learner_that_waits_is_blocked_by_what_the_round_trip_does_not_hide() -> None:
+    """max_lag 2: 80 kbit up + 80 kbit down = 0.16 s at 1 Mbit/s; 2 steps hide 0.2 s: nothing.
     At 0.5 Mbit/s: 0.32 s, 0.12 s stalls per 0.8 s of steps: busy 0.8 / 0.92."""
     assert predict_wire(wire(), 1e6).blocked == pytest.approx(0.01)
     slow = predict_wire(wire(), 0.5e6)
@@ -132,6 +143,7 @@ def test_a_capped_syncer_shares_its_egress_among_the_sites() -> None:
     """The replies to all 4 sites share the syncer's 1 Mbit/s: 0.08 + 4 x 0.08 = 0.4 s, 0.2 s stall."""
     pred = predict_wire(wire(), 1e6, 1e6)
     assert pred.busy == pytest.approx(0.99 * 0.8 / 1.0)
+    assert pred.link_busy == pytest.approx(0.32 / 0.8)  # the busier way: the replies down
     with pytest.raises(ParamError, match="link_bps"):
         predict_wire(wire(), 0.0)
 
