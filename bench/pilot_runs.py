@@ -24,7 +24,6 @@ import os
 import shutil
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -123,24 +122,12 @@ def wire_runs(window: float, out: Path, rates: set[str]) -> dict[str, Any]:
 def thinned_fleet(sites: Any, rate: str, window: float, work: Path) -> dict[str, Any]:
     """bench/race.py's Decoupled DiLoCo fleet, every site's link set to `rate` once it trains."""
     from bench import race
-    from dldctl.testing import DldctlHome, inventory_text
 
-    home = work / "decoupled"
-    run = {"name": home.name, **race.fleet_settings(race.STRATEGIES[2])}
-    syncer = f'\n[syncer]\nbind = "0.0.0.0"\nadvertise = "{sites.advertise}"\n\n'
-    inv = home / "inventory.toml"
-    home.mkdir(parents=True, exist_ok=True)
-    inv.write_text(inventory_text(run) + syncer + sites.inventory_hosts(work / "remote"))
-    with DldctlHome(home / "home") as dl:
-        dl("up", str(inv), "-d", "--wait", "--timeout", "300", timeout=420)
-        race._wait_for(lambda: race.fleet_start(dl.metrics("sample")), 60, "the fleet's first step")
+    def thin() -> None:
         for h in sites.hosts:
             sites.set_rate(h, rate)
-        time.sleep(window)
-        snap = dl.status()
-        dl.down()
-    blocked = [r.get("blocked_frac") for r in snap.get("learners", []) if r.get("blocked_frac") is not None]
-    return {"blocked_share": sum(blocked) / len(blocked) if blocked else None, "joined_at": JOIN_RATE}
+
+    return {**race.run_fleet(sites, race.STRATEGIES[2], window, work, on_start=thin), "joined_at": JOIN_RATE}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -205,8 +205,11 @@ def rebuild_fleets(runs: dict[str, dict[str, Any]], workdir: Path, wall_s: float
             res["curve"] = fleet_curve([r for r in records if r.get("kind") == "global_eval"], start, wall_s)
 
 
-def run_fleet(sites: Sites, strategy: str, wall_s: float, work: Path) -> dict[str, Any]:
-    """A DiLoCo fleet in the sites through the real `dldctl up` over SSH."""
+def run_fleet(
+    sites: Sites, strategy: str, wall_s: float, work: Path, on_start: Callable[[], object] | None = None
+) -> dict[str, Any]:
+    """A DiLoCo fleet in the sites through the real `dldctl up` over SSH; `on_start` is called
+    once it trains, before its window (bench/pilot_runs.py thins the links there)."""
     home = work / strategy.split()[0].lower()
     run = {"name": home.name, **fleet_settings(strategy)}
     syncer = f'\n[syncer]\nbind = "0.0.0.0"\nadvertise = "{sites.advertise}"\n\n'
@@ -218,6 +221,9 @@ def run_fleet(sites: Sites, strategy: str, wall_s: float, work: Path) -> dict[st
         meter = Meter(sites)
         meter.start()
         start = _wait_for(lambda: fleet_start(dl.metrics("sample")), 60, "the fleet's first step")
+        if on_start is not None:
+            on_start()
+            start = time.time()
         time.sleep(max(0.0, start + wall_s - time.time()))
         links = meter.finish(wall_s, sites.rates["site1"])
         snap = dl.status()
