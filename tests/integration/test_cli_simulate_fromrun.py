@@ -71,7 +71,7 @@ def test_bandwidth_from_the_run_predicts_each_link(run: str) -> None:
     [
         (["goodput", "--from-run", "no-such-run"], "--from-run no-such-run:"),
         (["goodput", "--from-run", "RUN", "--chips", "1M"], "drop --chips and --sweep"),
-        (["goodput", "--chips", "1M", "--mtbf", "10s"], "--mtbf, --duration, --per-host, --monkey-seed and --actions go with --from-run"),
+        (["goodput", "--chips", "1M", "--mtbf", "10s"], "--per-host, --monkey-seed and --actions go with --from-run"),
         (["goodput", "--from-run", "RUN", "--mtbf", "soon"], "--mtbf"),
         (["goodput", "--from-run", "RUN", "--learners", "0"], "--learners: must be >= 1"),
         (["bandwidth", "--from-run", "RUN"], "--from-run needs --link"),
