@@ -14,7 +14,8 @@ not a fault's cost) to the last sample before the fleet was stopped.
 - work lost: what the fleet trained and never merged grew by over the window (the gap between
   the syncer's trained and merged tokens), shared by the kills, in each victim's own seconds;
 - the wire: bytes per push and per reply (one learner's), the compute time of a step (its wall
-  time less the share blocked on the wire), H, fragments, tau, and the learners' blocked share.
+  time less the share blocked on the wire), H, fragments, max_lag (how long a learner waits for
+  a reply), and the learners' blocked share.
 """
 
 from __future__ import annotations
