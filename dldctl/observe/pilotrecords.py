@@ -3,6 +3,7 @@ measures and dldctl/observe/pilotspares.py reads (their own module, so neither i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,3 +38,9 @@ class FaultSeen:
     contributing_s: float | None = None
     undone_s: float | None = None
     cost: FaultCost | None = None
+
+
+def first_time(events: Sequence[dict[str, Any]], kinds: tuple[str, ...], target: str, after: float) -> float | None:
+    """The time of the first event of one of `kinds` for `target` at or after `after`."""
+    times = [e["t"] for e in events if e.get("kind") in kinds and e.get("target") == target and e["t"] >= after]
+    return min(times) if times else None

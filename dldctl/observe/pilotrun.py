@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dldctl.observe import pilotspares
-from dldctl.observe.pilotrecords import FaultSeen, Records
+from dldctl.observe.pilotrecords import FaultSeen, Records, first_time
 from dldctl.observe.report_series import fault_kind
 from dldctl.rundir import RunDir
 from dldctl.sim.pilot import KILLS, FaultCost, GoodputPilot, WirePilot
@@ -92,11 +92,6 @@ def _is(event: dict[str, Any], kind: str, target: str) -> bool:
     return event.get("kind") == kind and event.get("target") == target
 
 
-def _first(events: Sequence[dict[str, Any]], kinds: tuple[str, ...], target: str, after: float) -> float | None:
-    times = [e["t"] for e in events if e.get("kind") in kinds and e.get("target") == target and e["t"] >= after]
-    return min(times) if times else None
-
-
 def faults_seen(rec: Records, start: float, end: float) -> list[FaultSeen]:
     """Every fault injected on a learner inside the window, with what followed it."""
     out = []
@@ -111,13 +106,13 @@ def faults_seen(rec: Records, start: float, end: float) -> list[FaultSeen]:
             restart = next((r for r in rec.events if _is(r, "restart", target) and r["t"] >= f.t), None)
             f.restart_s = None if restart is None else restart["t"] - f.t
             f.spare = restart is not None and bool(restart.get("spare", "(warm spare)" in str(restart.get("detail"))))
-            back = _first(rec.events, ("rejoin", "join"), target, f.t)
+            back = first_time(rec.events, ("rejoin", "join"), target, f.t)
             f.rejoin_s = _since(f.t, back)
             after = back if back is not None else f.t
             merged = [r["t"] for r in rec.rounds if r["t"] >= after and target in (r.get("contributors") or ())]
             f.contributing_s = _since(f.t, min(merged) if merged else None)
         else:
-            f.undone_s = _since(f.t, _first(rec.events, ("fault_undo",), target, f.t))
+            f.undone_s = _since(f.t, first_time(rec.events, ("fault_undo",), target, f.t))
         out.append(f)
     return out
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Any
 
-from dldctl.observe.pilotrecords import FaultSeen, Records
+from dldctl.observe.pilotrecords import FaultSeen, Records, first_time
 from dldctl.sim.pilot import Spares, next_spare
 from dldctl.supervise.spares import SPARE_DELAY_S, SPARE_RETRY_S
 
@@ -30,16 +29,11 @@ def first_start_up(rec: Records) -> float | None:
     """The fleet's own first start: each learner's first `start` to its first `join` (median)."""
     spans = []
     for lid in rec.hosts:
-        started = _first(rec.events, "start", lid, -math.inf)
-        joined = _first(rec.events, "join", lid, started) if started is not None else None
+        started = first_time(rec.events, ("start",), lid, -math.inf)
+        joined = first_time(rec.events, ("join",), lid, started) if started is not None else None
         if started is not None and joined is not None:
             spans.append(joined - started)
     return statistics.median(spans) if spans else None
-
-
-def _first(events: Sequence[dict[str, Any]], kind: str, target: str, after: float) -> float | None:
-    times = [e["t"] for e in events if e.get("kind") == kind and e.get("target") == target and e["t"] >= after]
-    return min(times) if times else None
 
 
 def quick_takeover(kills: Sequence[FaultSeen]) -> float | None:
