@@ -36,7 +36,7 @@ from dldctl.errors import ConfigError
 from dldctl.hosts import slurmjobs
 from dldctl.metricspec import MetricsSpec
 from syncer.common.resolved import Island
-from syncer.common.settings import RunSettings, SettingsError, from_mapping, suggest
+from syncer.common.settings import HostCompression, RunSettings, SettingsError, from_mapping, suggest
 from syncer.common.typedcodec import check_fields, checked, meta, to_mapping
 
 TABLES = ("run", "ssh", "syncer", "hosts", "sites", "metrics", "alerts", "model")
@@ -95,6 +95,8 @@ class HostSpec:
     island: Island = checked("ddp", fix='use "ddp" (default) or "fsdp"')  # noqa: RUF009 (a field())
     threads: int = checked(1, ge=1)  # torch threads per rank
     batch_size: int = checked(0, ge=0)  # 0 = [run] batch_size
+    # "" = [run] compression; a thin link's codec for this host's pushes (updates stay the run's)
+    compression: HostCompression = checked("", note='"" = the run\'s')  # noqa: RUF009 (a field())
     throttle: float = checked(1.0, ge=1, note="1 = full speed")  # >1 = artificially slower (demos and tests)
     python: str = "python3"  # interpreter on the host (with torch, unless setup = "venv")
     setup: Literal["auto", "venv"] = "auto"  # auto: use `python`, add our wheel | venv: fresh venv with torch
@@ -350,6 +352,9 @@ def _validate_hosts(inv: Inventory) -> None:
                 'use device = "cuda": each rank of the island takes its own local GPU',
             )
         _validate_site(inv.path, h)
+        if h.compression == "2bit" and inv.run.block % 4:
+            msg = f"2bit packs four codes a byte, but [run] block = {inv.run.block}"
+            raise ConfigError(inv.path, f"{key}.compression", msg, "set [run] block to a multiple of 4, e.g. 128")
         if h.island == "fsdp" and h.nproc * (h.nodes if h.site else 1) < 2:
             fix = 'set nproc >= 2 (or nodes >= 2 on a site), or island = "ddp"'
             msg = "fsdp shards the model across an island's ranks, and this one has 1 rank"

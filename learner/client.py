@@ -21,6 +21,7 @@ import torch
 import zmq
 
 from learner.config import LearnerConfig
+from learner.feedback import ErrorFeedback
 from learner.link import Identity, LinkCore, LinkEvent, LinkOutbox, ShardRole
 from learner.logline import log
 from learner.sends import PushItem, Send, push_message
@@ -62,6 +63,7 @@ class SyncerClient(threading.Thread):
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # notified whenever the core moved
         self._core = LinkCore(me, sizes, cfg.settings, fault=faultpoints.hit)
+        self.feedback = ErrorFeedback()  # a thin codec's residual: this thread's alone (learner/feedback.py)
         self.ready = threading.Event()
         self._halt = threading.Event()
         self._sock: zmq.Socket[bytes] | None = None  # this thread only
@@ -297,6 +299,7 @@ class SyncerClient(threading.Thread):
             msg = self._message(send, values)
             frames = encode(msg)
         except (ProtocolError, ValueError) as exc:  # a bug must not kill the link thread
+            self.feedback.discard()
             with self._lock:
                 event = self._core.encode_failed(send, exc)
             self._report([event])
@@ -304,7 +307,9 @@ class SyncerClient(threading.Thread):
         try:
             self._sock.send_multipart(frames, flags=0 if send.block else zmq.NOBLOCK, copy=False)
         except zmq.Again:
+            self.feedback.discard()
             return False
+        self.feedback.commit()
         blob = msg.payloads[0] if send.push is not None else None  # kept until a syncer checkpoint holds it
         with self._lock:
             self._core.sent(send, sum(len(f) for f in frames), blob if isinstance(blob, bytes) else None)
@@ -313,7 +318,7 @@ class SyncerClient(threading.Thread):
     def _message(self, send: Send, values: list[torch.Tensor] | None) -> Message:
         if send.push is not None:
             faultpoints.hit("push")
-            return push_message(send, self.cfg.settings)
+            return push_message(send, self.cfg.settings, self.feedback)
         if send.init is not None:
             assert values is not None, "upload chunks are sent with the trainer's initial values"
             c = send.init

@@ -7,6 +7,7 @@ parts are imported here.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ def load(path: Path, learner_id: str, workdir: Path | None = None) -> LearnerCon
         secret, syncer_key = keys_dir / f"{learner_id}.key_secret", keys_dir / "syncer.key"
     return LearnerConfig(
         cfg.run_id,
-        cfg.run,
+        dataclasses.replace(cfg.run, compression=spec.compression) if spec.compression else cfg.run,
         spec,
         cfg.syncer.address,
         secret,

@@ -65,7 +65,7 @@ Delta = torch.Tensor | DeviceDelta | Sent
 def take(delta: torch.Tensor, mode: str, block: int) -> Delta:
     """An outer gradient for the sender: on the CPU the tensor itself; on CUDA encoded there and
     copied out asynchronously (the caller's stream goes on at once)."""
-    if delta.device.type != "cuda":
+    if delta.device.type != "cuda" or mode in quant.THIN:  # a thin mode adds its residual on the CPU
         return delta.to("cpu", torch.float32)
     payload = quant.payload_here(delta, mode, block)
     host = torch.empty(payload.numel(), dtype=torch.uint8, pin_memory=True)

@@ -1,7 +1,8 @@
 """What a learner sends the syncer that is more than a header: pushes and chunks of the first
 upload (`Send`), an outer gradient waiting to leave (`PushItem`), the one push a fragment's
 unsent ones fold into (`coalesce`), and the push message built from one (`push_meta`,
-`push_message`: pure, called by the link's shell outside its lock).
+`push_message`: called by the link's shell outside its lock, its only state the error
+feedback it is handed).
 """
 
 from __future__ import annotations
@@ -10,8 +11,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from learner import offload
+from learner.feedback import ErrorFeedback
 from syncer.common.settings import RunSettings
+from syncer.wire import quant
 from syncer.wire.protocol import Message
 
 
@@ -102,8 +107,16 @@ def push_meta(send: Send) -> dict[str, Any]:
     }
 
 
-def push_message(send: Send, settings: RunSettings) -> Message:
-    """The push message for a push send (pure, CPU-heavy for a large fragment: call it unlocked)."""
-    assert send.push is not None, "a push send carries its push"
-    blob = offload.blob(send.push.delta, settings.compression, settings.block, settings.zstd)
+def push_message(send: Send, settings: RunSettings, feedback: ErrorFeedback | None = None) -> Message:
+    """The push message for a push send (CPU-heavy for a large fragment: call it unlocked). An
+    fp32 outer gradient is coded through `feedback` (its residual added under a thin codec:
+    the caller commits or discards it once it knows whether the push left)."""
+    item = send.push
+    assert item is not None, "a push send carries its push"
+    block = quant.wire_block(settings.compression, settings.block, settings.topk_keep)
+    if isinstance(item.delta, torch.Tensor):
+        coder = feedback or ErrorFeedback()
+        blob = coder.encode(item.fragment, item.delta, settings.compression, block, settings.zstd)
+    else:
+        blob = offload.blob(item.delta, settings.compression, block, settings.zstd)
     return Message("push", push_meta(send), [blob])

@@ -1,10 +1,11 @@
 """Who may join the run and what they bring: hello checks and the init upload.
 
 A part of the core (syncer/core.py composes it). A hello is refused for good when it names
-another run, or its model does not match the run's (fragment count, parameter names and shapes,
-enough tensors), or the model would not fit in the memory this host has free before anything is
-allocated. While no global model exists, the first learner to arrive (or the next, if the first
-went away) uploads it chunk by chunk (syncer/upload.py). Pure: `now` and the model are passed in.
+another run, cannot decode the run's updates (its `codecs`), or its model does not match the
+run's (fragment count, parameter names and shapes, enough tensors), or the model would not fit in
+the memory this host has free before anything is allocated. While no global model exists, the
+first learner to arrive (or the next, if the first went away) uploads it chunk by chunk
+(syncer/upload.py). Pure: `now` and the model are passed in.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from syncer.wire.protocol import Message, ProtocolError, check_raw_fragment
 class Admission:
     """The run's identity check, the manifest check, the memory check, and the init upload."""
 
-    def __init__(self, run_id: str, fragments_count: int) -> None:
+    def __init__(self, run_id: str, fragments_count: int, compression: str = "int4") -> None:
         self.run_id = run_id
+        self.compression = compression  # what the updates are coded in: every learner must decode it
         self.fragments = fragments_count
         self.upload = InitUpload()  # the first upload of the global model, while no model exists
         self.memory_free: tuple[int, str] | None = None  # bytes free here, which limit (the shell: at hellos)
@@ -39,6 +41,10 @@ class Admission:
             manifest = fragments.manifest_from_json(msg["manifest"])
         except ValueError as exc:
             raise ProtocolError("schema", f"hello: {exc}") from None
+        if self.compression not in msg["codecs"]:
+            decodes = ", ".join(map(str, msg["codecs"])) or "nothing"
+            detail = f"this run's updates are {self.compression}; the learner decodes only {decodes}"
+            return [], ("codec", f"{detail}: run the same dldctl version on its host")
         problem = self._manifest_problem(manifest, msg["fragments"], model, shard, count)
         return manifest, ("manifest", problem) if problem else None
 

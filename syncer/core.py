@@ -115,7 +115,7 @@ class SyncerCore:
         self.model: GlobalModel | None = None
         self.warnings: list[str] = []  # lasting, shown in status (e.g. the run's history was lost)
         self.acct = Accounting(now)
-        self.admission = Admission(run_id, settings.fragments)
+        self.admission = Admission(run_id, settings.fragments, settings.compression)
         self.serving = StateServing(settings.state_chunk_mb)  # state transfers (joins, rejoins, resyncs)
         self.pushes = PushChecks(self.acct.counters)
         self.book = RoundBook(settings, self.acct.counters)

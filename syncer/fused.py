@@ -47,12 +47,12 @@ Segments = Sequence[tuple[int, int, str]]
 _local = threading.local()
 
 
-def slice_size(deltas: Sequence[quant.Quantized], block: int, numel: int) -> int:
-    """A slice length near SLICE that every block size (inputs and the output's) divides."""
-    step = block
+def slice_size(deltas: Sequence[quant.Quantized], granule: int, numel: int) -> int:
+    """A slice length near SLICE that every block size (inputs' and the output's `granule`,
+    quant.granule) divides."""
+    step = granule
     for d in deltas:
-        if d.mode in ("int4", "int8"):
-            step = math.lcm(step, d.block)
+        step = math.lcm(step, quant.granule(d.mode, d.block))
     size = max(step, SLICE // step * step)
     return min(size, -(-max(numel, 1) // step) * step)
 
@@ -172,7 +172,7 @@ def publish(
             encoder.codes,
         )
         return encoder.finish(), kernel.crc32(theta) if want_crc else None
-    size = slice_size(deltas, block, numel)
+    size = slice_size(deltas, quant.granule(mode, block), numel)
     rows = torch.empty(len(deltas), size, dtype=torch.float32)
     merged = torch.empty(size, dtype=torch.float32)
     encoder = codec.ChunkEncoder(mode, numel, block, zstd, _scratch(quant.raw_length(mode, numel, block)))

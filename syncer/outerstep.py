@@ -165,7 +165,7 @@ class OuterStep:
             self.s.outer_lr,
             self.s.outer_momentum,
             self.s.compression,
-            self.s.block,
+            quant.wire_block(self.s.compression, self.s.block, self.s.topk_keep),
             kernel,
             want_crc,
             self.s.zstd,
@@ -202,7 +202,9 @@ class OuterStep:
         change = merge.nesterov_change_(
             m.residual[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum, share
         )
-        q, applied = quant.quantize_roundtrip(change, self.s.compression, self.s.block, out=merged)
+        q, applied = quant.quantize_roundtrip(
+            change, self.s.compression, quant.wire_block(self.s.compression, self.s.block, self.s.topk_keep), out=merged
+        )
         blob = codec.encode_quantized(q, self.s.zstd)  # before `change` moves on: q may share its memory ("none")
         m.theta[p].add_(applied)  # a separate fp32 add, exactly as learners apply the blob
         change.sub_(applied)  # m.residual[p] is `change`: now the carried residual

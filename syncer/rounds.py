@@ -130,8 +130,9 @@ class Contribution:
 
 
 def _scaled(q: quant.Quantized, factor: float) -> quant.Quantized:
-    """`q` times `factor`: int4/int8 by their block scales (the same codes), fp32 values otherwise."""
-    if q.mode in ("int4", "int8"):
+    """`q` times `factor`: a mode with scales by its scales (the same codes and indices), fp32
+    values otherwise."""
+    if q.mode in quant.QMAX or q.mode == "topk":
         return dataclasses.replace(q, scales=q.scales * factor)
     values = torch.mul(quant.dequantize(q), factor)
     return quant.Quantized("none", values.numel(), q.block, values, values.new_empty(0))

@@ -41,6 +41,7 @@ def learner_entry(lid: str, host: HostSpec, shard: int, shards: int) -> LearnerE
         nproc=host.nproc,
         island=host.island,
         threads=host.threads,
+        compression=host.compression,
         env=dict(host.env),
         shard=shard % shards,
         shards=shards,

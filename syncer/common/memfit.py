@@ -31,13 +31,14 @@ STATE_B = 13.7  # bytes per parameter a shard holds with little pending (syncer_
 CHECKPOINT_B = 12.0  # more per parameter while a checkpoint is written
 BASE_B = 0.25e9  # the empty syncer process (torch, zmq, the kernel)
 SCORER_B = 4.0  # shard 0 of a sharded syncer that scores the global model: one fp32 copy of all of it
-CODE_B = {"int4": 0.5, "int8": 1.0, "bf16": 2.0, "none": 4.0}  # a pending push's codes per parameter
+# a pending push's codes per parameter (2bit: one int8 a code; topk: int8 code + int64 index, 64 of 4,096)
+CODE_B = {"int4": 0.5, "int8": 1.0, "bf16": 2.0, "none": 4.0, "2bit": 1.0, "topk": 9 * 64 / 4096}
 UNLIMITED = 1 << 60  # cgroup v1's "no limit" is 2^63 rounded down to a page; anything above this is none
 
 
 def push_bytes(compression: str, block: int) -> float:
     """One pending push per parameter: its codes plus, quantized, one fp32 scale per block."""
-    return CODE_B[compression] + (4.0 / block if compression in ("int4", "int8") else 0.0)
+    return CODE_B[compression] + (4.0 / block if compression in ("int4", "int8", "2bit") else 0.0)
 
 
 def shard_need(params: int, learners: int, push_b: float) -> tuple[float, float, float]:

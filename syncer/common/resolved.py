@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from syncer.common import strictjson
 from syncer.common.atomic import atomic_write
-from syncer.common.settings import RunSettings, SettingsError
+from syncer.common.settings import HostCompression, RunSettings, SettingsError
 from syncer.common.typedcodec import check_fields, checked, from_mapping, meta, to_mapping
 
 SCHEMA_VERSION = 1
@@ -139,6 +139,7 @@ class LearnerEntry:
     # no island key, as dldctl has always written it (and an older reader still reads it)
     island: Island = checked("ddp", omit_default=True)  # noqa: RUF009 (a field(), not a shared default)
     threads: int = 1  # torch intra-op threads per rank
+    compression: HostCompression = checked("", omit_default=True)  # noqa: RUF009 (a field()): "" = the run's
     env: dict[str, str] = field(default_factory=dict)
     shard: int = 0
     shards: int = 1

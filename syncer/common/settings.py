@@ -19,7 +19,8 @@ from syncer.common.typedcodec import check_fields, checked, to_mapping
 from syncer.common.typedcodec import from_mapping as from_mapping
 from syncer.common.typedcodec import suggest as suggest
 
-Compression = Literal["int4", "int8", "bf16", "none"]
+Compression = Literal["int4", "int8", "bf16", "none", "2bit", "topk"]  # the last two: thin links, docs/tuning.md
+HostCompression = Literal["", "int4", "int8", "bf16", "none", "2bit", "topk"]  # "": the run's
 RoundClock = Literal["syncer", "learner"]
 Precision = Literal["auto", "bf16", "fp32"]
 Merge = Literal["rda", "mean"]
@@ -89,6 +90,7 @@ class RunSettings:
     compression: Compression = "int4"
     zstd: bool = True  # zstd-compress the quantized payloads both ways; false: ~8-20% more bytes, less CPU
     block: int = checked(128, ge=8, multiple_of=2, allowed="an even number >= 8")  # values per absmax block
+    topk_keep: int = checked(64, ge=4, le=4096, multiple_of=4, allowed="a multiple of 4 in 4..4096")  # topk: of 4,096
     merge: Merge = "rda"
     # outer Nesterov SGD: best or level in every measured cell (H 16/32/64, cosine and constant
     # learning rate) against plain averaging (1, 0) and DiLoCo's (0.7, 0.9); docs/tuning.md
@@ -168,6 +170,12 @@ class RunSettings:
             "rebase",
             "rebase (on by default) cannot be combined with alpha > 0",
             "to mix with alpha, also set rebase = false",
+        )
+        _check(
+            self.compression != "2bit" or self.block % 4 == 0,
+            "block",
+            f"2bit packs four codes a byte, but block = {self.block}",
+            "use a multiple of 4, e.g. block = 128",
         )
         _check(self.liveness_s > self.heartbeat_s, "liveness_s", "must be longer than heartbeat_s")
         _check(

@@ -28,8 +28,12 @@ from typing import Any
 
 import torch
 
-MODES = ("none", "bf16", "int8", "int4")  # a mode's index is its byte in a blob's header: append only
-QMAX = {"int8": 127, "int4": 7}  # the modes with scales and integer codes, and their largest code
+from syncer.wire import thin
+
+MODES = ("none", "bf16", "int8", "int4", "2bit", "topk")  # a mode's index is its byte in a blob's header: append only
+# the blockwise modes with scales and integer codes, and their largest code
+QMAX = {"int8": 127, "int4": 7, "2bit": thin.QMAX_2BIT}
+THIN = ("2bit", "topk")  # the modes below int4 (syncer/wire/thin.py): a sender keeps what they lose (error feedback)
 _BAD_NIBBLE = "int4 code out of range (nibble 0b1000 = -8)"
 _BAD_SCALE = "non-finite or negative quantization scale, or scale x code overflows fp32 (NaN/Inf in the source)"
 _ROUNDER = 1.5 * 2.0**23  # y + R - R rounds an fp32 |y| < 2^22 to the nearest integer (ties to even)
@@ -49,6 +53,7 @@ class Quantized:
     codes: torch.Tensor  # int8 codes (int4/int8), bf16 or fp32 values; `packed`: int4 as on the wire
     scales: torch.Tensor  # fp32, one per block (empty for bf16/none)
     packed: bool = False  # int4 codes kept two a byte (uint8, blocks * block/2: codec format 2)
+    index: torch.Tensor | None = None  # topk: int64 (chunks, keep), each kept value's place in its chunk
 
     def int_codes(self, first: int = 0, count: int | None = None) -> torch.Tensor:
         """int8 codes of blocks [first, first + count) (int4/int8; all blocks by default),
@@ -67,8 +72,27 @@ def check_mode(mode: str) -> None:
 
 
 def valid_block(mode: str, block: int) -> bool:
-    """Whether `block` is a block size `mode` can carry (any for the modes without blocks)."""
+    """Whether `block` is a block size `mode` can carry (any for the modes without blocks; for
+    topk the field thin.topk_block makes)."""
+    if mode == "2bit":
+        return thin.valid_2bit(block)
+    if mode == "topk":
+        return thin.valid_topk(block)
     return mode not in QMAX or (block >= 2 and not block % 2 and block <= 1 << 20)
+
+
+def granule(mode: str, block: int) -> int:
+    """The values a slice of a tensor in this mode must start on a multiple of: its block (for
+    topk its chunk), 1 for the modes without blocks."""
+    if mode == "topk":
+        return thin.topk_shape(block)[0]
+    return block if mode in QMAX else 1
+
+
+def wire_block(mode: str, block: int, keep: int) -> int:
+    """The block field a run's settings give `mode`: `block` values per scale, or for topk its
+    keep-of-4,096 (thin.topk_block)."""
+    return thin.topk_block(keep) if mode == "topk" else block
 
 
 def raw_length(mode: str, numel: int, block: int) -> int:
@@ -77,6 +101,10 @@ def raw_length(mode: str, numel: int, block: int) -> int:
         return 4 * numel
     if mode == "bf16":
         return 2 * numel
+    if mode == "2bit":
+        return thin.length_2bit(numel, block)
+    if mode == "topk":
+        return thin.length_topk(numel, block)
     nblocks = -(-numel // block)
     codes = nblocks * block if mode == "int8" else nblocks * block // 2
     return 4 * nblocks + codes
@@ -119,9 +147,15 @@ def _quantize_here(
         return Quantized(mode, n, block, x.contiguous(), empty), None
     if mode == "bf16":
         return Quantized(mode, n, block, x.to(torch.bfloat16), empty), None
-    qmax = QMAX[mode]
+    if mode == "topk":
+        return _quantize_topk(x, block, want_values, out)
     pad = (-n) % block
     xb = (torch.nn.functional.pad(x, (0, pad)) if pad else x.contiguous()).view(-1, block)
+    if mode == "2bit":
+        codes2, scales2, float_codes = thin.quantize_2bit(xb)
+        values2 = float_codes.mul_(scales2[:, None]).view(-1)[:n] if want_values else None
+        return Quantized(mode, n, block, codes2, scales2), values2
+    qmax = QMAX[mode]
     # max(|max|, |min|) per block: two reads, no |x| temporary (abs also turns -0.0 into 0.0)
     absmax = torch.maximum(xb.amax(dim=1).abs_(), xb.amin(dim=1).abs_())
     scales = absmax / qmax
@@ -144,6 +178,23 @@ def _quantize_here(
     return Quantized(mode, n, block, codes, scales), values
 
 
+def _quantize_topk(
+    x: torch.Tensor, block: int, want_values: bool, out: torch.Tensor | None
+) -> tuple[Quantized, torch.Tensor | None]:
+    """Top-k of each chunk, its kept values 2-bit coded (syncer/wire/thin.py); the dense values
+    (zeros but the kept products) in `out` when it fits."""
+    chunk, _ = thin.topk_shape(block)
+    index, kept = thin.select_topk(x, block)
+    codes, scales, float_codes = thin.quantize_2bit(kept)
+    q = Quantized("topk", x.numel(), block, codes, scales, index=index)
+    if not want_values:
+        return q, None
+    work = _scratch(out, index.shape[0] * chunk)
+    if work is None:
+        work = torch.empty(index.shape[0] * chunk, dtype=torch.float32, device=x.device)
+    return q, thin.scatter(index, float_codes.mul_(scales[:, None]), chunk, work)[: x.numel()]
+
+
 def _scratch(out: torch.Tensor | None, numel: int) -> torch.Tensor | None:
     """`out` if the codes of `numel` values can be computed in it (CPU, fp32, contiguous, large
     enough), else None."""
@@ -158,6 +209,9 @@ def dequantize(q: Quantized) -> torch.Tensor:
         return q.codes.clone()
     if q.mode == "bf16":
         return q.codes.to(torch.float32)
+    if q.mode == "topk":
+        chunk = thin.topk_shape(q.block)[0]
+        return values_into(q, 0, q.numel, torch.empty(-(-q.numel // chunk) * chunk, dtype=torch.float32))
     # each code converts to fp32 exactly, then one rounding of the product (a mixed int8 x fp32
     # torch.mul gives the same bits but runs ~40% slower than convert + in-place multiply)
     values = q.int_codes().view(-1, q.block).to(torch.float32).mul_(q.scales[:, None])
@@ -177,6 +231,8 @@ def values_into(q: Quantized, start: int, stop: int, out: torch.Tensor) -> torch
     multiple of the block (int modes); `out` needs room for `stop - start` values rounded up to
     a whole block.
     """
+    if q.mode == "topk":
+        return _topk_into(q, start, stop, out)
     if q.mode not in QMAX:
         dst = out[: stop - start]
         dst.copy_(q.codes[start:stop])
@@ -191,12 +247,29 @@ def values_into(q: Quantized, start: int, stop: int, out: torch.Tensor) -> torch
     return dst[: stop - start]
 
 
+def _topk_into(q: Quantized, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+    """`values_into` of a top-k tensor: the chunks' kept products scattered into zeros."""
+    chunk, keep = thin.topk_shape(q.block)
+    if start % chunk:
+        raise ValueError(f"slice start {start} is not a multiple of the top-k chunk {chunk}")
+    assert q.index is not None, "a topk Quantized holds its indices"
+    first, count = start // chunk, -(-(stop - start) // chunk)
+    codes = q.codes.view(-1, keep)[first : first + count].to(torch.float32)
+    products = codes.mul_(q.scales[first : first + count, None])
+    return thin.scatter(q.index[first : first + count], products, chunk, out)[: stop - start]
+
+
 def pack(q: Quantized) -> bytes:
     """The payload of `q` (module docstring), raw_length bytes."""
     if q.mode == "none":
         return q.codes.numpy().tobytes()
     if q.mode == "bf16":
         return q.codes.view(torch.int16).numpy().tobytes()
+    if q.mode in THIN:
+        raw = torch.empty(raw_length(q.mode, q.numel, q.block), dtype=torch.uint8)
+        writer = PayloadWriter(q.mode, q.numel, q.block, raw)
+        writer.write(0, q)
+        return raw.numpy().tobytes()
     if q.mode == "int8" or q.packed:  # the codes as they go on the wire already
         return q.scales.numpy().tobytes() + q.codes.numpy().tobytes()
     packed = torch.empty(q.codes.numel() // q.block, q.block // 2, dtype=torch.uint8)
@@ -219,6 +292,9 @@ def payload_here(x: torch.Tensor, mode: str = "int4", block: int = 128) -> torch
     `codec.encode(x)`, byte for byte."""
     check_mode(mode)
     x = x.detach().reshape(-1).to(torch.float32)
+    if mode in THIN:  # packed on the CPU (a learner sends these from there: learner/offload.py)
+        raw = bytearray(pack(_quantize(x, mode, block)[0]))
+        return torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
     if mode == "none":
         return x.contiguous().view(torch.uint8)
     if mode == "bf16":
@@ -242,6 +318,10 @@ def unpack(buf: torch.Tensor, mode: str, numel: int, block: int, kernel: Any = N
         q = Quantized(mode, numel, block, buf.view(torch.float32 if mode == "none" else torch.bfloat16), empty)
         _check_finite(q)
         return q
+    if mode in THIN:
+        q = _unpack_thin(buf, mode, numel, block)
+        _check_finite(q)
+        return q
     nblocks = -(-numel // block)
     scales, codes = buf[: 4 * nblocks].view(torch.float32), buf[4 * nblocks :]
     packed = mode == "int4" and kernel is not None
@@ -255,6 +335,19 @@ def unpack(buf: torch.Tensor, mode: str, numel: int, block: int, kernel: Any = N
     if kernel is None:
         _check_finite(q)
     return q
+
+
+def _unpack_thin(buf: torch.Tensor, mode: str, numel: int, block: int) -> Quantized:
+    """The `Quantized` of a 2bit or topk payload (codes unpacked to int8, one a value)."""
+    if mode == "2bit":
+        nblocks = -(-numel // block)
+        scales = buf[: 4 * nblocks].view(torch.float32)
+        return Quantized(mode, numel, block, thin.unpack_2bit(buf[4 * nblocks :], block), scales)
+    try:
+        scales, index, codes = thin.split_topk(buf, numel, block)
+    except ValueError as exc:
+        raise CodecError(str(exc)) from None
+    return Quantized(mode, numel, block, codes, scales, index=index)
 
 
 def _unpack_int4(packed: torch.Tensor, block: int) -> torch.Tensor:
@@ -278,12 +371,12 @@ def _unpack_nibbles(packed: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def _check_finite(q: Quantized) -> None:
-    if q.mode in QMAX:
+    if q.mode in QMAX or q.mode == "topk":
         if not q.scales.numel():
             return
         # |code| <= qmax and rounding is monotonic, so every code * scale is finite iff qmax * scale
         # is: one check per block instead of one per value. NaN fails both comparisons below.
-        low, high = torch.aminmax(q.scales * QMAX[q.mode])
+        low, high = torch.aminmax(q.scales * QMAX[q.mode if q.mode != "topk" else "2bit"])
         if not (float(low) >= 0 and float(high) < float("inf")):
             raise CodecError(_BAD_SCALE)
     elif q.codes.numel() and not _all_finite(q.codes):
@@ -308,9 +401,11 @@ class PayloadWriter:
         size = raw_length(mode, numel, block)
         fits = scratch is not None and scratch.dtype == torch.uint8 and scratch.numel() >= size
         self.raw = scratch[:size] if fits and scratch is not None else torch.empty(size, dtype=torch.uint8)
-        self.nblocks = -(-numel // block)
-        self.scales = self.raw[: 4 * self.nblocks].view(torch.float32) if mode in QMAX else None
-        self.codes = self.raw[4 * self.nblocks :] if mode in QMAX else None
+        self.granule = granule(mode, block)
+        self.nblocks = -(-numel // self.granule)
+        scaled = mode in QMAX or mode == "topk"
+        self.scales = self.raw[: 4 * self.nblocks].view(torch.float32) if scaled else None
+        self.codes = self.raw[4 * self.nblocks :] if scaled else None
 
     def put(self, start: int, x: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
         """Quantize x (values start .. start + len(x)) into the payload; `work`, fp32 scratch of
@@ -323,16 +418,26 @@ class PayloadWriter:
             dst = self.raw.view(torch.bfloat16)[start:stop]
             dst.copy_(x)
             return work[: x.numel()].copy_(dst)
-        if start % self.block:
-            raise ValueError(f"slice start {start} is not a multiple of the block {self.block}")
-        # int8/int4 from here on (MODES is checked in __init__): both have scales and codes
-        assert self.scales is not None and self.codes is not None
+        if start % self.granule:
+            raise ValueError(f"slice start {start} is not a multiple of the block {self.granule}")
         q, values = _quantize(x, self.mode, self.block, want_values=True, out=work)
-        first, count = start // self.block, q.scales.numel()
-        self.scales[first : first + count] = q.scales
-        if self.mode == "int8":
-            self.codes.view(torch.int8)[first * self.block : (first + count) * self.block] = q.codes
-        else:
-            _pack_int4(q.codes, self.block, self.codes.view(self.nblocks, self.block // 2)[first : first + count])
+        self.write(start, q)
         assert values is not None
         return values
+
+    def write(self, start: int, q: Quantized) -> None:
+        """Pack the quantized values start .. start + q.numel (a block-mode or topk `q` of this
+        writer's mode and block) into their place in the payload."""
+        # a mode with scales from here on (MODES is checked in __init__)
+        assert self.scales is not None and self.codes is not None
+        first, count = start // self.granule, q.scales.numel()
+        self.scales[first : first + count] = q.scales
+        if self.mode == "topk":
+            assert q.index is not None, "a topk Quantized holds its indices"
+            thin.put_topk(self.raw, self.numel, self.block, first, q.index, q.codes)
+        elif self.mode == "int8":
+            self.codes.view(torch.int8)[first * self.block : (first + count) * self.block] = q.codes
+        elif self.mode == "2bit":
+            thin.pack_2bit(q.codes, self.block, self.codes.view(self.nblocks, self.block // 4)[first : first + count])
+        else:
+            _pack_int4(q.codes, self.block, self.codes.view(self.nblocks, self.block // 2)[first : first + count])

@@ -21,9 +21,14 @@ from syncer.wire.protocol import Message
 from tests.unit.coreharness import RUN, Harness, make_settings, rounds_of, small_manifest, wire
 
 
-def _hello(run: str = RUN, count: int = 2, manifest: list[fragments.TensorSpec] | None = None) -> Message:
+def _hello(
+    run: str = RUN,
+    count: int = 2,
+    manifest: list[fragments.TensorSpec] | None = None,
+    codecs: tuple[str, ...] = ("int4",),
+) -> Message:
     meta = {"run": run, "fragments": count, "manifest": fragments.manifest_to_json(manifest or small_manifest())}
-    return Message("hello", meta)
+    return Message("hello", {**meta, "codecs": list(codecs)})
 
 
 def test_admission_refuses_another_run_another_model_and_a_model_that_does_not_fit() -> None:
@@ -34,6 +39,14 @@ def test_admission_refuses_another_run_another_model_and_a_model_that_does_not_f
     adm.memory_free = (100, "MemAvailable")  # less than the model's three vectors
     reason, detail = adm.check(_hello(), None, 0, 1)[1]  # type: ignore[misc]
     assert reason == "manifest" and "MemAvailable" in detail
+
+
+def test_admission_refuses_a_learner_that_cannot_decode_the_runs_updates() -> None:
+    """An older learner (no topk decoder) joining a topk run is told why, not fed blobs it refuses."""
+    adm = Admission(RUN, 2, "topk")
+    assert adm.check(_hello(codecs=("none", "bf16", "int8", "int4", "2bit", "topk")), None, 0, 1)[1] is None
+    reason, detail = adm.check(_hello(codecs=("int8", "int4")), None, 0, 1)[1]  # type: ignore[misc]
+    assert reason == "codec" and "topk" in detail and "int8, int4" in detail
 
 
 def test_admission_takes_the_init_upload_from_its_owner_only() -> None:

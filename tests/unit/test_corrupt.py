@@ -107,7 +107,8 @@ def test_a_bitflipped_push_encodes_on_the_learner(mode: str) -> None:
     x[:8] = 0.99999994  # bit 30: just under fp32's largest value
     out = corrupt.corrupt(x, "bitflip", 16.0, seed=2)
     assert torch.isfinite(out).all()
-    assert offload.blob(offload.take(out, mode, 128), mode, 128)
+    block = quant.wire_block(mode, 128, 64)
+    assert offload.blob(offload.take(out, mode, block), mode, block)
 
 
 def test_an_unknown_mode_is_refused_naming_the_modes() -> None:

@@ -39,7 +39,7 @@ def test_a_fresh_link_opens_says_hello_with_backoff_and_is_welcomed() -> None:
         "host": "host-a",
         "device": "cpu",
         "batch_size": 8,
-        "codecs": ["none", "bf16", "int8", "int4"],
+        "codecs": ["none", "bf16", "int8", "int4", "2bit", "topk"],
         "manifest": [],
         "fragments": 2,
     }

@@ -76,10 +76,11 @@ def test_the_payload_encoded_where_the_tensor_lives_is_encode_byte_for_byte(mode
     if n > 200:
         x[:128] = 0  # an all-zero block
         x[140] = 1e-38  # a tiny one
-    payload = quant.payload_here(x, mode, 64)
-    assert codec.encode_payload(payload, mode, n, 64) == codec.encode(x, mode, 64)
+    block = quant.wire_block(mode, 64, 16)
+    payload = quant.payload_here(x, mode, block)
+    assert codec.encode_payload(payload, mode, n, block) == codec.encode(x, mode, block)
     with pytest.raises(codec.CodecError):
-        codec.encode_payload(payload[:-1] if payload.numel() else torch.zeros(1, dtype=torch.uint8), mode, n, 64)
+        codec.encode_payload(payload[:-1] if payload.numel() else torch.zeros(1, dtype=torch.uint8), mode, n, block)
 
 
 @dataclass
