@@ -154,7 +154,10 @@ class ProtoClient:
         step_time: float = 0.05,
         base_version: int = 0,
         compression: str = "int4",
+        block: int = 128,
+        blob: bytes | None = None,
     ) -> None:
+        """Push `delta` coded in `compression` (or `blob` as it is: a malformed one)."""
         self.seq += 1
         self.send(
             Message(
@@ -169,7 +172,7 @@ class ProtoClient:
                     "c_time": c_steps * step_time,
                     "step_time": step_time,
                 },
-                [codec.encode(delta, compression)],
+                [blob if blob is not None else codec.encode(delta, compression, block)],
             )
         )
 

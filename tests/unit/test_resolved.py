@@ -127,6 +127,21 @@ def test_up_writes_what_the_syncer_the_learners_and_the_operator_read(
     assert run.read_config() == grown and grown.learners[: len(config.learners)] == config.learners
 
 
+def test_a_hosts_own_codec_reaches_its_learners_pushes_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hosts.compression (a thin link's codec) is what that host's learners code their pushes in;
+    the others, and everything else of the run, keep [run]'s."""
+    monkeypatch.setenv("DLDCTL_HOME", str(tmp_path))
+    inv = inventory.default_inventory()
+    inv = replace(inv, hosts=(replace(inv.hosts[0], compression="topk"), *inv.hosts[1:]))
+    run = rundir.create(inv.run.name)
+    config = plan.write(inv, run)
+    assert (config.learner("learner-0").compression, config.learner("learner-2").compression) == ("topk", "")
+    assert learner_config.load(run.config, "learner-0").settings == replace(inv.run, compression="topk")
+    assert learner_config.load(run.config, "learner-2").settings == inv.run
+    raw = json.loads(run.config.read_text())["learners"]
+    assert raw[0]["compression"] == "topk" and "compression" not in raw[2], "the default is not written"
+
+
 def test_a_file_older_dldctl_wrote_reads(tmp_path: Path) -> None:
     config = resolved.load(write_raw(tmp_path, OLDER))
     assert config.run.H == 8 and config.run.quorum == 2 and config.syncer.control == "tcp://127.0.0.1:5556"
