@@ -28,6 +28,16 @@ DILOCO = "decoupled_diloco"
 CODEC_BITS = (4, 8, 16, 32)  # int4, int8, bf16, none: the modes of syncer/wire/codec.py
 SCALE_BLOCK = 128  # values per absmax scale (syncer/wire/codec.py default)
 SCALE_BITS = 32  # the scale is stored as fp32
+TOPK_CHUNK, TOPK_KEEP = 4096, 64  # topk's defaults (syncer/wire/thin.py): an int16 index + 2 bits a kept value
+# bits per value on the wire of each codec by name, before zstd (syncer/wire/quant.py, thin.py)
+CODEC_EFFECTIVE = {
+    "none": 32.0,
+    "bf16": 16.0,
+    "int8": 8 + SCALE_BITS / SCALE_BLOCK,
+    "int4": 4 + SCALE_BITS / SCALE_BLOCK,
+    "2bit": 2 + SCALE_BITS / SCALE_BLOCK,
+    "topk": (TOPK_KEEP * (16 + 2) + SCALE_BITS) / TOPK_CHUNK,
+}
 GBIT = 1e9
 
 
@@ -40,6 +50,7 @@ class LinkParams:
     H: int = 64  # inner steps between two syncs of one fragment
     fragments: int = 4
     bits: int = 4  # DiLoCo outer-gradient precision (codec mode)
+    compression: str = ""  # a codec by name (CODEC_EFFECTIVE), in place of `bits`; "" = by bits
     tau: int = 2  # steps a learner may run ahead of a reply
     sites: int = 4  # data centres (one DiLoCo learner each)
     utilization: float = 0.95  # target share of time spent computing
@@ -57,6 +68,7 @@ class LinkParams:
             ("H", self.H >= 1, "must be >= 1"),
             ("fragments", 1 <= self.fragments <= self.H, "must be between 1 and H"),
             ("bits", self.bits in CODEC_BITS, "must be one of 4, 8, 16, 32"),
+            ("compression", self.compression in ("", *CODEC_EFFECTIVE), f"must be one of {', '.join(CODEC_EFFECTIVE)}"),
             ("tau", self.tau >= 0, "must be >= 0"),
             ("sites", self.sites >= 2, "must be >= 2 (one site crosses no wide-area link)"),
             ("utilization", 0 < self.utilization <= 1, "must be in (0, 1]"),
@@ -110,7 +122,8 @@ def data_parallel_transfer(p: LinkParams) -> Transfer:
 def diloco_transfer(p: LinkParams) -> Transfer:
     """One quantized fragment every H / fragments steps; the reply may lag min(tau, H/P) steps."""
     steps_between = p.H / p.fragments
-    frag_bits = p.params / p.fragments * effective_bits(p.bits)
+    per_value = CODEC_EFFECTIVE[p.compression] if p.compression else effective_bits(p.bits)
+    frag_bits = p.params / p.fragments * per_value
     return Transfer(DILOCO, frag_bits, steps_between * p.step_time_s, min(p.tau, steps_between) * p.step_time_s)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from dldctl.sim.bandwidth import (
     DATA_PARALLEL,
@@ -52,6 +53,23 @@ def test_diloco_reference_case() -> None:
     # ALGORITHM.md: about bytes(params, fp32) * bits/32 / H per step each way, before scales.
     per_step_bits = 4e9 * 8 * 4 / 32 / 64
     assert t.average_gbps * 1e9 == pytest.approx(per_step_bits * 4.25 / 4)
+
+
+def test_a_codec_by_name_moves_its_own_bits_per_value() -> None:
+    """The thin codecs: 2bit with one fp32 scale a block of 128, topk 64 of 4,096 values with an
+    int16 index and 2 bits each plus one scale a chunk; what syncer/wire/codec.py writes."""
+    from syncer.wire import codec
+
+    per_value = {"int4": 4.25, "2bit": 2.25, "topk": (64 * 18 + 32) / 4096}
+    for name, bits in per_value.items():
+        t = diloco_transfer(LinkParams(params=1e9, step_time_s=1.0, compression=name))
+        assert t.bits == pytest.approx(250e6 * bits)
+    n = 1 << 20
+    for name, block in (("2bit", 128), ("topk", 4096 | 64 << 16)):
+        stored = len(codec.encode(torch.randn(n), name, block, zstd=False)) - codec.HEADER_SIZE
+        assert stored * 8 / n == pytest.approx(per_value[name], rel=1e-3)
+    with pytest.raises(ParamError, match="compression"):
+        LinkParams(params=1e9, step_time_s=1.0, compression="int3")
 
 
 def test_utilization_on_a_given_link() -> None:
