@@ -40,7 +40,7 @@ from bench.fleet_summary import tokens_per_step
 from workload.gpt import param_shapes
 
 LEARNERS = 4
-BITS = {"none": 32.0, "bf16": 16.0, "int8": 8.25, "int4": 4.25}
+BITS = {"none": 32.0, "bf16": 16.0, "int8": 8.25, "int4": 4.25, "2bit": 2.25, "topk": (64 * 18 + 32) / 4096}
 TARGET_RATIO, TARGET_GAP = 400.0, 0.03
 
 
@@ -149,28 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (400 if args.quick else 1500)
     todo = fleets(args, steps)
     shared = diloco_run(args.ref_h, steps=steps, **common.overrides(args.set))
-    params = n_params(shared["model"], shared["seq_len"])
-    budget = LEARNERS * steps * tokens_per_step(shared)
-    dp_raw = run_dp(shared, LEARNERS, budget_tokens=budget, checkpoint_every_s=600)
-    dp = {
-        "bytes_per_token": 2 * (dp_raw["wire_bytes_per_token"] or 0.0),
-        "eval_loss": dp_raw["eval_loss_shared"],
-        "closed_form": dp_closed_form(params, LEARNERS, tokens_per_step(shared)),
-        "tokens": dp_raw["tokens"],
-    }
-    results = []
-    for i, (_, run) in enumerate(todo):
-        results.append(
-            run_diloco(
-                Plan(
-                    f"bw{i}-{run['compression']}-h{run['H']}",
-                    run,
-                    [local_host("here", LEARNERS)],
-                    LEARNERS,
-                    timeout_s=900,
-                )
-            )
-        )
+    params, dp, dp_raw = dp_baseline(shared, steps)
+    results = run_fleets([run for _, run in todo], "bw")
     rows = [row(label, r, params, dp) for (label, _), r in zip(todo, results)]
     common.print_table(
         f"Bandwidth: {LEARNERS} learners, gpt-tiny ({params} params), {steps} steps each, "
@@ -201,6 +181,37 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"wrote {args.out} and {png}")
     return 0
+
+
+def dp_baseline(shared: dict[str, Any], steps: int) -> tuple[int, dict[str, Any], dict[str, Any]]:
+    """(parameters, DP's bytes per token and eval loss, its whole run): data-parallel on the
+    tokens LEARNERS learners train in `steps` steps each, same model, data and batch."""
+    params = n_params(shared["model"], shared["seq_len"])
+    budget = LEARNERS * steps * tokens_per_step(shared)
+    dp_raw = run_dp(shared, LEARNERS, budget_tokens=budget, checkpoint_every_s=600)
+    dp = {
+        "bytes_per_token": 2 * (dp_raw["wire_bytes_per_token"] or 0.0),
+        "eval_loss": dp_raw["eval_loss_shared"],
+        "closed_form": dp_closed_form(params, LEARNERS, tokens_per_step(shared)),
+        "tokens": dp_raw["tokens"],
+    }
+    return params, dp, dp_raw
+
+
+def run_fleets(runs: list[dict[str, Any]], prefix: str, timeout_s: float = 900) -> list[dict[str, Any]]:
+    """Each [run] table as a local fleet of LEARNERS learners, one after the other."""
+    return [
+        run_diloco(
+            Plan(
+                f"{prefix}{i}-{run['compression']}-h{run['H']}",
+                run,
+                [local_host("here", LEARNERS)],
+                LEARNERS,
+                timeout_s=timeout_s,
+            )
+        )
+        for i, run in enumerate(runs)
+    ]
 
 
 def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:

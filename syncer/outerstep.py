@@ -25,7 +25,7 @@ from syncer.fleet import Ledger
 from syncer.globalmodel import GlobalModel, Outbox
 from syncer.rounds import Contribution, backlog_factor
 from syncer.screening import Screen
-from syncer.wire import codec, quant
+from syncer.wire import codec, quant, thin
 
 PERIOD_SLACK = 0.2  # a contribution of at least 80% of its learner's sync period is a whole one
 
@@ -165,7 +165,7 @@ class OuterStep:
             self.s.outer_lr,
             self.s.outer_momentum,
             self.s.compression,
-            quant.wire_block(self.s.compression, self.s.block, self.s.topk_keep),
+            self._update_block(len(parts)),
             kernel,
             want_crc,
             self.s.zstd,
@@ -203,12 +203,20 @@ class OuterStep:
             m.residual[p], merged, m.momentum[p], self.s.outer_lr, self.s.outer_momentum, share
         )
         q, applied = quant.quantize_roundtrip(
-            change, self.s.compression, quant.wire_block(self.s.compression, self.s.block, self.s.topk_keep), out=merged
+            change, self.s.compression, self._update_block(sum(len(c.parts) for c in contribs)), out=merged
         )
         blob = codec.encode_quantized(q, self.s.zstd)  # before `change` moves on: q may share its memory ("none")
         m.theta[p].add_(applied)  # a separate fp32 add, exactly as learners apply the blob
         change.sub_(applied)  # m.residual[p] is `change`: now the carried residual
         return Step(blob, m.crc(p) if want_crc else None, share)
+
+    def _update_block(self, pushes: int) -> int:
+        """The update's block field. For topk, room for every push's kept values (`topk_keep`
+        times the pushes merged, at most the whole chunk): the merge of sparse outer gradients
+        is their union, and the update carries all of it (what SparseLoCo's peers gather from
+        each other), so only its 2-bit rounding waits in the residual, not whole coordinates."""
+        keep = min(thin.TOPK_CHUNK, self.s.topk_keep * max(1, pushes))
+        return quant.wire_block(self.s.compression, self.s.block, keep)
 
     def _fleet_scale(self, contribs: list[Contribution], now: float) -> tuple[float, float]:
         """(the merged outer gradient's scale, the round's share of a sync period for the momentum,
