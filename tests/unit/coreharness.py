@@ -191,7 +191,8 @@ class Harness:
         assert self.core.model is not None
         if base_version is None:
             base_version = self.core.model.versions[p]
-        blob = codec.encode(delta, self.s.compression, self.s.block, self.s.zstd) if blob is None else blob
+        block = quant.wire_block(self.s.compression, self.s.block, self.s.topk_keep)
+        blob = codec.encode(delta, self.s.compression, block, self.s.zstd) if blob is None else blob
         self.seq += 1  # a learner's pushes carry increasing sequence numbers (replays are refused)
         return self.send(
             learner,

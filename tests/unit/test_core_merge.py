@@ -13,7 +13,7 @@ import torch
 from learner.replica import Replica
 from syncer import fused, merge, native
 from syncer.rounds import Contribution
-from syncer.wire import codec, quant
+from syncer.wire import codec, quant, thin
 from tests.unit.coreharness import (
     Harness,
     events_of,
@@ -122,7 +122,7 @@ def test_one_huge_finite_contribution_cannot_wreck_the_model(clip: float) -> Non
 # -- bit-exact publishing ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["int4", "int8", "bf16", "none"])
+@pytest.mark.parametrize("mode", ["int4", "int8", "bf16", "none", "2bit", "topk"])
 def test_published_theta_is_previous_plus_decoded_blob_bit_exact(mode: str) -> None:
     h = Harness(make_settings(quorum=1, compression=mode), manifest=tensor_manifest("gpt-tiny"))
     h.join_all()
@@ -147,6 +147,18 @@ def test_published_theta_is_previous_plus_decoded_blob_bit_exact(mode: str) -> N
     assert h.core.versions() == [6, 6]
     if mode != "none":
         assert any(float(r.abs().max()) > 0 for r in h.core.model.residual)  # error feedback in use
+
+
+def test_a_topk_update_has_room_for_every_merged_push() -> None:
+    """The union of the pushes' kept values: topk_keep per push merged (thin.topk_shape)."""
+    h = Harness(make_settings(quorum=2, compression="topk", topk_keep=16), manifest=tensor_manifest("gpt-tiny"))
+    h.join_all()
+    h.push("a", 0, h.delta(0, 1, scale=1e-2), now=10.0)
+    h.push("b", 0, h.delta(0, 2, scale=1e-2), now=10.0)
+    h.beat_all(14.0)
+    ((_to, update),) = sent_of(h.tick(15.0), "update")
+    q = codec.decode_quantized(wire(update).payloads[0])
+    assert q.mode == "topk" and thin.topk_shape(q.block) == (4096, 32)
 
 
 @pytest.mark.parametrize("zstd", [True, False])
