@@ -76,17 +76,23 @@ def test_loss_falls_and_replicas_are_bit_identical(tmp_path: Path) -> None:
         time.sleep(0.5)
         for i in range(n):
             lr.kill(f"learner-{i}", signal.SIGTERM)
-        state = torch.load(export, weights_only=True)["state_dict"]
-        final = torch.load(export, weights_only=True)["versions"]
-        plan = fragments.plan([fragments.TensorSpec(k, tuple(v.shape)) for k, v in state.items()], 4)
-        compared = 0
-        for i in range(n):
-            replica = torch.load(tmp_path / f"learner-{i}" / "replica.pt", weights_only=True)
-            for p in range(plan.count):
-                if replica["versions"][p] == final[p]:
-                    torch.testing.assert_close(replica["fragments"][p], plan.gather(p, state), rtol=0, atol=0)
-                    compared += 1
-        assert compared >= n * plan.count // 2, "too few fragments at the syncer's final version to compare"
+        assert_replicas_identical(tmp_path, export, n)
+
+
+def assert_replicas_identical(tmp_path: Path, export: Path, n: int) -> None:
+    """Every learner's saved replica is the exported model bit for bit, wherever it is at the
+    export's version (most fragments of most learners)."""
+    saved = torch.load(export, weights_only=True)
+    state, final = saved["state_dict"], saved["versions"]
+    plan = fragments.plan([fragments.TensorSpec(k, tuple(v.shape)) for k, v in state.items()], 4)
+    compared = 0
+    for i in range(n):
+        replica = torch.load(tmp_path / f"learner-{i}" / "replica.pt", weights_only=True)
+        for p in range(plan.count):
+            if replica["versions"][p] == final[p]:
+                torch.testing.assert_close(replica["fragments"][p], plan.gather(p, state), rtol=0, atol=0)
+                compared += 1
+    assert compared >= n * plan.count // 2, "too few fragments at the syncer's final version to compare"
 
 
 def test_killed_learner_rejoins_and_contributes_again(tmp_path: Path) -> None:

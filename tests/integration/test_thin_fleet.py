@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from syncer.wire import codec, fragments, thin
-from tests.integration.test_learners import eval_losses, run_of
+from syncer.wire import codec, thin
+from tests.integration.test_learners import assert_replicas_identical, eval_losses, run_of
 from tests.integration.test_syncer_server import beat, clients, close_all, start
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -57,21 +57,7 @@ def test_a_topk_fleet_trains_survives_kills_and_keeps_replicas_identical(tmp_pat
         time.sleep(0.5)
         for i in range(3):
             lr.kill(f"learner-{i}", signal.SIGTERM)
-        _assert_replicas_identical(tmp_path, export, 3)
-
-
-def _assert_replicas_identical(tmp_path: Path, export: Path, n: int) -> None:
-    saved = torch.load(export, weights_only=True)
-    state, final = saved["state_dict"], saved["versions"]
-    plan = fragments.plan([fragments.TensorSpec(k, tuple(v.shape)) for k, v in state.items()], 4)
-    compared = 0
-    for i in range(n):
-        replica = torch.load(tmp_path / f"learner-{i}" / "replica.pt", weights_only=True)
-        for p in range(plan.count):
-            if replica["versions"][p] == final[p]:
-                torch.testing.assert_close(replica["fragments"][p], plan.gather(p, state), rtol=0, atol=0)
-                compared += 1
-    assert compared >= n * plan.count // 2, "too few fragments at the syncer's final version to compare"
+        assert_replicas_identical(tmp_path, export, 3)
 
 
 def _broken(blob: bytes, numel: int, how: str) -> bytes:
