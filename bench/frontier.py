@@ -38,6 +38,9 @@ TARGETS = ((1000.0, 0.02), (3000.0, 0.04))  # (x fewer bytes per token than DP, 
 def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, help="inner steps per learner (default 8000, quick 400)")
     parser.add_argument("--cases", default="", help="only these, e.g. topk:32,2bit:64 (default: all)")
+    parser.add_argument(
+        "--variant", action="append", default=[], metavar="KEY=VALUE,...", help="every case again with these on top"
+    )
     common.add_set_option(parser, "settings for every fleet and DP (e.g. model=gpt-tiny)")
 
 
@@ -100,10 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     args = common.parse_args("frontier", __doc__, _extra, argv)
     steps = args.steps or (400 if args.quick else 8000)
     base = {"model": "gpt-tiny" if args.quick else "gpt-small", **common.overrides(args.set)}
-    runs = [diloco_run(h, compression=c, steps=steps, **base) for c, h in cases(args)]
+    variants: list[tuple[str, dict[str, Any]]] = [("defaults", {})]
+    variants += [(v, common.overrides(v)) for v in args.variant]
+    todo = [(label, c, h, extra) for label, extra in variants for c, h in cases(args)]
+    runs = [diloco_run(h, compression=c, steps=steps, **{**base, **extra}) for _, c, h, extra in todo]
     params, dp, dp_raw = dp_baseline(diloco_run(32, steps=steps, **base), steps)
     results = run_fleets(runs, "fr", timeout_s=max(900.0, steps * 0.6))
-    rows = [row("defaults", r, params, dp) for r in results]
+    rows = [row(label, r, params, dp) for (label, *_), r in zip(todo, results)]
     common.print_table(
         f"Frontier: {LEARNERS} learners, {base['model']} ({params} params), {steps} steps each, "
         f"DP {dp['bytes_per_token']:.0f} B/token, DP eval {dp['eval_loss']:.4f}",

@@ -7,6 +7,7 @@ bit-identical for learners across slice boundaries.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 import torch
@@ -156,3 +157,18 @@ def test_a_thin_publish_is_bit_exact_for_learners_across_slices(
     merged = merge.merge([quant.dequantize(q) for q in qs], [1.0] * 4, SEGMENTS, "rda")
     change = merge.nesterov_change_(torch.zeros(NUMEL), merged, mom0, 0.7, 0.9)
     torch.testing.assert_close(residual + codec.decode(blob), change, rtol=1e-4, atol=1e-8)
+
+
+def test_a_round_with_a_sparse_push_is_merged_by_the_mean_not_rda() -> None:
+    """RDA scales the merged direction to the pushes' mean norm; near-orthogonal sparse pushes
+    would take a ~2x step from it. A round holding a topk push merges by the weighted mean."""
+    from types import SimpleNamespace
+
+    from syncer.outerstep import _rule
+
+    def contrib(*modes: str) -> Any:
+        return SimpleNamespace(parts=[SimpleNamespace(mode=m) for m in modes])
+
+    assert _rule("rda", [contrib("int4"), contrib("2bit")]) == "rda"
+    assert _rule("rda", [contrib("int4"), contrib("int4", "topk")]) == "mean"
+    assert _rule("mean", [contrib("int4")]) == "mean"
