@@ -86,7 +86,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     colors = {"none": "tab:gray", "int4": "tab:blue", "2bit": "tab:orange", "topk": "tab:green"}
     for r in rows:
         ax.scatter(r["x less than DP"], 100 * r["vs DP"], color=colors.get(r["compression"], "k"))
-        ax.annotate(f"{r['compression']} H={r['H']}", (r["x less than DP"], 100 * r["vs DP"]), fontsize=7)
+        label = f"{r['compression']} H={r['H']}" + ("" if r["fleet"] == "defaults" else f" {r['fleet']}")
+        ax.annotate(label, (r["x less than DP"], 100 * r["vs DP"]), fontsize=7)
     for ratio, gap in TARGETS:
         ax.plot([ratio, ratio], [-100, 100 * gap], color="tab:red", ls=":")
         ax.plot([ratio, 1e5], [100 * gap, 100 * gap], color="tab:red", ls=":")
