@@ -96,7 +96,7 @@ class HostSpec:
     threads: int = checked(1, ge=1)  # torch threads per rank
     batch_size: int = checked(0, ge=0)  # 0 = [run] batch_size
     # "" = [run] compression; a thin link's codec for this host's pushes (updates stay the run's)
-    compression: HostCompression = checked("", note='"" = the run\'s')  # noqa: RUF009 (a field())
+    compression: HostCompression = checked("", fix="leave it out for [run] compression, or pick one of those")  # noqa: RUF009
     throttle: float = checked(1.0, ge=1, note="1 = full speed")  # >1 = artificially slower (demos and tests)
     python: str = "python3"  # interpreter on the host (with torch, unless setup = "venv")
     setup: Literal["auto", "venv"] = "auto"  # auto: use `python`, add our wheel | venv: fresh venv with torch

@@ -304,7 +304,7 @@ def _choices(hint: Any) -> tuple[Any, ...]:
 def _check_choices(value: Any, hint: Any, key: str, f: dataclasses.Field[Any]) -> None:
     allowed = _choices(hint)
     if allowed and not any(value == a and type(value) is type(a) for a in allowed):
-        names = ", ".join(json.dumps(a) if isinstance(a, bool) else str(a) for a in allowed)
+        names = ", ".join(json.dumps(a) if isinstance(a, bool) or a == "" else str(a) for a in allowed)
         rule = f.metadata.get(RULE)
         fix = rule.fix if rule is not None and rule.fix is not None else f"set {f.name} = {f.default!r}"
         raise SettingsError(key, f"{value!r} is not one of {names}", fix)

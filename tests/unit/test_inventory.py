@@ -237,6 +237,17 @@ def test_island_is_ddp_unless_fsdp_is_asked_on_a_learner_with_ranks(tmp_path: Pa
         (GOOD + SITE + 'island = "fsdp"\n', "sites.cluster-a.island", "set nproc >= 2 (or nodes >= 2 on a site)"),
         (GOOD + SITE + 'nproc = 4\nisland = "ring"\n', "sites.cluster-a.island", "'ring' is not one of ddp, fsdp"),
         (GOOD.replace("learners = 2", "learners = 2\nisland = 2"), "hosts.island", "host a: must be str"),
+        # a thin link's codec for one host's pushes: a known one, and 2bit needs whole bytes of codes
+        (
+            GOOD.replace("learners = 2", 'learners = 2\ncompression = "int3"'),
+            "hosts.a.compression",
+            "'int3' is not one of \"\", int4",
+        ),
+        (
+            GOOD.replace("learners = 2", 'learners = 2\ncompression = "2bit"').replace("[run]", "[run]\nblock = 10"),
+            "hosts.a.compression",
+            "set [run] block to a multiple of 4",
+        ),
     ],
 )
 def test_a_bad_island_is_one_line_naming_the_key(tmp_path: Path, text: str, key: str, words: str) -> None:
