@@ -48,6 +48,7 @@ _PROCESS_T0 = time.time()  # before the heavy imports: the restart cost includes
 
 import argparse
 import datetime
+import gc
 import json
 import math
 import os
@@ -381,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return Job(cfg, args.out, device).run()
     finally:
+        # the DDP model sits in reference cycles: alive at exit, its gloo state was torn down during
+        # interpreter finalization and aborted a rank after the final barrier ("terminate called
+        # without an active exception"), as learner/island.py found for FSDP; collect it first
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
 
