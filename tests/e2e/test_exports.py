@@ -79,8 +79,12 @@ def test_prometheus_tensorboard_and_wandb_see_the_run(tmp_path: Path) -> None:
         os.kill(old.pid, signal.SIGKILL)
         wait_until(lambda: not alive(old.pid, old.start_ticks), 10, "the supervisor to die")
         wait_until(lambda: (s := dl.state().supervisor) and s.pid != old.pid, 30, "a new supervisor")
-        merged = first["dldctl_fleet_tokens_merged"][0].value
-        wait_until(lambda: (m := scrape(port)) and m["dldctl_fleet_tokens_merged"][0].value > merged, 60, "new figures")
+        name = "dldctl_fleet_tokens_merged"
+        merged = first[name][0].value
+        # the new supervisor serves from its first sample on: a scrape before it has no fleet figures yet
+        wait_until(
+            lambda: (m := scrape(port).get("dldctl_fleet_tokens_merged")) and m[0].value > merged, 60, "new figures"
+        )
         dl.down()
 
     samples = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("kind") == "sample"]
