@@ -36,7 +36,7 @@ from dldctl.errors import ConfigError
 from dldctl.hosts import slurmjobs
 from dldctl.metricspec import MetricsSpec
 from syncer.common.resolved import Island
-from syncer.common.settings import HostCompression, RunSettings, SettingsError, from_mapping, suggest
+from syncer.common.settings import HostCompression, RunSettings, SettingsError, from_mapping, run_from_mapping, suggest
 from syncer.common.typedcodec import check_fields, checked, meta, to_mapping
 
 TABLES = ("run", "ssh", "syncer", "hosts", "sites", "metrics", "alerts", "model")
@@ -210,7 +210,7 @@ def parse(data: dict[str, Any], path: str) -> Inventory:
                 path, key, "unknown table", f"did you mean [{close}]?" if close else f"tables are {', '.join(TABLES)}"
             )
     try:
-        run = from_mapping(RunSettings, data.get("run", {}), "run")
+        run = run_from_mapping(data.get("run", {}))
         ssh = from_mapping(SSHSpec, data.get("ssh", {}), "ssh")
         syncer = from_mapping(SyncerSpec, data.get("syncer", {}), "syncer")
         raw_hosts = data.get("hosts", [])

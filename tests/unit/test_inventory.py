@@ -253,3 +253,22 @@ def test_island_is_ddp_unless_fsdp_is_asked_on_a_learner_with_ranks(tmp_path: Pa
 def test_a_bad_island_is_one_line_naming_the_key(tmp_path: Path, text: str, key: str, words: str) -> None:
     exc = error(tmp_path, text)
     assert exc.key == key and words in exc.line(), exc.line()
+
+
+def test_link_thin_is_one_setting_for_a_thin_link_and_keys_beside_it_win(tmp_path: Path) -> None:
+    thin = inventory.load(write(tmp_path, GOOD.replace("[run]", '[run]\nlink = "thin"'))).run
+    assert (thin.link, thin.compression, thin.outer_lr, thin.outer_momentum) == ("thin", "topk", 1.0, 0.0)
+    assert thin.risks(2) == [], "the preset is the measured recipe: nothing to warn about"
+    mine = inventory.load(write(tmp_path, GOOD.replace("[run]", '[run]\nlink = "thin"\ncompression = "2bit"'))).run
+    assert (mine.compression, mine.outer_lr) == ("2bit", 1.0)
+    plain = inventory.load(write(tmp_path, GOOD)).run
+    assert (plain.link, plain.compression, plain.outer_lr) == ("default", "int4", 0.6)
+    # what the learners and the syncer read back is what the operator resolved, not expanded twice
+    assert inventory.load(write(tmp_path, GOOD.replace("[run]", '[run]\nlink = "thin"\ncompression = "int4"'))).run == (
+        dataclasses.replace(thin, compression="int4")
+    )
+    exc = error(tmp_path, GOOD.replace("[run]", '[run]\nlink = "slow"'))
+    assert exc.key == "run.link" and "'slow' is not one of default, thin" in exc.line(), exc.line()
+    # topk under the outer Nesterov step is accepted, and named as the measured risk it is
+    topk = inventory.load(write(tmp_path, GOOD.replace("[run]", '[run]\ncompression = "topk"'))).run
+    assert any('link = "thin"' in r and "+16.4%" in r for r in topk.risks(2))

@@ -252,3 +252,5 @@ def test_risky_combinations_are_named_and_the_defaults_have_none() -> None:
     assert any("overlap = false" in r for r in RS(overlap=False, quorum=2).risks(4))
     assert RS(overlap=False, quorum=4).risks(4) == []  # synchronous DiLoCo, the baseline
     assert any("not scored" in r for r in RS(quality_guard=0).risks(4))
+    assert any("plain averaging" in r for r in RS(compression="topk").risks(4))
+    assert RS(compression="topk", outer_lr=1.0, outer_momentum=0.0).risks(4) == []
