@@ -52,6 +52,7 @@ from bench.ddp_baseline import WORKER, job_env, read_progress
 from bench.fleet import WORKLOAD, diloco_run
 from bench.sites import Sites, rate_bits
 from dldctl.testing import DldctlHome, inventory_text
+from syncer.common.settings import LINK_PRESETS
 
 RATES = ("1gbit", "100mbit", "10mbit")
 SITES = 4
@@ -105,12 +106,12 @@ class Meter(threading.Thread):
         }
 
 
-def run_dp(sites: Sites, wall_s: float, work: Path) -> dict[str, Any]:
+def run_dp(sites: Sites, wall_s: float, work: Path, eval_every: int = 10) -> dict[str, Any]:
     """Data-parallel across the sites: one torchrun agent (one rank) inside each namespace."""
     out = work / "dp"
     out.mkdir(parents=True, exist_ok=True)
     config = out / "config.json"
-    doc = {"settings": SETTINGS, "duration_s": wall_s + 60.0, "started_at": time.time(), "eval_every": 10}
+    doc = {"settings": SETTINGS, "duration_s": wall_s + 60.0, "started_at": time.time(), "eval_every": eval_every}
     config.write_text(json.dumps({**doc, "checkpoint_every_s": 1e9, "threads": 1, "reducer": "flat"}))
     env = {**job_env(1), "GLOO_SOCKET_IFNAME": "eth0"}
     master = sites.hosts[0].address
@@ -169,11 +170,20 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def fleet_settings(strategy: str) -> dict[str, Any]:
-    """The [run] table of a DiLoCo strategy: synchronous, or the recipe (dldctl's defaults)."""
+    """The [run] table of a DiLoCo strategy: synchronous, the recipe (dldctl's defaults), or the
+    recipe with `link = "thin"` (THIN: the preset's own keys, as the inventory loader fills them in)."""
     common = {**SETTINGS, "global_eval_every": 4, "warm_spares": False, "heartbeat_s": 0.5}
     if strategy == "synchronous DiLoCo":
         return diloco_run(32, quorum=SITES, overlap=False, outer_lr=0.7, outer_momentum=0.9, **common)
+    if strategy == THIN:
+        return diloco_run(32, **{**common, **LINK_PRESETS["thin"], "link": "thin"})
     return diloco_run(32, **common)
+
+
+def home_name(strategy: str) -> str:
+    """A strategy's directory: its first word, and any words after "DiLoCo" ("decoupled-thin")."""
+    words = strategy.lower().split()
+    return "-".join([words[0], *words[2:]])
 
 
 def fleet_start(samples: list[dict[str, Any]]) -> float | None:
@@ -198,7 +208,7 @@ def rebuild_fleets(runs: dict[str, dict[str, Any]], workdir: Path, wall_s: float
         rate, strategy = key.split("|")
         if strategy == STRATEGIES[0]:
             continue
-        (run_dir,) = (workdir / rate / strategy.split()[0].lower() / "home" / "runs").iterdir()
+        (run_dir,) = (workdir / rate / home_name(strategy) / "home" / "runs").iterdir()
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
         start = fleet_start([r for r in records if r.get("kind") == "sample"])
         if start is not None:
@@ -210,7 +220,7 @@ def run_fleet(
 ) -> dict[str, Any]:
     """A DiLoCo fleet in the sites through the real `dldctl up` over SSH; `on_start` is called
     once it trains, before its window (bench/pilot_runs.py thins the links there)."""
-    home = work / strategy.split()[0].lower()
+    home = work / home_name(strategy)
     run = {"name": home.name, **fleet_settings(strategy)}
     syncer = f'\n[syncer]\nbind = "0.0.0.0"\nadvertise = "{sites.advertise}"\n\n'
     inv = home / "inventory.toml"
@@ -234,6 +244,7 @@ def run_fleet(
 
 
 STRATEGIES = ("data-parallel", "synchronous DiLoCo", "Decoupled DiLoCo")
+THIN = "Decoupled DiLoCo thin"  # link = "thin" (bench/race_thin.py: the race at 1 Mbit/s)
 
 
 def time_to(curve: list[tuple[float, float]], target: float) -> float | None:

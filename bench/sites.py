@@ -283,6 +283,13 @@ class Sites:
         self._shape(host.namespace, host.veth_operator, rate, first=False)
         self.rates[host.name] = rate
 
+    def set_operator_rate(self, rate: str) -> None:
+        """Change the aggregate cap on the operator's egress to every site (made with `operator_rate`)."""
+        if not self.ifb:
+            raise RuntimeError("these sites have no aggregate cap: make them with operator_rate")
+        sh("tc", "qdisc", "replace", "dev", self.ifb, *tbf(rate))
+        self.operator_rate = rate
+
     def inventory_hosts(self, workdir: Path) -> str:
         """dldctl's [ssh] table and one [[hosts]] entry per site (learners' workdir: workdir/<name>).
 

@@ -159,6 +159,17 @@ def test_set_rate_reshapes_both_directions(tmp_path: Path) -> None:
             sites.set_rate(h, "fast")
 
 
+def test_set_operator_rate_reshapes_the_syncers_aggregate_egress(tmp_path: Path) -> None:
+    """bench/race_thin.py joins fast and thins every link, the syncer's shared egress included."""
+    with Sites(tmp_path, 1, rate="100mbit", operator_rate="100mbit", prefix=PREFIX) as sites:
+        (h,) = sites.hosts
+        sites.set_operator_rate("8mbit")
+        down = transfer(h.operator_address, h.namespace, upload=False)
+        assert 0.3 * RATE < down < 1.3 * RATE and sites.operator_rate == "8mbit"
+    with pytest.raises(RuntimeError, match="no aggregate cap"):  # refused before any tc command
+        Sites(tmp_path / "flat", 1, rate="100mbit", prefix=PREFIX).set_operator_rate("8mbit")
+
+
 def test_a_dead_runs_leftovers_are_removed_and_a_live_runs_are_not(tmp_path: Path) -> None:
     token = os.urandom(3).hex()
     dead_ns, live_ns, veth = f"{PREFIX}s9-{token}", f"{PREFIX}s8-{token}", f"{PREFIX}9o{token}"

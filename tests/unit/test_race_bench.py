@@ -4,7 +4,7 @@ the ratio against data-parallel, and the verdict's numbers."""
 
 from __future__ import annotations
 
-from bench import race
+from bench import race, race_thin
 
 
 def test_the_fleet_starts_at_its_first_step_not_at_up() -> None:
@@ -45,3 +45,24 @@ def test_a_run_that_never_reaches_the_target_is_a_lower_bound() -> None:
     assert race._speedup(None, 10.0, 120.0) == ">= 12.0"
     assert race._speedup(50.0, None, 120.0) is None
     assert race.time_to([(1.0, 5.0), (2.0, None), (3.0, 2.0)], 2.5) == 3.0  # type: ignore[list-item]
+
+
+def test_the_thin_race_times_each_way_to_synchronous_int4s_final_loss() -> None:
+    link = {"bytes_total": 1e6, "peak_util": 1.0, "mean_util": 0.9, "blocked_share": 0.9}
+    runs = {
+        "data-parallel": {"curve": [(40.0, 5.5), (80.0, 5.4)], **link},
+        "synchronous DiLoCo": {"curve": [(30.0, 5.0), (120.0, 3.0)], **link},
+        "Decoupled DiLoCo": {"curve": [(10.0, 5.0), (100.0, 3.2)], **link, "blocked_share": 0.004},
+        "Decoupled DiLoCo thin": {"curve": [(5.0, 4.0), (40.0, 2.9)], **link, "blocked_share": 0.005},
+    }
+    rows = {r["strategy"]: r for r in race_thin.rows(runs)}
+    assert rows["Decoupled DiLoCo thin"]["time to DP's final loss s"] == 5.0
+    assert rows["Decoupled DiLoCo thin"]["time to sync's final loss s"] == 40.0
+    assert rows["Decoupled DiLoCo"]["time to sync's final loss s"] is None  # never got to 3.0
+    verdict = race_thin.verdict(list(rows.values()))
+    assert verdict["thin: x sooner than synchronous int4 to its final loss (target >= 2)"] == 3.0  # 120 s vs 40 s
+    assert verdict["thin: blocked (target < 0.02)"] == 0.005
+    # each way has its own fleet directory: the thin one does not share the decoupled one's
+    assert [race.home_name(s) for s in race_thin.STRATEGIES[1:]] == ["synchronous", "decoupled", "decoupled-thin"]
+    thin = race.fleet_settings(race.THIN)
+    assert (thin["link"], thin["compression"], thin["outer_lr"], thin["outer_momentum"]) == ("thin", "topk", 1.0, 0.0)
