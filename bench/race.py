@@ -106,8 +106,10 @@ class Meter(threading.Thread):
         }
 
 
-def run_dp(sites: Sites, wall_s: float, work: Path, eval_every: int = 10) -> dict[str, Any]:
-    """Data-parallel across the sites: one torchrun agent (one rank) inside each namespace."""
+def run_dp(sites: Sites, wall_s: float, work: Path, eval_every: int = 10, first_step_s: float = 180) -> dict[str, Any]:
+    """Data-parallel across the sites: one torchrun agent (one rank) inside each namespace; its
+    window starts at its first step, which may take `first_step_s` (DDP's first broadcast of the
+    model and the first all-reduce cross the links)."""
     out = work / "dp"
     out.mkdir(parents=True, exist_ok=True)
     config = out / "config.json"
@@ -123,7 +125,7 @@ def run_dp(sites: Sites, wall_s: float, work: Path, eval_every: int = 10) -> dic
         log = open(out / f"rank{rank}.log", "wb")  # noqa: SIM115 (closed below)
         procs.append((subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True), log))
     try:
-        start = _wait_for(lambda: _first(read_progress(out), "start"), 180, "data-parallel's first step")
+        start = _wait_for(lambda: _first(read_progress(out), "start"), first_step_s, "data-parallel's first step")
         meter = Meter(sites)
         meter.start()
         time.sleep(max(0.0, start + wall_s - time.time()))
@@ -172,17 +174,29 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
 def fleet_settings(strategy: str) -> dict[str, Any]:
     """The [run] table of a DiLoCo strategy: synchronous, the recipe (dldctl's defaults), or the
     recipe with `link = "thin"` (THIN: the preset's own keys, as the inventory loader fills them in)."""
+    words = strategy.split()  # trailing KEY=VALUE words: settings on top ("Decoupled DiLoCo thin H=16")
+    on_top = {k: _value(v) for k, v in (w.split("=", 1) for w in words if "=" in w)}
+    strategy = " ".join(w for w in words if "=" not in w)
     common = {**SETTINGS, "global_eval_every": 4, "warm_spares": False, "heartbeat_s": 0.5}
+    H = int(on_top.pop("H", 32))
     if strategy == "synchronous DiLoCo":
-        return diloco_run(32, quorum=SITES, overlap=False, outer_lr=0.7, outer_momentum=0.9, **common)
+        return diloco_run(H, quorum=SITES, overlap=False, outer_lr=0.7, outer_momentum=0.9, **common, **on_top)
     if strategy == THIN:
-        return diloco_run(32, **{**common, **LINK_PRESETS["thin"], "link": "thin"})
-    return diloco_run(32, **common)
+        return diloco_run(H, **{**common, **LINK_PRESETS["thin"], "link": "thin", **on_top})
+    return diloco_run(H, **common, **on_top)
+
+
+def _value(text: str) -> Any:
+    """A KEY=VALUE word's value: JSON where it parses (16, 1.0, true), else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def home_name(strategy: str) -> str:
-    """A strategy's directory: its first word, and any words after "DiLoCo" ("decoupled-thin")."""
-    words = strategy.lower().split()
+    """A strategy's directory and run name: its first word and any after "DiLoCo" ("decoupled-thin-h16")."""
+    words = strategy.lower().replace("=", "").split()
     return "-".join([words[0], *words[2:]])
 
 

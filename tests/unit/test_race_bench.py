@@ -66,3 +66,6 @@ def test_the_thin_race_times_each_way_to_synchronous_int4s_final_loss() -> None:
     assert [race.home_name(s) for s in race_thin.STRATEGIES[1:]] == ["synchronous", "decoupled", "decoupled-thin"]
     thin = race.fleet_settings(race.THIN)
     assert (thin["link"], thin["compression"], thin["outer_lr"], thin["outer_momentum"]) == ("thin", "topk", 1.0, 0.0)
+    variant = race.fleet_settings(f"{race.THIN} H=16 topk_keep=128")
+    assert (variant["H"], variant["topk_keep"], variant["link"]) == (16, 128, "thin")
+    assert race.home_name(f"{race.THIN} H=16") == "decoupled-thin-h16"  # a valid run name
