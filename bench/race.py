@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common import overrides
 from bench.ddp_baseline import WORKER, job_env, read_progress
 from bench.fleet import WORKLOAD, diloco_run
 from bench.sites import Sites, rate_bits
@@ -175,7 +176,7 @@ def fleet_settings(strategy: str) -> dict[str, Any]:
     """The [run] table of a DiLoCo strategy: synchronous, the recipe (dldctl's defaults), or the
     recipe with `link = "thin"` (THIN: the preset's own keys, as the inventory loader fills them in)."""
     words = strategy.split()  # trailing KEY=VALUE words: settings on top ("Decoupled DiLoCo thin H=16")
-    on_top = {k: _value(v) for k, v in (w.split("=", 1) for w in words if "=" in w)}
+    on_top = overrides([w for w in words if "=" in w])  # typed like [run]; an unknown key is refused
     strategy = " ".join(w for w in words if "=" not in w)
     common = {**SETTINGS, "global_eval_every": 4, "warm_spares": False, "heartbeat_s": 0.5}
     H = int(on_top.pop("H", 32))
@@ -184,14 +185,6 @@ def fleet_settings(strategy: str) -> dict[str, Any]:
     if strategy == THIN:
         return diloco_run(H, **{**common, **LINK_PRESETS["thin"], "link": "thin", **on_top})
     return diloco_run(H, **common, **on_top)
-
-
-def _value(text: str) -> Any:
-    """A KEY=VALUE word's value: JSON where it parses (16, 1.0, true), else the text."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 def home_name(strategy: str) -> str:
