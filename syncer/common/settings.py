@@ -264,18 +264,13 @@ def _check(ok: bool, key: str, problem: str, fix: str | None = None) -> None:
         raise SettingsError(key, problem, fix)
 
 
-def with_link_preset(data: Any) -> Any:
-    """A `[run]` table with its `link` preset's keys filled in where the table does not set them
-    (anything else, e.g. not a table, as it is: the strict reader names what is wrong)."""
-    if not isinstance(data, Mapping) or not isinstance(data.get("link"), str):
-        return data
-    return {**LINK_PRESETS.get(data["link"], {}), **data}
-
-
 def run_from_mapping(data: Any) -> RunSettings:
-    """RunSettings from an inventory's `[run]` table, its link preset applied (unvalidated). A resolved
-    configuration holds every key already (`settings_from_dict`)."""
-    return from_mapping(RunSettings, with_link_preset(data), "run")
+    """RunSettings from an inventory's `[run]` table (unvalidated), its `link` preset's keys filled in
+    where the table does not set them; anything not a table goes to the strict reader, which names
+    what is wrong. A resolved configuration holds every key already (`settings_from_dict`)."""
+    if isinstance(data, Mapping) and isinstance(data.get("link"), str):
+        data = {**LINK_PRESETS.get(data["link"], {}), **data}
+    return from_mapping(RunSettings, data, "run")
 
 
 def settings_from_dict(data: Mapping[str, Any]) -> RunSettings:
